@@ -46,11 +46,12 @@ inline std::ostream& operator<<(std::ostream& os, Reason reason) { return os << 
 // remaining.
 struct Decision {
   Reason reason = Reason::kAllowed;
-  std::uint64_t limit = 0;                    // binding window's burst (bucket size)
-  std::uint64_t remaining = 0;                // binding window, after this request
-  std::chrono::nanoseconds retry_after{0};    // 0 when allowed; else the wait until every window admits
-  std::chrono::nanoseconds reset_after{0};    // until the binding window is full again
-  std::size_t binding_window = 0;             // index into the limiter's windows, shortest first
+  std::uint64_t limit = 0;      // binding window's burst (bucket size)
+  std::uint64_t remaining = 0;  // binding window, after this request
+  std::chrono::nanoseconds retry_after{
+      0};  // 0 when allowed; else the wait until every window admits
+  std::chrono::nanoseconds reset_after{0};  // until the binding window is full again
+  std::size_t binding_window = 0;           // index into the limiter's windows, shortest first
 
   bool allowed() const noexcept { return reason == Reason::kAllowed; }
 
@@ -59,7 +60,8 @@ struct Decision {
 
 inline std::ostream& operator<<(std::ostream& os, const Decision& d) {
   return os << "Decision{" << d.reason << ", limit=" << d.limit << ", remaining=" << d.remaining
-            << ", retry_after=" << d.retry_after.count() << "ns, reset_after=" << d.reset_after.count()
+            << ", retry_after=" << d.retry_after.count()
+            << "ns, reset_after=" << d.reset_after.count()
             << "ns, binding_window=" << d.binding_window << "}";
 }
 

@@ -8,7 +8,11 @@
 
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
+#include "sluice/fixed_window.hpp"
+#include "sluice/gcra.hpp"
+#include "sluice/key.hpp"
 #include "sluice/rate_limiter.hpp"
+#include "sluice/store.hpp"
 #include "sluice/version.hpp"
 
 #endif  // SLUICE_SLUICE_HPP_

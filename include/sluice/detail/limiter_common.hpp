@@ -1,0 +1,64 @@
+// Internal: what the in-memory limiters share — the window-count dispatch over stores of
+// fixed-size cells, time clamping and cost validation.
+#ifndef SLUICE_DETAIL_LIMITER_COMMON_HPP_
+#define SLUICE_DETAIL_LIMITER_COMMON_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+
+#include "absl/status/status.h"
+#include "sluice/decision.hpp"
+#include "sluice/store.hpp"
+
+namespace sluice {
+
+// Most windows one limiter stacks. Each count has its own cell size, so a one-window limiter pays
+// for one window only.
+inline constexpr std::size_t kMaxWindows = 4;
+
+namespace detail {
+
+// Supported clock range: readings are saturated to [-2^62, 2^62] ns (±146 years).
+inline constexpr std::int64_t kMaxTime = std::int64_t{1} << 62;
+
+inline std::int64_t saturate_time(std::int64_t now) noexcept {
+  return now > kMaxTime ? kMaxTime : (now < -kMaxTime ? -kMaxTime : now);
+}
+
+// A ShardedStore for each supported window count; a limiter holds the one for its count.
+template <template <std::size_t> class Cell, class Seq = std::make_index_sequence<kMaxWindows>>
+struct StoreVariantOf;
+template <template <std::size_t> class Cell, std::size_t... I>
+struct StoreVariantOf<Cell, std::index_sequence<I...>> {
+  using type = std::variant<ShardedStore<Cell<I + 1>>...>;
+};
+template <template <std::size_t> class Cell>
+using StoreVariant = typename StoreVariantOf<Cell>::type;
+
+// The store for `windows` windows (1 ≤ windows ≤ kMaxWindows).
+template <template <std::size_t> class Cell, std::size_t I = 0>
+StoreVariant<Cell> make_store(std::size_t windows, const StoreOptions& options) {
+  if constexpr (I + 1 < kMaxWindows) {
+    if (windows != I + 1) return make_store<Cell, I + 1>(windows, options);
+  }
+  return StoreVariant<Cell>(std::in_place_index<I>, options);
+}
+
+inline absl::Status cost_error(std::uint64_t cost, std::uint64_t max_cost, std::size_t window) {
+  return absl::InvalidArgumentError("cost " + std::to_string(cost) + " exceeds the burst " +
+                                    std::to_string(max_cost) + " of window " +
+                                    std::to_string(window) + " and can never be admitted");
+}
+
+inline Decision store_full_decision(const StoreFull& full) {
+  return Decision{.reason = Reason::kStoreFull,
+                  .retry_after = std::chrono::nanoseconds{full.retry_after_ns}};
+}
+
+}  // namespace detail
+}  // namespace sluice
+
+#endif  // SLUICE_DETAIL_LIMITER_COMMON_HPP_

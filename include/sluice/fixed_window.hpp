@@ -1,0 +1,208 @@
+// sluice/fixed_window.hpp — the fixed-window counter limiter, with stacked windows.
+//
+// A window admits `limit` units per `window`. Windows are anchored per key: the first admitted
+// request of an idle key opens a window, and the next window opens with the first admitted
+// request after the full duration has elapsed. Stacked windows are atomic as in GcraLimiter: a
+// request is admitted only if every window has room, and a denied request consumes nothing.
+//
+//   using namespace std::chrono_literals;
+//   auto limiter = sluice::FixedWindowLimiter<>::create({{.limit = 100, .window = 60s},
+//                                                        {.limit = 1000, .window = 24h}});
+//   absl::StatusOr<sluice::Decision> d = limiter->check(account_id);
+//
+// Decision: limit = the binding window's limit; remaining after this request; retry_after = the
+// wait until every denying window reopens; reset_after = until the binding window's end (0 for a
+// window with nothing counted).
+//
+// Supported range: 1 ≤ limit ≤ 2^62, 1 ns ≤ window ≤ 2^60 ns, at most kMaxWindows windows.
+// Clock readings are saturated to ±2^62 ns and clamped to the latest reading seen.
+//
+// Thread-safety: `check` and `stats` may be called concurrently from any threads; each check
+// takes one shard lock. Complexity: O(windows) per check, O(1) expected store work.
+#ifndef SLUICE_FIXED_WINDOW_HPP_
+#define SLUICE_FIXED_WINDOW_HPP_
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sluice/clock.hpp"
+#include "sluice/decision.hpp"
+#include "sluice/detail/limiter_common.hpp"
+#include "sluice/rate_limiter.hpp"
+#include "sluice/store.hpp"
+
+namespace sluice {
+
+// `limit` units per `window`.
+struct FixedWindow {
+  std::uint64_t limit = 0;
+  std::chrono::nanoseconds window{0};
+  friend bool operator==(const FixedWindow&, const FixedWindow&) = default;
+};
+
+namespace detail {
+
+struct WindowCount {
+  std::int64_t end = std::numeric_limits<std::int64_t>::min();  // ns; the window is open before it
+  std::uint64_t count = 0;                                      // units admitted in the window
+};
+
+template <std::size_t N>
+struct FixedWindowCell {
+  std::array<WindowCount, N> windows;
+
+  bool idle(std::int64_t now) const noexcept {
+    for (const WindowCount& w : windows) {
+      if (w.end > now) return false;
+    }
+    return true;
+  }
+  std::int64_t time_until_fresh(std::int64_t now) const noexcept {
+    std::int64_t longest = 0;
+    for (const WindowCount& w : windows) longest = std::max(longest, w.end - now);
+    return longest;
+  }
+};
+
+}  // namespace detail
+
+template <Clock ClockT = SteadyClock>
+class FixedWindowLimiter {
+ public:
+  // Validates and sorts `windows` shortest first (stable). InvalidArgument names the bad value.
+  static absl::StatusOr<FixedWindowLimiter> create(std::vector<FixedWindow> windows,
+                                                   StoreOptions options = {}, ClockT clock = {}) {
+    if (windows.empty()) return absl::InvalidArgumentError("windows must not be empty");
+    if (windows.size() > kMaxWindows) {
+      return absl::InvalidArgumentError("at most " + std::to_string(kMaxWindows) +
+                                        " windows are supported, got " +
+                                        std::to_string(windows.size()));
+    }
+    for (std::size_t i = 0; i < windows.size(); ++i) {
+      const std::string path = "windows[" + std::to_string(i) + "]";
+      if (windows[i].limit < 1 || windows[i].limit > kMaxLimit) {
+        return absl::InvalidArgumentError(path + ".limit must be in [1, 2^62], got " +
+                                          std::to_string(windows[i].limit));
+      }
+      if (windows[i].window.count() <= 0 || windows[i].window.count() > kMaxWindowNs) {
+        return absl::InvalidArgumentError(path + ".window must be in [1ns, 2^60 ns], got " +
+                                          std::to_string(windows[i].window.count()) + "ns");
+      }
+    }
+    std::stable_sort(
+        windows.begin(), windows.end(),
+        [](const FixedWindow& a, const FixedWindow& b) { return a.window < b.window; });
+    FixedWindowLimiter limiter(std::move(clock), options, std::move(windows));
+    return limiter;
+  }
+
+  // Admits `cost` units for `key` if every window has room; `cost` 0 only reports.
+  // InvalidArgument (state untouched) if cost exceeds a window's limit.
+  absl::StatusOr<Decision> check(std::string_view key, std::uint64_t cost = 1) {
+    if (cost > max_cost_) {
+      std::size_t window = 0;
+      while (windows_[window].limit >= cost) ++window;
+      return detail::cost_error(cost, windows_[window].limit, window);
+    }
+    const KeyDigest digest = std::visit([&](auto& s) { return s.digest(key); }, store_);
+    const std::int64_t now = detail::saturate_time(clock_.now().count());
+    return std::visit(
+        [&](auto& store) {
+          return store.update(
+              digest, now,
+              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, cost); },
+              [&](const StoreFull& full) {
+                Decision d = detail::store_full_decision(full);
+                d.limit = windows_[0].limit;
+                return d;
+              });
+        },
+        store_);
+  }
+
+  StoreStats stats() const {
+    return std::visit([](const auto& s) { return s.stats(); }, store_);
+  }
+
+  // The windows, shortest first. Decision::binding_window indexes this.
+  const std::vector<FixedWindow>& windows() const noexcept { return windows_; }
+
+ private:
+  static constexpr std::uint64_t kMaxLimit = std::uint64_t{1} << 62;
+  static constexpr std::int64_t kMaxWindowNs = std::int64_t{1} << 60;
+
+  FixedWindowLimiter(ClockT clock, const StoreOptions& options, std::vector<FixedWindow> windows)
+      : clock_(std::move(clock)),
+        windows_(std::move(windows)),
+        store_(detail::make_store<detail::FixedWindowCell>(windows_.size(), options)) {
+    for (const FixedWindow& w : windows_) max_cost_ = std::min(max_cost_, w.limit);
+  }
+
+  template <std::size_t N>
+  Decision decide(detail::FixedWindowCell<N>& cell, std::int64_t now, std::uint64_t cost) const {
+    std::array<detail::WindowCount, N> current;  // each window as it stands at `now`
+    std::size_t first_denied = N;
+    for (std::size_t i = 0; i < N; ++i) {
+      current[i] = cell.windows[i];
+      if (current[i].end <= now) current[i] = {now + windows_[i].window.count(), 0};
+      if (current[i].count + cost > windows_[i].limit && first_denied == N) first_denied = i;
+    }
+    auto reset_after = [&](std::size_t i, std::uint64_t used) {
+      return std::chrono::nanoseconds{used == 0 ? 0 : current[i].end - now};
+    };
+
+    if (first_denied == N) {
+      std::size_t binding = 0;
+      std::uint64_t least = std::numeric_limits<std::uint64_t>::max();
+      for (std::size_t i = 0; i < N; ++i) {
+        current[i].count += cost;
+        const std::uint64_t remaining = windows_[i].limit - current[i].count;
+        if (remaining < least) {
+          least = remaining;
+          binding = i;
+        }
+      }
+      if (cost != 0) cell.windows = current;
+      return Decision{.reason = Reason::kAllowed,
+                      .limit = windows_[binding].limit,
+                      .remaining = least,
+                      .reset_after = reset_after(binding, current[binding].count),
+                      .binding_window = binding};
+    }
+
+    std::int64_t wait = 0;
+    for (std::size_t i = first_denied; i < N; ++i) {
+      if (current[i].count + cost > windows_[i].limit) wait = std::max(wait, current[i].end - now);
+    }
+    const std::size_t b = first_denied;
+    return Decision{.reason = Reason::kQuotaExceeded,
+                    .limit = windows_[b].limit,
+                    .remaining = windows_[b].limit - current[b].count,
+                    .retry_after = std::chrono::nanoseconds{wait},
+                    .reset_after = reset_after(b, current[b].count),
+                    .binding_window = b};
+  }
+
+  ClockT clock_;
+  std::vector<FixedWindow> windows_;
+  std::uint64_t max_cost_ = std::numeric_limits<std::uint64_t>::max();
+  detail::StoreVariant<detail::FixedWindowCell> store_;
+};
+
+static_assert(RateLimiter<FixedWindowLimiter<SteadyClock>>);
+static_assert(RateLimiter<FixedWindowLimiter<ManualClock>>);
+
+}  // namespace sluice
+
+#endif  // SLUICE_FIXED_WINDOW_HPP_
