@@ -41,8 +41,8 @@ struct EveryThird {
   absl::StatusOr<sluice::Decision> check(std::string_view, std::uint64_t cost) {
     if (cost == 0) return absl::InvalidArgumentError("cost");
     bool allowed = (calls++ % 3) == 0;
-    return sluice::Decision{
-        .reason = allowed ? sluice::Reason::kAllowed : sluice::Reason::kQuotaExceeded};
+    return sluice::Decision{.reason = allowed ? sluice::Reason::kAllowed
+                                              : sluice::Reason::kQuotaExceeded};
   }
 };
 struct WrongReturn {

@@ -152,6 +152,15 @@ class ShardedStore {
     return result;
   }
 
+  // A copy of the key's cell, if the key is tracked. Takes the shard lock.
+  std::optional<Cell> find(const KeyDigest& d) const {
+    Shard& shard = shards_[shard_index(d)];
+    detail::SpinLockHolder hold(shard.lock);
+    const Slot& slot = shard.slots[shard.probe(d)];
+    if (slot.digest.empty()) return std::nullopt;
+    return slot.cell;
+  }
+
   // Sums of the shards' counters. Lock-free.
   StoreStats stats() const noexcept {
     StoreStats s;

@@ -1,0 +1,119 @@
+#include "sluice/fixed_window.hpp"
+
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "sluice/clock.hpp"
+
+using namespace std::chrono_literals;
+using Limiter = sluice::FixedWindowLimiter<sluice::ManualClock>;
+using sluice::Reason;
+
+namespace {
+
+Limiter make(std::vector<sluice::FixedWindow> windows, sluice::ManualClock clock) {
+  auto limiter = Limiter::create(std::move(windows), {.seed = 1}, clock);
+  REQUIRE(limiter.ok());
+  return *std::move(limiter);
+}
+
+sluice::Decision check(Limiter& limiter, std::uint64_t cost = 1) {
+  auto d = limiter.check("k", cost);
+  REQUIRE(d.ok());
+  return *d;
+}
+
+}  // namespace
+
+TEST_CASE("a fixed window is anchored at the first admitted request and reopens exactly") {
+  sluice::ManualClock clock(300ms);
+  Limiter limiter = make({{.limit = 2, .window = 1s}}, clock);
+  CHECK(
+      check(limiter) ==
+      sluice::Decision{.reason = Reason::kAllowed, .limit = 2, .remaining = 1, .reset_after = 1s});
+  clock.advance(500ms);
+  CHECK(check(limiter).remaining == 0);
+  sluice::Decision denied = check(limiter);
+  CHECK(denied == sluice::Decision{.reason = Reason::kQuotaExceeded,
+                                   .limit = 2,
+                                   .remaining = 0,
+                                   .retry_after = 500ms,
+                                   .reset_after = 500ms});
+  clock.set(1300ms - 1ns);  // anchor + window − 1 ns: still the first window
+  CHECK(check(limiter).retry_after == 1ns);
+  clock.set(1300ms);
+  sluice::Decision reopened = check(limiter);
+  CHECK(reopened.allowed());
+  CHECK(reopened.reset_after == 1s);  // the new window is anchored here
+}
+
+TEST_CASE("a fixed-window denial consumes nothing in any window") {
+  sluice::ManualClock clock;
+  Limiter limiter = make({{.limit = 2, .window = 1s}, {.limit = 3, .window = 1min}}, clock);
+  check(limiter);
+  check(limiter);
+  for (int i = 0; i < 10; ++i) CHECK(check(limiter).reason == Reason::kQuotaExceeded);
+  clock.advance(1s);
+  sluice::Decision third = check(limiter);
+  CHECK(third.allowed());  // the minute window saw only the two admitted requests
+  CHECK(third.binding_window == 1);
+  CHECK(third.remaining == 0);
+}
+
+TEST_CASE("stacked minute and day windows bind the first denying and wait for the longest") {
+  sluice::ManualClock clock;
+  Limiter limiter = make({{.limit = 7, .window = 24h}, {.limit = 5, .window = 1min}}, clock);
+  for (int i = 0; i < 5; ++i) REQUIRE(check(limiter).allowed());
+  sluice::Decision minute = check(limiter);
+  CHECK(minute.reason == Reason::kQuotaExceeded);
+  CHECK(minute.binding_window == 0);  // sorted: the minute window comes first
+  CHECK(minute.retry_after == 1min);
+  clock.advance(1min);
+  CHECK(check(limiter).allowed());
+  sluice::Decision last = check(limiter);
+  CHECK(last.allowed());
+  CHECK(last.binding_window == 1);
+  CHECK(last.remaining == 0);
+  clock.advance(1min);
+  sluice::Decision day = check(limiter);
+  CHECK(day.reason == Reason::kQuotaExceeded);
+  CHECK(day.binding_window == 1);
+  CHECK(day.retry_after == 24h - 2min);
+}
+
+TEST_CASE("a fixed-window peek reports and a cost above the limit is an error") {
+  sluice::ManualClock clock;
+  Limiter limiter = make({{.limit = 4, .window = 1s}}, clock);
+  CHECK(check(limiter, 0) ==
+        sluice::Decision{.reason = Reason::kAllowed, .limit = 4, .remaining = 4});
+  CHECK(limiter.stats().size == 0);
+  check(limiter, 3);
+  CHECK(check(limiter, 0).remaining == 1);
+  auto error = limiter.check("k", 5);
+  REQUIRE_FALSE(error.ok());
+  CHECK(error.status().message() ==
+        "cost 5 exceeds the burst 4 of window 0 and can never be admitted");
+  CHECK(check(limiter, 0).remaining == 1);
+}
+
+TEST_CASE("a fixed window does not reopen when the clock goes backwards") {
+  sluice::ManualClock clock(10s);
+  Limiter limiter = make({{.limit = 1, .window = 1s}}, clock);
+  check(limiter);
+  clock.set(1s);
+  CHECK(check(limiter).retry_after == 1s);
+}
+
+TEST_CASE("fixed-window create rejects bad windows naming the bad value") {
+  sluice::ManualClock clock;
+  auto error = [&](std::vector<sluice::FixedWindow> windows) {
+    auto limiter = Limiter::create(std::move(windows), {}, clock);
+    REQUIRE_FALSE(limiter.ok());
+    return std::string(limiter.status().message());
+  };
+  CHECK(error({}) == "windows must not be empty");
+  CHECK(error({{.limit = 0, .window = 1s}}) == "windows[0].limit must be in [1, 2^62], got 0");
+  CHECK(error({{.limit = 1, .window = 1s}, {.limit = 1, .window = 0s}}) ==
+        "windows[1].window must be in [1ns, 2^60 ns], got 0ns");
+}

@@ -1,0 +1,301 @@
+#include "sluice/store.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "sluice/clock.hpp"
+#include "sluice/gcra.hpp"
+#include "sluice/key.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::int64_t kSecond = 1'000'000'000;
+
+// A cell that stays live until `fresh_at` and counts its touches.
+struct HoldCell {
+  std::int64_t fresh_at = std::numeric_limits<std::int64_t>::min();
+  std::uint64_t touches = 0;
+  bool idle(std::int64_t now) const noexcept { return fresh_at <= now; }
+  std::int64_t time_until_fresh(std::int64_t now) const noexcept {
+    return fresh_at > now ? fresh_at - now : 0;
+  }
+};
+using Store = sluice::ShardedStore<HoldCell>;
+
+// Keeps `key` live for `hold` ns after `now`. Returns false if the store refused the key.
+bool touch(Store& store, const sluice::KeyDigest& key, std::int64_t now, std::int64_t hold) {
+  return store.update(
+      key, now,
+      [&](HoldCell& cell, std::int64_t at) {
+        cell.fresh_at = std::max(cell.fresh_at, at + hold);
+        ++cell.touches;
+        return true;
+      },
+      [](sluice::StoreFull) { return false; });
+}
+
+// The next `n` digests (key-0, key-1, ...) that land in shard `shard`.
+std::vector<sluice::KeyDigest> keys_in_shard(const Store& store, std::size_t shard, std::size_t n,
+                                             std::uint64_t& counter) {
+  std::vector<sluice::KeyDigest> keys;
+  while (keys.size() < n) {
+    sluice::KeyDigest d = store.digest("key-" + std::to_string(counter++));
+    if (Store::shard_index(d) == shard) keys.push_back(d);
+  }
+  return keys;
+}
+
+std::uint64_t tracked(const Store& store) { return store.stats().size; }
+
+}  // namespace
+
+TEST_CASE("a key spray never grows the store past kStoreShards times the cap") {
+  constexpr std::size_t kCap = 32;
+  Store store({.max_keys_per_shard = kCap, .seed = 7});
+  const std::size_t bound = sluice::kStoreShards * kCap;
+  std::uint64_t inserted = 0;
+  std::int64_t now = 0;
+  for (std::size_t i = 0; i < 50 * bound; ++i) {
+    // Half the keys are one-shot (idle after 1 ns), half stay live for an hour.
+    std::int64_t hold = (i % 2 == 0) ? 1 : 3600 * kSecond;
+    REQUIRE(touch(store, store.digest("spray-" + std::to_string(i)), now, hold));
+    ++inserted;
+    now += 2;
+    REQUIRE(tracked(store) <= bound);
+  }
+  const sluice::StoreStats stats = store.stats();
+  CHECK(stats.size + stats.idle_reclaimed + stats.live_evicted == inserted);
+  CHECK(stats.capacity_denials == 0);
+  CHECK(stats.live_evicted > 0);
+  CHECK(stats.idle_reclaimed > 0);
+  for (std::size_t size : store.shard_sizes()) CHECK(size <= kCap);
+}
+
+TEST_CASE("a sweep drops every idle cell before any live one") {
+  constexpr std::size_t kCap = 16;
+  Store store({.max_keys_per_shard = kCap, .seed = 11});
+  std::uint64_t counter = 0;
+  auto keys = keys_in_shard(store, 0, kCap + 1, counter);
+  // 4 cells idle after 1 s, 12 live for an hour: 12 > cap/2, so 4 live ones must go as well.
+  for (std::size_t i = 0; i < kCap; ++i) {
+    REQUIRE(touch(store, keys[i], 0, i < 4 ? kSecond : 3600 * kSecond + std::int64_t(i)));
+  }
+  REQUIRE(touch(store, keys[kCap], 2 * kSecond, 3600 * kSecond));
+
+  const sluice::StoreStats stats = store.stats();
+  CHECK(stats.idle_reclaimed == 4);
+  CHECK(stats.live_evicted == 4);
+  for (std::size_t i = 0; i < 4; ++i) CHECK_FALSE(store.find(keys[i]).has_value());
+  // Of the live cells, those with the least time until fresh went first.
+  for (std::size_t i = 4; i < 8; ++i) CHECK_FALSE(store.find(keys[i]).has_value());
+  for (std::size_t i = 8; i <= kCap; ++i) CHECK(store.find(keys[i]).has_value());
+}
+
+TEST_CASE("dropping only idle cells evicts nothing live when at most half the cap is live") {
+  constexpr std::size_t kCap = 16;
+  Store store({.max_keys_per_shard = kCap, .seed = 11});
+  std::uint64_t counter = 0;
+  auto keys = keys_in_shard(store, 3, kCap + 1, counter);
+  for (std::size_t i = 0; i < kCap; ++i) {
+    REQUIRE(touch(store, keys[i], 0, i < kCap / 2 ? kSecond : 3600 * kSecond));
+  }
+  REQUIRE(touch(store, keys[kCap], 2 * kSecond, kSecond));
+  CHECK(store.stats() == sluice::StoreStats{.size = kCap / 2 + 1, .idle_reclaimed = kCap / 2});
+  for (std::size_t i = kCap / 2; i < kCap; ++i) CHECK(store.find(keys[i])->touches == 1);
+}
+
+TEST_CASE("a capped limiter decides exactly like an uncapped one while only idle cells go") {
+  sluice::ManualClock clock;
+  std::vector<sluice::GcraWindow> windows{{.requests = 1, .period = 100ms, .burst = 2}};
+  auto capped = sluice::GcraLimiter<sluice::ManualClock>::create(
+      windows, {.max_keys_per_shard = 32, .seed = 5}, clock);
+  auto uncapped = sluice::GcraLimiter<sluice::ManualClock>::create(
+      windows, {.max_keys_per_shard = 1 << 20, .seed = 5}, clock);
+  REQUIRE(capped.ok());
+  REQUIRE(uncapped.ok());
+  std::mt19937_64 rng(42);
+  std::uniform_int_distribution<int> key(0, 4999);
+  std::uniform_int_distribution<int> step_us(0, 4000);  // ~100 keys live at a time
+  for (int i = 0; i < 200'000; ++i) {
+    const std::string k = "client-" + std::to_string(key(rng));
+    auto a = capped->check(k);
+    auto b = uncapped->check(k);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    REQUIRE(capped->stats().live_evicted == 0);  // the premise: only idle cells were dropped
+    REQUIRE(*a == *b);
+    clock.advance(std::chrono::microseconds(step_us(rng)));
+  }
+  // The premise: sweeps ran and reclaimed idle cells, and never had to evict a live one.
+  CHECK(capped->stats().idle_reclaimed > 1000);
+  CHECK(capped->stats().live_evicted == 0);
+}
+
+TEST_CASE("a key under enforcement survives a one-shot spray that last-touch order would evict") {
+  constexpr std::size_t kCap = 16;
+  Store store({.max_keys_per_shard = kCap, .seed = 3});
+  std::uint64_t counter = 0;
+  auto enforced = keys_in_shard(store, 0, 1, counter)[0];
+  auto spray = keys_in_shard(store, 0, 20 * kCap, counter);
+
+  // The enforced key is touched first (oldest last touch) and stays live for an hour; each spray
+  // key is touched once and would go idle 10 s later.
+  REQUIRE(touch(store, enforced, 0, 3600 * kSecond));
+  // A last-touch (LRU) model of the same shard: which keys remain, oldest touch first.
+  std::vector<sluice::KeyDigest> lru{enforced};
+  bool lru_evicted_enforced = false;
+  std::int64_t now = 0;
+  for (const auto& key : spray) {
+    now += 1000;
+    REQUIRE(touch(store, key, now, 10 * kSecond));
+    if (lru.size() == kCap) {  // full: evict the oldest touches down to cap/2
+      auto evicted = lru.begin() + static_cast<std::ptrdiff_t>(kCap - kCap / 2);
+      lru_evicted_enforced |= std::find(lru.begin(), evicted, enforced) != evicted;
+      lru.erase(lru.begin(), evicted);
+    }
+    lru.push_back(key);
+  }
+  CHECK(lru_evicted_enforced);              // last-touch order gives the enforced key away
+  CHECK(store.find(enforced).has_value());  // time-to-fresh order keeps it
+  CHECK(store.find(enforced)->touches == 1);
+  CHECK(store.stats().live_evicted >= 18 * kCap / 2);  // the spray did force evictions
+}
+
+TEST_CASE("sweeps amortize to a small constant of examined slots per insert") {
+  Store store({.max_keys_per_shard = 64, .seed = 9});
+  constexpr std::uint64_t kInserts = 200'000;
+  for (std::uint64_t i = 0; i < kInserts; ++i) {
+    REQUIRE(touch(store, store.digest("one-shot-" + std::to_string(i)), 0, kSecond));
+  }
+  const double per_insert = static_cast<double>(store.sweep_work()) / kInserts;
+  CHECK(store.sweep_work() > 0);
+  // A sweep examines the table (< 4/3·cap + 1 slots) and leaves cap/2 free slots: < 2.7 per insert.
+  CHECK(per_insert < 3.0);
+}
+
+TEST_CASE("a full reject_new_keys shard denies new keys until its earliest cell goes idle") {
+  constexpr std::size_t kCap = 8;
+  Store store(
+      {.max_keys_per_shard = kCap, .overflow = sluice::Overflow::kRejectNewKeys, .seed = 1});
+  std::uint64_t counter = 0;
+  auto keys = keys_in_shard(store, 5, kCap + 2, counter);
+  for (std::size_t i = 0; i < kCap; ++i) {
+    REQUIRE(touch(store, keys[i], 0, (5 + std::int64_t(i)) * kSecond));  // earliest idle at 5 s
+  }
+
+  std::int64_t retry = 0;
+  bool admitted = store.update(
+      keys[kCap], 2 * kSecond,
+      [](HoldCell& cell, std::int64_t at) {
+        cell.fresh_at = at + kSecond;
+        return true;
+      },
+      [&](sluice::StoreFull full) {
+        retry = full.retry_after_ns;
+        return false;
+      });
+  CHECK_FALSE(admitted);
+  CHECK(retry == 3 * kSecond);
+  CHECK_FALSE(touch(store, keys[kCap + 1], 2 * kSecond, kSecond));
+  // Existing keys keep working; nothing live was evicted.
+  for (std::size_t i = 0; i < kCap; ++i) CHECK(touch(store, keys[i], 2 * kSecond, kSecond));
+  CHECK(store.stats() == sluice::StoreStats{.size = kCap, .capacity_denials = 2});
+
+  // At 5 s the first cell is idle: the sweep reclaims it and the new key fits.
+  CHECK(touch(store, keys[kCap], 5 * kSecond, kSecond));
+  CHECK(store.stats() ==
+        sluice::StoreStats{.size = kCap, .idle_reclaimed = 1, .capacity_denials = 2});
+}
+
+TEST_CASE("a peek on an unknown key stores nothing") {
+  Store store({.seed = 1});
+  bool seen = store.update(
+      store.digest("ghost"), 0, [](HoldCell&, std::int64_t) { return true; },
+      [](sluice::StoreFull) { return false; });
+  CHECK(seen);
+  CHECK(tracked(store) == 0);
+}
+
+TEST_CASE("a shard never sees time go backwards") {
+  Store store({.seed = 1});
+  auto key = store.digest("k");
+  std::int64_t seen = 0;
+  auto at = [&](std::int64_t now) {
+    store.update(
+        key, now, [&](HoldCell&, std::int64_t clamped) { return seen = clamped, true; },
+        [](sluice::StoreFull) { return false; });
+    return seen;
+  };
+  CHECK(at(100) == 100);
+  CHECK(at(50) == 100);
+  CHECK(at(150) == 150);
+}
+
+TEST_CASE("threads hammering overlapping keys lose no update") {
+  Store store({.max_keys_per_shard = 1024, .seed = 2});
+  constexpr int kThreads = 4;
+  constexpr int kKeys = 64;
+  constexpr int kRounds = 2000;
+  std::vector<sluice::KeyDigest> keys;
+  for (int i = 0; i < kKeys; ++i) keys.push_back(store.digest("shared-" + std::to_string(i)));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        touch(store, keys[static_cast<std::size_t>((r + t * 7) % kKeys)], 0, 3600 * kSecond);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  std::uint64_t total = 0;
+  for (const auto& key : keys) total += store.find(key)->touches;
+  CHECK(total == std::uint64_t{kThreads} * kRounds);
+  CHECK(tracked(store) == kKeys);
+}
+
+TEST_CASE("digests are stable for a seed and seeded XXH3-128 of the key bytes") {
+  sluice::KeyHasher a(1234), b(1234);
+  CHECK(a("203.0.113.7") == b("203.0.113.7"));
+  XXH128_hash_t expected = XXH3_128bits_withSeed("203.0.113.7", 11, 1234);
+  CHECK(a("203.0.113.7") == sluice::KeyDigest{expected.low64, expected.high64});
+  CHECK(a("203.0.113.7") != a("203.0.113.8"));
+}
+
+TEST_CASE("different seeds spread keys over different shards") {
+  Store one({.seed = 1});
+  Store two({.seed = 2});
+  int moved = 0;
+  constexpr int kKeys = 10'000;
+  for (int i = 0; i < kKeys; ++i) {
+    std::string key = "10.0." + std::to_string(i / 256) + "." + std::to_string(i % 256);
+    moved += Store::shard_index(one.digest(key)) != Store::shard_index(two.digest(key));
+  }
+  // Independent placement moves 63/64 of keys; allow generous slack.
+  CHECK(moved > kKeys * 9 / 10);
+}
+
+TEST_CASE("a store without an injected seed picks a random one") {
+  Store one(sluice::StoreOptions{});
+  Store two(sluice::StoreOptions{});
+  CHECK(one.seed() != two.seed());
+}
+
+TEST_CASE("composite keys are unambiguous") {
+  auto encode = [](std::initializer_list<std::string_view> parts) {
+    std::string out;
+    for (auto part : parts) sluice::append_key_part(out, part);
+    return out;
+  };
+  CHECK(encode({"a|b", "c"}) != encode({"a", "b|c"}));
+  CHECK(encode({"ab", ""}) != encode({"a", "b"}));
+  CHECK(encode({"", "ab"}) != encode({"ab"}));
+  CHECK(encode({"x"}) == std::string("\x01\x00\x00\x00x", 5));
+}
