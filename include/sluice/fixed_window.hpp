@@ -135,6 +135,11 @@ class FixedWindowLimiter {
     return std::visit([](const auto& s) { return s.stats(); }, store_);
   }
 
+  // Bytes held by the key tables (grows with keys, bounded by the store cap). Lock-free.
+  std::size_t memory_bytes() const {
+    return std::visit([](const auto& s) { return s.table_bytes(); }, store_);
+  }
+
   // The windows, shortest first. Decision::binding_window indexes this.
   const std::vector<FixedWindow>& windows() const noexcept { return windows_; }
 

@@ -172,6 +172,11 @@ class GcraLimiter {
     return std::visit([](const auto& s) { return s.stats(); }, store_);
   }
 
+  // Bytes held by the key tables (grows with keys, bounded by the store cap). Lock-free.
+  std::size_t memory_bytes() const {
+    return std::visit([](const auto& s) { return s.table_bytes(); }, store_);
+  }
+
   // The windows, shortest period first, bursts defaulted. Decision::binding_window indexes this.
   const std::vector<GcraWindow>& windows() const noexcept { return windows_; }
   const ClockT& clock() const noexcept { return clock_; }
