@@ -155,14 +155,42 @@ class GcraLimiter {
   // Admits a request of `cost` units for `key` if every window has room, reserving it; `cost` 0
   // only reports. InvalidArgument (state untouched) if cost exceeds a window's burst.
   absl::StatusOr<Decision> check(std::string_view key, std::uint64_t cost = 1) {
-    if (cost > max_cost_) return cost_error(cost);
-    const KeyDigest digest = std::visit([&](auto& s) { return s.digest(key); }, store_);
-    const std::int64_t now = detail::saturate_time(clock_.now().count());
+    if (absl::Status status = validate_cost(cost); !status.ok()) return status;
+    const KeyDigest d = digest(key);
+    const std::int64_t at = now();
     return std::visit(
         [&](auto& store) {
           return store.update(
-              digest, now,
-              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, cost); },
+              d, at,
+              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, cost, true); },
+              [&](const StoreFull& full) { return store_full(full); });
+        },
+        store_);
+  }
+
+  // --- Multi-key transactions, for callers that decide several keys atomically (the policy
+  // engine). Take `lock_of(digest(key))` for every key, in ascending address order and each lock
+  // once; call `decide_locked` for each key without committing; if all are admitted, call it
+  // again with `commit`; then release the locks. `validate_cost` first.
+
+  absl::Status validate_cost(std::uint64_t cost) const {
+    return cost > max_cost_ ? cost_error(cost) : absl::OkStatus();
+  }
+  KeyDigest digest(std::string_view key) const {
+    return std::visit([&](const auto& s) { return s.digest(key); }, store_);
+  }
+  detail::SpinLock& lock_of(const KeyDigest& d) const {
+    return std::visit([&](const auto& s) -> detail::SpinLock& { return s.lock_of(d); }, store_);
+  }
+  // The clock's reading, saturated to the supported range.
+  std::int64_t now() const { return detail::saturate_time(clock_.now().count()); }
+  // With lock_of(d) held: the decision for `cost` at `now`; reserves it iff `commit` and admitted.
+  Decision decide_locked(const KeyDigest& d, std::int64_t now, std::uint64_t cost, bool commit) {
+    return std::visit(
+        [&](auto& store) {
+          return store.update_locked(
+              d, now,
+              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, cost, commit); },
               [&](const StoreFull& full) { return store_full(full); });
         },
         store_);
@@ -255,7 +283,8 @@ class GcraLimiter {
   // Invariant: for every window, TAT − now ≤ burst·T at all times after an admission, so a peek
   // (cost 0) is always admitted.
   template <std::size_t N>
-  Decision decide(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost) const {
+  Decision decide(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost,
+                  bool commit) const {
     std::array<detail::GcraTat, N> next;
     std::array<absl::uint128, N> ahead;  // (next TAT − now)·requests per window
     std::size_t first_denied = N;
@@ -269,7 +298,7 @@ class GcraLimiter {
     }
 
     if (first_denied == N) {
-      if (cost != 0) cell.tat = next;
+      if (commit && cost != 0) cell.tat = next;
       std::size_t binding = 0;
       std::uint64_t least = std::numeric_limits<std::uint64_t>::max();
       for (std::size_t i = 0; i < N; ++i) {

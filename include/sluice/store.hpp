@@ -136,20 +136,24 @@ class ShardedStore {
   // refuses the new key (kRejectNewKeys, shard full of live cells), returns `on_full(StoreFull)`
   // instead and nothing changes.
   template <class Fn, class OnFull>
-  auto update(const KeyDigest& d, std::int64_t now, Fn&& fn, OnFull&& on_full)
-      -> std::invoke_result_t<Fn&, Cell&, std::int64_t> {
+  std::invoke_result_t<Fn&, Cell&, std::int64_t> update(const KeyDigest& d, std::int64_t now,
+                                                        Fn&& fn, OnFull&& on_full) {
     Shard& shard = shards_[shard_index(d)];
     detail::SpinLockHolder hold(shard.lock);
-    now = shard.clamp(now);
-    std::size_t index = shard.probe(d);
-    Slot& slot = shard.slots[index];
-    if (!slot.digest.empty()) return fn(slot.cell, now);
+    return update_in(shard, d, now, fn, on_full);
+  }
 
-    Cell cell{};
-    auto result = fn(cell, now);
-    if (cell.idle(now)) return result;
-    if (auto full = insert(shard, d, cell, now, index)) return on_full(*full);
-    return result;
+  // Multi-key transactions (the policy engine decides several keys, possibly of several stores,
+  // atomically): take `lock_of` for every key, in ascending address order and each lock once,
+  // then call `update_locked`, which is `update` without the locking.
+  detail::SpinLock& lock_of(const KeyDigest& d) const noexcept {
+    return shards_[shard_index(d)].lock;
+  }
+  template <class Fn, class OnFull>
+  std::invoke_result_t<Fn&, Cell&, std::int64_t> update_locked(const KeyDigest& d, std::int64_t now,
+                                                               Fn&& fn, OnFull&& on_full)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return update_in(shards_[shard_index(d)], d, now, fn, on_full);
   }
 
   // A copy of the key's cell, if the key is tracked. Takes the shard lock.
@@ -270,6 +274,23 @@ class ShardedStore {
   }
 
   std::size_t max_capacity() const noexcept { return options_.max_keys_per_shard * 4 / 3 + 1; }
+
+  template <class Fn, class OnFull>
+  std::invoke_result_t<Fn&, Cell&, std::int64_t> update_in(Shard& shard, const KeyDigest& d,
+                                                           std::int64_t now, Fn& fn,
+                                                           OnFull& on_full)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    now = shard.clamp(now);
+    std::size_t index = shard.probe(d);
+    Slot& slot = shard.slots[index];
+    if (!slot.digest.empty()) return fn(slot.cell, now);
+
+    Cell cell{};
+    auto result = fn(cell, now);
+    if (cell.idle(now)) return result;
+    if (auto full = insert(shard, d, cell, now, index)) return on_full(*full);
+    return result;
+  }
 
   // Places `cell` for absent key `d`, whose probe ended at empty slot `index`. Makes room first
   // when the shard is full. Returns the denial when the store refuses the key.
