@@ -9,6 +9,7 @@
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/http_fields.hpp"
+#include "sluice/policy.hpp"
 #include "sluice/rate_limiter.hpp"
 #include "sluice/version.hpp"
 
