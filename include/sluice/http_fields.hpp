@@ -1,0 +1,269 @@
+// sluice/http_fields.hpp — the HTTP response fields that describe a rate-limit decision.
+//
+// Turns a `sluice::Decision` (or plain values) into (name, value) pairs that the caller writes into
+// its framework's response; nothing here knows about any HTTP library:
+//
+//   sluice::Decision d = ...;                                   // from a limiter or the engine
+//   auto now = std::chrono::system_clock::now();                // wall clock, read by the caller
+//   for (const auto& [name, value] : sluice::response_fields(d, now)) response.set(name, value);
+//   // denied:  Retry-After: 1, X-RateLimit-Limit: 20, X-RateLimit-Remaining: 0,
+//   //          X-RateLimit-Reset: 1700000002
+//
+//   std::array<sluice::QuotaPolicy, 2> policies{{{"per-ip/s", 10, std::chrono::seconds(1)},
+//                                                {"per-ip/minute", 600, std::chrono::minutes(1)}}};
+//   sluice::ratelimit_policy_field(policies);
+//   // RateLimit-Policy: "per-ip/s";q=10;w=1, "per-ip/minute";q=600;w=60
+//   sluice::ratelimit_field(sluice::service_limit("per-ip/s", d));
+//   // RateLimit: "per-ip/s";r=0;t=1
+//
+// Fields:
+// - `Retry-After` (RFC 9110 delay-seconds): retry_after rounded up to whole seconds, at least 1.
+// - `X-RateLimit-Limit`: the binding window's burst; `X-RateLimit-Remaining`: what that window has
+//   left after this request; `X-RateLimit-Reset`: Unix epoch seconds at which the binding window is
+//   full again (now + reset_after, rounded up). These three are de-facto fields, printed as plain
+//   decimal integers.
+// - `RateLimit-Policy` and `RateLimit` per draft-ietf-httpapi-ratelimit-headers-11: RFC 9651 Lists
+//   of Items whose value is an sf-string naming the policy, with Integer parameters
+//   (`q` quota, `w` window seconds; `r` available quota, `t` effective window seconds). Members are
+//   joined by ", " (RFC 9651 canonical serialization).
+//
+// RFC 9651 limits, and what these helpers do at them (they never fail):
+// - sf-string: `"` and `\` are escaped with a backslash; a byte outside printable ASCII
+//   (0x20-0x7E) cannot be represented and is replaced by `?`. Policy validation
+//   (sluice/policy.hpp) rejects such bytes in every name, so a validated config never hits this.
+// - sf-integer: at most 15 digits; larger values are clamped to 999999999999999.
+//
+// Units: durations are integer nanoseconds; wall-clock "now" is an argument (any
+// `std::chrono::system_clock` time point converts implicitly), never read here. No floating point.
+// Thread-safety: every function is pure; the value types are thread-compatible.
+#ifndef SLUICE_HTTP_FIELDS_HPP_
+#define SLUICE_HTTP_FIELDS_HPP_
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <ostream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "sluice/decision.hpp"
+
+namespace sluice {
+
+// One response header field. An aggregate, so `auto& [name, value] = field;` works.
+struct HttpField {
+  std::string name;
+  std::string value;
+
+  friend bool operator==(const HttpField&, const HttpField&) = default;
+};
+
+// The fields for one response, in the order they should be written.
+using HttpFields = std::vector<HttpField>;
+
+inline std::ostream& operator<<(std::ostream& os, const HttpField& field) {
+  return os << field.name << ": " << field.value;
+}
+
+inline constexpr std::string_view kRetryAfterField = "Retry-After";
+inline constexpr std::string_view kXRateLimitLimitField = "X-RateLimit-Limit";
+inline constexpr std::string_view kXRateLimitRemainingField = "X-RateLimit-Remaining";
+inline constexpr std::string_view kXRateLimitResetField = "X-RateLimit-Reset";
+inline constexpr std::string_view kRateLimitPolicyField = "RateLimit-Policy";
+inline constexpr std::string_view kRateLimitField = "RateLimit";
+
+// The largest RFC 9651 Integer (15 decimal digits). Larger values are clamped to it.
+inline constexpr std::uint64_t kMaxStructuredInteger = 999'999'999'999'999;
+
+// A wall-clock instant in ns since the Unix epoch. `std::chrono::system_clock::now()` converts to
+// it implicitly.
+using WallTime = std::chrono::sys_time<std::chrono::nanoseconds>;
+
+// `d` in whole seconds, rounded up; 0 for d <= 0. Exact for every int64 nanosecond count.
+constexpr std::int64_t ceil_seconds(std::chrono::nanoseconds d) noexcept {
+  constexpr std::int64_t kNanosPerSecond = 1'000'000'000;
+  if (d.count() <= 0) return 0;
+  return d.count() / kNanosPerSecond + (d.count() % kNanosPerSecond != 0 ? 1 : 0);
+}
+
+// The Retry-After delay-seconds for `retry_after`: rounded up, at least 1 (a client told 0 would
+// retry at once into another denial).
+constexpr std::int64_t retry_after_seconds(std::chrono::nanoseconds retry_after) noexcept {
+  return std::max<std::int64_t>(1, ceil_seconds(retry_after));
+}
+
+// Unix epoch seconds of `now + reset_after`, rounded up; negative reset_after counts as 0 and a
+// result before the epoch is reported as 0. Exact (no overflow) for every pair of int64 inputs.
+constexpr std::int64_t reset_epoch_seconds(WallTime now,
+                                           std::chrono::nanoseconds reset_after) noexcept {
+  constexpr std::int64_t kNanosPerSecond = 1'000'000'000;
+  std::int64_t now_ns = now.time_since_epoch().count();
+  std::int64_t now_s = now_ns / kNanosPerSecond;  // floor division for negative instants
+  std::int64_t now_frac = now_ns % kNanosPerSecond;
+  if (now_frac < 0) {
+    now_frac += kNanosPerSecond;
+    now_s -= 1;
+  }
+  std::int64_t reset_ns = std::max<std::int64_t>(0, reset_after.count());
+  std::int64_t frac = now_frac + reset_ns % kNanosPerSecond;  // < 2 s: no overflow
+  // |now_s| and reset_ns / 1e9 are each below 9.3e9, so the sum cannot overflow.
+  std::int64_t seconds = now_s + reset_ns / kNanosPerSecond + frac / kNanosPerSecond +
+                         (frac % kNanosPerSecond != 0 ? 1 : 0);
+  return std::max<std::int64_t>(0, seconds);
+}
+
+namespace http_fields_internal {
+
+// Appends `value` in decimal.
+inline void append_decimal(std::string& out, std::uint64_t value) {
+  char buffer[20];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  (void)ec;  // 20 digits always fit a uint64
+  out.append(buffer, end);
+}
+inline void append_decimal(std::string& out, std::int64_t value) {
+  char buffer[20];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  (void)ec;  // sign + 19 digits always fit an int64
+  out.append(buffer, end);
+}
+
+}  // namespace http_fields_internal
+
+// Appends `value` as an RFC 9651 Integer, clamped to kMaxStructuredInteger.
+inline void append_structured_integer(std::string& out, std::uint64_t value) {
+  http_fields_internal::append_decimal(out, std::min(value, kMaxStructuredInteger));
+}
+
+// Appends `value` as an RFC 9651 String: quoted, `"` and `\` escaped; each byte outside
+// printable ASCII (0x20-0x7E) is replaced by `?` since sf-string cannot carry it.
+inline void append_structured_string(std::string& out, std::string_view value) {
+  out.push_back('"');
+  for (char c : value) {
+    auto byte = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (byte >= 0x20 && byte <= 0x7e) {
+      out.push_back(c);
+    } else {
+      out.push_back('?');
+    }
+  }
+  out.push_back('"');
+}
+
+// --- Retry-After and X-RateLimit-*
+// ----------------------------------------------------------------
+
+// `Retry-After: <retry_after_seconds(retry_after)>`.
+inline HttpField retry_after_field(std::chrono::nanoseconds retry_after) {
+  HttpField field{std::string(kRetryAfterField), {}};
+  http_fields_internal::append_decimal(field.value, retry_after_seconds(retry_after));
+  return field;
+}
+
+// Appends X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset for the decision's
+// binding window.
+inline void append_x_ratelimit_fields(HttpFields& out, const Decision& decision, WallTime now) {
+  HttpField limit{std::string(kXRateLimitLimitField), {}};
+  http_fields_internal::append_decimal(limit.value, decision.limit);
+  HttpField remaining{std::string(kXRateLimitRemainingField), {}};
+  http_fields_internal::append_decimal(remaining.value, decision.remaining);
+  HttpField reset{std::string(kXRateLimitResetField), {}};
+  http_fields_internal::append_decimal(reset.value, reset_epoch_seconds(now, decision.reset_after));
+  out.push_back(std::move(limit));
+  out.push_back(std::move(remaining));
+  out.push_back(std::move(reset));
+}
+
+// The classic fields for one decision: for a denial Retry-After then X-RateLimit-*; for an
+// admission X-RateLimit-* only.
+inline HttpFields response_fields(const Decision& decision, WallTime now) {
+  HttpFields out;
+  out.reserve(4);
+  if (!decision.allowed()) out.push_back(retry_after_field(decision.retry_after));
+  append_x_ratelimit_fields(out, decision, now);
+  return out;
+}
+
+// --- draft-ietf-httpapi-ratelimit-headers-11
+// ------------------------------------------------------
+
+// One Quota Policy Item of RateLimit-Policy: `"<name>";q=<quota>;w=<window seconds>`.
+struct QuotaPolicy {
+  std::string_view name;            // the policy's identifier; must outlive the call
+  std::uint64_t quota = 0;          // q: requests per window
+  std::chrono::nanoseconds window;  // w: rounded up to whole seconds, at least 1 (w is non-zero)
+};
+
+// One Service Limit Item of RateLimit: `"<name>";r=<available>;t=<effective window seconds>`.
+struct ServiceLimit {
+  std::string_view name;                      // the policy's identifier; must outlive the call
+  std::uint64_t available = 0;                // r: quota units left
+  std::chrono::nanoseconds effective_window;  // t: rounded up to whole seconds (0 allowed)
+};
+
+// The service limit a decision reports for policy `name`: r = remaining, and
+// - allowed: t = reset_after (the binding window is full again after t, rounded up);
+// - denied: t = the Retry-After value, since the draft says Retry-After should not point earlier
+//   than the end of the effective window, and r = 0 holds until then.
+inline ServiceLimit service_limit(std::string_view name, const Decision& decision) noexcept {
+  std::chrono::nanoseconds t = decision.reset_after;
+  if (!decision.allowed()) {
+    t = std::chrono::seconds(retry_after_seconds(decision.retry_after));
+  }
+  return ServiceLimit{.name = name, .available = decision.remaining, .effective_window = t};
+}
+
+// The RateLimit-Policy value: one Item per policy, joined by ", ". Empty input gives "" (the field
+// must then be omitted: the draft requires a non-empty List).
+inline std::string ratelimit_policy_value(std::span<const QuotaPolicy> policies) {
+  std::string out;
+  for (const QuotaPolicy& policy : policies) {
+    if (!out.empty()) out.append(", ");
+    append_structured_string(out, policy.name);
+    out.append(";q=");
+    append_structured_integer(out, policy.quota);
+    out.append(";w=");
+    append_structured_integer(
+        out, static_cast<std::uint64_t>(std::max<std::int64_t>(1, ceil_seconds(policy.window))));
+  }
+  return out;
+}
+inline HttpField ratelimit_policy_field(std::span<const QuotaPolicy> policies) {
+  return HttpField{std::string(kRateLimitPolicyField), ratelimit_policy_value(policies)};
+}
+inline HttpField ratelimit_policy_field(const QuotaPolicy& policy) {
+  return ratelimit_policy_field(std::span<const QuotaPolicy>(&policy, 1));
+}
+
+// The RateLimit value: one Item per service limit, joined by ", ".
+inline std::string ratelimit_value(std::span<const ServiceLimit> limits) {
+  std::string out;
+  for (const ServiceLimit& limit : limits) {
+    if (!out.empty()) out.append(", ");
+    append_structured_string(out, limit.name);
+    out.append(";r=");
+    append_structured_integer(out, limit.available);
+    out.append(";t=");
+    append_structured_integer(out,
+                              static_cast<std::uint64_t>(ceil_seconds(limit.effective_window)));
+  }
+  return out;
+}
+inline HttpField ratelimit_field(std::span<const ServiceLimit> limits) {
+  return HttpField{std::string(kRateLimitField), ratelimit_value(limits)};
+}
+inline HttpField ratelimit_field(const ServiceLimit& limit) {
+  return ratelimit_field(std::span<const ServiceLimit>(&limit, 1));
+}
+
+}  // namespace sluice
+
+#endif  // SLUICE_HTTP_FIELDS_HPP_

@@ -1,0 +1,722 @@
+// sluice/policy.hpp — the gateway policy model: bundles of rate-limit rules and where they attach.
+//
+// Plain aggregate structs that a program fills in code or that the YAML loader (sluice/yaml.hpp)
+// fills from a config file, a `validate` that names the path of the first bad value, and
+// `compile_policies`, which turns every bundle into canonical windows for the engine:
+//
+//   sluice::PolicyConfig config{
+//       .policies = {{.name = "public-api-limits",
+//                     .rate_limits = {{.name = "per-ip",
+//                                      .selector = {sluice::Selector::kIp},
+//                                      .requests_per = {.s = 10, .minute = 600},
+//                                      .burst = 20}}}},
+//       .routes = {{.name = "public", .path_prefix = "/v1", .policies = {"public-api-limits"}}},
+//   };
+//   absl::Status status = sluice::validate(config);
+//   // e.g. "routes[0].policies[0]: unknown bundle \"public-api-limit\""
+//   absl::StatusOr<std::vector<sluice::CompiledBundle>> bundles = sluice::compile_policies(config);
+//   // per-ip: {10 per 1 s, burst 20}, {600 per 60 s, burst 600}
+//
+// Model (S8): a Rule limits requests per key, the key built from its selector (ip, credential,
+// route); each of `requests_per.s/minute/hour` is one stacked window, all must admit. A Bundle is
+// a named list of rules (plus the legacy single-window `rate_limit`). Bundles attach, by name, at
+// five scopes: consumer, route, service, listener and global (`gateway.global_policies`).
+//
+// Supported ranges (validated, so that the limiters' integer arithmetic cannot overflow):
+// - requests per window: 1 ... kMaxRequestsPerWindow (2^32);
+// - window length: 1 s ... kMaxWindowSeconds (365 days); rule windows are 1 s, 60 s or 3600 s;
+// - burst: 1 ... the number of requests the rule's shortest window replenishes in 365 days, so a
+//   full bucket refills within a year: every GCRA time offset (burst x period / requests) stays
+//   below 2^55 ns, and requests x period (ns) stays below 2^87 (fits absl::uint128).
+// - names (bundle, rule, route, service, listener, consumer): printable ASCII (0x20-0x7E), so they
+//   print unchanged in error text and in RFC 9651 strings (sluice/http_fields.hpp).
+//
+// Units: requests are counts; windows are whole seconds in the model and nanoseconds once compiled.
+// Thread-safety: plain values (thread-compatible); every function is pure.
+#ifndef SLUICE_POLICY_HPP_
+#define SLUICE_POLICY_HPP_
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace sluice {
+
+// --- the model
+// ------------------------------------------------------------------------------------
+
+// One component of a rule's key. The components of a rule join into ONE key, so [ip, route] limits
+// each (client ip, route) pair on its own. Order in the config does not matter.
+enum class Selector {
+  kIp,          // the client's IP address
+  kCredential,  // the request's credential; the client ip until the request carries one
+  kRoute,       // the matched route; unrouted traffic has its own route component
+};
+
+constexpr std::string_view to_string(Selector selector) noexcept {
+  switch (selector) {
+    case Selector::kIp:
+      return "ip";
+    case Selector::kCredential:
+      return "credential";
+    case Selector::kRoute:
+      return "route";
+  }
+  return "unknown";
+}
+
+// "ip", "credential" or "route"; nullopt for anything else.
+constexpr std::optional<Selector> parse_selector(std::string_view text) noexcept {
+  if (text == "ip") return Selector::kIp;
+  if (text == "credential") return Selector::kCredential;
+  if (text == "route") return Selector::kRoute;
+  return std::nullopt;
+}
+
+// Sustained rates; each set field is one stacked window. At least one must be set, each > 0.
+struct RequestsPer {
+  std::optional<std::uint64_t> s{};       // requests per second
+  std::optional<std::uint64_t> minute{};  // requests per 60 s
+  std::optional<std::uint64_t> hour{};    // requests per 3600 s
+
+  friend bool operator==(const RequestsPer&, const RequestsPer&) = default;
+};
+
+// One rate-limit rule of a bundle (`policies[].rate_limits[]`).
+struct Rule {
+  std::string name{};                    // optional label; identifies the rule across reloads
+  std::vector<Selector> selector{};      // non-empty, no duplicates
+  RequestsPer requests_per{};            // at least one window
+  std::optional<std::uint64_t> burst{};  // bucket of the shortest window; default: its requests
+
+  friend bool operator==(const Rule&, const Rule&) = default;
+};
+
+// The legacy single-window form (`policies[].rate_limit`): compiles to one rule with selector
+// [route], `requests` per `window_seconds`, burst = requests.
+struct LegacyRateLimit {
+  std::uint64_t requests = 0;        // 1 ... kMaxRequestsPerWindow
+  std::uint64_t window_seconds = 0;  // 1 ... kMaxWindowSeconds
+
+  friend bool operator==(const LegacyRateLimit&, const LegacyRateLimit&) = default;
+};
+
+// A named set of rules (`policies[]`). Needs `rate_limits`, `rate_limit` or both (both apply).
+struct Bundle {
+  std::string name{};                           // non-empty, unique among bundles
+  std::vector<Rule> rate_limits{};              // all rules AND together
+  std::optional<LegacyRateLimit> rate_limit{};  // legacy; applies in addition to rate_limits
+  bool dry_run = false;  // evaluate and report would-be denials, never enforce
+
+  friend bool operator==(const Bundle&, const Bundle&) = default;
+};
+
+// An authenticated caller (`consumers[]`).
+struct Consumer {
+  std::string name{};                      // non-empty, unique among consumers
+  std::vector<std::string> credentials{};  // e.g. bearer tokens; each non-empty, one owner
+  std::vector<std::string> policies{};     // attached bundle names
+
+  friend bool operator==(const Consumer&, const Consumer&) = default;
+};
+
+// A route (`routes[]`). A request matches the route with the longest `path_prefix` that starts
+// its path, among routes whose `listener` is empty or is the request's listener; a request that
+// matches none is unrouted (listener and global bundles still apply).
+struct Route {
+  std::string name{};                   // non-empty, unique among routes
+  std::string service{};                // optional; names a service in `services` when set
+  std::string listener{};               // optional; names a listener in `listeners` when set
+  std::string path_prefix{};            // optional; starts with '/' when set ("" never matches)
+  std::vector<std::string> policies{};  // attached bundle names
+
+  friend bool operator==(const Route&, const Route&) = default;
+};
+
+// An upstream service that routes forward to (`services[]`).
+struct Service {
+  std::string name{};                   // non-empty, unique among services
+  std::vector<std::string> policies{};  // attached bundle names
+
+  friend bool operator==(const Service&, const Service&) = default;
+};
+
+// A listening endpoint of the gateway (`listeners[]`).
+struct Listener {
+  std::string name{};                   // non-empty, unique among listeners
+  std::vector<std::string> policies{};  // attached bundle names
+
+  friend bool operator==(const Listener&, const Listener&) = default;
+};
+
+// Gateway-wide settings (`gateway`).
+struct Gateway {
+  std::vector<std::string> global_policies{};  // bundles applied to every non-exempt request
+  // Request paths (exact match) that no rule applies to and that get no rate-limit fields.
+  std::vector<std::string> exempt_paths = {"/healthz", "/readyz", "/metrics"};
+
+  friend bool operator==(const Gateway&, const Gateway&) = default;
+};
+
+// What a request denied by one rule costs in the rules that admitted it.
+enum class ConsumptionMode {
+  kAllOrNothing,  // nothing: a denied request consumes in no rule (default)
+  kEveryRule,     // every admitting rule consumes even when another denies
+};
+
+// What the engine decides when a limiter backend fails (e.g. Redis unreachable).
+enum class FailureMode {
+  kFailOpen,    // admit the request (default)
+  kFailClosed,  // deny the request
+};
+
+constexpr std::string_view to_string(ConsumptionMode mode) noexcept {
+  switch (mode) {
+    case ConsumptionMode::kAllOrNothing:
+      return "all_or_nothing";
+    case ConsumptionMode::kEveryRule:
+      return "every_rule";
+  }
+  return "unknown";
+}
+constexpr std::optional<ConsumptionMode> parse_consumption_mode(std::string_view text) noexcept {
+  if (text == "all_or_nothing") return ConsumptionMode::kAllOrNothing;
+  if (text == "every_rule") return ConsumptionMode::kEveryRule;
+  return std::nullopt;
+}
+constexpr std::string_view to_string(FailureMode mode) noexcept {
+  switch (mode) {
+    case FailureMode::kFailOpen:
+      return "fail_open";
+    case FailureMode::kFailClosed:
+      return "fail_closed";
+  }
+  return "unknown";
+}
+constexpr std::optional<FailureMode> parse_failure_mode(std::string_view text) noexcept {
+  if (text == "fail_open") return FailureMode::kFailOpen;
+  if (text == "fail_closed") return FailureMode::kFailClosed;
+  return std::nullopt;
+}
+
+// Engine options (`engine`).
+struct EngineOptions {
+  ConsumptionMode consumption = ConsumptionMode::kAllOrNothing;
+  FailureMode on_backend_error = FailureMode::kFailOpen;
+
+  friend bool operator==(const EngineOptions&, const EngineOptions&) = default;
+};
+
+// One config generation: every bundle and every scope that attaches them.
+struct PolicyConfig {
+  std::vector<Bundle> policies{};
+  std::vector<Route> routes{};
+  std::vector<Service> services{};
+  std::vector<Listener> listeners{};
+  std::vector<Consumer> consumers{};
+  Gateway gateway{};
+  EngineOptions engine{};
+
+  friend bool operator==(const PolicyConfig&, const PolicyConfig&) = default;
+};
+
+// --- supported ranges
+// -----------------------------------------------------------------------------
+
+inline constexpr std::uint64_t kMaxRequestsPerWindow = std::uint64_t{1} << 32;
+inline constexpr std::uint64_t kMaxWindowSeconds = 365 * 24 * 3600;  // 31536000
+
+// The largest burst for a window of `requests` per `period_seconds`: what it replenishes in
+// kMaxWindowSeconds. Requires 1 <= requests <= kMaxRequestsPerWindow and period_seconds >= 1
+// (the product is then below 2^57).
+constexpr std::uint64_t max_burst(std::uint64_t requests, std::uint64_t period_seconds) noexcept {
+  return requests * kMaxWindowSeconds / period_seconds;
+}
+
+// --- compiled form
+// --------------------------------------------------------------------------------
+
+// One compiled window: `requests` per `period`, bucket `burst`. Same layout as sluice::GcraWindow
+// (sluice/gcra.hpp), except that `burst` is always explicit here (never 0).
+struct RuleWindow {
+  std::uint64_t requests = 0;
+  std::chrono::nanoseconds period{0};
+  std::uint64_t burst = 0;
+
+  friend bool operator==(const RuleWindow&, const RuleWindow&) = default;
+};
+
+// One rule in canonical form.
+struct CompiledRule {
+  std::string bundle{};   // the owning bundle's name
+  std::string name{};     // the rule's label ("" if unnamed or legacy)
+  std::size_t index = 0;  // position in the bundle's rate_limits; rate_limits.size() for legacy
+  bool legacy = false;    // compiled from `rate_limit`
+  bool dry_run = false;   // the bundle's dry_run
+  // For logs, metrics and header policy names: "<bundle>/<name>", "<bundle>/rate_limits[<index>]"
+  // when unnamed, "<bundle>/rate_limit" for the legacy rule.
+  std::string label{};
+  std::vector<Selector> selector{};   // canonical order ip, credential, route; no duplicates
+  std::vector<RuleWindow> windows{};  // shortest period first; only windows[0] has the rule's burst
+  // Identity for reload: equal fingerprints mean the engine may keep the rule's state. Covers the
+  // bundle name, the rule's name (its position when unnamed; "legacy" for rate_limit), the
+  // selector and every window with its burst; not dry_run (a rule moved from dry-run to enforcing
+  // keeps the buckets it has been filling). Length-prefixed, so it is unambiguous for any names.
+  std::string fingerprint{};
+
+  friend bool operator==(const CompiledRule&, const CompiledRule&) = default;
+};
+
+// One bundle's rules in canonical form: rate_limits in declaration order, then the legacy rule.
+struct CompiledBundle {
+  std::string name{};
+  bool dry_run = false;
+  std::vector<CompiledRule> rules{};
+
+  friend bool operator==(const CompiledBundle&, const CompiledBundle&) = default;
+};
+
+// --- implementation details
+// -----------------------------------------------------------------------
+
+namespace policy_internal {
+
+constexpr bool is_known(Selector selector) noexcept {
+  return selector == Selector::kIp || selector == Selector::kCredential ||
+         selector == Selector::kRoute;
+}
+constexpr bool is_known(ConsumptionMode mode) noexcept {
+  return mode == ConsumptionMode::kAllOrNothing || mode == ConsumptionMode::kEveryRule;
+}
+constexpr bool is_known(FailureMode mode) noexcept {
+  return mode == FailureMode::kFailOpen || mode == FailureMode::kFailClosed;
+}
+
+inline absl::Status invalid(std::string message) {
+  return absl::InvalidArgumentError(std::move(message));
+}
+
+// `text` in double quotes; `"` and `\` escaped, bytes outside printable ASCII as \xNN, so that
+// untrusted config text cannot forge or break an error message.
+inline std::string quoted(std::string_view text) {
+  constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (char c : text) {
+    auto byte = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (byte >= 0x20 && byte <= 0x7e) {
+      out.push_back(c);
+    } else {
+      out.append("\\x");
+      out.push_back(kHex[byte >> 4]);
+      out.push_back(kHex[byte & 0xf]);
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+// "<path>.<member>[<i>]"
+inline std::string element(std::string_view path, std::string_view member, std::size_t i) {
+  std::string out(path);
+  if (!out.empty()) out.push_back('.');
+  out.append(member);
+  out.push_back('[');
+  out.append(std::to_string(i));
+  out.push_back(']');
+  return out;
+}
+
+inline std::string member(std::string_view path, std::string_view name) {
+  std::string out(path);
+  out.push_back('.');
+  out.append(name);
+  return out;
+}
+
+inline bool printable(std::string_view text) {
+  return std::all_of(text.begin(), text.end(), [](char c) {
+    auto byte = static_cast<unsigned char>(c);
+    return byte >= 0x20 && byte <= 0x7e;
+  });
+}
+
+inline absl::Status check_name(std::string_view name, const std::string& path, bool required) {
+  if (required && name.empty()) return invalid(path + " must not be empty");
+  if (!printable(name)) {
+    return invalid(path + ": " + quoted(name) +
+                   " must contain only printable ASCII characters (0x20-0x7E)");
+  }
+  return absl::OkStatus();
+}
+
+// Index of every name in `items` (first occurrence); fails on duplicates and bad names.
+template <class T>
+absl::Status index_names(const std::vector<T>& items, std::string_view list, std::string_view kind,
+                         std::unordered_map<std::string_view, std::size_t>& index) {
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    std::string path = element("", list, i) + ".name";
+    if (absl::Status s = check_name(items[i].name, path, /*required=*/true); !s.ok()) return s;
+    auto [it, inserted] = index.emplace(items[i].name, i);
+    if (!inserted) {
+      return invalid(path + ": duplicate " + std::string(kind) + " name " + quoted(items[i].name) +
+                     " (also " + element("", list, it->second) + ")");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `path` is the attachment list itself, e.g. "routes[2].policies".
+inline absl::Status check_attachments(
+    const std::vector<std::string>& names, std::string_view path,
+    const std::unordered_map<std::string_view, std::size_t>& bundles) {
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::string at = std::string(path) + "[" + std::to_string(i) + "]";
+    if (!bundles.contains(names[i])) return invalid(at + ": unknown bundle " + quoted(names[i]));
+    for (std::size_t j = 0; j < i; ++j) {
+      if (names[j] == names[i]) {
+        return invalid(at + ": bundle " + quoted(names[i]) + " is already attached at " +
+                       std::string(path) + "[" + std::to_string(j) + "]");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status check_count(std::uint64_t value, const std::string& path,
+                                std::uint64_t maximum) {
+  if (value == 0) return invalid(path + " must be > 0");
+  if (value > maximum) return invalid(path + " must be <= " + std::to_string(maximum));
+  return absl::OkStatus();
+}
+
+struct WindowSpec {
+  std::string_view field;  // "s", "minute", "hour"
+  std::uint64_t period_seconds;
+  std::optional<std::uint64_t> RequestsPer::*requests;
+};
+inline constexpr std::array<WindowSpec, 3> kWindowSpecs{{
+    {"s", 1, &RequestsPer::s},
+    {"minute", 60, &RequestsPer::minute},
+    {"hour", 3600, &RequestsPer::hour},
+}};
+
+inline absl::Status validate_rule(const Rule& rule, const std::string& path) {
+  if (absl::Status s = check_name(rule.name, path + ".name", /*required=*/false); !s.ok()) {
+    return s;
+  }
+  if (rule.selector.empty()) return invalid(path + ".selector must not be empty");
+  for (std::size_t i = 0; i < rule.selector.size(); ++i) {
+    std::string at = element(path, "selector", i);
+    if (!is_known(rule.selector[i])) {
+      return invalid(at + ": unknown selector " +
+                     std::to_string(static_cast<long long>(rule.selector[i])));
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (rule.selector[j] == rule.selector[i]) {
+        return invalid(at + ": duplicate selector \"" + std::string(to_string(rule.selector[i])) +
+                       "\"");
+      }
+    }
+  }
+  const WindowSpec* shortest = nullptr;
+  for (const WindowSpec& spec : kWindowSpecs) {
+    const std::optional<std::uint64_t>& requests = rule.requests_per.*spec.requests;
+    if (!requests.has_value()) continue;
+    std::string at = path + ".requests_per." + std::string(spec.field);
+    if (absl::Status s = check_count(*requests, at, kMaxRequestsPerWindow); !s.ok()) return s;
+    if (shortest == nullptr) shortest = &spec;
+  }
+  if (shortest == nullptr) {
+    return invalid(path + ".requests_per must set at least one of s, minute, hour");
+  }
+  if (rule.burst.has_value()) {
+    if (*rule.burst == 0) return invalid(path + ".burst must be >= 1");
+    std::uint64_t limit =
+        max_burst(*(rule.requests_per.*shortest->requests), shortest->period_seconds);
+    if (*rule.burst > limit) {
+      return invalid(path + ".burst must be <= " + std::to_string(limit) +
+                     " (a full bucket must refill within 365 days)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status validate_legacy(const LegacyRateLimit& legacy, const std::string& path) {
+  if (absl::Status s = check_count(legacy.requests, path + ".requests", kMaxRequestsPerWindow);
+      !s.ok()) {
+    return s;
+  }
+  return check_count(legacy.window_seconds, path + ".window_seconds", kMaxWindowSeconds);
+}
+
+inline void append_length_prefixed(std::string& out, std::string_view text) {
+  out.append(std::to_string(text.size()));
+  out.push_back(':');
+  out.append(text);
+}
+
+// Assumes `rule_windows` and `selector` are valid; canonicalizes and fingerprints.
+inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_t index,
+                              bool legacy, std::vector<Selector> selector,
+                              std::vector<RuleWindow> windows) {
+  std::sort(selector.begin(), selector.end());
+  std::sort(windows.begin(), windows.end(),
+            [](const RuleWindow& a, const RuleWindow& b) { return a.period < b.period; });
+  CompiledRule rule;
+  rule.bundle = bundle.name;
+  rule.index = index;
+  rule.legacy = legacy;
+  rule.dry_run = bundle.dry_run;
+  rule.label = bundle.name + "/";
+  if (legacy) {
+    rule.label += "rate_limit";
+  } else if (name.empty()) {
+    rule.label += "rate_limits[" + std::to_string(index) + "]";
+  } else {
+    rule.label += name;
+  }
+
+  std::string& f = rule.fingerprint;
+  f = "sluice.rule.v1;bundle=";
+  append_length_prefixed(f, bundle.name);
+  if (legacy) {
+    f += ";rule=legacy";
+  } else if (name.empty()) {
+    f += ";rule=index:" + std::to_string(index);
+  } else {
+    f += ";rule=name:";
+    append_length_prefixed(f, name);
+  }
+  f += ";selector=";
+  for (std::size_t i = 0; i < selector.size(); ++i) {
+    if (i > 0) f.push_back(',');
+    f.append(to_string(selector[i]));
+  }
+  f += ";windows=";
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    if (i > 0) f.push_back(',');
+    f += std::to_string(windows[i].requests) + "/" + std::to_string(windows[i].period.count()) +
+         "ns/" + std::to_string(windows[i].burst);
+  }
+
+  rule.name = std::move(name);
+  rule.selector = std::move(selector);
+  rule.windows = std::move(windows);
+  return rule;
+}
+
+// Assumes `bundle` passed validate_bundle.
+inline CompiledBundle compile_valid_bundle(const Bundle& bundle) {
+  CompiledBundle out{.name = bundle.name, .dry_run = bundle.dry_run, .rules = {}};
+  out.rules.reserve(bundle.rate_limits.size() + (bundle.rate_limit.has_value() ? 1 : 0));
+  for (std::size_t i = 0; i < bundle.rate_limits.size(); ++i) {
+    const Rule& rule = bundle.rate_limits[i];
+    std::vector<RuleWindow> windows;
+    for (const WindowSpec& spec : kWindowSpecs) {
+      const std::optional<std::uint64_t>& requests = rule.requests_per.*spec.requests;
+      if (!requests.has_value()) continue;
+      windows.push_back(RuleWindow{.requests = *requests,
+                                   .period = std::chrono::seconds(spec.period_seconds),
+                                   .burst = *requests});
+    }
+    // kWindowSpecs is shortest first, so windows[0] is the shortest: it alone takes the burst.
+    if (rule.burst.has_value()) windows.front().burst = *rule.burst;
+    out.rules.push_back(
+        make_rule(bundle, rule.name, i, /*legacy=*/false, rule.selector, std::move(windows)));
+  }
+  if (bundle.rate_limit.has_value()) {
+    const LegacyRateLimit& legacy = *bundle.rate_limit;
+    std::vector<RuleWindow> windows{
+        RuleWindow{.requests = legacy.requests,
+                   .period = std::chrono::seconds(legacy.window_seconds),
+                   .burst = legacy.requests}};
+    out.rules.push_back(make_rule(bundle, "", bundle.rate_limits.size(), /*legacy=*/true,
+                                  {Selector::kRoute}, std::move(windows)));
+  }
+  return out;
+}
+
+}  // namespace policy_internal
+
+// --- validation and compilation
+// -------------------------------------------------------------------
+
+// Checks one bundle on its own; `path` prefixes every message (validate() passes "policies[i]").
+// Does not check that the bundle's name is unique (only a whole config can).
+inline absl::Status validate_bundle(const Bundle& bundle, std::string_view path = "bundle") {
+  using namespace policy_internal;
+  std::string base(path);
+  if (absl::Status s = check_name(bundle.name, base + ".name", /*required=*/true); !s.ok()) {
+    return s;
+  }
+  if (bundle.rate_limits.empty() && !bundle.rate_limit.has_value()) {
+    return invalid(base + " must set rate_limits or rate_limit");
+  }
+  std::unordered_map<std::string_view, std::size_t> rule_names;
+  for (std::size_t i = 0; i < bundle.rate_limits.size(); ++i) {
+    const Rule& rule = bundle.rate_limits[i];
+    std::string at = element(base, "rate_limits", i);
+    if (absl::Status s = validate_rule(rule, at); !s.ok()) return s;
+    if (rule.name.empty()) continue;
+    auto [it, inserted] = rule_names.emplace(rule.name, i);
+    if (!inserted) {
+      return invalid(at + ".name: duplicate rule name " + quoted(rule.name) + " (also " +
+                     element(base, "rate_limits", it->second) + ")");
+    }
+  }
+  if (bundle.rate_limit.has_value()) {
+    return validate_legacy(*bundle.rate_limit, base + ".rate_limit");
+  }
+  return absl::OkStatus();
+}
+
+// Checks a whole config and returns the first problem as InvalidArgument naming its path, e.g.
+// "policies[0].rate_limits[1].requests_per.s must be > 0" or
+// "routes[2].policies[0]: unknown bundle \"x\"". Order: policies, services, listeners, routes,
+// consumers, gateway, engine; within each, declaration order.
+inline absl::Status validate(const PolicyConfig& config) {
+  using namespace policy_internal;
+  std::unordered_map<std::string_view, std::size_t> bundles;
+  if (absl::Status s = index_names(config.policies, "policies", "bundle", bundles); !s.ok()) {
+    return s;
+  }
+  for (std::size_t i = 0; i < config.policies.size(); ++i) {
+    if (absl::Status s = validate_bundle(config.policies[i], element("", "policies", i)); !s.ok()) {
+      return s;
+    }
+  }
+
+  std::unordered_map<std::string_view, std::size_t> services;
+  if (absl::Status s = index_names(config.services, "services", "service", services); !s.ok()) {
+    return s;
+  }
+  for (std::size_t i = 0; i < config.services.size(); ++i) {
+    std::string at = element("", "services", i) + ".policies";
+    if (absl::Status s = check_attachments(config.services[i].policies, at, bundles); !s.ok()) {
+      return s;
+    }
+  }
+
+  std::unordered_map<std::string_view, std::size_t> listeners;
+  if (absl::Status s = index_names(config.listeners, "listeners", "listener", listeners); !s.ok()) {
+    return s;
+  }
+  for (std::size_t i = 0; i < config.listeners.size(); ++i) {
+    std::string at = element("", "listeners", i) + ".policies";
+    if (absl::Status s = check_attachments(config.listeners[i].policies, at, bundles); !s.ok()) {
+      return s;
+    }
+  }
+
+  std::unordered_map<std::string_view, std::size_t> routes;
+  if (absl::Status s = index_names(config.routes, "routes", "route", routes); !s.ok()) return s;
+  for (std::size_t i = 0; i < config.routes.size(); ++i) {
+    const Route& route = config.routes[i];
+    std::string base = element("", "routes", i);
+    if (!route.service.empty() && !services.contains(route.service)) {
+      return invalid(base + ".service: unknown service " + quoted(route.service));
+    }
+    if (!route.listener.empty() && !listeners.contains(route.listener)) {
+      return invalid(base + ".listener: unknown listener " + quoted(route.listener));
+    }
+    if (!route.path_prefix.empty()) {
+      if (route.path_prefix.front() != '/' || !printable(route.path_prefix)) {
+        return invalid(base + ".path_prefix: " + quoted(route.path_prefix) +
+                       " must start with '/' and contain only printable ASCII characters");
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        const Route& other = config.routes[j];
+        if (other.path_prefix == route.path_prefix && other.listener == route.listener) {
+          return invalid(base + ".path_prefix: " + quoted(route.path_prefix) +
+                         " is already matched by " + element("", "routes", j) +
+                         " on the same listener");
+        }
+      }
+    }
+    if (absl::Status s = check_attachments(route.policies, base + ".policies", bundles); !s.ok()) {
+      return s;
+    }
+  }
+
+  std::unordered_map<std::string_view, std::size_t> consumers;
+  if (absl::Status s = index_names(config.consumers, "consumers", "consumer", consumers); !s.ok()) {
+    return s;
+  }
+  // Credential -> path of its first occurrence. Messages never echo a credential: it is a secret.
+  std::unordered_map<std::string_view, std::string> credentials;
+  for (std::size_t i = 0; i < config.consumers.size(); ++i) {
+    const Consumer& consumer = config.consumers[i];
+    std::string base = element("", "consumers", i);
+    for (std::size_t j = 0; j < consumer.credentials.size(); ++j) {
+      std::string at = element(base, "credentials", j);
+      if (consumer.credentials[j].empty()) return invalid(at + " must not be empty");
+      auto [it, inserted] = credentials.emplace(consumer.credentials[j], at);
+      if (!inserted) return invalid(at + ": duplicate credential (also " + it->second + ")");
+    }
+    if (absl::Status s = check_attachments(consumer.policies, base + ".policies", bundles);
+        !s.ok()) {
+      return s;
+    }
+  }
+
+  if (absl::Status s =
+          check_attachments(config.gateway.global_policies, "gateway.global_policies", bundles);
+      !s.ok()) {
+    return s;
+  }
+  for (std::size_t i = 0; i < config.gateway.exempt_paths.size(); ++i) {
+    const std::string& exempt = config.gateway.exempt_paths[i];
+    if (exempt.empty() || exempt.front() != '/') {
+      return invalid(element("gateway", "exempt_paths", i) + ": " + quoted(exempt) +
+                     " must start with '/'");
+    }
+  }
+
+  if (!is_known(config.engine.consumption)) {
+    return invalid("engine.consumption: unknown mode " +
+                   std::to_string(static_cast<long long>(config.engine.consumption)));
+  }
+  if (!is_known(config.engine.on_backend_error)) {
+    return invalid("engine.on_backend_error: unknown mode " +
+                   std::to_string(static_cast<long long>(config.engine.on_backend_error)));
+  }
+  return absl::OkStatus();
+}
+
+// Compiles one bundle after validate_bundle(bundle, path): each rule (rate_limits in order, then
+// the legacy rate_limit) becomes windows sorted shortest period first, where windows[0].burst is
+// the rule's burst (default: its requests) and every longer window's burst is its own requests.
+inline absl::StatusOr<CompiledBundle> compile_bundle(const Bundle& bundle,
+                                                     std::string_view path = "bundle") {
+  if (absl::Status s = validate_bundle(bundle, path); !s.ok()) return s;
+  return policy_internal::compile_valid_bundle(bundle);
+}
+
+// Validates the whole config, then compiles every bundle, in declaration order.
+inline absl::StatusOr<std::vector<CompiledBundle>> compile_policies(const PolicyConfig& config) {
+  if (absl::Status s = validate(config); !s.ok()) return s;
+  std::vector<CompiledBundle> out;
+  out.reserve(config.policies.size());
+  for (const Bundle& bundle : config.policies) {
+    out.push_back(policy_internal::compile_valid_bundle(bundle));
+  }
+  return out;
+}
+
+}  // namespace sluice
+
+#endif  // SLUICE_POLICY_HPP_

@@ -1,0 +1,473 @@
+#include "sluice/policy.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "catch.hpp"
+
+using namespace std::chrono_literals;
+using sluice::Selector;
+
+namespace {
+
+// The documented example bundle.
+sluice::Bundle public_api_limits() {
+  return sluice::Bundle{
+      .name = "public-api-limits",
+      .rate_limits = {{.name = "per-ip",
+                       .selector = {Selector::kIp},
+                       .requests_per = {.s = 10, .minute = 600},
+                       .burst = 20},
+                      {.name = "per-route-flood",
+                       .selector = {Selector::kIp, Selector::kRoute},
+                       .requests_per = {.minute = 2000}}},
+  };
+}
+
+// A valid gateway layout that every invalid case below breaks in one place.
+sluice::PolicyConfig valid_config() {
+  return sluice::PolicyConfig{
+      .policies = {public_api_limits(),
+                   {.name = "login", .rate_limit = sluice::LegacyRateLimit{5, 60}},
+                   {.name = "shadow",
+                    .rate_limits = {{.selector = {Selector::kCredential},
+                                     .requests_per = {.hour = 1000}}},
+                    .dry_run = true}},
+      .routes = {{.name = "public",
+                  .service = "api-svc",
+                  .path_prefix = "/v1",
+                  .policies = {"public-api-limits"}},
+                 {.name = "login",
+                  .service = "api-svc",
+                  .listener = "https",
+                  .path_prefix = "/login",
+                  .policies = {"login"}},
+                 {.name = "admin", .path_prefix = "/admin"}},
+      .services = {{.name = "api-svc", .policies = {"shadow"}}},
+      .listeners = {{.name = "https", .policies = {"shadow"}}},
+      .consumers = {{.name = "acme", .credentials = {"token-a", "token-b"}, .policies = {"login"}},
+                    {.name = "globex", .credentials = {"token-c"}}},
+      .gateway = {.global_policies = {"public-api-limits"}},
+  };
+}
+
+struct InvalidCase {
+  std::function<void(sluice::PolicyConfig&)> breakage;
+  std::string message;
+};
+
+void check_invalid_cases(const std::vector<InvalidCase>& cases) {
+  for (const InvalidCase& c : cases) {
+    sluice::PolicyConfig config = valid_config();
+    c.breakage(config);
+    absl::Status status = sluice::validate(config);
+    INFO("expected: " << c.message);
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(status.message()) == c.message);
+    // compile_policies refuses the same config with the same message.
+    auto compiled = sluice::compile_policies(config);
+    CHECK(compiled.status() == status);
+  }
+}
+
+sluice::CompiledRule only_rule(const sluice::Bundle& bundle) {
+  auto compiled = sluice::compile_bundle(bundle);
+  REQUIRE(compiled.ok());
+  REQUIRE(compiled->rules.size() == 1);
+  return compiled->rules.front();
+}
+
+}  // namespace
+
+TEST_CASE("a complete gateway layout is valid") { CHECK(sluice::validate(valid_config()).ok()); }
+
+TEST_CASE("model defaults match the documentation") {
+  sluice::PolicyConfig config;
+  CHECK(config.gateway.exempt_paths == std::vector<std::string>{"/healthz", "/readyz", "/metrics"});
+  CHECK(config.gateway.global_policies.empty());
+  CHECK(config.engine.consumption == sluice::ConsumptionMode::kAllOrNothing);
+  CHECK(config.engine.on_backend_error == sluice::FailureMode::kFailOpen);
+  CHECK_FALSE(sluice::Bundle{}.dry_run);
+  CHECK(sluice::validate(config).ok());  // nothing configured is a valid (empty) config
+}
+
+TEST_CASE("invalid bundles are rejected with the path of the bad value") {
+  check_invalid_cases({
+      {[](auto& c) { c.policies[0].name = ""; }, "policies[0].name must not be empty"},
+      {[](auto& c) { c.policies[2].name = "login"; },
+       "policies[2].name: duplicate bundle name \"login\" (also policies[1])"},
+      {[](auto& c) { c.policies[1].name = "bad\x01name\""; },
+       "policies[1].name: \"bad\\x01name\\\"\" must contain only printable ASCII characters "
+       "(0x20-0x7E)"},
+      {[](auto& c) { c.policies[1].rate_limit.reset(); },
+       "policies[1] must set rate_limits or rate_limit"},
+      {[](auto& c) { c.policies[1].rate_limit->window_seconds = 0; },
+       "policies[1].rate_limit.window_seconds must be > 0"},
+      {[](auto& c) { c.policies[1].rate_limit->requests = 0; },
+       "policies[1].rate_limit.requests must be > 0"},
+      {[](auto& c) { c.policies[1].rate_limit->window_seconds = 31'536'001; },
+       "policies[1].rate_limit.window_seconds must be <= 31536000"},
+      {[](auto& c) { c.policies[1].rate_limit->requests = (std::uint64_t{1} << 32) + 1; },
+       "policies[1].rate_limit.requests must be <= 4294967296"},
+  });
+}
+
+TEST_CASE("invalid rules are rejected with the path of the bad value") {
+  check_invalid_cases({
+      {[](auto& c) { c.policies[0].rate_limits[1].requests_per.s = 0; },
+       "policies[0].rate_limits[1].requests_per.s must be > 0"},
+      {[](auto& c) { c.policies[0].rate_limits[0].requests_per.minute = 0; },
+       "policies[0].rate_limits[0].requests_per.minute must be > 0"},
+      {[](auto& c) {
+         c.policies[2].rate_limits[0].requests_per.hour = (std::uint64_t{1} << 32) + 1;
+       },
+       "policies[2].rate_limits[0].requests_per.hour must be <= 4294967296"},
+      {[](auto& c) { c.policies[0].rate_limits[1].requests_per = {}; },
+       "policies[0].rate_limits[1].requests_per must set at least one of s, minute, hour"},
+      {[](auto& c) { c.policies[0].rate_limits[0].selector.clear(); },
+       "policies[0].rate_limits[0].selector must not be empty"},
+      {[](auto& c) {
+         c.policies[0].rate_limits[1].selector = {Selector::kRoute, Selector::kRoute};
+       },
+       "policies[0].rate_limits[1].selector[1]: duplicate selector \"route\""},
+      {[](auto& c) { c.policies[0].rate_limits[0].selector = {static_cast<Selector>(7)}; },
+       "policies[0].rate_limits[0].selector[0]: unknown selector 7"},
+      {[](auto& c) { c.policies[0].rate_limits[0].burst = 0; },
+       "policies[0].rate_limits[0].burst must be >= 1"},
+      {[](auto& c) { c.policies[0].rate_limits[0].burst = 315'360'001; },
+       "policies[0].rate_limits[0].burst must be <= 315360000 (a full bucket must refill within "
+       "365 days)"},
+      {[](auto& c) { c.policies[0].rate_limits[1].name = "per-ip"; },
+       "policies[0].rate_limits[1].name: duplicate rule name \"per-ip\" (also "
+       "policies[0].rate_limits[0])"},
+      {[](auto& c) { c.policies[0].rate_limits[1].name = "tab\there"; },
+       "policies[0].rate_limits[1].name: \"tab\\x09here\" must contain only printable ASCII "
+       "characters (0x20-0x7E)"},
+  });
+}
+
+TEST_CASE("a burst is bounded by a year of the shortest window's rate") {
+  sluice::Bundle bundle{.name = "b",
+                        .rate_limits = {{.selector = {Selector::kIp},
+                                         .requests_per = {.minute = 1, .hour = 10},
+                                         .burst = 525'600}}};
+  CHECK(sluice::validate_bundle(bundle).ok());
+  bundle.rate_limits[0].burst = 525'601;
+  CHECK(sluice::validate_bundle(bundle).message() ==
+        "bundle.rate_limits[0].burst must be <= 525600 (a full bucket must refill within 365 "
+        "days)");
+}
+
+TEST_CASE("invalid scopes and references are rejected with the path of the bad value") {
+  check_invalid_cases({
+      {[](auto& c) { c.routes[2].policies = {"x"}; },
+       "routes[2].policies[0]: unknown bundle \"x\""},
+      {[](auto& c) { c.routes[0].policies.push_back("public-api-limits"); },
+       "routes[0].policies[1]: bundle \"public-api-limits\" is already attached at "
+       "routes[0].policies[0]"},
+      {[](auto& c) { c.routes[1].name = "public"; },
+       "routes[1].name: duplicate route name \"public\" (also routes[0])"},
+      {[](auto& c) { c.routes[0].name = ""; }, "routes[0].name must not be empty"},
+      {[](auto& c) { c.routes[0].service = "nope"; },
+       "routes[0].service: unknown service \"nope\""},
+      {[](auto& c) { c.routes[2].listener = "udp"; },
+       "routes[2].listener: unknown listener \"udp\""},
+      {[](auto& c) { c.routes[2].path_prefix = "admin"; },
+       "routes[2].path_prefix: \"admin\" must start with '/' and contain only printable ASCII "
+       "characters"},
+      {[](auto& c) { c.routes[2].path_prefix = "/v1"; },
+       "routes[2].path_prefix: \"/v1\" is already matched by routes[0] on the same listener"},
+      {[](auto& c) { c.services.push_back({.name = "api-svc"}); },
+       "services[1].name: duplicate service name \"api-svc\" (also services[0])"},
+      {[](auto& c) {
+         c.services[0].policies = {"shadow", "nope"};
+       },
+       "services[0].policies[1]: unknown bundle \"nope\""},
+      {[](auto& c) { c.listeners[0].name = ""; }, "listeners[0].name must not be empty"},
+      {[](auto& c) { c.listeners[0].policies = {"Shadow"}; },
+       "listeners[0].policies[0]: unknown bundle \"Shadow\""},
+      {[](auto& c) { c.consumers[1].name = "acme"; },
+       "consumers[1].name: duplicate consumer name \"acme\" (also consumers[0])"},
+      {[](auto& c) { c.consumers[1].policies = {"missing"}; },
+       "consumers[1].policies[0]: unknown bundle \"missing\""},
+      {[](auto& c) { c.consumers[0].credentials[1] = ""; },
+       "consumers[0].credentials[1] must not be empty"},
+      {[](auto& c) { c.consumers[1].credentials = {"token-b"}; },
+       "consumers[1].credentials[0]: duplicate credential (also consumers[0].credentials[1])"},
+      {[](auto& c) {
+         c.gateway.global_policies = {"public-api-limits", "ghost"};
+       },
+       "gateway.global_policies[1]: unknown bundle \"ghost\""},
+      {[](auto& c) { c.gateway.exempt_paths.push_back("healthz"); },
+       "gateway.exempt_paths[3]: \"healthz\" must start with '/'"},
+      {[](auto& c) { c.engine.consumption = static_cast<sluice::ConsumptionMode>(5); },
+       "engine.consumption: unknown mode 5"},
+      {[](auto& c) { c.engine.on_backend_error = static_cast<sluice::FailureMode>(9); },
+       "engine.on_backend_error: unknown mode 9"},
+  });
+}
+
+TEST_CASE("the same path prefix may serve different listeners") {
+  sluice::PolicyConfig config = valid_config();
+  config.routes[2].path_prefix = "/v1";
+  config.routes[2].listener = "https";
+  CHECK(sluice::validate(config).ok());
+}
+
+TEST_CASE("the documented example compiles to three windows in two rules") {
+  auto compiled = sluice::compile_bundle(public_api_limits());
+  REQUIRE(compiled.ok());
+  CHECK(compiled->name == "public-api-limits");
+  CHECK_FALSE(compiled->dry_run);
+  REQUIRE(compiled->rules.size() == 2);
+
+  const sluice::CompiledRule& per_ip = compiled->rules[0];
+  CHECK(per_ip.bundle == "public-api-limits");
+  CHECK(per_ip.name == "per-ip");
+  CHECK(per_ip.label == "public-api-limits/per-ip");
+  CHECK(per_ip.index == 0);
+  CHECK_FALSE(per_ip.legacy);
+  CHECK(per_ip.selector == std::vector<Selector>{Selector::kIp});
+  CHECK(per_ip.windows == std::vector<sluice::RuleWindow>{{10, 1s, 20}, {600, 60s, 600}});
+  CHECK(per_ip.fingerprint ==
+        "sluice.rule.v1;bundle=17:public-api-limits;rule=name:6:per-ip;selector=ip;"
+        "windows=10/1000000000ns/20,600/60000000000ns/600");
+
+  const sluice::CompiledRule& flood = compiled->rules[1];
+  CHECK(flood.label == "public-api-limits/per-route-flood");
+  CHECK(flood.index == 1);
+  CHECK(flood.selector == std::vector<Selector>{Selector::kIp, Selector::kRoute});
+  CHECK(flood.windows == std::vector<sluice::RuleWindow>{{2000, 60s, 2000}});
+  CHECK(flood.fingerprint ==
+        "sluice.rule.v1;bundle=17:public-api-limits;rule=name:15:per-route-flood;"
+        "selector=ip,route;windows=2000/60000000000ns/2000");
+}
+
+TEST_CASE("only the shortest window takes the burst and windows are sorted shortest first") {
+  sluice::CompiledRule rule =
+      only_rule({.name = "b",
+                 .rate_limits = {{.selector = {Selector::kCredential},
+                                  .requests_per = {.s = 5, .minute = 100, .hour = 1000},
+                                  .burst = 7}}});
+  CHECK(rule.windows ==
+        std::vector<sluice::RuleWindow>{{5, 1s, 7}, {100, 60s, 100}, {1000, 3600s, 1000}});
+
+  sluice::CompiledRule minutely_and_hourly =
+      only_rule({.name = "b",
+                 .rate_limits = {{.selector = {Selector::kIp},
+                                  .requests_per = {.minute = 30, .hour = 600},
+                                  .burst = 1}}});
+  CHECK(minutely_and_hourly.windows ==
+        std::vector<sluice::RuleWindow>{{30, 60s, 1}, {600, 3600s, 600}});
+}
+
+TEST_CASE("burst defaults to the shortest window's requests") {
+  sluice::CompiledRule rule =
+      only_rule({.name = "b",
+                 .rate_limits = {
+                     {.selector = {Selector::kIp}, .requests_per = {.minute = 60, .hour = 500}}}});
+  CHECK(rule.windows == std::vector<sluice::RuleWindow>{{60, 60s, 60}, {500, 3600s, 500}});
+}
+
+TEST_CASE("a burst smaller than the rate is kept as the bucket size") {
+  sluice::CompiledRule rule = only_rule(
+      {.name = "b",
+       .rate_limits = {{.selector = {Selector::kIp}, .requests_per = {.s = 100}, .burst = 1}}});
+  CHECK(rule.windows == std::vector<sluice::RuleWindow>{{100, 1s, 1}});
+}
+
+TEST_CASE("the legacy rate_limit compiles to one route-keyed window with burst equal to requests") {
+  sluice::CompiledRule rule =
+      only_rule({.name = "login", .rate_limit = sluice::LegacyRateLimit{5, 60}});
+  CHECK(rule.legacy);
+  CHECK(rule.name.empty());
+  CHECK(rule.index == 0);
+  CHECK(rule.label == "login/rate_limit");
+  CHECK(rule.selector == std::vector<Selector>{Selector::kRoute});
+  CHECK(rule.windows == std::vector<sluice::RuleWindow>{{5, 60s, 5}});
+  CHECK(rule.fingerprint ==
+        "sluice.rule.v1;bundle=5:login;rule=legacy;selector=route;"
+        "windows=5/60000000000ns/5");
+}
+
+TEST_CASE("legacy rate_limit and rate_limits in one bundle both apply") {
+  sluice::Bundle bundle = public_api_limits();
+  bundle.rate_limit = sluice::LegacyRateLimit{.requests = 100, .window_seconds = 10};
+  auto compiled = sluice::compile_bundle(bundle);
+  REQUIRE(compiled.ok());
+  REQUIRE(compiled->rules.size() == 3);
+  CHECK(compiled->rules[0].label == "public-api-limits/per-ip");
+  CHECK(compiled->rules[1].label == "public-api-limits/per-route-flood");
+  const sluice::CompiledRule& legacy = compiled->rules[2];
+  CHECK(legacy.legacy);
+  CHECK(legacy.index == 2);
+  CHECK(legacy.label == "public-api-limits/rate_limit");
+  CHECK(legacy.selector == std::vector<Selector>{Selector::kRoute});
+  CHECK(legacy.windows == std::vector<sluice::RuleWindow>{{100, 10s, 100}});
+}
+
+TEST_CASE("an unnamed rule is labelled and fingerprinted by its position") {
+  sluice::CompiledRule rule = only_rule(
+      {.name = "shadow",
+       .rate_limits = {{.selector = {Selector::kCredential}, .requests_per = {.hour = 1000}}},
+       .dry_run = true});
+  CHECK(rule.dry_run);
+  CHECK(rule.label == "shadow/rate_limits[0]");
+  CHECK(rule.fingerprint ==
+        "sluice.rule.v1;bundle=6:shadow;rule=index:0;selector=credential;"
+        "windows=1000/3600000000000ns/1000");
+}
+
+TEST_CASE("selector order in the config does not matter") {
+  sluice::Bundle forward = public_api_limits();
+  sluice::Bundle backward = public_api_limits();
+  backward.rate_limits[1].selector = {Selector::kRoute, Selector::kIp};
+  auto a = sluice::compile_bundle(forward);
+  auto b = sluice::compile_bundle(backward);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(a->rules[1].selector == b->rules[1].selector);
+  CHECK(a->rules[1].fingerprint == b->rules[1].fingerprint);
+}
+
+TEST_CASE("fingerprints are stable across compilations and config order of named rules") {
+  auto first = sluice::compile_bundle(public_api_limits());
+  auto second = sluice::compile_bundle(public_api_limits());
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  CHECK(*first == *second);
+
+  sluice::Bundle reordered = public_api_limits();
+  std::swap(reordered.rate_limits[0], reordered.rate_limits[1]);
+  auto swapped = sluice::compile_bundle(reordered);
+  REQUIRE(swapped.ok());
+  CHECK(swapped->rules[1].fingerprint == first->rules[0].fingerprint);
+  CHECK(swapped->rules[0].fingerprint == first->rules[1].fingerprint);
+}
+
+TEST_CASE("a fingerprint changes with every field that defines the rule") {
+  const std::string original = only_rule({.name = "b",
+                                          .rate_limits = {{.name = "r",
+                                                           .selector = {Selector::kIp},
+                                                           .requests_per = {.s = 10, .minute = 600},
+                                                           .burst = 20}}})
+                                   .fingerprint;
+  const std::vector<std::pair<std::string, std::function<void(sluice::Bundle&)>>> changes = {
+      {"bundle name", [](sluice::Bundle& b) { b.name = "c"; }},
+      {"rule name", [](sluice::Bundle& b) { b.rate_limits[0].name = "s"; }},
+      {"unnamed", [](sluice::Bundle& b) { b.rate_limits[0].name = ""; }},
+      {"selector", [](sluice::Bundle& b) { b.rate_limits[0].selector = {Selector::kCredential}; }},
+      {"added selector",
+       [](sluice::Bundle& b) { b.rate_limits[0].selector.push_back(Selector::kRoute); }},
+      {"s", [](sluice::Bundle& b) { b.rate_limits[0].requests_per.s = 11; }},
+      {"minute", [](sluice::Bundle& b) { b.rate_limits[0].requests_per.minute = 601; }},
+      {"added hour", [](sluice::Bundle& b) { b.rate_limits[0].requests_per.hour = 10000; }},
+      {"removed s", [](sluice::Bundle& b) { b.rate_limits[0].requests_per.s.reset(); }},
+      {"burst", [](sluice::Bundle& b) { b.rate_limits[0].burst = 21; }},
+      {"default burst", [](sluice::Bundle& b) { b.rate_limits[0].burst.reset(); }},
+  };
+  for (const auto& [what, change] : changes) {
+    sluice::Bundle bundle{.name = "b",
+                          .rate_limits = {{.name = "r",
+                                           .selector = {Selector::kIp},
+                                           .requests_per = {.s = 10, .minute = 600},
+                                           .burst = 20}}};
+    change(bundle);
+    INFO("changed: " << what);
+    CHECK(only_rule(bundle).fingerprint != original);
+  }
+}
+
+TEST_CASE("a fingerprint ignores dry_run so shadow buckets carry over to enforcement") {
+  sluice::Bundle live = public_api_limits();
+  sluice::Bundle shadow = public_api_limits();
+  shadow.dry_run = true;
+  auto a = sluice::compile_bundle(live);
+  auto b = sluice::compile_bundle(shadow);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(b->dry_run);
+  CHECK(b->rules[0].dry_run);
+  CHECK(a->rules[0].fingerprint == b->rules[0].fingerprint);
+}
+
+TEST_CASE("an unnamed rule's fingerprint follows its position") {
+  sluice::Rule unnamed{.selector = {Selector::kIp}, .requests_per = {.s = 1}};
+  sluice::Rule other{.selector = {Selector::kRoute}, .requests_per = {.s = 2}};
+  auto one = sluice::compile_bundle({.name = "b", .rate_limits = {unnamed}});
+  auto two = sluice::compile_bundle({.name = "b", .rate_limits = {other, unnamed}});
+  REQUIRE(one.ok());
+  REQUIRE(two.ok());
+  CHECK(one->rules[0].fingerprint != two->rules[1].fingerprint);
+}
+
+TEST_CASE("a legacy window change changes the legacy fingerprint") {
+  auto a = only_rule({.name = "login", .rate_limit = sluice::LegacyRateLimit{5, 60}});
+  auto b = only_rule({.name = "login", .rate_limit = sluice::LegacyRateLimit{5, 61}});
+  auto c = only_rule({.name = "login", .rate_limit = sluice::LegacyRateLimit{6, 60}});
+  CHECK(a.fingerprint != b.fingerprint);
+  CHECK(a.fingerprint != c.fingerprint);
+}
+
+TEST_CASE("names cannot be spliced to forge another rule's fingerprint") {
+  // ("a;rule=name:1:b", unnamed) and ("a", "b") must differ even though their text overlaps.
+  auto spliced =
+      only_rule({.name = "a;rule=name:1:b",
+                 .rate_limits = {{.selector = {Selector::kIp}, .requests_per = {.s = 1}}}});
+  auto plain = only_rule(
+      {.name = "a",
+       .rate_limits = {{.name = "b", .selector = {Selector::kIp}, .requests_per = {.s = 1}}}});
+  CHECK(spliced.fingerprint != plain.fingerprint);
+}
+
+TEST_CASE("compile_bundle reports problems under the path it is given") {
+  sluice::Bundle bundle = public_api_limits();
+  bundle.rate_limits[1].requests_per.minute = 0;
+  CHECK(sluice::compile_bundle(bundle).status() ==
+        absl::InvalidArgumentError("bundle.rate_limits[1].requests_per.minute must be > 0"));
+  CHECK(sluice::compile_bundle(bundle, "policies[4]").status().message() ==
+        "policies[4].rate_limits[1].requests_per.minute must be > 0");
+}
+
+TEST_CASE("compile_policies compiles every bundle in declaration order") {
+  auto compiled = sluice::compile_policies(valid_config());
+  REQUIRE(compiled.ok());
+  REQUIRE(compiled->size() == 3);
+  CHECK((*compiled)[0].name == "public-api-limits");
+  CHECK((*compiled)[0].rules.size() == 2);
+  CHECK((*compiled)[1].rules[0].windows == std::vector<sluice::RuleWindow>{{5, 60s, 5}});
+  CHECK((*compiled)[2].dry_run);
+  CHECK((*compiled)[2].rules[0].windows == std::vector<sluice::RuleWindow>{{1000, 3600s, 1000}});
+}
+
+TEST_CASE("the largest supported values compile") {
+  sluice::CompiledRule rule =
+      only_rule({.name = "max",
+                 .rate_limits = {{.selector = {Selector::kIp},
+                                  .requests_per = {.s = sluice::kMaxRequestsPerWindow},
+                                  .burst = sluice::max_burst(sluice::kMaxRequestsPerWindow, 1)}}});
+  CHECK(rule.windows[0].burst == 135'446'088'646'656'000ULL);
+  sluice::CompiledRule legacy =
+      only_rule({.name = "year",
+                 .rate_limit = sluice::LegacyRateLimit{sluice::kMaxRequestsPerWindow,
+                                                       sluice::kMaxWindowSeconds}});
+  CHECK(legacy.windows[0].period == 31'536'000s);
+}
+
+TEST_CASE("selectors and modes round-trip through their config spelling") {
+  for (Selector s : {Selector::kIp, Selector::kCredential, Selector::kRoute}) {
+    CHECK(sluice::parse_selector(sluice::to_string(s)) == s);
+  }
+  CHECK(sluice::to_string(Selector::kCredential) == "credential");
+  CHECK_FALSE(sluice::parse_selector("IP").has_value());
+  CHECK(sluice::parse_consumption_mode("every_rule") == sluice::ConsumptionMode::kEveryRule);
+  CHECK(sluice::parse_consumption_mode("all_or_nothing") == sluice::ConsumptionMode::kAllOrNothing);
+  CHECK_FALSE(sluice::parse_consumption_mode("all").has_value());
+  CHECK(sluice::parse_failure_mode("fail_closed") == sluice::FailureMode::kFailClosed);
+  CHECK(sluice::to_string(sluice::FailureMode::kFailOpen) == "fail_open");
+  CHECK_FALSE(sluice::parse_failure_mode("open").has_value());
+}
