@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/numeric/int128.h"
 
 namespace bench {
 
@@ -56,7 +57,7 @@ class Uniform {
     state_ ^= state_ << 25;
     state_ ^= state_ >> 27;
     const std::uint64_t r = state_ * 0x2545F4914F6CDD1DULL;
-    return static_cast<std::uint64_t>((static_cast<unsigned __int128>(r) * n) >> 64);
+    return absl::Uint128High64(absl::uint128(r) * n);
   }
 
  private:
@@ -146,7 +147,7 @@ class MutexFlatHashMapLimiter {
       : interval_(interval), tolerance_(tolerance) {}
   bool check(std::string_view key, std::int64_t now) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(key);
+    auto it = map_.find(absl::string_view(key.data(), key.size()));
     if (it == map_.end()) it = map_.emplace(std::string(key), GcraState{}).first;
     return gcra_step(it->second, now, interval_, tolerance_);
   }

@@ -8,6 +8,7 @@
 
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
+#include "sluice/engine.hpp"
 #include "sluice/fixed_window.hpp"
 #include "sluice/gcra.hpp"
 #include "sluice/http_fields.hpp"

@@ -1,0 +1,556 @@
+// sluice/engine.hpp — the policy engine: a gateway config compiled into per-request decisions.
+//
+// A `RateLimitEngine` is compiled once per config generation from a `PolicyConfig`
+// (sluice/policy.hpp) and is then immutable: share it between threads, evaluate every request
+// through it, and compile the next generation from it on reload.
+//
+//   auto engine = sluice::RateLimitEngine::create(config);   // InvalidArgument names the bad path
+//   if (!engine.ok()) return engine.status();
+//   sluice::Evaluation e = engine->evaluate({.client_ip = "203.0.113.7",
+//                                            .route = "public",
+//                                            .path = "/v1/items",
+//                                            .wall_time = std::chrono::system_clock::now()});
+//   if (!e.allowed) respond(429, e.fields);   // Retry-After, X-RateLimit-*, RateLimit(-Policy)
+//   if (e.dry_denied) log_would_deny(engine->rule(e.dry_denied->rule).label);
+//   auto next = engine->reload(new_config);  // unchanged rules keep their state
+//
+// What applies (S9): every bundle attached at a scope the request has — consumer, route, service,
+// listener, global — in that precedence order (declaration order inside a scope); a rule attached
+// twice applies once. Exempt paths (exact match) get nothing. All live rules are evaluated; the
+// request is denied if any denies. Retry-After is the longest wait over denying rules, the
+// X-RateLimit-* fields describe the first denying rule in precedence order, or for an admission
+// the live window with the least remaining (ties: precedence). Dry-run bundles are evaluated as
+// their own group, their buckets advance as if enforcing, and the first would-be denial is
+// reported in `dry_denied`; they never deny and never add fields.
+//
+// Keys: a rule's key is its identity plus its selected attributes in the canonical order ip,
+// credential, route. `credential` falls back to the client ip (tagged, so a credential equal to
+// an ip string is still a different key) until the request carries one; an unrouted request has a
+// route component that no route name can produce.
+//
+// Consumption (EngineOptions::consumption): kAllOrNothing (default) decides all of a request's
+// rules under all their locks and commits only if every rule admits, so a denied request consumes
+// nothing anywhere; kEveryRule lets each admitting rule consume even when another denies.
+//
+// Thread-safety: every const member function may be called concurrently; `evaluate` takes the
+// shard locks of the request's rules (in one global order) for O(rules) work.
+#ifndef SLUICE_ENGINE_HPP_
+#define SLUICE_ENGINE_HPP_
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sluice/clock.hpp"
+#include "sluice/decision.hpp"
+#include "sluice/detail/spin_lock.hpp"
+#include "sluice/detail/xxhash.hpp"
+#include "sluice/gcra.hpp"
+#include "sluice/http_fields.hpp"
+#include "sluice/key.hpp"
+#include "sluice/policy.hpp"
+#include "sluice/store.hpp"
+
+namespace sluice {
+
+// One request, as the gateway sees it. Views must outlive `evaluate`.
+struct RequestContext {
+  std::string_view client_ip{};
+  std::optional<std::string_view> credential{};  // e.g. the bearer token, once authenticated
+  std::optional<std::string_view> consumer{};    // the consumer the credential belongs to
+  std::optional<std::string_view> route{};       // none: unrouted (no route matched)
+  std::optional<std::string_view> service{};
+  std::optional<std::string_view> listener{};
+  std::string_view path{};
+  std::uint64_t cost = 1;
+  WallTime wall_time{};  // wall clock now, only for X-RateLimit-Reset (read by the caller)
+};
+
+// One rule's decision: `rule` indexes `RateLimitEngine::rule()`.
+struct RuleDecision {
+  std::size_t rule = 0;
+  Decision decision{};
+  friend bool operator==(const RuleDecision&, const RuleDecision&) = default;
+};
+
+// What the engine decided for one request.
+struct Evaluation {
+  bool exempt = false;         // the path is exempt: no rule applied, no fields
+  bool allowed = true;         // the live outcome (after the failure mode, on backend error)
+  std::size_t live_rules = 0;  // live rules that applied
+  // The rule the fields describe: the first denying live rule in precedence order, or for an
+  // admission the live window with the least remaining. Empty when no live rule applied.
+  std::optional<RuleDecision> binding{};
+  std::chrono::nanoseconds retry_after{0};   // longest wait over denying live rules
+  HttpFields fields{};                       // to write into the response
+  std::optional<RuleDecision> dry_denied{};  // first would-be denial of a dry-run bundle
+  absl::Status backend_error{};              // OK unless the backend (or the cost) failed
+};
+
+// Per-rule counters (S13); no raw keys.
+struct RuleStats {
+  std::string label{};
+  bool dry_run = false;
+  std::uint64_t allowed = 0;
+  std::uint64_t denied = 0;      // live denials
+  std::uint64_t dry_denied = 0;  // would-be denials of a dry-run rule
+  StoreStats store{};            // keys, evictions, capacity denials
+};
+
+// A rule and the key a request selects for it; `rule` indexes the compiled rules.
+struct RuleKey {
+  std::size_t rule = 0;
+  std::string_view key{};
+};
+
+// What the engine needs from a limiter backend: decide a request's rules (in `mode`), writing one
+// decision per key; and per-rule store counters. Constructed per generation by
+// `B::create(std::span<const CompiledRule>, const B* previous, const B::Options&)`, keeping the
+// state of every rule whose fingerprint `previous` also has.
+template <class B>
+concept EngineBackend = requires(B& backend, const B& const_backend, std::span<const RuleKey> keys,
+                                 std::uint64_t cost, ConsumptionMode mode, std::span<Decision> out,
+                                 std::span<const CompiledRule> rules,
+                                 const typename B::Options& options) {
+  { backend.check_rules(keys, cost, mode, out) } -> std::same_as<absl::Status>;
+  { const_backend.rule_store_stats(std::size_t{}) } -> std::same_as<StoreStats>;
+  { B::create(rules, &const_backend, options) } -> std::same_as<absl::StatusOr<B>>;
+};
+
+// The in-memory backend: one GcraLimiter per rule, all-or-nothing commits under every involved
+// shard lock taken in ascending address order.
+template <Clock ClockT = SteadyClock>
+class InMemoryBackend {
+ public:
+  struct Options {
+    StoreOptions store{};  // per rule; overflow must stay kEvict for all-or-nothing commits
+    ClockT clock{};
+  };
+
+  static absl::StatusOr<InMemoryBackend> create(std::span<const CompiledRule> rules,
+                                                const InMemoryBackend* previous,
+                                                const Options& options) {
+    if (options.store.overflow != Overflow::kEvict) {
+      return absl::InvalidArgumentError("the engine's in-memory stores must use Overflow::kEvict");
+    }
+    InMemoryBackend backend(options.clock);
+    for (const CompiledRule& rule : rules) {
+      std::shared_ptr<GcraLimiter<ClockT>> limiter =
+          previous != nullptr ? previous->find(rule.fingerprint) : nullptr;
+      if (limiter == nullptr) {
+        std::vector<GcraWindow> windows;
+        for (const RuleWindow& w : rule.windows) {
+          windows.push_back({.requests = w.requests, .period = w.period, .burst = w.burst});
+        }
+        auto created =
+            GcraLimiter<ClockT>::create(std::move(windows), options.store, options.clock);
+        if (!created.ok()) {
+          return absl::InvalidArgumentError(rule.label + ": " +
+                                            std::string(created.status().message()));
+        }
+        limiter = std::make_shared<GcraLimiter<ClockT>>(*std::move(created));
+      }
+      backend.fingerprints_.push_back(rule.fingerprint);
+      backend.limiters_.push_back(std::move(limiter));
+    }
+    return backend;
+  }
+
+  absl::Status check_rules(std::span<const RuleKey> keys, std::uint64_t cost, ConsumptionMode mode,
+                           std::span<Decision> out) {
+    for (const RuleKey& k : keys) {
+      if (absl::Status s = limiters_[k.rule]->validate_cost(cost); !s.ok()) return s;
+    }
+    if (mode == ConsumptionMode::kEveryRule) {
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        out[i] = *limiters_[keys[i].rule]->check(keys[i].key, cost);
+      }
+      return absl::OkStatus();
+    }
+    absl::InlinedVector<KeyDigest, 8> digests;
+    absl::InlinedVector<detail::SpinLock*, 8> locks;
+    for (const RuleKey& k : keys) {
+      digests.push_back(limiters_[k.rule]->digest(k.key));
+      locks.push_back(&limiters_[k.rule]->lock_of(digests.back()));
+    }
+    std::sort(locks.begin(), locks.end());
+    locks.erase(std::unique(locks.begin(), locks.end()), locks.end());
+    commit_all(keys, digests, locks, cost, out);
+    return absl::OkStatus();
+  }
+
+  StoreStats rule_store_stats(std::size_t rule) const { return limiters_[rule]->stats(); }
+
+ private:
+  explicit InMemoryBackend(ClockT clock) : clock_(std::move(clock)) {}
+
+  std::shared_ptr<GcraLimiter<ClockT>> find(const std::string& fingerprint) const {
+    for (std::size_t i = 0; i < fingerprints_.size(); ++i) {
+      if (fingerprints_[i] == fingerprint) return limiters_[i];
+    }
+    return nullptr;
+  }
+
+  // Decides every key under all the locks; commits only if all admit. The locks are a dynamic
+  // set taken in address order, which the static analysis cannot follow.
+  void commit_all(std::span<const RuleKey> keys, std::span<const KeyDigest> digests,
+                  std::span<detail::SpinLock* const> locks, std::uint64_t cost,
+                  std::span<Decision> out) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (detail::SpinLock* lock : locks) lock->lock();
+    const std::int64_t now = detail::saturate_time(clock_.now().count());
+    bool all = true;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      out[i] = limiters_[keys[i].rule]->decide_locked(digests[i], now, cost, false);
+      all = all && out[i].allowed();
+    }
+    if (all && cost != 0) {
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        out[i] = limiters_[keys[i].rule]->decide_locked(digests[i], now, cost, true);
+      }
+    }
+    for (auto it = locks.rbegin(); it != locks.rend(); ++it) (*it)->unlock();
+  }
+
+  ClockT clock_;
+  std::vector<std::string> fingerprints_;
+  std::vector<std::shared_ptr<GcraLimiter<ClockT>>> limiters_;
+};
+
+template <EngineBackend Backend>
+class BasicRateLimitEngine {
+ public:
+  using BackendOptions = typename Backend::Options;
+
+  // A compiled rule with what the fields need, precomputed.
+  struct RuleInfo {
+    CompiledRule compiled{};
+    std::vector<std::string> window_names{};  // "<label>/s" ...: RateLimit(-Policy) item names
+    std::string policy_value{};               // the RateLimit-Policy value for all its windows
+    std::string key_prefix{};                 // the rule's identity in its keys (fingerprint hash)
+  };
+
+  // Validates and compiles `config` (InvalidArgument naming the path of a bad value).
+  static absl::StatusOr<BasicRateLimitEngine> create(const PolicyConfig& config,
+                                                     BackendOptions options = {}) {
+    return compile(config, std::move(options), nullptr);
+  }
+
+  // The next generation: rules whose fingerprint is unchanged keep their state and counters,
+  // so a reload never lets extra traffic through them; changed rules start fresh.
+  absl::StatusOr<BasicRateLimitEngine> reload(const PolicyConfig& config) const {
+    return compile(config, options_, this);
+  }
+
+  Evaluation evaluate(const RequestContext& request) const {
+    Evaluation e;
+    if (exempt(request.path)) {
+      e.exempt = true;
+      return e;
+    }
+    absl::InlinedVector<std::uint32_t, 16> live, dry;
+    auto add = [&](const std::vector<std::uint32_t>* rules) {
+      if (rules == nullptr) return;
+      for (std::uint32_t r : *rules) {
+        auto& group = rules_[r].compiled.dry_run ? dry : live;
+        if (std::find(group.begin(), group.end(), r) == group.end()) group.push_back(r);
+      }
+    };
+    add(lookup(consumer_rules_, request.consumer));
+    add(lookup(route_rules_, request.route));
+    add(lookup(service_rules_, request.service));
+    add(lookup(listener_rules_, request.listener));
+    add(&global_rules_);
+
+    // Keys for both groups in one buffer; views are taken once it stops growing.
+    thread_local std::string buffer;
+    buffer.clear();
+    absl::InlinedVector<std::pair<std::size_t, std::size_t>, 16> spans;
+    for (std::uint32_t r : live) spans.push_back(append_key(buffer, r, request));
+    for (std::uint32_t r : dry) spans.push_back(append_key(buffer, r, request));
+    absl::InlinedVector<RuleKey, 16> keys;
+    for (std::size_t i = 0; i < spans.size(); ++i) {
+      keys.push_back({i < live.size() ? live[i] : dry[i - live.size()],
+                      std::string_view(buffer).substr(spans[i].first, spans[i].second)});
+    }
+    absl::InlinedVector<Decision, 16> decisions(keys.size());
+    const auto live_keys = std::span<const RuleKey>(keys.data(), live.size());
+    const auto dry_keys = std::span<const RuleKey>(keys.data() + live.size(), dry.size());
+
+    e.live_rules = live.size();
+    if (!live.empty()) {
+      absl::Status status = backend_->check_rules(live_keys, request.cost, options_mode_,
+                                                  std::span(decisions.data(), live.size()));
+      if (!status.ok()) {
+        e.backend_error = std::move(status);
+        e.allowed = e.backend_error.code() != absl::StatusCode::kInvalidArgument &&
+                    on_backend_error_ == FailureMode::kFailOpen;
+      } else {
+        decide_live(e, live, std::span<const Decision>(decisions.data(), live.size()), request);
+      }
+    }
+    if (!dry.empty()) {
+      auto out = std::span(decisions.data() + live.size(), dry.size());
+      if (backend_->check_rules(dry_keys, request.cost, options_mode_, out).ok()) {
+        for (std::size_t i = 0; i < dry.size(); ++i) {
+          RuleCounters& c = *counters_[dry[i]];
+          if (out[i].allowed()) {
+            c.allowed.fetch_add(1, std::memory_order_relaxed);
+          } else {
+            c.dry_denied.fetch_add(1, std::memory_order_relaxed);
+            if (!e.dry_denied) e.dry_denied = RuleDecision{dry[i], out[i]};
+          }
+        }
+      }
+    }
+    return e;
+  }
+
+  // Request routing helpers for gateways that resolve routes and consumers from the config.
+  struct RouteMatch {
+    std::string_view route{};
+    std::optional<std::string_view> service{};
+  };
+  // The route with the longest path_prefix that starts `path`, among routes on `listener` (or
+  // on every listener).
+  std::optional<RouteMatch> match_route(std::string_view listener, std::string_view path) const {
+    for (const auto& route : routes_) {  // sorted longest prefix first
+      if (!route.listener.empty() && route.listener != listener) continue;
+      if (route.path_prefix.empty() || !path.starts_with(route.path_prefix)) continue;
+      RouteMatch match{.route = route.name};
+      if (!route.service.empty()) match.service = route.service;
+      return match;
+    }
+    return std::nullopt;
+  }
+  // The consumer that owns `credential`.
+  std::optional<std::string_view> consumer_for(std::string_view credential) const {
+    auto it = credentials_.find(absl::string_view(credential.data(), credential.size()));
+    if (it == credentials_.end()) return std::nullopt;
+    return std::string_view(it->second);
+  }
+
+  std::size_t rule_count() const noexcept { return rules_.size(); }
+  const RuleInfo& rule(std::size_t index) const { return rules_[index]; }
+  std::vector<RuleStats> stats() const {
+    std::vector<RuleStats> out;
+    for (std::size_t i = 0; i < rules_.size(); ++i) {
+      out.push_back({.label = rules_[i].compiled.label,
+                     .dry_run = rules_[i].compiled.dry_run,
+                     .allowed = counters_[i]->allowed.load(std::memory_order_relaxed),
+                     .denied = counters_[i]->denied.load(std::memory_order_relaxed),
+                     .dry_denied = counters_[i]->dry_denied.load(std::memory_order_relaxed),
+                     .store = backend_->rule_store_stats(i)});
+    }
+    return out;
+  }
+
+ private:
+  struct RuleCounters {
+    std::atomic<std::uint64_t> allowed{0};
+    std::atomic<std::uint64_t> denied{0};
+    std::atomic<std::uint64_t> dry_denied{0};
+  };
+  using RuleList = std::vector<std::uint32_t>;
+  using ScopeMap = absl::flat_hash_map<std::string, RuleList>;
+
+  BasicRateLimitEngine() = default;
+
+  static absl::StatusOr<BasicRateLimitEngine> compile(const PolicyConfig& config,
+                                                      BackendOptions options,
+                                                      const BasicRateLimitEngine* previous) {
+    auto bundles = compile_policies(config);
+    if (!bundles.ok()) return bundles.status();
+    BasicRateLimitEngine engine;
+    engine.options_ = options;
+    engine.options_mode_ = config.engine.consumption;
+    engine.on_backend_error_ = config.engine.on_backend_error;
+
+    absl::flat_hash_map<std::string, RuleList> bundle_rules;
+    std::vector<CompiledRule> compiled;
+    for (CompiledBundle& bundle : *bundles) {
+      RuleList& list = bundle_rules[bundle.name];
+      for (CompiledRule& rule : bundle.rules) {
+        list.push_back(static_cast<std::uint32_t>(compiled.size()));
+        compiled.push_back(rule);
+        engine.rules_.push_back(describe(std::move(rule)));
+      }
+    }
+    auto backend =
+        Backend::create(compiled, previous ? previous->backend_.get() : nullptr, options);
+    if (!backend.ok()) return backend.status();
+    engine.backend_ = std::make_unique<Backend>(*std::move(backend));
+    for (const CompiledRule& rule : compiled) {
+      std::shared_ptr<RuleCounters> counters =
+          previous ? previous->counters_for(rule.fingerprint) : nullptr;
+      engine.counters_.push_back(counters ? counters : std::make_shared<RuleCounters>());
+    }
+
+    auto attach = [&](const std::vector<std::string>& names) {
+      RuleList out;
+      for (const std::string& name : names) {
+        for (std::uint32_t r : bundle_rules[name]) out.push_back(r);
+      }
+      return out;
+    };
+    for (const Consumer& c : config.consumers) {
+      engine.consumer_rules_[c.name] = attach(c.policies);
+      for (const std::string& credential : c.credentials) engine.credentials_[credential] = c.name;
+    }
+    for (const Route& r : config.routes) engine.route_rules_[r.name] = attach(r.policies);
+    for (const Service& s : config.services) engine.service_rules_[s.name] = attach(s.policies);
+    for (const Listener& l : config.listeners) engine.listener_rules_[l.name] = attach(l.policies);
+    engine.global_rules_ = attach(config.gateway.global_policies);
+    engine.exempt_paths_ = config.gateway.exempt_paths;
+    engine.routes_ = config.routes;
+    std::stable_sort(
+        engine.routes_.begin(), engine.routes_.end(),
+        [](const Route& a, const Route& b) { return a.path_prefix.size() > b.path_prefix.size(); });
+    return engine;
+  }
+
+  static RuleInfo describe(CompiledRule rule) {
+    RuleInfo info{.compiled = std::move(rule)};
+    std::vector<QuotaPolicy> policies;
+    for (const RuleWindow& w : info.compiled.windows) {
+      info.window_names.push_back(info.compiled.label + "/" + window_suffix(w.period));
+    }
+    for (std::size_t i = 0; i < info.compiled.windows.size(); ++i) {
+      policies.push_back({.name = info.window_names[i],
+                          .quota = info.compiled.windows[i].requests,
+                          .window = info.compiled.windows[i].period});
+    }
+    info.policy_value = ratelimit_policy_value(policies);
+    const std::uint64_t id =
+        XXH3_64bits(info.compiled.fingerprint.data(), info.compiled.fingerprint.size());
+    append_key_part(info.key_prefix,
+                    std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
+    return info;
+  }
+
+  static std::string window_suffix(std::chrono::nanoseconds period) {
+    if (period == std::chrono::seconds(1)) return "s";
+    if (period == std::chrono::minutes(1)) return "minute";
+    if (period == std::chrono::hours(1)) return "hour";
+    return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(period).count()) + "s";
+  }
+
+  std::shared_ptr<RuleCounters> counters_for(const std::string& fingerprint) const {
+    for (std::size_t i = 0; i < rules_.size(); ++i) {
+      if (rules_[i].compiled.fingerprint == fingerprint) return counters_[i];
+    }
+    return nullptr;
+  }
+
+  static const RuleList* lookup(const ScopeMap& map, std::optional<std::string_view> name) {
+    if (!name) return nullptr;
+    auto it = map.find(absl::string_view(name->data(), name->size()));
+    return it == map.end() ? nullptr : &it->second;
+  }
+
+  bool exempt(std::string_view path) const {
+    return std::find(exempt_paths_.begin(), exempt_paths_.end(), path) != exempt_paths_.end();
+  }
+
+  // Appends rule `r`'s key for `request`; returns its (offset, size) in `out`.
+  std::pair<std::size_t, std::size_t> append_key(std::string& out, std::uint32_t r,
+                                                 const RequestContext& request) const {
+    const std::size_t start = out.size();
+    out.append(rules_[r].key_prefix);
+    for (Selector selector : rules_[r].compiled.selector) {
+      switch (selector) {
+        case Selector::kIp:
+          append_tagged(out, 'i', request.client_ip);
+          break;
+        case Selector::kCredential:
+          if (request.credential) {
+            append_tagged(out, 'c', *request.credential);
+          } else {
+            append_tagged(out, 'i', request.client_ip);
+          }
+          break;
+        case Selector::kRoute:
+          if (request.route) {
+            append_tagged(out, 'r', *request.route);
+          } else {
+            append_tagged(out, 'u', {});  // unrouted: no route name encodes to this
+          }
+          break;
+      }
+    }
+    return {start, out.size() - start};
+  }
+
+  static void append_tagged(std::string& out, char tag, std::string_view value) {
+    const auto n = static_cast<std::uint32_t>(value.size() + 1);
+    const char length[4] = {static_cast<char>(n & 0xff), static_cast<char>((n >> 8) & 0xff),
+                            static_cast<char>((n >> 16) & 0xff), static_cast<char>(n >> 24)};
+    out.append(length, 4);
+    out.push_back(tag);
+    out.append(value);
+  }
+
+  void decide_live(Evaluation& e, std::span<const std::uint32_t> live,
+                   std::span<const Decision> decisions, const RequestContext& request) const {
+    std::optional<std::size_t> binding;  // index into live
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      RuleCounters& c = *counters_[live[i]];
+      if (decisions[i].allowed()) {
+        c.allowed.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      c.denied.fetch_add(1, std::memory_order_relaxed);
+      e.allowed = false;
+      e.retry_after = std::max(e.retry_after, decisions[i].retry_after);
+      if (!binding) binding = i;
+    }
+    if (!binding) {
+      for (std::size_t i = 0; i < live.size(); ++i) {
+        if (!binding || decisions[i].remaining < decisions[*binding].remaining) binding = i;
+      }
+    }
+    const std::uint32_t rule = live[*binding];
+    Decision d = decisions[*binding];
+    if (!e.allowed) d.retry_after = e.retry_after;
+    e.binding = RuleDecision{rule, d};
+
+    e.fields.reserve(6);
+    if (!d.allowed()) e.fields.push_back(retry_after_field(d.retry_after));
+    append_x_ratelimit_fields(e.fields, d, request.wall_time);
+    const RuleInfo& info = rules_[rule];
+    e.fields.push_back({std::string(kRateLimitPolicyField), info.policy_value});
+    e.fields.push_back(ratelimit_field(service_limit(info.window_names[d.binding_window], d)));
+  }
+
+  BackendOptions options_{};
+  ConsumptionMode options_mode_ = ConsumptionMode::kAllOrNothing;
+  FailureMode on_backend_error_ = FailureMode::kFailOpen;
+  std::vector<RuleInfo> rules_;
+  std::vector<std::shared_ptr<RuleCounters>> counters_;
+  std::unique_ptr<Backend> backend_;
+  ScopeMap consumer_rules_, route_rules_, service_rules_, listener_rules_;
+  RuleList global_rules_;
+  std::vector<std::string> exempt_paths_;
+  std::vector<Route> routes_;
+  absl::flat_hash_map<std::string, std::string> credentials_;
+};
+
+// The engine over in-memory GCRA limiters (per process).
+using RateLimitEngine = BasicRateLimitEngine<InMemoryBackend<SteadyClock>>;
+
+}  // namespace sluice
+
+#endif  // SLUICE_ENGINE_HPP_

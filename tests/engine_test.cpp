@@ -1,0 +1,376 @@
+#include "sluice/engine.hpp"
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "sluice/clock.hpp"
+
+using namespace std::chrono_literals;
+using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using sluice::Selector;
+
+namespace {
+
+const sluice::WallTime kWall{std::chrono::seconds(1'700'000'000)};
+
+Engine make(const sluice::PolicyConfig& config, sluice::ManualClock clock) {
+  auto engine = Engine::create(config, {.store = {.seed = 1}, .clock = clock});
+  REQUIRE(engine.ok());
+  return *std::move(engine);
+}
+
+sluice::Rule rule(std::string name, std::vector<Selector> selector, sluice::RequestsPer per,
+                  std::optional<std::uint64_t> burst = std::nullopt) {
+  return {.name = std::move(name),
+          .selector = std::move(selector),
+          .requests_per = per,
+          .burst = burst};
+}
+
+// The documented example: public-api-limits on route `public`.
+sluice::PolicyConfig documented_example() {
+  return {
+      .policies = {{.name = "public-api-limits",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.s = 10, .minute = 600}, 20),
+                                    rule("per-route-flood", {Selector::kIp, Selector::kRoute},
+                                         {.minute = 2000})}}},
+      .routes = {{.name = "public", .path_prefix = "/v1", .policies = {"public-api-limits"}}}};
+}
+
+sluice::RequestContext on_route(std::string_view ip, std::string_view route) {
+  return {.client_ip = ip, .route = route, .path = "/v1/items", .wall_time = kWall};
+}
+
+std::string field(const sluice::Evaluation& e, std::string_view name) {
+  for (const auto& f : e.fields) {
+    if (f.name == name) return f.value;
+  }
+  return "<absent>";
+}
+
+int admitted(const Engine& engine, const sluice::RequestContext& request, int n) {
+  int count = 0;
+  for (int i = 0; i < n; ++i) count += engine.evaluate(request).allowed;
+  return count;
+}
+
+}  // namespace
+
+TEST_CASE("the documented example admits a burst of 20 per ip and answers the 21st with 429") {
+  sluice::ManualClock clock;
+  Engine engine = make(documented_example(), clock);
+  for (int i = 1; i <= 20; ++i) {
+    sluice::Evaluation e = engine.evaluate(on_route("203.0.113.7", "public"));
+    REQUIRE(e.allowed);
+    REQUIRE(field(e, "X-RateLimit-Remaining") == std::to_string(20 - i));
+  }
+  sluice::Evaluation denied = engine.evaluate(on_route("203.0.113.7", "public"));
+  CHECK_FALSE(denied.allowed);
+  CHECK(engine.rule(denied.binding->rule).compiled.label == "public-api-limits/per-ip");
+  CHECK(denied.fields == sluice::HttpFields{
+                             {"Retry-After", "1"},
+                             {"X-RateLimit-Limit", "20"},
+                             {"X-RateLimit-Remaining", "0"},
+                             {"X-RateLimit-Reset", "1700000002"},
+                             {"RateLimit-Policy",
+                              "\"public-api-limits/per-ip/s\";q=10;w=1, "
+                              "\"public-api-limits/per-ip/minute\";q=600;w=60"},
+                             {"RateLimit", "\"public-api-limits/per-ip/s\";r=0;t=1"},
+                         });
+  CHECK(engine.evaluate(on_route("198.51.100.1", "public")).allowed);  // another ip is unaffected
+  clock.advance(100ms);
+  CHECK(engine.evaluate(on_route("203.0.113.7", "public")).allowed);
+}
+
+TEST_CASE("a global limit and a route limit layer additively") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "global", .rate_limits = {rule("all", {Selector::kIp}, {.s = 100})}},
+                   {.name = "per-route",
+                    .rate_limits = {rule("route", {Selector::kIp, Selector::kRoute}, {.s = 10})}}},
+      .gateway = {.global_policies = {"global"}}};
+  for (int r = 0; r < 12; ++r) {
+    config.routes.push_back({.name = "r" + std::to_string(r), .policies = {"per-route"}});
+  }
+  Engine engine = make(config, clock);
+  CHECK(admitted(engine, on_route("10.0.0.1", "r0"), 15) == 10);  // held at 10/s on one route
+  int total = 10;
+  for (int r = 1; r < 12; ++r) {
+    total += admitted(engine, on_route("10.0.0.1", "r" + std::to_string(r)), 15);
+  }
+  CHECK(total == 100);  // all routes together held at 100/s
+}
+
+TEST_CASE(
+    "a consumer rule binds the fields over a route rule and Retry-After is the longest wait") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "gold",
+                    .rate_limits = {rule("per-consumer", {Selector::kCredential}, {.s = 1})}},
+                   {.name = "slow",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 1})}}},
+      .routes = {{.name = "api", .policies = {"slow"}}},
+      .consumers = {{.name = "acme", .credentials = {"tok-1"}, .policies = {"gold"}}}};
+  Engine engine = make(config, clock);
+  sluice::RequestContext request = on_route("10.0.0.1", "api");
+  request.credential = "tok-1";
+  request.consumer = "acme";
+  REQUIRE(engine.evaluate(request).allowed);
+  sluice::Evaluation denied = engine.evaluate(request);
+  CHECK_FALSE(denied.allowed);
+  CHECK(engine.rule(denied.binding->rule).compiled.label == "gold/per-consumer");
+  CHECK(field(denied, "X-RateLimit-Limit") == "1");
+  CHECK(field(denied, "Retry-After") == "60");  // the route rule waits a minute, the consumer 1 s
+  CHECK(denied.retry_after == 60s);
+}
+
+TEST_CASE("all_or_nothing consumes nothing in admitting rules when one rule denies") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "tight",
+                    .rate_limits = {rule("tight", {Selector::kIp}, {.minute = 1})}},
+                   {.name = "loose",
+                    .rate_limits = {rule("loose", {Selector::kIp}, {.minute = 10})}}},
+      .routes = {{.name = "both", .policies = {"tight", "loose"}},
+                 {.name = "loose-only", .policies = {"loose"}}}};
+  Engine engine = make(config, clock);
+  CHECK(admitted(engine, on_route("10.0.0.1", "both"), 5) == 1);
+  // The loose rule saw one admitted request only: 9 left, so this one leaves 8.
+  CHECK(field(engine.evaluate(on_route("10.0.0.1", "loose-only")), "X-RateLimit-Remaining") == "8");
+}
+
+TEST_CASE("every_rule lets admitting rules consume when another rule denies") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "tight",
+                    .rate_limits = {rule("tight", {Selector::kIp}, {.minute = 1})}},
+                   {.name = "loose",
+                    .rate_limits = {rule("loose", {Selector::kIp}, {.minute = 10})}}},
+      .routes = {{.name = "both", .policies = {"tight", "loose"}},
+                 {.name = "loose-only", .policies = {"loose"}}},
+      .engine = {.consumption = sluice::ConsumptionMode::kEveryRule}};
+  Engine engine = make(config, clock);
+  CHECK(admitted(engine, on_route("10.0.0.1", "both"), 5) == 1);
+  CHECK(field(engine.evaluate(on_route("10.0.0.1", "loose-only")), "X-RateLimit-Remaining") == "4");
+}
+
+TEST_CASE("a dry-run bundle reports its would-be denial without enforcing or adding fields") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig live_only{
+      .policies = {{.name = "live", .rate_limits = {rule("live", {Selector::kIp}, {.minute = 10})}},
+                   {.name = "trial",
+                    .rate_limits = {rule("trial", {Selector::kIp}, {.minute = 1})},
+                    .dry_run = true}},
+      .routes = {{.name = "api", .policies = {"live"}}}};
+  sluice::PolicyConfig with_dry = live_only;
+  with_dry.routes[0].policies.push_back("trial");
+  sluice::ManualClock other_clock;
+  Engine reference = make(live_only, other_clock);
+  Engine engine = make(with_dry, clock);
+
+  for (int i = 0; i < 12; ++i) {
+    sluice::Evaluation e = engine.evaluate(on_route("10.0.0.1", "api"));
+    sluice::Evaluation r = reference.evaluate(on_route("10.0.0.1", "api"));
+    REQUIRE(e.allowed == r.allowed);  // live rules decide exactly as without the dry-run bundle
+    REQUIRE(e.fields == r.fields);    // and the dry-run bundle adds no fields
+    REQUIRE(e.dry_denied.has_value() == (i >= 1));
+    if (e.dry_denied) {
+      CHECK(engine.rule(e.dry_denied->rule).compiled.label == "trial/trial");
+      CHECK(e.dry_denied->decision.retry_after == 1min);  // its bucket advanced only on admission
+    }
+  }
+  clock.advance(1min);
+  other_clock.advance(1min);
+  CHECK_FALSE(engine.evaluate(on_route("10.0.0.1", "api")).dry_denied.has_value());
+  const auto stats = engine.stats();
+  CHECK(stats[1].label == "trial/trial");
+  CHECK(stats[1].dry_denied == 11);
+  CHECK(stats[1].allowed == 2);
+  CHECK(stats[0].allowed == 11);
+  CHECK(stats[0].denied == 2);
+}
+
+TEST_CASE("a legacy rate_limit limits per route and applies together with rate_limits") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "old",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 2})},
+                    .rate_limit = sluice::LegacyRateLimit{.requests = 3, .window_seconds = 60}}},
+      .routes = {{.name = "api", .policies = {"old"}}}};
+  Engine engine = make(config, clock);
+  CHECK(admitted(engine, on_route("10.0.0.1", "api"), 5) == 2);  // per-ip binds first
+  CHECK(admitted(engine, on_route("10.0.0.2", "api"), 5) == 1);  // the route's 3 are shared
+  sluice::Evaluation e = engine.evaluate(on_route("10.0.0.3", "api"));
+  CHECK(engine.rule(e.binding->rule).compiled.label == "old/rate_limit");
+}
+
+TEST_CASE("a credential rule keys on the client ip until the request carries a credential") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "c",
+                    .rate_limits = {rule("per-cred", {Selector::kCredential}, {.minute = 1})}}},
+      .gateway = {.global_policies = {"c"}}};
+  Engine engine = make(config, clock);
+  sluice::RequestContext anonymous{.client_ip = "10.0.0.1", .path = "/"};
+  sluice::RequestContext token = anonymous;
+  token.credential = "10.0.0.1";  // a credential spelled like the ip is still its own key
+  sluice::RequestContext token_elsewhere = token;
+  token_elsewhere.client_ip = "10.9.9.9";
+  CHECK(engine.evaluate(anonymous).allowed);
+  CHECK_FALSE(engine.evaluate(anonymous).allowed);
+  CHECK(engine.evaluate(token).allowed);
+  CHECK_FALSE(engine.evaluate(token_elsewhere).allowed);  // the same credential from another ip
+}
+
+TEST_CASE("unrouted requests hit listener and global rules under their own route component") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies =
+          {{.name = "flood",
+            .rate_limits = {rule("flood", {Selector::kIp, Selector::kRoute}, {.minute = 1})}},
+           {.name = "edge", .rate_limits = {rule("edge", {Selector::kIp}, {.minute = 3})}},
+           {.name = "route-only", .rate_limits = {rule("ro", {Selector::kIp}, {.minute = 1})}}},
+      .routes = {{.name = "u", .policies = {"route-only"}}},
+      .listeners = {{.name = "public", .policies = {"edge"}}},
+      .gateway = {.global_policies = {"flood"}}};
+  Engine engine = make(config, clock);
+  sluice::RequestContext unrouted{.client_ip = "10.0.0.1", .listener = "public", .path = "/nope"};
+  sluice::Evaluation first = engine.evaluate(unrouted);
+  CHECK(first.allowed);
+  CHECK(first.live_rules == 2);  // listener and global; no route rule
+  CHECK_FALSE(engine.evaluate(unrouted).allowed);
+  sluice::RequestContext routed = unrouted;
+  routed.route = "u";
+  CHECK(engine.evaluate(routed).allowed);  // route "u" is not the unrouted component
+}
+
+TEST_CASE("exempt paths get no rule and no fields") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "g", .rate_limits = {rule("g", {Selector::kIp}, {.minute = 1})}}},
+      .gateway = {.global_policies = {"g"}}};
+  Engine engine = make(config, clock);
+  for (int i = 0; i < 5; ++i) {
+    sluice::Evaluation e = engine.evaluate({.client_ip = "10.0.0.1", .path = "/healthz"});
+    CHECK(e.exempt);
+    CHECK(e.allowed);
+    CHECK(e.fields.empty());
+  }
+  CHECK(engine.evaluate({.client_ip = "10.0.0.1", .path = "/"}).allowed);
+}
+
+TEST_CASE("a reload keeps the state of unchanged rules and starts changed rules fresh") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "a", .rate_limits = {rule("same", {Selector::kIp}, {.minute = 2})}},
+                   {.name = "b",
+                    .rate_limits = {rule("changing", {Selector::kIp}, {.minute = 2})}}},
+      .routes = {{.name = "x", .policies = {"a"}}, {.name = "y", .policies = {"b"}}}};
+  Engine first = make(config, clock);
+  CHECK(admitted(first, on_route("10.0.0.1", "x"), 3) == 2);
+  CHECK(admitted(first, on_route("10.0.0.1", "y"), 3) == 2);
+
+  config.policies[1].rate_limits[0].requests_per.minute = 3;
+  auto second = first.reload(config);
+  REQUIRE(second.ok());
+  CHECK(admitted(*second, on_route("10.0.0.1", "x"), 3) == 0);  // nothing extra across a reload
+  CHECK(admitted(*second, on_route("10.0.0.1", "y"), 5) == 3);  // the changed rule starts fresh
+  CHECK(second->stats()[0].allowed == 2);                       // counters carry over too
+  CHECK(second->stats()[0].denied == 4);
+}
+
+TEST_CASE("an invalid config fails with InvalidArgument naming its path") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = documented_example();
+  config.policies[0].rate_limits[1].requests_per.minute = 0;
+  auto engine = Engine::create(config, {.clock = clock});
+  REQUIRE_FALSE(engine.ok());
+  CHECK(engine.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(engine.status().message() == "policies[0].rate_limits[1].requests_per.minute must be > 0");
+}
+
+TEST_CASE("a cost above a rule's burst denies the request and reports the error") {
+  sluice::ManualClock clock;
+  Engine engine = make(documented_example(), clock);
+  sluice::RequestContext request = on_route("10.0.0.1", "public");
+  request.cost = 21;
+  sluice::Evaluation e = engine.evaluate(request);
+  CHECK_FALSE(e.allowed);
+  CHECK(e.backend_error.code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("routes and consumers resolve from the config") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "g", .rate_limits = {rule("g", {Selector::kIp}, {.minute = 1})}}},
+      .routes = {{.name = "all", .service = "svc", .path_prefix = "/"},
+                 {.name = "v1", .path_prefix = "/v1"},
+                 {.name = "admin", .listener = "internal", .path_prefix = "/v1/admin"}},
+      .services = {{.name = "svc"}},
+      .listeners = {{.name = "internal"}, {.name = "public"}},
+      .consumers = {{.name = "acme", .credentials = {"tok-1", "tok-2"}}}};
+  Engine engine = make(config, clock);
+  CHECK(engine.match_route("public", "/v1/admin/x")->route == "v1");
+  CHECK(engine.match_route("internal", "/v1/admin/x")->route == "admin");
+  CHECK(engine.match_route("public", "/other")->route == "all");
+  CHECK(engine.match_route("public", "/other")->service == "svc");
+  CHECK(engine.consumer_for("tok-2") == "acme");
+  CHECK_FALSE(engine.consumer_for("tok-3").has_value());
+}
+
+namespace {
+// A backend whose every call fails, to show the failure modes.
+struct FailingBackend {
+  struct Options {};
+  static absl::StatusOr<FailingBackend> create(std::span<const sluice::CompiledRule>,
+                                               const FailingBackend*, const Options&) {
+    return FailingBackend{};
+  }
+  absl::Status check_rules(std::span<const sluice::RuleKey>, std::uint64_t, sluice::ConsumptionMode,
+                           std::span<sluice::Decision>) {
+    return absl::UnavailableError("backend down");
+  }
+  sluice::StoreStats rule_store_stats(std::size_t) const { return {}; }
+};
+}  // namespace
+
+TEST_CASE("a backend failure follows the fail-open or fail-closed setting and is reported") {
+  sluice::PolicyConfig config = documented_example();
+  auto open = sluice::BasicRateLimitEngine<FailingBackend>::create(config);
+  REQUIRE(open.ok());
+  sluice::Evaluation e = open->evaluate(on_route("10.0.0.1", "public"));
+  CHECK(e.allowed);
+  CHECK(e.backend_error.code() == absl::StatusCode::kUnavailable);
+  CHECK(e.fields.empty());
+
+  config.engine.on_backend_error = sluice::FailureMode::kFailClosed;
+  auto closed = sluice::BasicRateLimitEngine<FailingBackend>::create(config);
+  REQUIRE(closed.ok());
+  CHECK_FALSE(closed->evaluate(on_route("10.0.0.1", "public")).allowed);
+}
+
+TEST_CASE("threads evaluating overlapping rules all-or-nothing admit exactly the tighter budget") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "ip", .rate_limits = {rule("ip", {Selector::kIp}, {.hour = 500})}},
+                   {.name = "route",
+                    .rate_limits = {rule("route", {Selector::kRoute}, {.hour = 300})}}},
+      .routes = {{.name = "a", .policies = {"ip", "route"}}, {.name = "b", .policies = {"ip"}}}};
+  Engine engine = make(config, clock);
+  std::atomic<int> on_a{0}, on_b{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 400; ++i) {
+        bool a = (i + t) % 2 == 0;
+        if (engine.evaluate(on_route("10.0.0.1", a ? "a" : "b")).allowed) ++(a ? on_a : on_b);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(on_a.load() <= 300);
+  CHECK(on_a.load() + on_b.load() == 500);  // the ip budget is spent exactly, never overdrawn
+}
