@@ -57,8 +57,8 @@ namespace sluice {
 
 // One response header field. An aggregate, so `auto& [name, value] = field;` works.
 struct HttpField {
-  std::string name;
-  std::string value;
+  std::string name{};
+  std::string value{};
 
   friend bool operator==(const HttpField&, const HttpField&) = default;
 };
