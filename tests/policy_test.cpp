@@ -211,6 +211,26 @@ TEST_CASE("invalid scopes and references are rejected with the path of the bad v
   });
 }
 
+TEST_CASE("a config with many attachments and routes validates and reports the last duplicate") {
+  // Untrusted configs may be large: validation is linear, so this stays fast even under ASan.
+  constexpr std::size_t kCount = 30'000;
+  sluice::PolicyConfig config;
+  sluice::Route hub{.name = "hub"};
+  for (std::size_t i = 0; i < kCount; ++i) {
+    std::string name = "b" + std::to_string(i);
+    config.policies.push_back({.name = name, .rate_limit = sluice::LegacyRateLimit{1, 1}});
+    hub.policies.push_back(name);
+    config.routes.push_back({.name = "r" + std::to_string(i), .path_prefix = "/" + name});
+  }
+  config.routes.push_back(hub);
+  CHECK(sluice::validate(config).ok());
+
+  config.routes.back().policies.push_back("b0");
+  CHECK(sluice::validate(config).message() ==
+        "routes[30000].policies[30000]: bundle \"b0\" is already attached at "
+        "routes[30000].policies[0]");
+}
+
 TEST_CASE("the same path prefix may serve different listeners") {
   sluice::PolicyConfig config = valid_config();
   config.routes[2].path_prefix = "/v1";

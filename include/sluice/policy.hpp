@@ -379,18 +379,18 @@ absl::Status index_names(const std::vector<T>& items, std::string_view list, std
   return absl::OkStatus();
 }
 
-// `path` is the attachment list itself, e.g. "routes[2].policies".
+// `path` is the attachment list itself, e.g. "routes[2].policies". Linear in the list's length.
 inline absl::Status check_attachments(
     const std::vector<std::string>& names, std::string_view path,
     const std::unordered_map<std::string_view, std::size_t>& bundles) {
+  std::unordered_map<std::string_view, std::size_t> attached;
   for (std::size_t i = 0; i < names.size(); ++i) {
     std::string at = std::string(path) + "[" + std::to_string(i) + "]";
     if (!bundles.contains(names[i])) return invalid(at + ": unknown bundle " + quoted(names[i]));
-    for (std::size_t j = 0; j < i; ++j) {
-      if (names[j] == names[i]) {
-        return invalid(at + ": bundle " + quoted(names[i]) + " is already attached at " +
-                       std::string(path) + "[" + std::to_string(j) + "]");
-      }
+    auto [it, inserted] = attached.emplace(names[i], i);
+    if (!inserted) {
+      return invalid(at + ": bundle " + quoted(names[i]) + " is already attached at " +
+                     std::string(path) + "[" + std::to_string(it->second) + "]");
     }
   }
   return absl::OkStatus();
@@ -624,6 +624,7 @@ inline absl::Status validate(const PolicyConfig& config) {
 
   std::unordered_map<std::string_view, std::size_t> routes;
   if (absl::Status s = index_names(config.routes, "routes", "route", routes); !s.ok()) return s;
+  std::unordered_map<std::string, std::size_t> prefixes;  // listener '\0' path_prefix -> route
   for (std::size_t i = 0; i < config.routes.size(); ++i) {
     const Route& route = config.routes[i];
     std::string base = element("", "routes", i);
@@ -638,13 +639,13 @@ inline absl::Status validate(const PolicyConfig& config) {
         return invalid(base + ".path_prefix: " + quoted(route.path_prefix) +
                        " must start with '/' and contain only printable ASCII characters");
       }
-      for (std::size_t j = 0; j < i; ++j) {
-        const Route& other = config.routes[j];
-        if (other.path_prefix == route.path_prefix && other.listener == route.listener) {
-          return invalid(base + ".path_prefix: " + quoted(route.path_prefix) +
-                         " is already matched by " + element("", "routes", j) +
-                         " on the same listener");
-        }
+      // Listener names are printable ASCII, so '\0' separates the two parts unambiguously.
+      std::string match_key = route.listener + '\0' + route.path_prefix;
+      auto [it, inserted] = prefixes.emplace(std::move(match_key), i);
+      if (!inserted) {
+        return invalid(base + ".path_prefix: " + quoted(route.path_prefix) +
+                       " is already matched by " + element("", "routes", it->second) +
+                       " on the same listener");
       }
     }
     if (absl::Status s = check_attachments(route.policies, base + ".policies", bundles); !s.ok()) {
