@@ -321,10 +321,11 @@ class ShardedStore {
   }
 
   void grow(Shard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
-    std::size_t capacity = std::min(shard.capacity + shard.capacity / 2, max_capacity());
-    rebuild(shard, capacity, [&](auto&& keep) {
-      for (std::size_t i = 0; i < shard.capacity; ++i) {
-        if (!shard.slots[i].digest.empty()) keep(shard.slots[i]);
+    const Slot* old_slots = shard.slots;
+    const std::size_t old_capacity = shard.capacity;
+    rebuild(shard, std::min(old_capacity + old_capacity / 2, max_capacity()), [&](auto&& keep) {
+      for (std::size_t i = 0; i < old_capacity; ++i) {
+        if (!old_slots[i].digest.empty()) keep(old_slots[i]);
       }
     });
   }
