@@ -219,7 +219,7 @@ class InMemoryBackend {
     }
     if (all && cost != 0) {
       for (std::size_t i = 0; i < keys.size(); ++i) {
-        out[i] = limiters_[keys[i].rule]->decide_locked(digests[i], now, cost, true);
+        limiters_[keys[i].rule]->admit_locked(digests[i], now, cost);
       }
     }
     for (auto it = locks.rbegin(); it != locks.rend(); ++it) (*it)->unlock();
@@ -238,9 +238,10 @@ class BasicRateLimitEngine {
   // A compiled rule with what the fields need, precomputed.
   struct RuleInfo {
     CompiledRule compiled{};
-    std::vector<std::string> window_names{};  // "<label>/s" ...: RateLimit(-Policy) item names
-    std::string policy_value{};               // the RateLimit-Policy value for all its windows
-    std::string key_prefix{};                 // the rule's identity in its keys (fingerprint hash)
+    std::vector<std::string> window_names{};    // "<label>/s" ...: RateLimit(-Policy) item names
+    std::vector<std::string> limit_prefixes{};  // per window: the RateLimit value up to `r=`
+    std::string policy_value{};                 // the RateLimit-Policy value for all its windows
+    std::string key_prefix{};  // the rule's identity in its keys (fingerprint hash)
   };
 
   // Validates and compiles `config` (InvalidArgument naming the path of a bad value).
@@ -434,6 +435,12 @@ class BasicRateLimitEngine {
                           .window = info.compiled.windows[i].period});
     }
     info.policy_value = ratelimit_policy_value(policies);
+    for (const std::string& name : info.window_names) {
+      std::string prefix;
+      append_structured_string(prefix, name);
+      prefix.append(";r=");
+      info.limit_prefixes.push_back(std::move(prefix));
+    }
     const std::uint64_t id =
         XXH3_64bits(info.compiled.fingerprint.data(), info.compiled.fingerprint.size());
     append_key_part(info.key_prefix,
@@ -527,12 +534,18 @@ class BasicRateLimitEngine {
     if (!e.allowed) d.retry_after = e.retry_after;
     e.binding = RuleDecision{rule, d};
 
-    e.fields.reserve(6);
     if (!d.allowed()) e.fields.push_back(retry_after_field(d.retry_after));
     append_x_ratelimit_fields(e.fields, d, request.wall_time);
     const RuleInfo& info = rules_[rule];
-    e.fields.push_back({std::string(kRateLimitPolicyField), info.policy_value});
-    e.fields.push_back(ratelimit_field(service_limit(info.window_names[d.binding_window], d)));
+    e.fields.push_back({kRateLimitPolicyField, info.policy_value});
+    // RateLimit: the precomputed `"<name>";r=` and the two numbers, as ratelimit_field writes it.
+    const ServiceLimit limit = service_limit({}, d);
+    HttpField& field =
+        e.fields.emplace_back(HttpField{kRateLimitField, info.limit_prefixes[d.binding_window]});
+    append_structured_integer(field.value, limit.available);
+    field.value.append(";t=");
+    append_structured_integer(field.value,
+                              static_cast<std::uint64_t>(ceil_seconds(limit.effective_window)));
   }
 
   BackendOptions options_{};

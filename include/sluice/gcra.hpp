@@ -170,8 +170,8 @@ class GcraLimiter {
 
   // --- Multi-key transactions, for callers that decide several keys atomically (the policy
   // engine). Take `lock_of(digest(key))` for every key, in ascending address order and each lock
-  // once; call `decide_locked` for each key without committing; if all are admitted, call it
-  // again with `commit`; then release the locks. `validate_cost` first.
+  // once; call `decide_locked` for each key without committing; if all are admitted, call
+  // `admit_locked` for each; then release the locks. `validate_cost` first.
 
   absl::Status validate_cost(std::uint64_t cost) const {
     return cost > max_cost_ ? cost_error(cost) : absl::OkStatus();
@@ -184,6 +184,16 @@ class GcraLimiter {
   }
   // The clock's reading, saturated to the supported range.
   std::int64_t now() const { return detail::saturate_time(clock_.now().count()); }
+  // With lock_of(d) held: reserves `cost` iff every window admits it (the cheap second phase).
+  bool admit_locked(const KeyDigest& d, std::int64_t now, std::uint64_t cost) {
+    return std::visit(
+        [&](auto& store) {
+          return store.update_locked(
+              d, now, [&](auto& cell, std::int64_t clamped) { return admit(cell, clamped, cost); },
+              [](const StoreFull&) { return false; });
+        },
+        store_);
+  }
   // With lock_of(d) held: the decision for `cost` at `now`; reserves it iff `commit` and admitted.
   Decision decide_locked(const KeyDigest& d, std::int64_t now, std::uint64_t cost, bool commit) {
     return std::visit(
@@ -283,19 +293,41 @@ class GcraLimiter {
   // Invariant: for every window, TAT − now ≤ burst·T at all times after an admission, so a peek
   // (cost 0) is always admitted.
   template <std::size_t N>
-  Decision decide(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost,
-                  bool commit) const {
-    std::array<detail::GcraTat, N> next;
-    std::array<absl::uint128, N> ahead;  // (next TAT − now)·requests per window
-    std::size_t first_denied = N;
+  struct Step {
+    std::array<detail::GcraTat, N> next;  // every window's TAT if admitted
+    std::array<absl::uint128, N> ahead;   // (next TAT − now)·requests per window
+    std::size_t first_denied = N;         // N: every window admits
+  };
+  template <std::size_t N>
+  Step<N> step(const detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost) const {
+    Step<N> s;
     for (std::size_t i = 0; i < N; ++i) {
       const detail::GcraParams& p = params_[i];
       detail::GcraTat base = cell.tat[i];
       if (base.whole < now || (base.whole == now && base.fraction == 0)) base = {now, 0};
-      next[i] = advance(base, p, cost);
-      ahead[i] = detail::scaled_ahead(next[i], now, p.requests);
-      if (ahead[i] > p.tolerance && first_denied == N) first_denied = i;
+      s.next[i] = advance(base, p, cost);
+      s.ahead[i] = detail::scaled_ahead(s.next[i], now, p.requests);
+      if (s.ahead[i] > p.tolerance && s.first_denied == N) s.first_denied = i;
     }
+    return s;
+  }
+
+  // Reserves `cost` iff every window admits it; no decision fields.
+  template <std::size_t N>
+  bool admit(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost) const {
+    Step<N> s = step(cell, now, cost);
+    if (s.first_denied != N) return false;
+    cell.tat = s.next;
+    return true;
+  }
+
+  template <std::size_t N>
+  Decision decide(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost,
+                  bool commit) const {
+    const Step<N> s = step(cell, now, cost);
+    const auto& next = s.next;
+    const auto& ahead = s.ahead;
+    const std::size_t first_denied = s.first_denied;
 
     if (first_denied == N) {
       if (commit && cost != 0) cell.tat = next;

@@ -51,20 +51,22 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "sluice/decision.hpp"
 
 namespace sluice {
 
 // One response header field. An aggregate, so `auto& [name, value] = field;` works.
 struct HttpField {
-  std::string name{};
+  std::string_view name{};  // one of the k*Field constants: static storage, no allocation
   std::string value{};
 
   friend bool operator==(const HttpField&, const HttpField&) = default;
 };
 
-// The fields for one response, in the order they should be written.
-using HttpFields = std::vector<HttpField>;
+// The fields for one response, in the order they should be written. Up to six fit inline (the
+// most any sluice decision produces), so building them allocates only for long values.
+using HttpFields = absl::InlinedVector<HttpField, 6>;
 
 inline std::ostream& operator<<(std::ostream& os, const HttpField& field) {
   return os << field.name << ": " << field.value;
@@ -163,7 +165,7 @@ inline void append_structured_string(std::string& out, std::string_view value) {
 
 // `Retry-After: <retry_after_seconds(retry_after)>`.
 inline HttpField retry_after_field(std::chrono::nanoseconds retry_after) {
-  HttpField field{std::string(kRetryAfterField), {}};
+  HttpField field{kRetryAfterField, {}};
   http_fields_internal::append_decimal(field.value, retry_after_seconds(retry_after));
   return field;
 }
@@ -171,11 +173,11 @@ inline HttpField retry_after_field(std::chrono::nanoseconds retry_after) {
 // Appends X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset for the decision's
 // binding window.
 inline void append_x_ratelimit_fields(HttpFields& out, const Decision& decision, WallTime now) {
-  HttpField limit{std::string(kXRateLimitLimitField), {}};
+  HttpField limit{kXRateLimitLimitField, {}};
   http_fields_internal::append_decimal(limit.value, decision.limit);
-  HttpField remaining{std::string(kXRateLimitRemainingField), {}};
+  HttpField remaining{kXRateLimitRemainingField, {}};
   http_fields_internal::append_decimal(remaining.value, decision.remaining);
-  HttpField reset{std::string(kXRateLimitResetField), {}};
+  HttpField reset{kXRateLimitResetField, {}};
   http_fields_internal::append_decimal(reset.value, reset_epoch_seconds(now, decision.reset_after));
   out.push_back(std::move(limit));
   out.push_back(std::move(remaining));
@@ -237,7 +239,7 @@ inline std::string ratelimit_policy_value(std::span<const QuotaPolicy> policies)
   return out;
 }
 inline HttpField ratelimit_policy_field(std::span<const QuotaPolicy> policies) {
-  return HttpField{std::string(kRateLimitPolicyField), ratelimit_policy_value(policies)};
+  return HttpField{kRateLimitPolicyField, ratelimit_policy_value(policies)};
 }
 inline HttpField ratelimit_policy_field(const QuotaPolicy& policy) {
   return ratelimit_policy_field(std::span<const QuotaPolicy>(&policy, 1));
@@ -258,7 +260,7 @@ inline std::string ratelimit_value(std::span<const ServiceLimit> limits) {
   return out;
 }
 inline HttpField ratelimit_field(std::span<const ServiceLimit> limits) {
-  return HttpField{std::string(kRateLimitField), ratelimit_value(limits)};
+  return HttpField{kRateLimitField, ratelimit_value(limits)};
 }
 inline HttpField ratelimit_field(const ServiceLimit& limit) {
   return ratelimit_field(std::span<const ServiceLimit>(&limit, 1));
