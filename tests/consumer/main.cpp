@@ -5,10 +5,15 @@
 #include <cstdio>
 
 int main() {
+  using namespace std::chrono_literals;
   sluice::ManualClock clock;
-  clock.advance(std::chrono::seconds(1));
-  sluice::Decision decision{.reason = sluice::Reason::kAllowed, .limit = 1};
-  if (!decision.allowed() || clock.now() != std::chrono::seconds(1)) return 1;
+  auto limiter =
+      sluice::GcraLimiter<sluice::ManualClock>::create({{.requests = 2, .period = 1s}}, {}, clock);
+  if (!limiter.ok()) return 1;
+  const bool first = limiter->check("k")->allowed();
+  const bool second = limiter->check("k")->allowed();
+  const bool third = limiter->check("k")->allowed();
+  if (!first || !second || third) return 2;
   std::printf("consumer ok: sluice %s\n", sluice::kVersionString);
   return 0;
 }
