@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
+#include "sluice/detail/divider.hpp"
 #include "sluice/detail/limiter_common.hpp"
 #include "sluice/rate_limiter.hpp"
 #include "sluice/store.hpp"
@@ -96,6 +97,8 @@ struct GcraParams {
       interval_whole;  // T = period / requests = interval_whole + interval_fraction/requests
   std::uint64_t interval_fraction;
   absl::uint128 tolerance;  // burst·T scaled by requests = burst·period
+  Divider by_period;        // divides by period without a hardware division
+  Divider by_requests;      // divides by requests likewise
 };
 
 // The scaled distance (new_tat − now)·requests of a TAT at or after now.
@@ -103,17 +106,14 @@ inline absl::uint128 scaled_ahead(const GcraTat& t, std::int64_t now, std::uint6
   return absl::uint128(static_cast<std::uint64_t>(t.whole - now)) * requests + t.fraction;
 }
 
-// floor(a / b) and ceil(a / b) with a 64-bit fast path (the common case).
-inline std::uint64_t div_floor(absl::uint128 a, std::uint64_t b) {
-  if (absl::Uint128High64(a) == 0) return absl::Uint128Low64(a) / b;
-  return absl::Uint128Low64(a / b);
+// floor(a / b) and ceil(a / b), by multiplication when `a` fits 64 bits (the common case).
+inline std::uint64_t div_floor(absl::uint128 a, const Divider& b) {
+  if (absl::Uint128High64(a) == 0) return b.divide(absl::Uint128Low64(a));
+  return absl::Uint128Low64(a / b.divisor());
 }
-inline std::uint64_t div_ceil(absl::uint128 a, std::uint64_t b) {
-  if (absl::Uint128High64(a) == 0) {
-    std::uint64_t lo = absl::Uint128Low64(a);
-    return lo / b + (lo % b != 0 ? 1 : 0);
-  }
-  return absl::Uint128Low64((a + (b - 1)) / b);
+inline std::uint64_t div_ceil(absl::uint128 a, const Divider& b) {
+  if (absl::Uint128High64(a) == 0) return b.divide_up(absl::Uint128Low64(a));
+  return absl::Uint128Low64((a + (b.divisor() - 1)) / b.divisor());
 }
 
 }  // namespace detail
@@ -155,13 +155,12 @@ class GcraLimiter {
   // Admits a request of `cost` units for `key` if every window has room, reserving it; `cost` 0
   // only reports. InvalidArgument (state untouched) if cost exceeds a window's burst.
   absl::StatusOr<Decision> check(std::string_view key, std::uint64_t cost = 1) {
-    if (absl::Status status = validate_cost(cost); !status.ok()) return status;
-    const KeyDigest d = digest(key);
+    if (cost > max_cost_) return cost_error(cost);
     const std::int64_t at = now();
     return std::visit(
         [&](auto& store) {
           return store.update(
-              d, at,
+              store.digest(key), at,
               [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, cost, true); },
               [&](const StoreFull& full) { return store_full(full); });
         },
@@ -256,7 +255,9 @@ class GcraLimiter {
                               .burst = burst,
                               .interval_whole = static_cast<std::int64_t>(period / w.requests),
                               .interval_fraction = period % w.requests,
-                              .tolerance = tolerance};
+                              .tolerance = tolerance,
+                              .by_period = detail::Divider(period),
+                              .by_requests = detail::Divider(w.requests)};
   }
 
   absl::Status cost_error(std::uint64_t cost) const {
@@ -334,8 +335,8 @@ class GcraLimiter {
       std::size_t binding = 0;
       std::uint64_t least = std::numeric_limits<std::uint64_t>::max();
       for (std::size_t i = 0; i < N; ++i) {
-        const std::uint64_t remaining = detail::div_floor(
-            params_[i].tolerance - ahead[i], static_cast<std::uint64_t>(params_[i].period));
+        const std::uint64_t remaining =
+            detail::div_floor(params_[i].tolerance - ahead[i], params_[i].by_period);
         if (remaining < least) {
           least = remaining;
           binding = i;
@@ -345,7 +346,7 @@ class GcraLimiter {
                       .limit = params_[binding].burst,
                       .remaining = least,
                       .reset_after = std::chrono::nanoseconds{static_cast<std::int64_t>(
-                          detail::div_ceil(ahead[binding], params_[binding].requests))},
+                          detail::div_ceil(ahead[binding], params_[binding].by_requests))},
                       .binding_window = binding};
     }
 
@@ -353,22 +354,21 @@ class GcraLimiter {
     std::uint64_t wait = 0;
     for (std::size_t i = first_denied; i < N; ++i) {
       if (ahead[i] > params_[i].tolerance) {
-        wait =
-            std::max(wait, detail::div_ceil(ahead[i] - params_[i].tolerance, params_[i].requests));
+        wait = std::max(wait,
+                        detail::div_ceil(ahead[i] - params_[i].tolerance, params_[i].by_requests));
       }
     }
     const detail::GcraParams& p = params_[first_denied];
     const absl::uint128 held = detail::scaled_ahead(
         cell.tat[first_denied].whole >= now ? cell.tat[first_denied] : detail::GcraTat{now, 0}, now,
         p.requests);
-    return Decision{
-        .reason = Reason::kQuotaExceeded,
-        .limit = p.burst,
-        .remaining = detail::div_floor(p.tolerance - held, static_cast<std::uint64_t>(p.period)),
-        .retry_after = std::chrono::nanoseconds{static_cast<std::int64_t>(wait)},
-        .reset_after =
-            std::chrono::nanoseconds{static_cast<std::int64_t>(detail::div_ceil(held, p.requests))},
-        .binding_window = first_denied};
+    return Decision{.reason = Reason::kQuotaExceeded,
+                    .limit = p.burst,
+                    .remaining = detail::div_floor(p.tolerance - held, p.by_period),
+                    .retry_after = std::chrono::nanoseconds{static_cast<std::int64_t>(wait)},
+                    .reset_after = std::chrono::nanoseconds{static_cast<std::int64_t>(
+                        detail::div_ceil(held, p.by_requests))},
+                    .binding_window = first_denied};
   }
 
   ClockT clock_;
