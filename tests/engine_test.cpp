@@ -374,3 +374,19 @@ TEST_CASE("threads evaluating overlapping rules all-or-nothing admit exactly the
   CHECK(on_a.load() <= 300);
   CHECK(on_a.load() + on_b.load() == 500);  // the ip budget is spent exactly, never overdrawn
 }
+
+TEST_CASE("an observer sees every non-exempt evaluation and survives a reload") {
+  sluice::ManualClock clock;
+  std::vector<bool> seen;
+  auto engine = Engine::create(documented_example(), {.store = {.seed = 1}, .clock = clock},
+                               [&](const sluice::Evaluation& e) { seen.push_back(e.allowed); });
+  REQUIRE(engine.ok());
+  for (int i = 0; i < 21; ++i) engine->evaluate(on_route("10.0.0.1", "public"));
+  engine->evaluate({.client_ip = "10.0.0.1", .path = "/healthz"});
+  REQUIRE(seen.size() == 21);
+  CHECK(seen.back() == false);
+  auto next = engine->reload(documented_example());
+  REQUIRE(next.ok());
+  next->evaluate(on_route("10.0.0.1", "public"));
+  CHECK(seen.size() == 22);
+}

@@ -43,6 +43,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -234,6 +235,9 @@ template <EngineBackend Backend>
 class BasicRateLimitEngine {
  public:
   using BackendOptions = typename Backend::Options;
+  // Called after every non-exempt evaluation, on the evaluating thread (S13). It sees rule indices
+  // and decisions, never keys; it must be thread-safe and fast (it runs on the request path).
+  using Observer = std::function<void(const Evaluation&)>;
 
   // A compiled rule with what the fields need, precomputed.
   struct RuleInfo {
@@ -246,14 +250,19 @@ class BasicRateLimitEngine {
 
   // Validates and compiles `config` (InvalidArgument naming the path of a bad value).
   static absl::StatusOr<BasicRateLimitEngine> create(const PolicyConfig& config,
-                                                     BackendOptions options = {}) {
-    return compile(config, std::move(options), nullptr);
+                                                     BackendOptions options = {},
+                                                     Observer observer = {}) {
+    auto engine = compile(config, std::move(options), nullptr);
+    if (engine.ok()) engine->observer_ = std::move(observer);
+    return engine;
   }
 
   // The next generation: rules whose fingerprint is unchanged keep their state and counters,
   // so a reload never lets extra traffic through them; changed rules start fresh.
   absl::StatusOr<BasicRateLimitEngine> reload(const PolicyConfig& config) const {
-    return compile(config, options_, this);
+    auto engine = compile(config, options_, this);
+    if (engine.ok()) engine->observer_ = observer_;
+    return engine;
   }
 
   Evaluation evaluate(const RequestContext& request) const {
@@ -317,6 +326,7 @@ class BasicRateLimitEngine {
         }
       }
     }
+    if (observer_) observer_(e);
     return e;
   }
 
@@ -549,6 +559,7 @@ class BasicRateLimitEngine {
   }
 
   BackendOptions options_{};
+  Observer observer_{};
   ConsumptionMode options_mode_ = ConsumptionMode::kAllOrNothing;
   FailureMode on_backend_error_ = FailureMode::kFailOpen;
   std::vector<RuleInfo> rules_;
