@@ -44,10 +44,12 @@
 #include <bit>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -59,8 +61,6 @@
 #include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "sluice/decision.hpp"
 #include "sluice/detail/redis_gcra_script.hpp"
 #include "sluice/detail/sha1.hpp"
@@ -243,9 +243,10 @@ class ConnectionPool {
   // command_timeout for one to come back.
   absl::StatusOr<Lease> acquire() {
     {
-      absl::MutexLock lock(&mu_);
-      const bool ready = mu_.AwaitWithTimeout(absl::Condition(this, &ConnectionPool::can_acquire),
-                                              absl::FromChrono(options_.command_timeout));
+      std::unique_lock lock(mu_);
+      const bool ready = available_.wait_for(lock, options_.command_timeout, [this] {
+        return !idle_.empty() || open_ < options_.max_connections;
+      });
       if (!ready) {
         return absl::DeadlineExceededError(
             "sluice::redis: no free connection within the command timeout");
@@ -259,30 +260,29 @@ class ConnectionPool {
     }
     absl::StatusOr<redisContext*> context = connect();
     if (!context.ok()) {
-      absl::MutexLock lock(&mu_);
-      --open_;
+      release(nullptr);
       return context.status();
     }
     return Lease(this, *context);
   }
 
   std::size_t open_connections() const {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard lock(mu_);
     return open_;
   }
 
  private:
-  bool can_acquire() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !idle_.empty() || open_ < options_.max_connections;
-  }
-
+  // Returns a healthy connection to the free list, or (nullptr) gives up a closed one's slot.
   void release(redisContext* context) {
-    absl::MutexLock lock(&mu_);
-    if (context != nullptr) {
-      idle_.push_back(context);
-    } else {
-      --open_;
+    {
+      std::lock_guard lock(mu_);
+      if (context != nullptr) {
+        idle_.push_back(context);
+      } else {
+        --open_;
+      }
     }
+    available_.notify_one();
   }
 
   absl::StatusOr<redisContext*> connect() const {
@@ -309,7 +309,8 @@ class ConnectionPool {
   }
 
   const ConnectionOptions options_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
+  std::condition_variable available_;  // signalled when a connection or a slot is released
   std::vector<redisContext*> idle_ ABSL_GUARDED_BY(mu_);
   std::size_t open_ ABSL_GUARDED_BY(mu_) = 0;  // idle + leased
 };

@@ -2,8 +2,9 @@
 //
 // Starts `redis-server` from PATH in a fresh mkdtemp directory, listening on a unix socket there
 // and on a free TCP port of 127.0.0.1, with persistence off; waits until it answers PING; kills
-// it and removes the directory on destruction. Tests use kill()/restart(), stop()/resume() to
-// inject faults. A missing redis-server is an error (`start()` returns it), never a skip.
+// it and removes the directory on destruction; it also dies with the test process. Tests use
+// kill()/restart(), stop()/resume() to inject faults. A missing redis-server is an error (`start()`
+// returns it), never a skip.
 //
 //   sluice_test::RedisServer server;
 //   REQUIRE(server.start().empty());   // empty = started; else the reason
@@ -18,7 +19,7 @@
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,8 +34,6 @@
 #include <string_view>
 #include <thread>
 #include <vector>
-
-extern char** environ;
 
 namespace sluice_test {
 
@@ -140,42 +139,54 @@ class RedisServer {
     return port;
   }
 
+  // The first executable `name` on PATH, or "".
+  static std::string find_in_path(const std::string& name) {
+    const char* path = std::getenv("PATH");
+    std::string_view rest = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+    while (!rest.empty()) {
+      const std::size_t colon = rest.find(':');
+      std::string candidate(rest.substr(0, colon));
+      candidate += "/" + name;
+      if (access(candidate.c_str(), X_OK) == 0) return candidate;
+      rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+    }
+    return "";
+  }
+
   std::string launch() {
+    const std::string binary = find_in_path("redis-server");
+    if (binary.empty()) {
+      return "redis-server is not on PATH: install it (Debian: apt-get install redis-server)";
+    }
     socket_ = dir_ + "/redis.sock";
     const std::string port = std::to_string(port_);
     const std::string log = dir_ + "/redis.log";
-    std::vector<std::string> args = {"redis-server",
-                                     "--port",
-                                     port,
-                                     "--bind",
-                                     "127.0.0.1",
-                                     "--unixsocket",
-                                     socket_,
-                                     "--unixsocketperm",
-                                     "700",
-                                     "--save",
-                                     "",
-                                     "--appendonly",
-                                     "no",
-                                     "--dir",
-                                     dir_,
-                                     "--logfile",
-                                     log,
-                                     "--daemonize",
-                                     "no"};
+    std::vector<std::string> args = {binary,      "--port",       port,    "--bind",
+                                     "127.0.0.1", "--unixsocket", socket_, "--unixsocketperm",
+                                     "700",       "--save",       "",      "--appendonly",
+                                     "no",        "--dir",        dir_,    "--logfile",
+                                     log,         "--daemonize",  "no"};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    const int rc = posix_spawnp(&pid_, "redis-server", &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) {
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ < 0) {
       pid_ = 0;
-      return "cannot start redis-server from PATH (" + std::string(strerror(rc)) +
-             "): install it (Debian: apt-get install redis-server)";
+      return "fork failed";
+    }
+    if (pid_ == 0) {
+      // The child: dies with the test process (even one a sanitizer ends), holds none of its
+      // file descriptors (a pipe held open would keep CTest waiting), then becomes the server.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      const int null_fd = open("/dev/null", O_RDWR);
+      dup2(null_fd, 0);
+      dup2(null_fd, 1);
+      dup2(null_fd, 2);
+      close_range(3, ~0U, 0);
+      execv(argv[0], argv.data());
+      _exit(127);
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (std::chrono::steady_clock::now() < deadline) {
