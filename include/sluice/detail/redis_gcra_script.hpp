@@ -43,14 +43,14 @@ else
 end
 local sunpack, spack = struct.unpack, struct.pack
 local nkeys = #KEYS
-local pending, ttls, order
-if nkeys > 1 then pending, ttls, order = {}, {}, {} end
-local all, seen = 1, ''
+local pending, ttls, order, seen
+if nkeys > 1 then pending, ttls, order, seen = {}, {}, {}, {} end
+local all, s = 1, nil
 for i = 1, nkeys do
   local key, p = KEYS[i], ARGV[i + 2]
   local n = #p / 40
   if n < 1 or n % 1 ~= 0 then return redis.error_reply('sluice: malformed parameters') end
-  local s = pending and pending[key]
+  s = pending and pending[key]
   if not s then s = redis.call('GET', key) end
   -- ts, tns: the time this item is decided at (now, or the key's later write time: a clock
   -- that went back replenishes nothing); e: ns elapsed since the key's write.
@@ -66,15 +66,13 @@ for i = 1, nkeys do
     else
       e = (now_s - ws) * 1e9 + (now_ns - wns)
     end
-    seen = seen .. '1' .. s
-  else
-    seen = seen .. '0'
   end
-  local ok, consumes, most = true, false, 0
-  local packed = spack('<dd', ts, tns)
+  if seen then seen[i] = s and '1' .. s or '0' end
+  local ok, consumes, most, packed = true, false, 0, ''
+  local d, f
   for w = 1, n do
     local cn, cf, bn, bf, r = sunpack('<ddddd', p, 40 * w - 39)
-    local d, f = 0, 0
+    d, f = 0, 0
     if s then
       d, f = sunpack('<dd', s, 16 * w + 1)
       if not (d >= 0 and d <= 4503599627370496 and f >= 0 and f < r) then
@@ -87,12 +85,13 @@ for i = 1, nkeys do
     d, f = d + cn, f + cf
     if f >= r then d, f = d + 1, f - r end
     if d > bn or (d == bn and f > bf) then ok = false end
-    packed = packed .. spack('<dd', d, f)
+    if n > 1 then packed = packed .. spack('<dd', d, f) end
     if d > most then most = d end
   end
   if not ok then
     all = 0
   elseif consumes then
+    if n == 1 then packed = spack('<dddd', ts, tns, d, f) else packed = spack('<dd', ts, tns) .. packed end
     -- Expire when every window is full again: ms, rounded up, from the server's clock.
     local q = ((ts - now_s) * 1e9 + (tns - now_ns) + most) / 1e6
     local ttl = q - q % 1 + 1
@@ -105,13 +104,17 @@ for i = 1, nkeys do
     end
   end
 end
-if all == 1 and nkeys > 1 then
+if nkeys == 1 then
+  if s then return spack('<ddd', all, now_s, now_ns) .. '1' .. s end
+  return spack('<ddd', all, now_s, now_ns) .. '0'
+end
+if all == 1 then
   for j = 1, #order do
     local key = order[j]
     redis.call('SET', key, pending[key], 'PX', ttls[key])
   end
 end
-return spack('<ddd', all, now_s, now_ns) .. seen
+return spack('<ddd', all, now_s, now_ns) .. table.concat(seen)
 )lua";
 
 }  // namespace sluice::detail
