@@ -64,7 +64,7 @@ return s
 struct Fixture {
   sluice_test::RedisServer server;
   std::shared_ptr<sr::Client> client;
-  std::unique_ptr<sr::detail::ConnectionPool> pool;  // the baselines' connections
+  sr::detail::ConnectionPool* pool = nullptr;  // the client's own: baselines share its connections
   std::optional<sr::Limit> limit;
   std::string float_sha, floor_sha;
 };
@@ -298,7 +298,7 @@ int main(int argc, char** argv) {
   auto client = sr::Client::create(options);
   if (!client.ok()) fail(client.status().ToString());
   fixture->client = *client;
-  fixture->pool = std::make_unique<sr::detail::ConnectionPool>(connection_options());
+  fixture->pool = &fixture->client->pool_for_testing();
   // Never denies: every check reserves and writes, the expensive path.
   auto limit =
       sr::Limit::create({{.requests = 1000, .period = std::chrono::seconds(1), .burst = kBurst}});
