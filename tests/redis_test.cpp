@@ -363,6 +363,24 @@ TEST_CASE("the pool never opens more than max connections and callers wait for a
   CHECK(limiter.client()->pool_for_testing().open_connections() <= 2);
 }
 
+TEST_CASE("a check waits no longer than the command timeout for a free connection") {
+  Server s;
+  auto options = s.options(milliseconds(200));
+  options.connection.max_connections = 1;
+  auto limiter = make_limiter({{.requests = 10, .period = seconds(1)}}, options);
+  {
+    auto held = limiter.client()->pool_for_testing().acquire();  // the only connection, busy
+    REQUIRE(held.ok());
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<Decision> d = limiter.check("k");
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(elapsed >= milliseconds(150));
+    CHECK(elapsed < milliseconds(200 + 700));
+  }  // the connection is returned
+  CHECK(limiter.check("k").ok());
+}
+
 TEST_CASE("TCP connections work like unix socket ones") {
   Server s;
   auto options = s.options();
