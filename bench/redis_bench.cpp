@@ -109,34 +109,48 @@ void run(benchmark::State& state, std::span<const sr::detail::Command> commands)
     return;
   }
   for (const auto& reply : *replies) {
-    if (reply->type == REDIS_REPLY_ERROR) state.SkipWithError(reply->str);
+    if (reply->type == REDIS_REPLY_ERROR) {
+      state.SkipWithError(reply->str);
+    }
   }
 }
 
 sr::detail::Command command(std::initializer_list<std::string_view> args) {
   sr::detail::Command c;
-  for (std::string_view a : args) c.add(a);
+  for (std::string_view a : args) {
+    c.add(a);
+  }
   return c;
 }
 
 // Resets the server's command stats (thread 0, before the timed loop).
 void reset_stats(benchmark::State& state) {
-  if (state.thread_index() != 0) return;
+  if (state.thread_index() != 0) {
+    return;
+  }
   const sr::detail::Command reset = command({"CONFIG", "RESETSTAT"});
   run(state, std::span(&reset, 1));
 }
 
 // Reports usec_per_call of `cmdstat` (thread 0, after the timed loop: all threads are done).
 void report_server_cost(benchmark::State& state, std::string_view cmdstat) {
-  if (state.thread_index() != 0) return;
+  if (state.thread_index() != 0) {
+    return;
+  }
   sluice_test::Reply info = fixture->server.command({"INFO", "commandstats"});
-  if (!info || info->type != REDIS_REPLY_STRING) return;
+  if (!info || info->type != REDIS_REPLY_STRING) {
+    return;
+  }
   const std::string text(info->str, info->len);
   const std::string line = "cmdstat_" + std::string(cmdstat) + ":";
   const std::size_t at = text.find(line);
-  if (at == std::string::npos) return;
+  if (at == std::string::npos) {
+    return;
+  }
   const std::size_t value = text.find("usec_per_call=", at);
-  if (value == std::string::npos) return;
+  if (value == std::string::npos) {
+    return;
+  }
   state.counters["server_us_per_call"] = std::atof(text.c_str() + value + 14);
 }
 
@@ -149,7 +163,10 @@ std::string thread_key(const benchmark::State& state, int i) {
 void BM_SluiceCheck(benchmark::State& state) {
   reset_stats(state);
   std::vector<std::string> keys;
-  for (int i = 0; i < kKeysPerThread; ++i) keys.push_back(thread_key(state, i));
+  keys.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    keys.push_back(thread_key(state, i));
+  }
   int i = 0;
   for (auto _ : state) {
     const sr::CheckItem item{.key = keys[i++ % kKeysPerThread], .limit = &*fixture->limit};
@@ -166,7 +183,10 @@ void BM_SluiceCheck(benchmark::State& state) {
 void BM_FloatGcraReference(benchmark::State& state) {
   reset_stats(state);
   std::vector<std::string> keys;
-  for (int i = 0; i < kKeysPerThread; ++i) keys.push_back("ref:" + thread_key(state, i));
+  keys.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    keys.push_back("ref:" + thread_key(state, i));
+  }
   int i = 0;
   for (auto _ : state) {
     const sr::detail::Command c =
@@ -181,7 +201,10 @@ void BM_FloatGcraReference(benchmark::State& state) {
 void BM_FloorScript(benchmark::State& state) {
   reset_stats(state);
   std::vector<std::string> keys;
-  for (int i = 0; i < kKeysPerThread; ++i) keys.push_back("floor:" + thread_key(state, i));
+  keys.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    keys.push_back("floor:" + thread_key(state, i));
+  }
   int i = 0;
   for (auto _ : state) {
     const sr::detail::Command c =
@@ -195,7 +218,9 @@ void BM_FloorScript(benchmark::State& state) {
 void BM_PlainGet(benchmark::State& state) {
   reset_stats(state);
   const sr::detail::Command c = command({"GET", "bench:get"});
-  for (auto _ : state) run(state, std::span(&c, 1));
+  for (auto _ : state) {
+    run(state, std::span(&c, 1));
+  }
   state.SetItemsProcessed(state.iterations());
   report_server_cost(state, "get");
 }
@@ -205,11 +230,16 @@ void BM_PlainGet(benchmark::State& state) {
 void BM_SluiceCheckPipelined(benchmark::State& state) {
   reset_stats(state);
   std::vector<std::string> keys;
-  for (int i = 0; i < kKeysPerThread; ++i) keys.push_back(thread_key(state, i));
+  keys.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    keys.push_back(thread_key(state, i));
+  }
   std::vector<sr::CheckItem> items(kPipelineDepth);
   int i = 0;
   for (auto _ : state) {
-    for (auto& item : items) item = {.key = keys[i++ % kKeysPerThread], .limit = &*fixture->limit};
+    for (auto& item : items) {
+      item = {.key = keys[i++ % kKeysPerThread], .limit = &*fixture->limit};
+    }
     auto results = fixture->client->check_pipelined(items);
     if (!results[0].ok()) {
       state.SkipWithError(results[0].status().ToString().c_str());
@@ -223,7 +253,9 @@ void BM_SluiceCheckPipelined(benchmark::State& state) {
 void BM_PlainGetPipelined(benchmark::State& state) {
   reset_stats(state);
   const std::vector<sr::detail::Command> commands(kPipelineDepth, command({"GET", "bench:get"}));
-  for (auto _ : state) run(state, commands);
+  for (auto _ : state) {
+    run(state, commands);
+  }
   state.SetItemsProcessed(state.iterations() * kPipelineDepth);
   report_server_cost(state, "get");
 }
@@ -231,7 +263,10 @@ void BM_PlainGetPipelined(benchmark::State& state) {
 void BM_FloatGcraReferencePipelined(benchmark::State& state) {
   reset_stats(state);
   std::vector<std::string> keys;
-  for (int i = 0; i < kKeysPerThread; ++i) keys.push_back("ref:" + thread_key(state, i));
+  keys.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    keys.push_back("ref:" + thread_key(state, i));
+  }
   std::vector<sr::detail::Command> commands(kPipelineDepth);
   int i = 0;
   for (auto _ : state) {
@@ -254,7 +289,10 @@ void BM_SluiceTwoRulesOneRoundTrip(benchmark::State& state) {
       {{.requests = 60'000, .period = std::chrono::seconds(60), .burst = kBurst}});
   reset_stats(state);
   std::vector<std::string> ips;
-  for (int i = 0; i < kKeysPerThread; ++i) ips.push_back("ip:" + thread_key(state, i));
+  ips.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    ips.push_back("ip:" + thread_key(state, i));
+  }
   const std::string route = "route:/login";
   int i = 0;
   for (auto _ : state) {
@@ -276,7 +314,9 @@ void BM_SluiceTwoRulesOneRoundTrip(benchmark::State& state) {
 
 double server_usec_per_call(std::string_view cmdstat) {
   sluice_test::Reply info = fixture->server.command({"INFO", "commandstats"});
-  if (!info || info->type != REDIS_REPLY_STRING) return -1;
+  if (!info || info->type != REDIS_REPLY_STRING) {
+    return -1;
+  }
   const std::string text(info->str, info->len);
   const std::size_t at = text.find("cmdstat_" + std::string(cmdstat) + ":");
   const std::size_t value = at == std::string::npos ? at : text.find("usec_per_call=", at);
@@ -289,11 +329,15 @@ void server_cost(benchmark::State& state, std::string_view cmdstat, Call call) {
   int i = 0;
   for (auto _ : state) {
     fixture->server.command({"CONFIG", "RESETSTAT"});
-    for (int k = 0; k < 200; ++k) call(state, i++);
+    for (int k = 0; k < 200; ++k) {
+      call(state, i++);
+    }
     samples.push_back(server_usec_per_call(cmdstat));
   }
   std::sort(samples.begin(), samples.end());
-  if (samples.empty()) return;
+  if (samples.empty()) {
+    return;
+  }
   state.counters["min_server_us"] = samples.front();
   state.counters["median_server_us"] = samples[samples.size() / 2];
 }
@@ -303,7 +347,9 @@ void BM_ServerCostSluice(benchmark::State& state) {
     const std::string key = "cost:" + std::to_string(i % kKeysPerThread);
     const sr::CheckItem item{.key = key, .limit = &*fixture->limit};
     auto d = fixture->client->check_all(std::span(&item, 1));
-    if (!d.ok() || !(*d)[0].allowed()) st.SkipWithError("check failed");
+    if (!d.ok() || !(*d)[0].allowed()) {
+      st.SkipWithError("check failed");
+    }
   });
 }
 void BM_ServerCostFloatReference(benchmark::State& state) {
@@ -339,7 +385,9 @@ BENCHMARK(BM_SluiceTwoRulesOneRoundTrip)->Threads(1)->Threads(8)->UseRealTime()-
 
 std::string load_script(std::string_view body) {
   sluice_test::Reply sha = fixture->server.command({"SCRIPT", "LOAD", body});
-  if (!sha || sha->type != REDIS_REPLY_STRING) fail("SCRIPT LOAD failed");
+  if (!sha || sha->type != REDIS_REPLY_STRING) {
+    fail("SCRIPT LOAD failed");
+  }
   return std::string(sha->str, sha->len);
 }
 
@@ -349,18 +397,24 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   auto owned = std::make_unique<Fixture>();
   fixture = owned.get();
-  if (std::string error = fixture->server.start(); !error.empty()) fail(error);
+  if (std::string error = fixture->server.start(); !error.empty()) {
+    fail(error);
+  }
 
   sr::ClientOptions options;
   options.connection = connection_options();
   auto client = sr::Client::create(options);
-  if (!client.ok()) fail(client.status().ToString());
+  if (!client.ok()) {
+    fail(client.status().ToString());
+  }
   fixture->client = *client;
   fixture->pool = &fixture->client->pool_for_testing();
   // Never denies: every check reserves and writes, the expensive path.
   auto limit =
       sr::Limit::create({{.requests = 1000, .period = std::chrono::seconds(1), .burst = kBurst}});
-  if (!limit.ok()) fail(limit.status().ToString());
+  if (!limit.ok()) {
+    fail(limit.status().ToString());
+  }
   fixture->limit = *limit;
   fixture->float_sha = load_script(kFloatGcraScript);
   fixture->floor_sha = load_script(kFloorScript);

@@ -328,6 +328,7 @@ TEST_CASE("two replicas with concurrent callers admit exactly the burst in total
   REQUIRE(replica_a.client() != replica_b.client());
   std::atomic<int> admitted{0}, errors{0};
   std::vector<std::thread> threads;
+  threads.reserve(8);
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       auto& limiter = t % 2 == 0 ? replica_a : replica_b;
@@ -341,7 +342,9 @@ TEST_CASE("two replicas with concurrent callers admit exactly the burst in total
       }
     });
   }
-  for (std::thread& thread : threads) thread.join();
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
   CHECK(errors.load() == 0);
   CHECK(admitted.load() == 100);
 }
@@ -353,12 +356,17 @@ TEST_CASE("the pool never opens more than max connections and callers wait for a
   auto limiter = make_limiter({{.requests = 1'000'000, .period = seconds(1)}}, options);
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
+  threads.reserve(6);
   for (int t = 0; t < 6; ++t) {
     threads.emplace_back([&] {
-      for (int i = 0; i < 50; ++i) failures += !limiter.check("k").ok();
+      for (int i = 0; i < 50; ++i) {
+        failures += !limiter.check("k").ok();
+      }
     });
   }
-  for (std::thread& thread : threads) thread.join();
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
   CHECK(failures.load() == 0);
   CHECK(limiter.client()->pool_for_testing().open_connections() <= 2);
 }
@@ -495,7 +503,9 @@ TEST_CASE("Redis holds only prefixed hex digests with a hash tag and never raw k
   auto limiter = make_limiter({{.requests = 5, .period = seconds(60)}}, s.options());
   const std::vector<std::string> identities = {"alice@example.com", "10.0.0.1", "Bearer abc123",
                                                std::string("bin\0ary", 7)};
-  for (const std::string& id : identities) REQUIRE(limiter.check(id).ok());
+  for (const std::string& id : identities) {
+    REQUIRE(limiter.check(id).ok());
+  }
   const std::vector<std::string> keys = s.redis.keys();
   CHECK(keys.size() == identities.size());
   for (const std::string& key : keys) {
@@ -504,7 +514,9 @@ TEST_CASE("Redis holds only prefixed hex digests with a hash tag and never raw k
     CHECK(key.rfind("test:{", 0) == 0);
     CHECK(key.back() == '}');
     CHECK(key.find_first_not_of("0123456789abcdef", 6) == key.size() - 1);
-    for (const std::string& id : identities) CHECK(key.find(id) == std::string::npos);
+    for (const std::string& id : identities) {
+      CHECK(key.find(id) == std::string::npos);
+    }
     sluice_test::Reply ttl = s.redis.command({"PTTL", key});
     REQUIRE(ttl);
     CHECK(ttl->integer > 0);

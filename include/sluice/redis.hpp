@@ -147,8 +147,12 @@ inline absl::Status io_status(const redisContext& context, int saved_errno, std:
 #endif
   std::string message = "sluice::redis: ";
   message.append(what).append(": ").append(context.errstr);
-  if (timed_out) return absl::DeadlineExceededError(message);
-  if (context.err == REDIS_ERR_PROTOCOL) return absl::InternalError(message);
+  if (timed_out) {
+    return absl::DeadlineExceededError(message);
+  }
+  if (context.err == REDIS_ERR_PROTOCOL) {
+    return absl::InternalError(message);
+  }
   return absl::UnavailableError(message);
 }
 
@@ -163,7 +167,9 @@ inline absl::Status server_error_status(std::string_view error) {
   std::string message = "sluice::redis: server replied: ";
   message.append(error.substr(0, 200));
   for (std::string_view known : kUnavailable) {
-    if (code == known) return absl::UnavailableError(message);
+    if (code == known) {
+      return absl::UnavailableError(message);
+    }
   }
   return absl::InternalError(message);
 }
@@ -195,8 +201,8 @@ class SigpipeGuard {
   void note_failure() noexcept { failed_ = true; }
 
  private:
-  sigset_t sigpipe_;
-  sigset_t old_mask_;
+  sigset_t sigpipe_{};
+  sigset_t old_mask_{};
   bool failed_ = false;
 };
 
@@ -212,13 +218,17 @@ class ConnectionPool {
           context_(std::exchange(other.context_, nullptr)) {}
     Lease& operator=(Lease&&) = delete;
     ~Lease() {
-      if (pool_ != nullptr) pool_->release(context_);
+      if (pool_ != nullptr) {
+        pool_->release(context_);
+      }
     }
 
     redisContext* get() const noexcept { return context_; }
     // The connection failed: close it instead of returning it to the pool.
     void mark_broken() noexcept {
-      if (context_ != nullptr) redisFree(context_);
+      if (context_ != nullptr) {
+        redisFree(context_);
+      }
       context_ = nullptr;
     }
 
@@ -234,7 +244,9 @@ class ConnectionPool {
   ConnectionPool(const ConnectionPool&) = delete;
   ConnectionPool& operator=(const ConnectionPool&) = delete;
   ~ConnectionPool() {
-    for (redisContext* context : idle_) redisFree(context);
+    for (redisContext* context : idle_) {
+      redisFree(context);
+    }
   }
 
   const ConnectionOptions& options() const noexcept { return options_; }
@@ -360,42 +372,60 @@ inline absl::StatusOr<std::vector<ReplyPtr>> exchange(ConnectionPool::Lease& lea
 // IEEE-754 binary64 <-> integers below 2^53, with integer operations only, so no floating-point
 // rounding can enter a decision. The script packs exactly these bit patterns.
 inline std::uint64_t integer_to_double_bits(std::uint64_t value) noexcept {
-  if (value == 0) return 0;
-  const int top = std::bit_width(value) - 1;  // < 53
+  if (value == 0) {
+    return 0;
+  }
+  const int top = static_cast<int>(std::bit_width(value)) - 1;  // < 53
   const std::uint64_t mantissa = (value << (52 - top)) & ((std::uint64_t{1} << 52) - 1);
   return (static_cast<std::uint64_t>(top + 1023) << 52) | mantissa;
 }
 inline std::optional<std::uint64_t> double_bits_to_integer(std::uint64_t bits) noexcept {
-  if (bits == 0) return 0;
+  if (bits == 0) {
+    return 0;
+  }
   const int exponent = static_cast<int>((bits >> 52) & 0x7ff);
-  if ((bits >> 63) != 0 || exponent == 0 || exponent == 0x7ff) return std::nullopt;
+  if ((bits >> 63) != 0 || exponent == 0 || exponent == 0x7ff) {
+    return std::nullopt;
+  }
   const std::uint64_t significand =
       (bits & ((std::uint64_t{1} << 52) - 1)) | (std::uint64_t{1} << 52);
   const int shift = exponent - 1075;  // value = significand * 2^shift
   if (shift >= 0) {
-    if (shift > 10) return std::nullopt;  // >= 2^63: never a value the script stores
+    if (shift > 10) {
+      return std::nullopt;  // >= 2^63: never a value the script stores
+    }
     return significand << shift;
   }
-  if (shift < -52) return std::nullopt;
-  if ((significand & ((std::uint64_t{1} << -shift) - 1)) != 0) return std::nullopt;  // fraction
+  if (shift < -52) {
+    return std::nullopt;
+  }
+  if ((significand & ((std::uint64_t{1} << -shift) - 1)) != 0) {
+    return std::nullopt;  // fraction
+  }
   return significand >> -shift;
 }
 
 inline void append_double(std::string& out, std::uint64_t integer) {
   const std::uint64_t bits = integer_to_double_bits(integer);
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+  for (int i = 0; i < 8; ++i) {
+    out.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+  }
 }
 // Reads a little-endian double at `pos` as an integer ≤ `max`; advances `pos`.
 inline std::optional<std::uint64_t> read_double(std::string_view in, std::size_t& pos,
                                                 std::uint64_t max) {
-  if (pos > in.size() || in.size() - pos < 8) return std::nullopt;
+  if (pos > in.size() || in.size() - pos < 8) {
+    return std::nullopt;
+  }
   std::uint64_t bits = 0;
   for (int i = 0; i < 8; ++i) {
     bits |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[pos + i])) << (8 * i);
   }
   pos += 8;
   std::optional<std::uint64_t> value = double_bits_to_integer(bits);
-  if (!value || *value > max) return std::nullopt;
+  if (!value || *value > max) {
+    return std::nullopt;
+  }
   return value;
 }
 
@@ -444,7 +474,9 @@ class Client {
   std::string redis_key(std::string_view key, const Limit& limit) const {
     const std::uint64_t fingerprint = limit.fingerprint_;
     unsigned char fp_bytes[8];
-    for (int i = 0; i < 8; ++i) fp_bytes[i] = static_cast<unsigned char>(fingerprint >> (8 * i));
+    for (int i = 0; i < 8; ++i) {
+      fp_bytes[i] = static_cast<unsigned char>(fingerprint >> (8 * i));
+    }
     const XXH64_hash_t seed = XXH3_64bits_withSeed(fp_bytes, sizeof fp_bytes, options_.key_seed);
     const XXH128_hash_t digest = XXH3_128bits_withSeed(key.data(), key.size(), seed);
     static constexpr char kHex[] = "0123456789abcdef";
@@ -452,7 +484,9 @@ class Client {
     out.reserve(options_.key_prefix.size() + 34);
     out.append(options_.key_prefix).push_back('{');
     for (std::uint64_t half : {digest.high64, digest.low64}) {
-      for (int shift = 60; shift >= 0; shift -= 4) out.push_back(kHex[(half >> shift) & 0xf]);
+      for (int shift = 60; shift >= 0; shift -= 4) {
+        out.push_back(kHex[(half >> shift) & 0xf]);
+      }
     }
     out.push_back('}');
     return out;
@@ -498,19 +532,26 @@ class Client {
       command.add("EVALSHA");
       command.add(sha);
       command.add(num_keys);
-      for (const std::string& key : keys) command.add(key);
+      for (const std::string& key : keys) {
+        command.add(key);
+      }
       command.add(time_s);
       command.add(time_ns);
-      for (const std::string& p : params) command.add(p);
+      for (const std::string& p : params) {
+        command.add(p);
+      }
       return command;
     }
   };
 
   static absl::Status validate(std::span<const CheckItem> items) {
-    if (items.empty()) return absl::InvalidArgumentError("sluice::redis: no items to check");
+    if (items.empty()) {
+      return absl::InvalidArgumentError("sluice::redis: no items to check");
+    }
     for (const CheckItem& item : items) {
-      if (item.limit == nullptr)
+      if (item.limit == nullptr) {
         return absl::InvalidArgumentError("sluice::redis: item without limit");
+      }
       if (item.cost > item.limit->max_cost()) {
         return absl::InvalidArgumentError(
             "sluice::redis: cost exceeds the smallest burst of the limit and can never pass");
@@ -565,7 +606,9 @@ class Client {
     load.add(script_);
     const detail::Command commands[] = {load, retry};
     absl::StatusOr<std::vector<detail::ReplyPtr>> replies = detail::exchange(lease, commands);
-    if (!replies.ok()) return replies.status();
+    if (!replies.ok()) {
+      return replies.status();
+    }
     const redisReply& loaded = *(*replies)[0];
     if (loaded.type == REDIS_REPLY_ERROR) {
       return detail::server_error_status(std::string_view(loaded.str, loaded.len));
@@ -579,18 +622,26 @@ class Client {
 
   absl::StatusOr<std::vector<Decision>> run(std::span<const CheckItem> items,
                                             std::optional<std::chrono::nanoseconds> time) {
-    if (absl::Status status = validate(items); !status.ok()) return status;
+    if (absl::Status status = validate(items); !status.ok()) {
+      return status;
+    }
     const Call call = build(items, time);
     const detail::Command command = call.evalsha(script_sha_);
     absl::StatusOr<detail::ConnectionPool::Lease> lease = pool_.acquire();
-    if (!lease.ok()) return lease.status();
+    if (!lease.ok()) {
+      return lease.status();
+    }
     absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
         detail::exchange(*lease, std::span<const detail::Command>(&command, 1));
-    if (!replies.ok()) return replies.status();
+    if (!replies.ok()) {
+      return replies.status();
+    }
     detail::ReplyPtr reply = std::move((*replies)[0]);
     if (is_noscript(*reply)) {
       absl::StatusOr<detail::ReplyPtr> retried = reload_and_retry(*lease, command);
-      if (!retried.ok()) return retried.status();
+      if (!retried.ok()) {
+        return retried.status();
+      }
       reply = std::move(*retried);
     }
     return decide(items, *reply);
@@ -610,16 +661,25 @@ class Client {
       calls.push_back(build(items.subspan(i, 1), std::nullopt));
       sent.push_back(i);
     }
-    for (const Call& call : calls) commands.push_back(call.evalsha(script_sha_));
-    if (commands.empty()) return results;
+    commands.reserve(calls.size());
+    for (const Call& call : calls) {
+      commands.push_back(call.evalsha(script_sha_));
+    }
+    if (commands.empty()) {
+      return results;
+    }
     absl::StatusOr<detail::ConnectionPool::Lease> lease = pool_.acquire();
     if (!lease.ok()) {
-      for (std::size_t i : sent) results[i] = lease.status();
+      for (std::size_t i : sent) {
+        results[i] = lease.status();
+      }
       return results;
     }
     absl::StatusOr<std::vector<detail::ReplyPtr>> replies = detail::exchange(*lease, commands);
     if (!replies.ok()) {
-      for (std::size_t i : sent) results[i] = replies.status();
+      for (std::size_t i : sent) {
+        results[i] = replies.status();
+      }
       return results;
     }
     for (std::size_t k = 0; k < sent.size(); ++k) {
@@ -628,7 +688,9 @@ class Client {
         absl::StatusOr<detail::ReplyPtr> retried = reload_and_retry(*lease, commands[k]);
         if (!retried.ok()) {
           results[sent[k]] = retried.status();
-          if (lease->get() == nullptr) break;  // connection lost: the rest stay errors below
+          if (lease->get() == nullptr) {
+            break;  // connection lost: the rest stay errors below
+          }
           continue;
         }
         reply = std::move(*retried);
@@ -655,13 +717,17 @@ class Client {
     const auto malformed = [] {
       return absl::InternalError("sluice::redis: script reply of unexpected shape");
     };
-    if (reply.type != REDIS_REPLY_STRING) return malformed();
+    if (reply.type != REDIS_REPLY_STRING) {
+      return malformed();
+    }
     const std::string_view in(reply.str, reply.len);
     std::size_t pos = 0;
     const auto all_admitted = detail::read_double(in, pos, 1);
     const auto now_s = detail::read_double(in, pos, 10'000'000'000);
     const auto now_ns = detail::read_double(in, pos, detail::kNanosPerSecond - 1);
-    if (!all_admitted || !now_s || !now_ns) return malformed();
+    if (!all_admitted || !now_s || !now_ns) {
+      return malformed();
+    }
     const absl::uint128 now = absl::uint128(*now_s) * detail::kNanosPerSecond + *now_ns;
 
     std::vector<Decision> decisions;
@@ -669,17 +735,25 @@ class Client {
     bool every_item_admitted = true;
     for (const CheckItem& item : items) {
       const std::vector<Window>& windows = item.limit->windows();
-      if (pos >= in.size()) return malformed();
+      if (pos >= in.size()) {
+        return malformed();
+      }
       const char marker = in[pos++];
-      if (marker != '0' && marker != '1') return malformed();
+      if (marker != '0' && marker != '1') {
+        return malformed();
+      }
       const bool has_state = marker == '1';
       absl::uint128 elapsed = 0;  // ns since the state's write; 0 if the clock went back
       if (has_state) {
         const auto w_s = detail::read_double(in, pos, 10'000'000'000);
         const auto w_ns = detail::read_double(in, pos, detail::kNanosPerSecond - 1);
-        if (!w_s || !w_ns) return malformed();
+        if (!w_s || !w_ns) {
+          return malformed();
+        }
         const absl::uint128 written = absl::uint128(*w_s) * detail::kNanosPerSecond + *w_ns;
-        if (now > written) elapsed = now - written;
+        if (now > written) {
+          elapsed = now - written;
+        }
       }
       // Per window, in units of 1/requests ns ("scaled"): debt before and after this cost.
       struct Scaled {
@@ -695,16 +769,22 @@ class Client {
         if (has_state) {
           const auto debt_ns = detail::read_double(in, pos, std::uint64_t{1} << 52);
           const auto debt_frac = detail::read_double(in, pos, w.requests - 1);
-          if (!debt_ns || !debt_frac) return malformed();
+          if (!debt_ns || !debt_frac) {
+            return malformed();
+          }
           if (absl::uint128(*debt_ns) >= elapsed) {
             debt = (absl::uint128(*debt_ns) - elapsed) * r + *debt_frac;
           }
         }
         scaled[i].burst = absl::uint128(w.burst) * period;
-        if (debt > scaled[i].burst) return malformed();
+        if (debt > scaled[i].burst) {
+          return malformed();
+        }
         scaled[i].before = debt;
         scaled[i].after = debt + absl::uint128(item.cost) * period;
-        if (scaled[i].after > scaled[i].burst) admitted = false;
+        if (scaled[i].after > scaled[i].burst) {
+          admitted = false;
+        }
       }
       every_item_admitted = every_item_admitted && admitted;
 
@@ -731,8 +811,12 @@ class Client {
         std::optional<std::size_t> binding;
         absl::uint128 retry = 0;
         for (std::size_t i = 0; i < windows.size(); ++i) {
-          if (scaled[i].after <= scaled[i].burst) continue;
-          if (!binding) binding = i;
+          if (scaled[i].after <= scaled[i].burst) {
+            continue;
+          }
+          if (!binding) {
+            binding = i;
+          }
           retry = std::max(
               retry, detail::ceil_div(scaled[i].after - scaled[i].burst, windows[i].requests));
         }
@@ -749,7 +833,9 @@ class Client {
       }
       decisions.push_back(d);
     }
-    if (pos != in.size() || every_item_admitted != (*all_admitted == 1)) return malformed();
+    if (pos != in.size() || every_item_admitted != (*all_admitted == 1)) {
+      return malformed();
+    }
     return decisions;
   }
 
@@ -760,14 +846,18 @@ class Client {
 };
 
 inline absl::StatusOr<Limit> Limit::create(std::vector<Window> windows) {
-  if (windows.empty()) return absl::InvalidArgumentError("sluice::redis: a limit needs a window");
+  if (windows.empty()) {
+    return absl::InvalidArgumentError("sluice::redis: a limit needs a window");
+  }
   std::stable_sort(windows.begin(), windows.end(),
                    [](const Window& a, const Window& b) { return a.period < b.period; });
   std::string bytes;
   Limit limit;
   limit.max_cost_ = UINT64_MAX;
   for (Window& w : windows) {
-    if (w.burst == 0) w.burst = w.requests;
+    if (w.burst == 0) {
+      w.burst = w.requests;
+    }
     if (w.requests == 0 || w.requests > kMaxRequests) {
       return absl::InvalidArgumentError("sluice::redis: requests must be in 1..2^52-1");
     }
@@ -782,7 +872,9 @@ inline absl::StatusOr<Limit> Limit::create(std::vector<Window> windows) {
     }
     limit.max_cost_ = std::min(limit.max_cost_, w.burst);
     for (std::uint64_t v : {w.requests, static_cast<std::uint64_t>(w.period.count()), w.burst}) {
-      for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+      for (int i = 0; i < 8; ++i) {
+        bytes.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+      }
     }
   }
   limit.fingerprint_ = XXH3_64bits(bytes.data(), bytes.size());
@@ -798,14 +890,20 @@ class RedisGcraLimiter {
   static absl::StatusOr<RedisGcraLimiter> create(std::vector<Window> windows,
                                                  ClientOptions options = {}) {
     absl::StatusOr<std::shared_ptr<Client>> client = Client::create(std::move(options));
-    if (!client.ok()) return client.status();
+    if (!client.ok()) {
+      return client.status();
+    }
     return create(std::move(windows), *std::move(client));
   }
   static absl::StatusOr<RedisGcraLimiter> create(std::vector<Window> windows,
                                                  std::shared_ptr<Client> client) {
-    if (client == nullptr) return absl::InvalidArgumentError("sluice::redis: null client");
+    if (client == nullptr) {
+      return absl::InvalidArgumentError("sluice::redis: null client");
+    }
     absl::StatusOr<Limit> limit = Limit::create(std::move(windows));
-    if (!limit.ok()) return limit.status();
+    if (!limit.ok()) {
+      return limit.status();
+    }
     return RedisGcraLimiter(*std::move(limit), std::move(client));
   }
 
@@ -814,7 +912,9 @@ class RedisGcraLimiter {
   absl::StatusOr<Decision> check(std::string_view key, std::uint64_t cost = 1) {
     const CheckItem item{.key = key, .limit = &limit_, .cost = cost};
     absl::StatusOr<std::vector<Decision>> d = client_->check_all(std::span(&item, 1));
-    if (!d.ok()) return d.status();
+    if (!d.ok()) {
+      return d.status();
+    }
     return (*d)[0];
   }
 
@@ -825,7 +925,9 @@ class RedisGcraLimiter {
     const CheckItem item{.key = key, .limit = &limit_, .cost = cost};
     absl::StatusOr<std::vector<Decision>> d =
         client_->check_all_at_for_testing(std::span(&item, 1), unix_time);
-    if (!d.ok()) return d.status();
+    if (!d.ok()) {
+      return d.status();
+    }
     return (*d)[0];
   }
 

@@ -25,7 +25,9 @@ inline std::string sha1_hex(std::string_view data) {
   std::string message(data);
   const std::uint64_t bit_length = static_cast<std::uint64_t>(data.size()) * 8;
   message.push_back(static_cast<char>(0x80));
-  while (message.size() % 64 != 56) message.push_back('\0');
+  while (message.size() % 64 != 56) {
+    message.push_back('\0');
+  }
   for (int shift = 56; shift >= 0; shift -= 8) {
     message.push_back(static_cast<char>((bit_length >> shift) & 0xff));
   }
@@ -73,7 +75,9 @@ inline std::string sha1_hex(std::string_view data) {
   std::string hex;
   hex.reserve(40);
   for (std::uint32_t word : h) {
-    for (int shift = 28; shift >= 0; shift -= 4) hex.push_back(kHex[(word >> shift) & 0xf]);
+    for (int shift = 28; shift >= 0; shift -= 4) {
+      hex.push_back(kHex[(word >> shift) & 0xf]);
+    }
   }
   return hex;
 }
