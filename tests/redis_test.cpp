@@ -438,6 +438,19 @@ TEST_CASE("a stopped server gives DeadlineExceeded within the timeout") {
   CHECK(after.ok());
 }
 
+TEST_CASE("a server that turned read-only replica is Unavailable and a new primary recovers") {
+  Server s;
+  auto limiter = make_limiter({{.requests = 10, .period = seconds(1)}}, s.options());
+  REQUIRE(limiter.check("k").ok());
+  // A replica of an unreachable primary serves reads and refuses writes, as after a failover.
+  REQUIRE(s.redis.command({"REPLICAOF", "127.0.0.1", "1"}));
+  absl::StatusOr<Decision> d = limiter.check("fresh");
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kUnavailable);
+  REQUIRE(s.redis.command({"REPLICAOF", "NO", "ONE"}));
+  CHECK(limiter.check("fresh").ok());
+}
+
 TEST_CASE("an unreachable server is Unavailable") {
   auto options = sluice::redis::ClientOptions{};
   options.connection.unix_socket = "/nonexistent/sluice-redis.sock";

@@ -592,6 +592,19 @@ class Client {
     return call;
   }
 
+  // A server that answers READONLY (a replica after a failover), MASTERDOWN, LOADING or a Cluster
+  // redirection is the wrong one to keep talking to: the connection is closed, so the next check
+  // reconnects and, behind a failover-aware address, reaches the new primary.
+  static bool needs_new_connection(const redisReply& reply) {
+    if (reply.type != REDIS_REPLY_ERROR) {
+      return false;
+    }
+    const std::string_view error(reply.str, reply.len);
+    const std::string_view code = error.substr(0, error.find(' '));
+    return code == "READONLY" || code == "MASTERDOWN" || code == "LOADING" || code == "MOVED" ||
+           code == "ASK" || code == "CLUSTERDOWN";
+  }
+
   static bool is_noscript(const redisReply& reply) {
     return reply.type == REDIS_REPLY_ERROR &&
            std::string_view(reply.str, reply.len).substr(0, 8) == "NOSCRIPT";
@@ -644,6 +657,9 @@ class Client {
       }
       reply = std::move(*retried);
     }
+    if (needs_new_connection(*reply)) {
+      lease->mark_broken();
+    }
     return decide(items, *reply);
   }
 
@@ -694,6 +710,9 @@ class Client {
           continue;
         }
         reply = std::move(*retried);
+      }
+      if (needs_new_connection(*reply)) {
+        lease->mark_broken();  // the replies already read stay valid
       }
       absl::StatusOr<std::vector<Decision>> one = decide(items.subspan(sent[k], 1), *reply);
       results[sent[k]] =
