@@ -1,0 +1,427 @@
+// sluice::redis against a private redis-server, beside its baselines on the same connections:
+//   - a plain GET round trip (the round-trip limit at the same concurrency),
+//   - a float-based GCRA script in the style of go-redis/redis_rate (the usual approach),
+//   - the floor: a script doing only TIME + GET + SET PX, the Redis calls any GCRA script needs.
+// Every benchmark reports `server_us_per_call`: INFO commandstats usec_per_call of the command
+// it sends (stats are reset before each run), i.e. the server-side cost per call. The
+// BM_ServerCost* benchmarks sample it 200 calls at a time and report the minimum and median
+// sample, which a busy machine (preempting redis-server mid-call) inflates far less.
+//
+// Usage: build/bench/bench/redis_bench [--benchmark_filter=...]
+// Starts redis-server from PATH in a temporary directory (unix socket) and kills it at exit.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "redis_server.hpp"
+#include "sluice/redis.hpp"
+
+namespace {
+
+namespace sr = sluice::redis;
+
+// After go-redis/redis_rate: float seconds since 2017, TAT as a float string, GET + SET EX.
+constexpr std::string_view kFloatGcraScript = R"lua(
+redis.replicate_commands()
+local key = KEYS[1]
+local burst, rate, period = ARGV[1], ARGV[2], ARGV[3]
+local cost = tonumber(ARGV[4])
+local interval = period / rate
+local increment = interval * cost
+local tolerance = interval * burst
+local t = redis.call('TIME')
+local now = (t[1] - 1483228800) + (t[2] / 1000000)
+local tat = redis.call('GET', key)
+if not tat then tat = now else tat = tonumber(tat) end
+tat = math.max(tat, now)
+local new_tat = tat + increment
+local diff = now - (new_tat - tolerance)
+local remaining = math.floor(diff / interval + 0.5)
+if remaining >= 0 then
+  local reset_after = new_tat - now
+  redis.call('SET', key, new_tat, 'EX', math.ceil(reset_after))
+  return {cost, remaining, tostring(-1), tostring(reset_after)}
+end
+return {0, 0, tostring(-diff), tostring(tat - now)}
+)lua";
+
+// The Redis calls every TIME-based GCRA script makes, and nothing else.
+constexpr std::string_view kFloorScript = R"lua(
+local t = redis.call('TIME')
+local s = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], t[1] .. t[2], 'PX', 60000)
+return s
+)lua";
+
+struct Fixture {
+  sluice_test::RedisServer server;
+  std::shared_ptr<sr::Client> client;
+  sr::detail::ConnectionPool* pool = nullptr;  // the client's own: baselines share its connections
+  std::optional<sr::Limit> limit;
+  std::string float_sha, floor_sha;
+};
+Fixture* fixture = nullptr;
+
+constexpr std::size_t kMaxConnections = 32;
+// Each thread cycles over its own hot keys, each revisited within a few milliseconds so that its
+// state is still there: every script call takes the full read-decide-write path.
+constexpr int kKeysPerThread = 16;
+constexpr int kPipelineDepth = 16;
+// 1000/s with a bucket of 10^9: 1 ms of debt per request, never full within a run, so every
+// check is admitted and writes (the expensive path). The float reference gets the same numbers.
+constexpr std::uint64_t kBurst = 1'000'000'000;
+
+sr::ConnectionOptions connection_options() {
+  sr::ConnectionOptions c;
+  c.unix_socket = fixture->server.unix_socket();
+  c.max_connections = kMaxConnections;
+  c.connect_timeout = std::chrono::milliseconds(2000);
+  c.command_timeout = std::chrono::milliseconds(2000);
+  return c;
+}
+
+void fail(const std::string& why) {
+  std::fprintf(stderr, "redis_bench: %s\n", why.c_str());
+  std::exit(1);
+}
+
+// Sends the commands pipelined on one pooled connection; aborts the benchmark on any error.
+void run(benchmark::State& state, std::span<const sr::detail::Command> commands) {
+  auto lease = fixture->pool->acquire();
+  if (!lease.ok()) {
+    state.SkipWithError(lease.status().ToString().c_str());
+    return;
+  }
+  auto replies = sr::detail::exchange(*lease, commands);
+  if (!replies.ok()) {
+    state.SkipWithError(replies.status().ToString().c_str());
+    return;
+  }
+  for (const auto& reply : *replies) {
+    if (reply->type == REDIS_REPLY_ERROR) {
+      state.SkipWithError(reply->str);
+    }
+  }
+}
+
+sr::detail::Command command(std::initializer_list<std::string_view> args) {
+  sr::detail::Command c;
+  for (std::string_view a : args) {
+    c.add(a);
+  }
+  return c;
+}
+
+// Resets the server's command stats (thread 0, before the timed loop).
+void reset_stats(benchmark::State& state) {
+  if (state.thread_index() != 0) {
+    return;
+  }
+  const sr::detail::Command reset = command({"CONFIG", "RESETSTAT"});
+  run(state, std::span(&reset, 1));
+}
+
+// Reports usec_per_call of `cmdstat` (thread 0, after the timed loop: all threads are done).
+void report_server_cost(benchmark::State& state, std::string_view cmdstat) {
+  if (state.thread_index() != 0) {
+    return;
+  }
+  sluice_test::Reply info = fixture->server.command({"INFO", "commandstats"});
+  if (!info || info->type != REDIS_REPLY_STRING) {
+    return;
+  }
+  const std::string text(info->str, info->len);
+  const std::string line = "cmdstat_" + std::string(cmdstat) + ":";
+  const std::size_t at = text.find(line);
+  if (at == std::string::npos) {
+    return;
+  }
+  const std::size_t value = text.find("usec_per_call=", at);
+  if (value == std::string::npos) {
+    return;
+  }
+  state.counters["server_us_per_call"] = std::atof(text.c_str() + value + 14);
+}
+
+std::string thread_key(const benchmark::State& state, int i) {
+  return "bench:" + std::to_string(state.thread_index()) + ":" + std::to_string(i % kKeysPerThread);
+}
+
+// --- one request per round trip, N concurrent callers ------------------------------------------
+
+void BM_SluiceCheck(benchmark::State& state) {
+  reset_stats(state);
+  std::vector<std::string> keys;
+  keys.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    keys.push_back(thread_key(state, i));
+  }
+  int i = 0;
+  for (auto _ : state) {
+    const sr::CheckItem item{.key = keys[i++ % kKeysPerThread], .limit = &*fixture->limit};
+    auto d = fixture->client->check_all(std::span(&item, 1));
+    if (!d.ok() || !(*d)[0].allowed()) {
+      state.SkipWithError(d.ok() ? "denied" : d.status().ToString().c_str());
+      break;
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+  report_server_cost(state, "evalsha");
+}
+
+void BM_FloatGcraReference(benchmark::State& state) {
+  reset_stats(state);
+  std::vector<std::string> keys;
+  keys.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    keys.push_back("ref:" + thread_key(state, i));
+  }
+  int i = 0;
+  for (auto _ : state) {
+    const sr::detail::Command c =
+        command({"EVALSHA", fixture->float_sha, "1", keys[i++ % kKeysPerThread], "1000000000",
+                 "1000", "1", "1"});
+    run(state, std::span(&c, 1));
+  }
+  state.SetItemsProcessed(state.iterations());
+  report_server_cost(state, "evalsha");
+}
+
+void BM_FloorScript(benchmark::State& state) {
+  reset_stats(state);
+  std::vector<std::string> keys;
+  keys.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    keys.push_back("floor:" + thread_key(state, i));
+  }
+  int i = 0;
+  for (auto _ : state) {
+    const sr::detail::Command c =
+        command({"EVALSHA", fixture->floor_sha, "1", keys[i++ % kKeysPerThread]});
+    run(state, std::span(&c, 1));
+  }
+  state.SetItemsProcessed(state.iterations());
+  report_server_cost(state, "evalsha");
+}
+
+void BM_PlainGet(benchmark::State& state) {
+  reset_stats(state);
+  const sr::detail::Command c = command({"GET", "bench:get"});
+  for (auto _ : state) {
+    run(state, std::span(&c, 1));
+  }
+  state.SetItemsProcessed(state.iterations());
+  report_server_cost(state, "get");
+}
+
+// --- pipelined: kPipelineDepth requests per write ----------------------------------------------
+
+void BM_SluiceCheckPipelined(benchmark::State& state) {
+  reset_stats(state);
+  std::vector<std::string> keys;
+  keys.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    keys.push_back(thread_key(state, i));
+  }
+  std::vector<sr::CheckItem> items(kPipelineDepth);
+  int i = 0;
+  for (auto _ : state) {
+    for (auto& item : items) {
+      item = {.key = keys[i++ % kKeysPerThread], .limit = &*fixture->limit};
+    }
+    auto results = fixture->client->check_pipelined(items);
+    if (!results[0].ok()) {
+      state.SkipWithError(results[0].status().ToString().c_str());
+      break;
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * kPipelineDepth);
+  report_server_cost(state, "evalsha");
+}
+
+void BM_PlainGetPipelined(benchmark::State& state) {
+  reset_stats(state);
+  const std::vector<sr::detail::Command> commands(kPipelineDepth, command({"GET", "bench:get"}));
+  for (auto _ : state) {
+    run(state, commands);
+  }
+  state.SetItemsProcessed(state.iterations() * kPipelineDepth);
+  report_server_cost(state, "get");
+}
+
+void BM_FloatGcraReferencePipelined(benchmark::State& state) {
+  reset_stats(state);
+  std::vector<std::string> keys;
+  keys.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    keys.push_back("ref:" + thread_key(state, i));
+  }
+  std::vector<sr::detail::Command> commands(kPipelineDepth);
+  int i = 0;
+  for (auto _ : state) {
+    for (auto& c : commands) {
+      c = command({"EVALSHA", fixture->float_sha, "1", keys[i++ % kKeysPerThread], "1000000000",
+                   "1000", "1", "1"});
+    }
+    run(state, commands);
+  }
+  state.SetItemsProcessed(state.iterations() * kPipelineDepth);
+  report_server_cost(state, "evalsha");
+}
+
+// --- the two-rule example (per IP and per route, one round trip), with never-full buckets ------
+
+void BM_SluiceTwoRulesOneRoundTrip(benchmark::State& state) {
+  static const sr::Limit per_ip =
+      *sr::Limit::create({{.requests = 1000, .period = std::chrono::seconds(1), .burst = kBurst}});
+  static const sr::Limit per_route = *sr::Limit::create(
+      {{.requests = 60'000, .period = std::chrono::seconds(60), .burst = kBurst}});
+  reset_stats(state);
+  std::vector<std::string> ips;
+  ips.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    ips.push_back("ip:" + thread_key(state, i));
+  }
+  const std::string route = "route:/login";
+  int i = 0;
+  for (auto _ : state) {
+    const sr::CheckItem items[] = {{.key = ips[i++ % kKeysPerThread], .limit = &per_ip},
+                                   {.key = route, .limit = &per_route}};
+    auto d = fixture->client->check_all(items);
+    if (!d.ok()) {
+      state.SkipWithError(d.status().ToString().c_str());
+      break;
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+  report_server_cost(state, "evalsha");
+}
+
+// --- server-side cost, robust to a busy machine ------------------------------------------------
+// One iteration = reset stats, 200 calls from one thread, read usec_per_call. A sample in which
+// redis-server was preempted is inflated; the minimum over all samples is the script's own cost.
+
+double server_usec_per_call(std::string_view cmdstat) {
+  sluice_test::Reply info = fixture->server.command({"INFO", "commandstats"});
+  if (!info || info->type != REDIS_REPLY_STRING) {
+    return -1;
+  }
+  const std::string text(info->str, info->len);
+  const std::size_t at = text.find("cmdstat_" + std::string(cmdstat) + ":");
+  const std::size_t value = at == std::string::npos ? at : text.find("usec_per_call=", at);
+  return value == std::string::npos ? -1 : std::atof(text.c_str() + value + 14);
+}
+
+template <class Call>
+void server_cost(benchmark::State& state, std::string_view cmdstat, Call call) {
+  std::vector<double> samples;
+  int i = 0;
+  for (auto _ : state) {
+    fixture->server.command({"CONFIG", "RESETSTAT"});
+    for (int k = 0; k < 200; ++k) {
+      call(state, i++);
+    }
+    samples.push_back(server_usec_per_call(cmdstat));
+  }
+  std::sort(samples.begin(), samples.end());
+  if (samples.empty()) {
+    return;
+  }
+  state.counters["min_server_us"] = samples.front();
+  state.counters["median_server_us"] = samples[samples.size() / 2];
+}
+
+void BM_ServerCostSluice(benchmark::State& state) {
+  server_cost(state, "evalsha", [](benchmark::State& st, int i) {
+    const std::string key = "cost:" + std::to_string(i % kKeysPerThread);
+    const sr::CheckItem item{.key = key, .limit = &*fixture->limit};
+    auto d = fixture->client->check_all(std::span(&item, 1));
+    if (!d.ok() || !(*d)[0].allowed()) {
+      st.SkipWithError("check failed");
+    }
+  });
+}
+void BM_ServerCostFloatReference(benchmark::State& state) {
+  server_cost(state, "evalsha", [](benchmark::State& st, int i) {
+    const std::string key = "cost:ref:" + std::to_string(i % kKeysPerThread);
+    const sr::detail::Command c =
+        command({"EVALSHA", fixture->float_sha, "1", key, "1000000000", "1000", "1", "1"});
+    run(st, std::span(&c, 1));
+  });
+}
+void BM_ServerCostFloor(benchmark::State& state) {
+  server_cost(state, "evalsha", [](benchmark::State& st, int i) {
+    const std::string key = "cost:floor:" + std::to_string(i % kKeysPerThread);
+    const sr::detail::Command c = command({"EVALSHA", fixture->floor_sha, "1", key});
+    run(st, std::span(&c, 1));
+  });
+}
+BENCHMARK(BM_ServerCostSluice)->MinTime(3.0)->UseRealTime();
+BENCHMARK(BM_ServerCostFloatReference)->MinTime(3.0)->UseRealTime();
+BENCHMARK(BM_ServerCostFloor)->MinTime(3.0)->UseRealTime();
+
+void concurrency(benchmark::internal::Benchmark* b) {
+  b->Threads(1)->Threads(8)->Threads(32)->UseRealTime()->MinTime(2.0);
+}
+BENCHMARK(BM_SluiceCheck)->Apply(concurrency);
+BENCHMARK(BM_PlainGet)->Apply(concurrency);
+BENCHMARK(BM_FloatGcraReference)->Apply(concurrency);
+BENCHMARK(BM_FloorScript)->Apply(concurrency);
+BENCHMARK(BM_SluiceCheckPipelined)->Threads(1)->Threads(8)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_PlainGetPipelined)->Threads(1)->Threads(8)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_FloatGcraReferencePipelined)->Threads(1)->Threads(8)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_SluiceTwoRulesOneRoundTrip)->Threads(1)->Threads(8)->UseRealTime()->MinTime(2.0);
+
+std::string load_script(std::string_view body) {
+  sluice_test::Reply sha = fixture->server.command({"SCRIPT", "LOAD", body});
+  if (!sha || sha->type != REDIS_REPLY_STRING) {
+    fail("SCRIPT LOAD failed");
+  }
+  return std::string(sha->str, sha->len);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  auto owned = std::make_unique<Fixture>();
+  fixture = owned.get();
+  if (std::string error = fixture->server.start(); !error.empty()) {
+    fail(error);
+  }
+
+  sr::ClientOptions options;
+  options.connection = connection_options();
+  auto client = sr::Client::create(options);
+  if (!client.ok()) {
+    fail(client.status().ToString());
+  }
+  fixture->client = *client;
+  fixture->pool = &fixture->client->pool_for_testing();
+  // Never denies: every check reserves and writes, the expensive path.
+  auto limit =
+      sr::Limit::create({{.requests = 1000, .period = std::chrono::seconds(1), .burst = kBurst}});
+  if (!limit.ok()) {
+    fail(limit.status().ToString());
+  }
+  fixture->limit = *limit;
+  fixture->float_sha = load_script(kFloatGcraScript);
+  fixture->floor_sha = load_script(kFloorScript);
+  fixture->server.command({"SET", "bench:get", std::string(48, 'x')});
+
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  fixture = nullptr;
+  return 0;
+}

@@ -1,0 +1,122 @@
+// sluice/detail/redis_gcra_script.hpp — the Lua script behind sluice::redis. Internal.
+//
+// One EVALSHA of `kRedisGcraScript` decides and (when everything admits) reserves the cost for
+// one or more (key, windows, cost) items, atomically: Redis runs a script without interleaving.
+// The C++ side (`sluice/redis.hpp`) builds the arguments, then recomputes every decision field
+// from the reply with 128-bit integers and cross-checks the script's verdict.
+//
+//   EVALSHA <sha1> <k> key_1 .. key_k <time_s> <time_ns> params_1 .. params_k
+//
+// Units and layout (all numbers are IEEE doubles holding integers below 2^53, packed
+// little-endian with Redis's bundled `struct` library, so every value is exact):
+//   time_s, time_ns   "" and "": read the clock with TIME. Otherwise a test-only override of the
+//                     server time, seconds since the Unix epoch and nanoseconds within it.
+//   params_i          per window, shortest period first, 5 doubles:
+//                     cost·T as (ns, frac), burst·T as (ns, frac), requests r.
+//                     (ns, frac) means ns + frac/r nanoseconds, 0 ≤ frac < r; T = period / r.
+//   state (the value at key_i, 16 + 16·n bytes): w_s, w_ns (the latest time the key was written
+//                     at), then per window its debt (ns, frac) = TAT − w. No debt = a fresh window.
+//   reply             one string: doubles all_admitted (1/0), now_s, now_ns, then per item one
+//                     byte '1' followed by the state the decision was computed from, or '0'
+//                     when the key held no state.
+//
+// Invariants: requests < 2^52 and burst·T ≤ 2^52 ns (RedisGcraLimiter validates both), so every
+// debt is ≤ 2^52 ns, a debt plus a cost is < 2^53, and frac + frac < 2r < 2^53: every sum the
+// script forms is an exact double. Elapsed time above 2^53 ns may round, but it then exceeds
+// every debt, and any debt minus it is clamped to 0 either way.
+//
+// Thread-safety: constants only.
+#ifndef SLUICE_DETAIL_REDIS_GCRA_SCRIPT_HPP_
+#define SLUICE_DETAIL_REDIS_GCRA_SCRIPT_HPP_
+
+#include <string_view>
+
+namespace sluice::detail {
+
+inline constexpr std::string_view kRedisGcraScript = R"lua(-- sluice GCRA v1 (docs/redis.md)
+local now_s, now_ns
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now_s, now_ns = tonumber(t[1]), t[2] * 1000
+else
+  now_s, now_ns = tonumber(ARGV[1]), tonumber(ARGV[2])
+end
+local sunpack, spack = struct.unpack, struct.pack
+local nkeys = #KEYS
+local pending, ttls, order, seen
+if nkeys > 1 then pending, ttls, order, seen = {}, {}, {}, {} end
+local all, s = 1, nil
+for i = 1, nkeys do
+  local key, p = KEYS[i], ARGV[i + 2]
+  local n = #p / 40
+  if n < 1 or n % 1 ~= 0 then return redis.error_reply('sluice: malformed parameters') end
+  s = pending and pending[key]
+  if not s then s = redis.call('GET', key) end
+  -- ts, tns: the time this item is decided at (now, or the key's later write time: a clock
+  -- that went back replenishes nothing); e: ns elapsed since the key's write.
+  local ts, tns, e = now_s, now_ns, 0
+  if s then
+    if #s ~= 16 + 16 * n then return redis.error_reply('sluice: state of unexpected size') end
+    local ws, wns = sunpack('<dd', s)
+    if not (ws >= 0 and ws <= 1e10 and wns >= 0 and wns < 1e9 and wns % 1 == 0) then
+      return redis.error_reply('sluice: corrupt state')
+    end
+    if now_s < ws or (now_s == ws and now_ns < wns) then
+      ts, tns = ws, wns
+    else
+      e = (now_s - ws) * 1e9 + (now_ns - wns)
+    end
+  end
+  if seen then seen[i] = s and '1' .. s or '0' end
+  local ok, consumes, most, packed = true, false, 0, ''
+  local d, f
+  for w = 1, n do
+    local cn, cf, bn, bf, r = sunpack('<ddddd', p, 40 * w - 39)
+    d, f = 0, 0
+    if s then
+      d, f = sunpack('<dd', s, 16 * w + 1)
+      if not (d >= 0 and d <= 4503599627370496 and f >= 0 and f < r) then
+        return redis.error_reply('sluice: corrupt state')
+      end
+      d = d - e
+      if d < 0 then d, f = 0, 0 end
+    end
+    if cn + cf > 0 then consumes = true end
+    d, f = d + cn, f + cf
+    if f >= r then d, f = d + 1, f - r end
+    if d > bn or (d == bn and f > bf) then ok = false end
+    if n > 1 then packed = packed .. spack('<dd', d, f) end
+    if d > most then most = d end
+  end
+  if not ok then
+    all = 0
+  elseif consumes then
+    if n == 1 then packed = spack('<dddd', ts, tns, d, f) else packed = spack('<dd', ts, tns) .. packed end
+    -- Expire when every window is full again: ms, rounded up, from the server's clock.
+    local q = ((ts - now_s) * 1e9 + (tns - now_ns) + most) / 1e6
+    local ttl = q - q % 1 + 1
+    if ttl > 1e10 then ttl = 1e10 end
+    if nkeys == 1 then
+      redis.call('SET', key, packed, 'PX', ttl)
+    else
+      if not pending[key] then order[#order + 1] = key end
+      pending[key], ttls[key] = packed, ttl
+    end
+  end
+end
+if nkeys == 1 then
+  if s then return spack('<ddd', all, now_s, now_ns) .. '1' .. s end
+  return spack('<ddd', all, now_s, now_ns) .. '0'
+end
+if all == 1 then
+  for j = 1, #order do
+    local key = order[j]
+    redis.call('SET', key, pending[key], 'PX', ttls[key])
+  end
+end
+return spack('<ddd', all, now_s, now_ns) .. table.concat(seen)
+)lua";
+
+}  // namespace sluice::detail
+
+#endif  // SLUICE_DETAIL_REDIS_GCRA_SCRIPT_HPP_
