@@ -83,12 +83,7 @@ class FixedWindowLimiter {
   // Validates and sorts `windows` shortest first (stable). InvalidArgument names the bad value.
   static absl::StatusOr<FixedWindowLimiter> create(std::vector<FixedWindow> windows,
                                                    StoreOptions options = {}, ClockT clock = {}) {
-    if (windows.empty()) return absl::InvalidArgumentError("windows must not be empty");
-    if (windows.size() > kMaxWindows) {
-      return absl::InvalidArgumentError("at most " + std::to_string(kMaxWindows) +
-                                        " windows are supported, got " +
-                                        std::to_string(windows.size()));
-    }
+    if (absl::Status s = detail::check_window_count(windows.size()); !s.ok()) return s;
     for (std::size_t i = 0; i < windows.size(); ++i) {
       const std::string path = "windows[" + std::to_string(i) + "]";
       if (windows[i].limit < 1 || windows[i].limit > kMaxLimit) {

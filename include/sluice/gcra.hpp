@@ -125,12 +125,7 @@ class GcraLimiter {
   // bad value, e.g. "windows[1].period must be > 0".
   static absl::StatusOr<GcraLimiter> create(std::vector<GcraWindow> windows,
                                             StoreOptions options = {}, ClockT clock = {}) {
-    if (windows.empty()) return absl::InvalidArgumentError("windows must not be empty");
-    if (windows.size() > kMaxWindows) {
-      return absl::InvalidArgumentError("at most " + std::to_string(kMaxWindows) +
-                                        " windows are supported, got " +
-                                        std::to_string(windows.size()));
-    }
+    if (absl::Status s = detail::check_window_count(windows.size()); !s.ok()) return s;
     std::vector<detail::GcraParams> params;
     for (std::size_t i = 0; i < windows.size(); ++i) {
       auto p = validate(windows[i], "windows[" + std::to_string(i) + "]");

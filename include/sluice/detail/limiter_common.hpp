@@ -47,6 +47,16 @@ StoreVariant<Cell> make_store(std::size_t windows, const StoreOptions& options) 
   return StoreVariant<Cell>(std::in_place_index<I>, options);
 }
 
+// InvalidArgument unless 1 ≤ count ≤ kMaxWindows.
+inline absl::Status check_window_count(std::size_t count) {
+  if (count == 0) return absl::InvalidArgumentError("windows must not be empty");
+  if (count > kMaxWindows) {
+    return absl::InvalidArgumentError("at most " + std::to_string(kMaxWindows) +
+                                      " windows are supported, got " + std::to_string(count));
+  }
+  return absl::OkStatus();
+}
+
 inline absl::Status cost_error(std::uint64_t cost, std::uint64_t max_cost, std::size_t window) {
   return absl::InvalidArgumentError("cost " + std::to_string(cost) + " exceeds the burst " +
                                     std::to_string(max_cost) + " of window " +
