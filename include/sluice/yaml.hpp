@@ -69,8 +69,6 @@ inline constexpr std::size_t kMaxConfigNodes = 250'000;
 
 namespace yaml_internal {
 
-using policy_internal::quoted;
-
 // 1-based, as editors count.
 struct Position {
   int line = 1;
@@ -100,8 +98,8 @@ struct LoadError {
 // A scalar's text for an error message: quoted, escaped, at most 40 bytes of it.
 inline std::string echo(std::string_view text) {
   constexpr std::size_t kMaxEcho = 40;
-  if (text.size() <= kMaxEcho) return quoted(text);
-  return quoted(text.substr(0, kMaxEcho)) + "...";
+  if (text.size() <= kMaxEcho) return policy_internal::quoted(text);
+  return policy_internal::quoted(text.substr(0, kMaxEcho)) + "...";
 }
 
 // What a node is, for "expected ..., got <what>". Scalars are echoed only when `echo_scalar`.
