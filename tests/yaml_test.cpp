@@ -354,7 +354,12 @@ TEST_CASE("malformed YAML is a syntax error at its line and column") {
 
 TEST_CASE("a second YAML document is an error rather than ignored") {
   CHECK(error_of("engine: {}\n---\npolicies: []\n") ==
-        "3:1: (root): expected one YAML document, got 2");
+        "2:1: (root): expected one YAML document, got another one here");
+}
+
+TEST_CASE("a stray comma is a syntax error and not a parser stuck in a loop") {
+  CHECK(error_of(",") == "1:1: invalid YAML: unexpected character \",\"");
+  CHECK(error_of("engine: {}\n...\n,\n") == "3:1: invalid YAML: unexpected character \",\"");
 }
 
 TEST_CASE("an empty document is an error") {

@@ -49,6 +49,7 @@
 #include <limits>
 #include <new>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -58,6 +59,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sluice/policy.hpp"
+#include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace sluice::yaml {
@@ -100,6 +102,23 @@ inline std::string echo(std::string_view text) {
   constexpr std::size_t kMaxEcho = 40;
   if (text.size() <= kMaxEcho) return policy_internal::quoted(text);
   return policy_internal::quoted(text.substr(0, kMaxEcho)) + "...";
+}
+
+// `text` with every byte outside printable ASCII (and `\`) written as \xNN.
+inline std::string printable(std::string_view text) {
+  constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte <= 0x7e && c != '\\') {
+      out.push_back(c);
+    } else {
+      out += "\\x";
+      out.push_back(kHex[byte >> 4]);
+      out.push_back(kHex[byte & 0xf]);
+    }
+  }
+  return out;
 }
 
 // What a node is, for "expected ..., got <what>". Scalars are echoed only when `echo_scalar`.
@@ -170,6 +189,54 @@ inline std::string element(const std::string& path, std::size_t i) {
   return path + "[" + std::to_string(i) + "]";
 }
 
+// Sees where each document starts, without building it.
+class DocumentStart final : public YAML::EventHandler {
+ public:
+  std::optional<YAML::Mark> mark;
+
+  void OnDocumentStart(const YAML::Mark& at) override { mark = at; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// Fails unless `text` holds exactly one document. Not YAML::LoadAll: in yaml-cpp 0.7 it loops
+// forever, allocating, on input such as "," (jbeder/yaml-cpp#1040, fixed upstream by #1319),
+// because the parser hands out the same empty document again and again without consuming the
+// token. Here a document that starts where the previous one started is that stuck parser, and
+// is reported as a syntax error at the token it cannot consume.
+inline void expect_one_document(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  std::array<DocumentStart, 3> documents;
+  std::size_t count = 0;
+  while (count < documents.size() && parser.HandleNextDocument(documents[count])) {
+    const std::optional<YAML::Mark>& start = documents[count].mark;
+    if (count > 0 && start && documents[count - 1].mark &&
+        start->pos == documents[count - 1].mark->pos) {
+      const auto pos = static_cast<std::size_t>(std::max(start->pos, 0));
+      throw LoadError{position_of(*start), "invalid YAML",
+                      "unexpected " + (pos < text.size()
+                                           ? "character \"" + printable(text.substr(pos, 1)) + "\""
+                                           : std::string("end of input"))};
+    }
+    ++count;
+  }
+  if (count == 0) throw LoadError{{}, "", "expected a mapping, got an empty document"};
+  if (count > 1 && documents[1].mark) {
+    throw LoadError{position_of(*documents[1].mark), "",
+                    "expected one YAML document, got another one here"};
+  }
+}
+
 // One key of a mapping, already checked against the allowed keys.
 struct Field {
   std::string key;
@@ -181,13 +248,7 @@ struct Field {
 // sits, so that validate()'s paths can be mapped back to a line and column.
 class Loader {
  public:
-  PolicyConfig load(const std::vector<YAML::Node>& documents) {
-    if (documents.empty()) fail(YAML::Mark(), "", "expected a mapping, got an empty document");
-    if (documents.size() > 1) {
-      fail(documents[1].Mark(), "",
-           "expected one YAML document, got " + std::to_string(documents.size()));
-    }
-    const YAML::Node& root = documents[0];
+  PolicyConfig load(const YAML::Node& root) {
     PolicyConfig config;
     for (const Field& f : fields(
              root, "",
@@ -584,8 +645,10 @@ inline absl::StatusOr<PolicyConfig> load_config(std::string_view text) {
                          std::to_string(kMaxConfigBytes) + " supported"));
   }
   try {
+    const std::string owned(text);
+    expect_one_document(owned);
     Loader loader;
-    PolicyConfig config = loader.load(YAML::LoadAll(std::string(text)));
+    PolicyConfig config = loader.load(YAML::Load(owned));
     if (absl::Status s = validate(config); !s.ok()) {
       return absl::InvalidArgumentError(
           loader.relocate(std::string_view(s.message().data(), s.message().size())));
@@ -594,7 +657,9 @@ inline absl::StatusOr<PolicyConfig> load_config(std::string_view text) {
   } catch (const LoadError& e) {
     return absl::InvalidArgumentError(format_error(e.at, e.where, e.what));
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(format_error(position_of(e.mark), "invalid YAML", e.msg));
+    // yaml-cpp's messages can carry a byte of the input ("unknown escape character: ...").
+    return absl::InvalidArgumentError(
+        format_error(position_of(e.mark), "invalid YAML", printable(e.msg)));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory while loading the config");
   } catch (const std::exception& e) {
