@@ -14,7 +14,7 @@
 //
 //   absl::StatusOr<sluice::PolicyConfig> config = sluice::yaml::load_config_file("gateway.yaml");
 //   if (!config.ok()) {
-//     // e.g. "gateway.yaml:4:51: policies[0].rate_limits[0].requests_per.s: must be > 0"
+//     // s: 0 gives "gateway.yaml:4:60: policies[0].rate_limits[0].requests_per.s: must be > 0"
 //     std::cerr << config.status().message() << '\n';
 //     return 1;
 //   }
