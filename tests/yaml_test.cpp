@@ -431,3 +431,15 @@ TEST_CASE("a missing file is NotFound naming the file") {
   CHECK(config.status().message() ==
         "no/such/config.yaml: cannot open the config file: No such file or directory");
 }
+
+TEST_CASE("a file over the size limit is rejected without reading all of it") {
+  const std::string path = "yaml_test_big_config.yaml";
+  {
+    std::ofstream out(path);
+    out << std::string(sluice::yaml::kMaxConfigBytes + 100000, '#');
+  }
+  auto config = sluice::yaml::load_config_file(path);
+  std::remove(path.c_str());
+  CHECK(config.status().message() ==
+        "yaml_test_big_config.yaml:1:1: (root): the config is more than 2097152 bytes");
+}

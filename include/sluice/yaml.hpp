@@ -44,14 +44,15 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <limits>
 #include <new>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -676,7 +677,8 @@ inline absl::StatusOr<PolicyConfig> load_config(std::string_view text) {
 inline absl::StatusOr<PolicyConfig> load_config_file(const std::string& path) {
   auto io_error = [&](std::string_view what) {
     const int error = errno;
-    std::string message = path + ": " + std::string(what) + ": " + std::strerror(error);
+    std::string message = path + ": " + std::string(what) + ": " +
+                          std::error_code(error, std::generic_category()).message();
     if (error == ENOENT) return absl::NotFoundError(message);
     if (error == EACCES) return absl::PermissionDeniedError(message);
     return absl::UnavailableError(message);
@@ -686,7 +688,7 @@ inline absl::StatusOr<PolicyConfig> load_config_file(const std::string& path) {
     errno = 0;
     std::ifstream in(path, std::ios::binary);
     if (!in) return io_error("cannot open the config file");
-    std::array<char, 65536> chunk;
+    std::array<char, 16384> chunk;
     while (in && text.size() <= kMaxConfigBytes) {
       in.read(chunk.data(), chunk.size());
       text.append(chunk.data(), static_cast<std::size_t>(in.gcount()));
@@ -696,6 +698,12 @@ inline absl::StatusOr<PolicyConfig> load_config_file(const std::string& path) {
     return absl::ResourceExhaustedError(path + ": out of memory while reading the config file");
   } catch (...) {
     return absl::UnavailableError(path + ": cannot read the config file");
+  }
+  if (text.size() > kMaxConfigBytes) {
+    return absl::InvalidArgumentError(
+        path + ":" +
+        yaml_internal::format_error(
+            {}, "", "the config is more than " + std::to_string(kMaxConfigBytes) + " bytes"));
   }
   absl::StatusOr<PolicyConfig> config = load_config(text);
   if (!config.ok() && config.status().code() == absl::StatusCode::kInvalidArgument) {
