@@ -1,0 +1,335 @@
+// sluice_gateway — a small HTTP gateway on cpp-httplib that rate-limits every request through a
+// sluice::RateLimitEngine compiled from a YAML config (examples/gateway/gateway.yaml).
+//
+//   sluice_gateway examples/gateway/gateway.yaml [--port 8080] [--listener public]
+//                  [--trust-forwarded-for]
+//
+// It binds 127.0.0.1 only; `--port 0` (the default) picks a free port. The first line on stdout is
+// "sluice_gateway: listening on http://127.0.0.1:<port> ...". Per request:
+// - route: the longest `path_prefix` among the listener's routes (engine.match_route);
+// - consumer: `Authorization: Bearer <token>` looked up among the consumers' credentials; an
+//   unknown token is limited like an anonymous caller, then answered 401;
+// - client ip: the peer address, or the first entry of X-Forwarded-For with
+//   --trust-forwarded-for (only behind a proxy you run; tests use it to play many clients).
+// Answers: 429 with Retry-After, X-RateLimit-*, RateLimit and RateLimit-Policy when denied;
+// otherwise 200 JSON (404 for unrouted paths) with the same fields except Retry-After. Exempt
+// paths get no fields: /healthz, /readyz, and /metrics (Prometheus text, per-rule counters).
+// Dry-run denials are logged to stderr with the rule's label; credentials are never logged.
+// SIGINT or SIGTERM stops the server.
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include "sluice/engine.hpp"
+#include "sluice/http_fields.hpp"
+#include "sluice/yaml.hpp"
+
+namespace {
+
+struct Options {
+  std::string config_path;
+  int port = 0;
+  std::optional<std::string> listener;
+  bool trust_forwarded_for = false;
+};
+
+constexpr std::string_view kUsage =
+    "usage: sluice_gateway CONFIG.yaml [--port N] [--listener NAME] [--trust-forwarded-for]\n";
+
+std::optional<Options> parse_args(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg == "--port" && i + 1 < argc) {
+      char* end = nullptr;
+      long port = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || port < 0 || port > 65535) return std::nullopt;
+      options.port = static_cast<int>(port);
+    } else if (arg == "--listener" && i + 1 < argc) {
+      options.listener = argv[++i];
+    } else if (arg == "--trust-forwarded-for") {
+      options.trust_forwarded_for = true;
+    } else if (!arg.starts_with("-") && options.config_path.empty()) {
+      options.config_path = arg;
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (options.config_path.empty()) return std::nullopt;
+  return options;
+}
+
+// Request text for a log line: printable ASCII kept, anything else as \xNN, at most 200 bytes,
+// so that a request cannot forge log lines.
+std::string loggable(std::string_view text) {
+  constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (char c : text.substr(0, 200)) {
+    auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte <= 0x7e && c != '\\') {
+      out.push_back(c);
+    } else {
+      out += "\\x";
+      out.push_back(kHex[byte >> 4]);
+      out.push_back(kHex[byte & 0xf]);
+    }
+  }
+  return out;
+}
+
+std::string json_string(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
+      out += escaped;
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out + "\"";
+}
+
+// A Prometheus label value: backslash, double quote and newline escaped.
+std::string label_value(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\\' || c == '"') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// Per-rule counters in the Prometheus text exposition format.
+std::string metrics_text(const sluice::RateLimitEngine& engine) {
+  struct Metric {
+    const char* name;
+    const char* type;
+    const char* help;
+    std::uint64_t (*value)(const sluice::RuleStats&);
+  };
+  static constexpr Metric kMetrics[] = {
+      {"sluice_rule_allowed_total", "counter", "Requests the rule admitted.",
+       [](const sluice::RuleStats& s) { return s.allowed; }},
+      {"sluice_rule_denied_total", "counter", "Requests the rule denied (live rules).",
+       [](const sluice::RuleStats& s) { return s.denied; }},
+      {"sluice_rule_dry_denied_total", "counter",
+       "Requests the rule would have denied (dry-run rules).",
+       [](const sluice::RuleStats& s) { return s.dry_denied; }},
+      {"sluice_rule_evictions_total", "counter",
+       "Live keys evicted from a full store (each got a fresh bucket).",
+       [](const sluice::RuleStats& s) { return s.store.live_evicted; }},
+      {"sluice_rule_idle_reclaimed_total", "counter", "Idle keys dropped from a full store.",
+       [](const sluice::RuleStats& s) { return s.store.idle_reclaimed; }},
+      {"sluice_rule_capacity_denials_total", "counter", "Requests denied because a store was full.",
+       [](const sluice::RuleStats& s) { return s.store.capacity_denials; }},
+      {"sluice_rule_keys", "gauge", "Keys the rule's store holds.",
+       [](const sluice::RuleStats& s) { return s.store.size; }},
+  };
+  const std::vector<sluice::RuleStats> stats = engine.stats();
+  std::string out;
+  for (const Metric& metric : kMetrics) {
+    out += std::string("# HELP ") + metric.name + " " + metric.help + "\n";
+    out += std::string("# TYPE ") + metric.name + " " + metric.type + "\n";
+    for (const sluice::RuleStats& rule : stats) {
+      out += std::string(metric.name) + "{rule=\"" + label_value(rule.label) + "\",dry_run=\"" +
+             (rule.dry_run ? "true" : "false") + "\"} " + std::to_string(metric.value(rule)) + "\n";
+    }
+  }
+  return out;
+}
+
+std::optional<std::string> bearer_token(const httplib::Request& request) {
+  constexpr std::string_view kScheme = "Bearer ";
+  if (!request.has_header("Authorization")) return std::nullopt;
+  std::string value = request.get_header_value("Authorization");
+  if (value.size() <= kScheme.size() || !std::string_view(value).starts_with(kScheme)) {
+    return std::nullopt;
+  }
+  return value.substr(kScheme.size());
+}
+
+std::string client_ip(const httplib::Request& request, bool trust_forwarded_for) {
+  if (trust_forwarded_for && request.has_header("X-Forwarded-For")) {
+    std::string first = request.get_header_value("X-Forwarded-For");
+    first = first.substr(0, first.find(','));
+    const auto begin = first.find_first_not_of(' ');
+    const auto end = first.find_last_not_of(' ');
+    if (begin != std::string::npos) return first.substr(begin, end - begin + 1);
+  }
+  return request.remote_addr;
+}
+
+class Gateway {
+ public:
+  Gateway(sluice::RateLimitEngine engine, Options options)
+      : engine_(std::move(engine)), options_(std::move(options)) {}
+
+  void handle(const httplib::Request& request, httplib::Response& response) const {
+    const std::string ip = client_ip(request, options_.trust_forwarded_for);
+    const std::optional<std::string> token = bearer_token(request);
+    std::optional<std::string_view> consumer;
+    if (token) consumer = engine_.consumer_for(*token);
+    const std::string listener = options_.listener.value_or("");
+    const auto route = engine_.match_route(listener, request.path);
+
+    sluice::RequestContext context{
+        .client_ip = ip,
+        .path = request.path,
+        .wall_time = std::chrono::system_clock::now(),
+    };
+    if (consumer) {  // only a known token is a credential; an unknown one stays anonymous
+      context.credential = *token;
+      context.consumer = consumer;
+    }
+    if (route) {
+      context.route = route->route;
+      context.service = route->service;
+    }
+    if (options_.listener) context.listener = listener;
+
+    const sluice::Evaluation e = engine_.evaluate(context);
+    if (e.dry_denied) {
+      const auto& label = engine_.rule(e.dry_denied->rule).compiled.label;
+      std::fprintf(
+          stderr,
+          "sluice_gateway: dry-run denial: rule \"%s\" would deny %s %s from %s "
+          "(retry after %lld s)\n",
+          label.c_str(), loggable(request.method).c_str(), loggable(request.path).c_str(),
+          loggable(ip).c_str(),
+          static_cast<long long>(sluice::retry_after_seconds(e.dry_denied->decision.retry_after)));
+    }
+    for (const sluice::HttpField& field : e.fields) {
+      response.set_header(std::string(field.name), field.value);
+    }
+    if (!e.backend_error.ok()) {
+      std::fprintf(stderr, "sluice_gateway: limiter error: %s\n",
+                   std::string(e.backend_error.message()).c_str());
+    }
+
+    if (!e.allowed) {
+      const std::int64_t retry = sluice::retry_after_seconds(e.retry_after);
+      respond_json(
+          response, 429,
+          "{\"error\":\"rate limited\",\"retry_after_seconds\":" + std::to_string(retry) + "}");
+      return;
+    }
+    if (request.path == "/healthz" || request.path == "/readyz") {
+      response.status = 200;
+      response.set_content("ok\n", "text/plain");
+      return;
+    }
+    if (request.path == "/metrics") {
+      response.status = 200;
+      response.set_content(metrics_text(engine_), "text/plain; version=0.0.4");
+      return;
+    }
+    if (token && !consumer) {
+      respond_json(response, 401, "{\"error\":\"unknown bearer token\"}");
+      return;
+    }
+    if (!route) {
+      respond_json(response, 404,
+                   "{\"error\":\"no route\",\"path\":" + json_string(loggable(request.path)) + "}");
+      return;
+    }
+    std::string body = "{\"route\":" + json_string(route->route);
+    if (route->service) body += ",\"service\":" + json_string(*route->service);
+    if (consumer) body += ",\"consumer\":" + json_string(*consumer);
+    respond_json(response, 200, body + "}");
+  }
+
+ private:
+  static void respond_json(httplib::Response& response, int status, std::string body) {
+    response.status = status;
+    response.set_content(body + "\n", "application/json");
+  }
+
+  sluice::RateLimitEngine engine_;
+  Options options_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::optional<Options> options = parse_args(argc, argv);
+  if (!options) {
+    std::fputs(kUsage.data(), stderr);
+    return 2;
+  }
+  absl::StatusOr<sluice::PolicyConfig> config =
+      sluice::yaml::load_config_file(options->config_path);
+  if (!config.ok()) {
+    std::fprintf(stderr, "sluice_gateway: %s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  if (!options->listener && !config->listeners.empty()) {
+    options->listener = config->listeners.front().name;
+  }
+  absl::StatusOr<sluice::RateLimitEngine> engine = sluice::RateLimitEngine::create(*config);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "sluice_gateway: %s\n", std::string(engine.status().message()).c_str());
+    return 2;
+  }
+
+  // SIGINT/SIGTERM are blocked in every thread and taken by one waiter, which stops the server.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const std::size_t rules = engine->rule_count();
+  const Gateway gateway(*std::move(engine), *options);
+  httplib::Server server;
+  server.set_pre_routing_handler([&](const httplib::Request& request, httplib::Response& response) {
+    gateway.handle(request, response);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+
+  int port = options->port;
+  if (port == 0) {
+    port = server.bind_to_any_port("127.0.0.1");
+  } else if (!server.bind_to_port("127.0.0.1", port)) {
+    port = -1;
+  }
+  if (port < 0) {
+    std::fprintf(stderr, "sluice_gateway: cannot bind 127.0.0.1:%d\n", options->port);
+    return 1;
+  }
+  std::printf("sluice_gateway: listening on http://127.0.0.1:%d (listener \"%s\", %zu rules)\n",
+              port, options->listener.value_or("").c_str(), rules);
+  std::fflush(stdout);
+
+  std::thread waiter([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    server.stop();
+  });
+  const bool ok = server.listen_after_bind();
+  if (waiter.joinable()) {
+    pthread_kill(waiter.native_handle(), SIGTERM);  // wake the waiter if the server ended first
+    waiter.join();
+  }
+  return ok ? 0 : 1;
+}

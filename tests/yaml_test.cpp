@@ -1,0 +1,445 @@
+#include "sluice/yaml.hpp"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <string_view>
+
+#include "catch.hpp"
+
+using sluice::Selector;
+
+namespace {
+
+// The message of the error that loading `text` reports ("" if it loads).
+std::string error_of(std::string_view text) {
+  absl::StatusOr<sluice::PolicyConfig> config = sluice::yaml::load_config(text);
+  if (config.ok()) return "";
+  CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(config.status().message());
+}
+
+// The examples/gateway/gateway.yaml config, written out as structs.
+sluice::PolicyConfig gateway_example() {
+  return sluice::PolicyConfig{
+      .policies = {{.name = "global-per-ip",
+                    .rate_limits = {{.name = "per-ip",
+                                     .selector = {Selector::kIp},
+                                     .requests_per = {.s = 20, .minute = 600},
+                                     .burst = 40}}},
+                   {.name = "listener-flood",
+                    .rate_limits = {{.name = "per-ip-route",
+                                     .selector = {Selector::kIp, Selector::kRoute},
+                                     .requests_per = {.minute = 300}}}},
+                   {.name = "catalog-capacity",
+                    .rate_limits = {{.name = "per-route",
+                                     .selector = {Selector::kRoute},
+                                     .requests_per = {.s = 100}}}},
+                   {.name = "items-per-client",
+                    .rate_limits = {{.name = "per-credential",
+                                     .selector = {Selector::kCredential, Selector::kRoute},
+                                     .requests_per = {.minute = 30}}}},
+                   {.name = "login-throttle",
+                    .rate_limit = sluice::LegacyRateLimit{.requests = 5, .window_seconds = 60}},
+                   {.name = "search-shadow",
+                    .rate_limits = {{.name = "strict-per-ip",
+                                     .selector = {Selector::kIp},
+                                     .requests_per = {.minute = 2}}},
+                    .dry_run = true},
+                   {.name = "partner-tier",
+                    .rate_limits = {{.name = "per-credential",
+                                     .selector = {Selector::kCredential},
+                                     .requests_per = {.minute = 1000, .hour = 20000},
+                                     .burst = 100}}},
+                   {.name = "trial-tier",
+                    .rate_limits = {{.name = "per-credential",
+                                     .selector = {Selector::kCredential},
+                                     .requests_per = {.minute = 3}}}}},
+      .routes = {{.name = "items",
+                  .service = "catalog",
+                  .path_prefix = "/v1/items",
+                  .policies = {"items-per-client"}},
+                 {.name = "search",
+                  .service = "catalog",
+                  .path_prefix = "/v1/search",
+                  .policies = {"search-shadow"}},
+                 {.name = "login",
+                  .service = "auth",
+                  .listener = "public",
+                  .path_prefix = "/login",
+                  .policies = {"login-throttle"}}},
+      .services = {{.name = "catalog", .policies = {"catalog-capacity"}}, {.name = "auth"}},
+      .listeners = {{.name = "public", .policies = {"listener-flood"}}, {.name = "internal"}},
+      .consumers =
+          {{.name = "acme", .credentials = {"acme-secret-token"}, .policies = {"partner-tier"}},
+           {.name = "trial", .credentials = {"trial-secret-token"}, .policies = {"trial-tier"}}},
+      .gateway = {.global_policies = {"global-per-ip"},
+                  .exempt_paths = {"/healthz", "/readyz", "/metrics"}},
+      .engine = {.consumption = sluice::ConsumptionMode::kAllOrNothing,
+                 .on_backend_error = sluice::FailureMode::kFailOpen},
+  };
+}
+
+}  // namespace
+
+// --- valid configs
+// --------------------------------------------------------------------------------
+
+TEST_CASE("the gateway example loads into the structs it spells out") {
+  absl::StatusOr<sluice::PolicyConfig> config =
+      sluice::yaml::load_config_file(SLUICE_GATEWAY_EXAMPLE_YAML);
+  REQUIRE(config.status().ToString() == "OK");
+  CHECK(*config == gateway_example());
+}
+
+TEST_CASE("the documented policies example loads with defaults for everything omitted") {
+  auto config = sluice::yaml::load_config(R"(policies:
+  - name: public-api-limits
+    rate_limits:
+      - name: per-ip
+        selector: [ip]
+        requests_per: { s: 10, minute: 600 }
+        burst: 20
+      - selector: [route, ip]
+        requests_per: { minute: 2000 }
+routes:
+  - name: public
+    service: api-svc
+    path_prefix: /v1
+    policies: [public-api-limits]
+services:
+  - name: api-svc
+)");
+  REQUIRE(config.ok());
+  CHECK(*config == sluice::PolicyConfig{
+                       .policies = {{.name = "public-api-limits",
+                                     .rate_limits = {{.name = "per-ip",
+                                                      .selector = {Selector::kIp},
+                                                      .requests_per = {.s = 10, .minute = 600},
+                                                      .burst = 20},
+                                                     {.selector = {Selector::kRoute, Selector::kIp},
+                                                      .requests_per = {.minute = 2000}}}}},
+                       .routes = {{.name = "public",
+                                   .service = "api-svc",
+                                   .path_prefix = "/v1",
+                                   .policies = {"public-api-limits"}}},
+                       .services = {{.name = "api-svc"}},
+                   });
+}
+
+TEST_CASE("an empty mapping is a valid config that limits nothing") {
+  auto config = sluice::yaml::load_config("{}");
+  REQUIRE(config.ok());
+  CHECK(*config == sluice::PolicyConfig{});
+}
+
+TEST_CASE("engine modes and an empty exempt list load as spelled") {
+  auto config = sluice::yaml::load_config(
+      "engine: {consumption: every_rule, on_backend_error: fail_closed}\n"
+      "gateway: {exempt_paths: []}\n");
+  REQUIRE(config.ok());
+  CHECK(config->engine.consumption == sluice::ConsumptionMode::kEveryRule);
+  CHECK(config->engine.on_backend_error == sluice::FailureMode::kFailClosed);
+  CHECK(config->gateway.exempt_paths.empty());
+}
+
+// --- invalid configs: each asserts the exact message
+// ----------------------------------------------
+
+TEST_CASE("an unknown top-level key is an error that suggests the key meant") {
+  CHECK(error_of("polices:\n  - name: a\n") ==
+        "1:1: (root): unknown key \"polices\" (did you mean \"policies\"?)");
+}
+
+TEST_CASE("a typo in a rule key is an error rather than a dropped burst") {
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limits:
+      - selector: [ip]
+        requests_per: { s: 10 }
+        brust: 20
+)") == "6:9: policies[0].rate_limits[0]: unknown key \"brust\" (did you mean \"burst\"?)");
+}
+
+TEST_CASE("an unknown key far from every known one lists the keys allowed there") {
+  CHECK(error_of("routes:\n  - name: r\n    upstream: http://x\n") ==
+        "3:5: routes[0]: unknown key \"upstream\" (expected one of name, service, listener, "
+        "path_prefix, match, policies)");
+}
+
+TEST_CASE("a scalar where a sequence belongs is a type error") {
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limits:
+      - selector: ip
+        requests_per: { s: 10 }
+)") == "4:19: policies[0].rate_limits[0].selector: expected a sequence, got a scalar");
+}
+
+TEST_CASE("a word where a rate belongs is a type error that quotes it") {
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limits:
+      - selector: [ip]
+        requests_per: { s: ten }
+)") == "5:28: policies[0].rate_limits[0].requests_per.s: expected a non-negative integer, got "
+       "\"ten\"");
+}
+
+TEST_CASE("a negative rate is an error") {
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limits:
+      - selector: [ip]
+        requests_per: { minute: -5 }
+)") == "5:33: policies[0].rate_limits[0].requests_per.minute: expected a non-negative integer, "
+       "got \"-5\"");
+}
+
+TEST_CASE("a quoted number is a string and not a rate") {
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limit: { requests: "5", window_seconds: 60 }
+)") == "3:29: policies[0].rate_limit.requests: expected a non-negative integer, got the string "
+       "\"5\"");
+}
+
+TEST_CASE("a rate beyond 64 bits is out of range") {
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limit: { requests: 18446744073709551616, window_seconds: 60 }
+)") == "3:29: policies[0].rate_limit.requests: \"18446744073709551616\" is out of range (at most "
+       "18446744073709551615)");
+}
+
+TEST_CASE("an empty selector is an error at the selector") {
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limits:
+      - selector: []
+        requests_per: { s: 10 }
+)") == "4:19: policies[0].rate_limits[0].selector: must not be empty");
+}
+
+TEST_CASE("an unknown selector name is an error naming the ones that exist") {
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limits:
+      - selector: [ip, host]
+        requests_per: { s: 10 }
+)") == "4:24: policies[0].rate_limits[0].selector[1]: unknown selector \"host\" (expected ip, "
+       "credential or route)");
+}
+
+TEST_CASE("a zero rate is an error at the rate") {
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limits:
+      - selector: [ip]
+        requests_per: { s: 10 }
+      - selector: [ip]
+        requests_per: { s: 0 }
+)") == "7:28: policies[0].rate_limits[1].requests_per.s: must be > 0");
+}
+
+TEST_CASE("burst 0 is an error at the burst") {
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limits:
+      - selector: [ip]
+        requests_per: { s: 10 }
+        burst: 0
+)") == "6:16: policies[0].rate_limits[0].burst: must be >= 1");
+}
+
+TEST_CASE("a duplicate bundle name is an error at the second name") {
+  CHECK(error_of(R"(policies:
+  - name: login
+    rate_limit: { requests: 5, window_seconds: 60 }
+  - name: login
+    rate_limit: { requests: 10, window_seconds: 60 }
+)") == "4:11: policies[1].name: duplicate bundle name \"login\" (also policies[0])");
+}
+
+TEST_CASE("an attachment naming no bundle is an error at the reference") {
+  CHECK(error_of(R"(policies:
+  - name: login
+    rate_limit: { requests: 5, window_seconds: 60 }
+routes:
+  - name: r
+    path_prefix: /login
+    policies: [login, logn]
+)") == "7:23: routes[0].policies[1]: unknown bundle \"logn\"");
+}
+
+TEST_CASE("an unknown consumption mode is an error naming the modes") {
+  CHECK(error_of("engine:\n  consumption: all\n") ==
+        "2:16: engine.consumption: unknown consumption mode \"all\" (expected all_or_nothing or "
+        "every_rule)");
+}
+
+TEST_CASE("an unknown failure mode is an error naming the modes") {
+  CHECK(error_of("engine: { on_backend_error: open }\n") ==
+        "1:29: engine.on_backend_error: unknown failure mode \"open\" (expected fail_open or "
+        "fail_closed)");
+}
+
+TEST_CASE("a key given twice is an error rather than a silent override") {
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limits:
+      - selector: [ip]
+        requests_per: { s: 10 }
+        burst: 20
+        burst: 200
+)") == "7:9: policies[0].rate_limits[0]: duplicate key \"burst\"");
+}
+
+TEST_CASE("a rule without requests_per is an error at the rule") {
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limits:
+      - name: per-ip
+        selector: [ip]
+)") == "4:9: policies[0].rate_limits[0]: missing required key \"requests_per\"");
+}
+
+TEST_CASE("a bundle without any limit is an error at the bundle") {
+  CHECK(error_of("policies:\n  - name: a\n    dry_run: true\n") ==
+        "2:5: policies[0]: must set rate_limits or rate_limit");
+}
+
+TEST_CASE("dry_run takes only true or false") {
+  CHECK(error_of("policies:\n  - name: a\n    dry_run: yes\n") ==
+        "3:14: policies[0].dry_run: expected true or false, got \"yes\"");
+}
+
+TEST_CASE("a legacy window of zero seconds is an error") {
+  CHECK(error_of("policies:\n  - name: a\n    rate_limit: { requests: 5, window_seconds: 0 }\n") ==
+        "3:48: policies[0].rate_limit.window_seconds: must be > 0");
+}
+
+TEST_CASE("a null name is a type error") {
+  CHECK(error_of("services:\n  - name:\n") == "2:5: services[0].name: expected a string, got null");
+}
+
+TEST_CASE("a match type other than prefix is an error") {
+  CHECK(error_of(R"(routes:
+  - name: r
+    match:
+      path: { type: exact, value: /login }
+)") == "4:21: routes[0].match.path.type: unknown match type \"exact\" (expected prefix)");
+}
+
+TEST_CASE("a route setting both path_prefix and match is an error") {
+  CHECK(error_of(R"(routes:
+  - name: r
+    path_prefix: /a
+    match: { path: { type: prefix, value: /b } }
+)") == "4:12: routes[0].match: path_prefix and match both set the route's path");
+}
+
+TEST_CASE("a path prefix given by match is validated at its value") {
+  CHECK(error_of(R"(routes:
+  - name: r
+    match: { path: { type: prefix, value: login } }
+)") == "3:43: routes[0].path_prefix: \"login\" must start with '/' and contain only printable "
+       "ASCII characters");
+}
+
+TEST_CASE("malformed YAML is a syntax error at its line and column") {
+  CHECK(error_of("policies:\n  - name: a\n    rate_limits: [\n") ==
+        "4:1: invalid YAML: end of sequence flow not found");
+}
+
+TEST_CASE("a second YAML document is an error rather than ignored") {
+  CHECK(error_of("engine: {}\n---\npolicies: []\n") ==
+        "2:1: (root): expected one YAML document, got another one here");
+}
+
+TEST_CASE("a stray comma is a syntax error and not a parser stuck in a loop") {
+  CHECK(error_of(",") == "1:1: invalid YAML: unexpected character \",\"");
+  CHECK(error_of("engine: {}\n...\n,\n") == "3:1: invalid YAML: unexpected character \",\"");
+}
+
+TEST_CASE("an empty document is an error") {
+  CHECK(error_of("# nothing here\n") == "1:1: (root): expected a mapping, got an empty document");
+}
+
+TEST_CASE("a sequence at the top is a type error") {
+  CHECK(error_of("- policies\n") == "1:1: (root): expected a mapping, got a sequence");
+}
+
+TEST_CASE("a credential of the wrong type is reported without echoing it") {
+  CHECK(error_of("consumers:\n  - name: c\n    credentials: s3cret-token\n") ==
+        "3:18: consumers[0].credentials: expected a sequence, got a scalar");
+}
+
+TEST_CASE("a duplicate credential is reported without echoing it") {
+  CHECK(
+      error_of("consumers:\n  - {name: a, credentials: [tok]}\n  - {name: b, credentials: "
+               "[tok]}\n") ==
+      "3:29: consumers[1].credentials[0]: duplicate credential (also consumers[0].credentials[0])");
+}
+
+// --- untrusted input
+// ------------------------------------------------------------------------------
+
+TEST_CASE("a config over the size limit is rejected before parsing") {
+  std::string text(sluice::yaml::kMaxConfigBytes + 1, ' ');
+  CHECK(error_of(text) ==
+        "1:1: (root): the config is 2097153 bytes, more than the 2097152 supported");
+}
+
+TEST_CASE("an alias bomb is stopped by the node budget") {
+  std::string text =
+      "policies:\n  - name: a\n    rate_limits:\n      - &r {requests_per: {s: 1}, "
+      "selector: [";
+  for (int i = 0; i < 2000; ++i) text += "ip, ";
+  text += "ip]}\n";
+  for (int i = 0; i < 1000; ++i) text += "      - *r\n";
+  const std::string message = error_of(text);
+  CHECK(message.find(": the config has more than 250000 nodes (each use of an alias counts)") !=
+        std::string::npos);
+}
+
+TEST_CASE("deep nesting is a syntax error and not a stack overflow") {
+  std::string text = "policies: " + std::string(100000, '[') + std::string(100000, ']') + "\n";
+  const std::string message = error_of(text);
+  CHECK(message.find(": invalid YAML: ") != std::string::npos);
+}
+
+// --- files
+// ----------------------------------------------------------------------------------------
+
+TEST_CASE("a file error names the file before the line and column") {
+  const std::string path = "yaml_test_bad_config.yaml";
+  {
+    std::ofstream out(path);
+    out << "engine:\n  consumption: all\n";
+  }
+  auto config = sluice::yaml::load_config_file(path);
+  std::remove(path.c_str());
+  CHECK(config.status().message() ==
+        "yaml_test_bad_config.yaml:2:16: engine.consumption: unknown consumption mode \"all\" "
+        "(expected all_or_nothing or every_rule)");
+}
+
+TEST_CASE("a missing file is NotFound naming the file") {
+  auto config = sluice::yaml::load_config_file("no/such/config.yaml");
+  CHECK(config.status().code() == absl::StatusCode::kNotFound);
+  CHECK(config.status().message() ==
+        "no/such/config.yaml: cannot open the config file: No such file or directory");
+}
+
+TEST_CASE("a file over the size limit is rejected without reading all of it") {
+  const std::string path = "yaml_test_big_config.yaml";
+  {
+    std::ofstream out(path);
+    out << std::string(sluice::yaml::kMaxConfigBytes + 100000, '#');
+  }
+  auto config = sluice::yaml::load_config_file(path);
+  std::remove(path.c_str());
+  CHECK(config.status().message() ==
+        "yaml_test_big_config.yaml:1:1: (root): the config is more than 2097152 bytes");
+}
