@@ -323,8 +323,10 @@ class ConnectionPool {
   const ConnectionOptions options_;
   mutable std::mutex mu_;
   std::condition_variable available_;  // signalled when a connection or a slot is released
-  std::vector<redisContext*> idle_ ABSL_GUARDED_BY(mu_);
-  std::size_t open_ ABSL_GUARDED_BY(mu_) = 0;  // idle + leased
+  // Guarded by mu_ (std::mutex carries no thread-safety annotations in libstdc++, so the
+  // guard is stated here rather than with ABSL_GUARDED_BY).
+  std::vector<redisContext*> idle_;
+  std::size_t open_ = 0;  // idle + leased
 };
 
 // One command's arguments, as hiredis takes them.
