@@ -318,7 +318,7 @@ void BM_SluiceTwoRulesOneRoundTrip(benchmark::State& state) {
 // while its state is live yet stays under 10/s: the admitted, writing path. Beside it, the same
 // two rules as two RedisGcraLimiter::check calls (two round trips, not atomic together).
 
-constexpr int kExampleIps = 1024;
+constexpr int kExampleIps = 4096;
 
 sluice::PolicyConfig documented_example() {
   return {
