@@ -26,8 +26,9 @@
 // Errors: InvalidArgument (bad cost), Unavailable (connection refused or lost, server busy,
 // loading or read-only), DeadlineExceeded (no reply within the command timeout, or no free
 // connection), Internal (a reply of the wrong shape). Never a silent allow; no retries.
-// Thread-safety: `Client` and `RedisGcraLimiter` are thread-safe; share one `Client` (it owns
-// the connection pool) between many limiters. See docs/redis.md for deployment and failure policy.
+// Thread-safety: `Client`, `RedisGcraLimiter` and `RedisEngineBackend` are thread-safe; share one
+// `Client` (it owns the connection pool) between many limiters and engine generations. See
+// docs/redis.md for deployment and failure policy.
 #ifndef SLUICE_REDIS_HPP_
 #define SLUICE_REDIS_HPP_
 
