@@ -307,10 +307,9 @@ inline absl::Status invalid(std::string message) {
   return absl::InvalidArgumentError(std::move(message));
 }
 
-// `text` in double quotes (named so that ADL never picks std::quoted); `"` and `\` escaped, bytes
-// outside printable ASCII as \xNN, so that untrusted config text cannot forge or break an error
-// message.
-inline std::string quote(std::string_view text) {
+// `text` in double quotes; `"` and `\` escaped, bytes outside printable ASCII as \xNN, so that
+// untrusted config text cannot forge or break an error message.
+inline std::string quoted(std::string_view text) {
   constexpr char kHex[] = "0123456789abcdef";
   std::string out = "\"";
   for (char c : text) {
@@ -358,7 +357,7 @@ inline bool printable(std::string_view text) {
 inline absl::Status check_name(std::string_view name, const std::string& path, bool required) {
   if (required && name.empty()) return invalid(path + " must not be empty");
   if (!printable(name)) {
-    return invalid(path + ": " + quote(name) +
+    return invalid(path + ": " + quoted(name) +
                    " must contain only printable ASCII characters (0x20-0x7E)");
   }
   return absl::OkStatus();
@@ -373,7 +372,7 @@ absl::Status index_names(const std::vector<T>& items, std::string_view list, std
     if (absl::Status s = check_name(items[i].name, path, /*required=*/true); !s.ok()) return s;
     auto [it, inserted] = index.emplace(items[i].name, i);
     if (!inserted) {
-      return invalid(path + ": duplicate " + std::string(kind) + " name " + quote(items[i].name) +
+      return invalid(path + ": duplicate " + std::string(kind) + " name " + quoted(items[i].name) +
                      " (also " + element("", list, it->second) + ")");
     }
   }
@@ -387,10 +386,10 @@ inline absl::Status check_attachments(
   std::unordered_map<std::string_view, std::size_t> attached;
   for (std::size_t i = 0; i < names.size(); ++i) {
     std::string at = std::string(path) + "[" + std::to_string(i) + "]";
-    if (!bundles.contains(names[i])) return invalid(at + ": unknown bundle " + quote(names[i]));
+    if (!bundles.contains(names[i])) return invalid(at + ": unknown bundle " + quoted(names[i]));
     auto [it, inserted] = attached.emplace(names[i], i);
     if (!inserted) {
-      return invalid(at + ": bundle " + quote(names[i]) + " is already attached at " +
+      return invalid(at + ": bundle " + quoted(names[i]) + " is already attached at " +
                      std::string(path) + "[" + std::to_string(it->second) + "]");
     }
   }
@@ -575,7 +574,7 @@ inline absl::Status validate_bundle(const Bundle& bundle, std::string_view path 
     if (rule.name.empty()) continue;
     auto [it, inserted] = rule_names.emplace(rule.name, i);
     if (!inserted) {
-      return invalid(at + ".name: duplicate rule name " + quote(rule.name) + " (also " +
+      return invalid(at + ".name: duplicate rule name " + quoted(rule.name) + " (also " +
                      element(base, "rate_limits", it->second) + ")");
     }
   }
@@ -630,21 +629,21 @@ inline absl::Status validate(const PolicyConfig& config) {
     const Route& route = config.routes[i];
     std::string base = element("", "routes", i);
     if (!route.service.empty() && !services.contains(route.service)) {
-      return invalid(base + ".service: unknown service " + quote(route.service));
+      return invalid(base + ".service: unknown service " + quoted(route.service));
     }
     if (!route.listener.empty() && !listeners.contains(route.listener)) {
-      return invalid(base + ".listener: unknown listener " + quote(route.listener));
+      return invalid(base + ".listener: unknown listener " + quoted(route.listener));
     }
     if (!route.path_prefix.empty()) {
       if (route.path_prefix.front() != '/' || !printable(route.path_prefix)) {
-        return invalid(base + ".path_prefix: " + quote(route.path_prefix) +
+        return invalid(base + ".path_prefix: " + quoted(route.path_prefix) +
                        " must start with '/' and contain only printable ASCII characters");
       }
       // Listener names are printable ASCII, so '\0' separates the two parts unambiguously.
       std::string match_key = route.listener + '\0' + route.path_prefix;
       auto [it, inserted] = prefixes.emplace(std::move(match_key), i);
       if (!inserted) {
-        return invalid(base + ".path_prefix: " + quote(route.path_prefix) +
+        return invalid(base + ".path_prefix: " + quoted(route.path_prefix) +
                        " is already matched by " + element("", "routes", it->second) +
                        " on the same listener");
       }
@@ -683,7 +682,7 @@ inline absl::Status validate(const PolicyConfig& config) {
   for (std::size_t i = 0; i < config.gateway.exempt_paths.size(); ++i) {
     const std::string& exempt = config.gateway.exempt_paths[i];
     if (exempt.empty() || exempt.front() != '/') {
-      return invalid(element("gateway", "exempt_paths", i) + ": " + quote(exempt) +
+      return invalid(element("gateway", "exempt_paths", i) + ": " + quoted(exempt) +
                      " must start with '/'");
     }
   }
