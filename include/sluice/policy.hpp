@@ -357,7 +357,7 @@ inline bool printable(std::string_view text) {
 inline absl::Status check_name(std::string_view name, const std::string& path, bool required) {
   if (required && name.empty()) return invalid(path + " must not be empty");
   if (!printable(name)) {
-    return invalid(path + ": " + quoted(name) +
+    return invalid(path + ": " + policy_internal::quoted(name) +
                    " must contain only printable ASCII characters (0x20-0x7E)");
   }
   return absl::OkStatus();
@@ -372,8 +372,9 @@ absl::Status index_names(const std::vector<T>& items, std::string_view list, std
     if (absl::Status s = check_name(items[i].name, path, /*required=*/true); !s.ok()) return s;
     auto [it, inserted] = index.emplace(items[i].name, i);
     if (!inserted) {
-      return invalid(path + ": duplicate " + std::string(kind) + " name " + quoted(items[i].name) +
-                     " (also " + element("", list, it->second) + ")");
+      return invalid(path + ": duplicate " + std::string(kind) + " name " +
+                     policy_internal::quoted(items[i].name) + " (also " +
+                     element("", list, it->second) + ")");
     }
   }
   return absl::OkStatus();
@@ -386,11 +387,13 @@ inline absl::Status check_attachments(
   std::unordered_map<std::string_view, std::size_t> attached;
   for (std::size_t i = 0; i < names.size(); ++i) {
     std::string at = std::string(path) + "[" + std::to_string(i) + "]";
-    if (!bundles.contains(names[i])) return invalid(at + ": unknown bundle " + quoted(names[i]));
+    if (!bundles.contains(names[i]))
+      return invalid(at + ": unknown bundle " + policy_internal::quoted(names[i]));
     auto [it, inserted] = attached.emplace(names[i], i);
     if (!inserted) {
-      return invalid(at + ": bundle " + quoted(names[i]) + " is already attached at " +
-                     std::string(path) + "[" + std::to_string(it->second) + "]");
+      return invalid(at + ": bundle " + policy_internal::quoted(names[i]) +
+                     " is already attached at " + std::string(path) + "[" +
+                     std::to_string(it->second) + "]");
     }
   }
   return absl::OkStatus();
@@ -574,8 +577,8 @@ inline absl::Status validate_bundle(const Bundle& bundle, std::string_view path 
     if (rule.name.empty()) continue;
     auto [it, inserted] = rule_names.emplace(rule.name, i);
     if (!inserted) {
-      return invalid(at + ".name: duplicate rule name " + quoted(rule.name) + " (also " +
-                     element(base, "rate_limits", it->second) + ")");
+      return invalid(at + ".name: duplicate rule name " + policy_internal::quoted(rule.name) +
+                     " (also " + element(base, "rate_limits", it->second) + ")");
     }
   }
   if (bundle.rate_limit.has_value()) {
@@ -629,21 +632,22 @@ inline absl::Status validate(const PolicyConfig& config) {
     const Route& route = config.routes[i];
     std::string base = element("", "routes", i);
     if (!route.service.empty() && !services.contains(route.service)) {
-      return invalid(base + ".service: unknown service " + quoted(route.service));
+      return invalid(base + ".service: unknown service " + policy_internal::quoted(route.service));
     }
     if (!route.listener.empty() && !listeners.contains(route.listener)) {
-      return invalid(base + ".listener: unknown listener " + quoted(route.listener));
+      return invalid(base + ".listener: unknown listener " +
+                     policy_internal::quoted(route.listener));
     }
     if (!route.path_prefix.empty()) {
       if (route.path_prefix.front() != '/' || !printable(route.path_prefix)) {
-        return invalid(base + ".path_prefix: " + quoted(route.path_prefix) +
+        return invalid(base + ".path_prefix: " + policy_internal::quoted(route.path_prefix) +
                        " must start with '/' and contain only printable ASCII characters");
       }
       // Listener names are printable ASCII, so '\0' separates the two parts unambiguously.
       std::string match_key = route.listener + '\0' + route.path_prefix;
       auto [it, inserted] = prefixes.emplace(std::move(match_key), i);
       if (!inserted) {
-        return invalid(base + ".path_prefix: " + quoted(route.path_prefix) +
+        return invalid(base + ".path_prefix: " + policy_internal::quoted(route.path_prefix) +
                        " is already matched by " + element("", "routes", it->second) +
                        " on the same listener");
       }
@@ -682,8 +686,8 @@ inline absl::Status validate(const PolicyConfig& config) {
   for (std::size_t i = 0; i < config.gateway.exempt_paths.size(); ++i) {
     const std::string& exempt = config.gateway.exempt_paths[i];
     if (exempt.empty() || exempt.front() != '/') {
-      return invalid(element("gateway", "exempt_paths", i) + ": " + quoted(exempt) +
-                     " must start with '/'");
+      return invalid(element("gateway", "exempt_paths", i) + ": " +
+                     policy_internal::quoted(exempt) + " must start with '/'");
     }
   }
 
