@@ -16,7 +16,9 @@
 //   else if (!d->allowed()) { respond_429(d->retry_after); }
 //
 // Several limits in one round trip (the policy engine's path): `Client::check_all` evaluates
-// many (key, limit, cost) items in one script call, all-or-nothing.
+// many (key, limit, cost) items in one script call, all-or-nothing. The policy engine over Redis
+// is `RedisRateLimitEngine` (= BasicRateLimitEngine<RedisEngineBackend>): a request's live rules
+// in one round trip.
 //
 // Units: durations are integer nanoseconds; the clock is the Redis server's `TIME` (one clock
 // for the whole fleet). Keys are bytes; Redis only ever sees prefix + "{" + 32 hex digits of a
@@ -24,8 +26,9 @@
 // Errors: InvalidArgument (bad cost), Unavailable (connection refused or lost, server busy,
 // loading or read-only), DeadlineExceeded (no reply within the command timeout, or no free
 // connection), Internal (a reply of the wrong shape). Never a silent allow; no retries.
-// Thread-safety: `Client` and `RedisGcraLimiter` are thread-safe; share one `Client` (it owns
-// the connection pool) between many limiters. See docs/redis.md for deployment and failure policy.
+// Thread-safety: `Client`, `RedisGcraLimiter` and `RedisEngineBackend` are thread-safe; share one
+// `Client` (it owns the connection pool) between many limiters and engine generations. See
+// docs/redis.md for deployment and failure policy.
 #ifndef SLUICE_REDIS_HPP_
 #define SLUICE_REDIS_HPP_
 
@@ -48,6 +51,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -58,12 +62,15 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sluice/decision.hpp"
 #include "sluice/detail/redis_gcra_script.hpp"
 #include "sluice/detail/sha1.hpp"
+#include "sluice/engine.hpp"
+#include "sluice/policy.hpp"
 #include "sluice/rate_limiter.hpp"
 
 namespace sluice::redis {
@@ -469,7 +476,7 @@ class Client {
   // Independent checks, pipelined on one connection: one write, one reply per item, not atomic
   // as a group. For callers with many unrelated keys at once.
   std::vector<absl::StatusOr<Decision>> check_pipelined(std::span<const CheckItem> items) {
-    return run_pipelined(items);
+    return run_pipelined(items, std::nullopt);
   }
 
   // The Redis key holding `key`'s state under `limit` (for operators; contains no raw key bytes).
@@ -506,6 +513,15 @@ class Client {
       return absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
     }
     return run(items, unix_time);
+  }
+  // Testing hook: as check_pipelined(), with every item decided at `unix_time` (as above).
+  std::vector<absl::StatusOr<Decision>> check_pipelined_at_for_testing(
+      std::span<const CheckItem> items, std::chrono::nanoseconds unix_time) {
+    if (unix_time < std::chrono::nanoseconds::zero()) {
+      return std::vector<absl::StatusOr<Decision>>(
+          items.size(), absl::InvalidArgumentError("sluice::redis: testing time must be >= 0"));
+    }
+    return run_pipelined(items, unix_time);
   }
   // Testing hook: run `body` instead of the bundled script (to prove that wrong replies become
   // errors). Not thread-safe: call before any concurrent check.
@@ -665,7 +681,8 @@ class Client {
     return decide(items, *reply);
   }
 
-  std::vector<absl::StatusOr<Decision>> run_pipelined(std::span<const CheckItem> items) {
+  std::vector<absl::StatusOr<Decision>> run_pipelined(
+      std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time) {
     std::vector<absl::StatusOr<Decision>> results(items.size(),
                                                   absl::UnknownError("sluice::redis: not run"));
     std::vector<Call> calls;
@@ -676,7 +693,7 @@ class Client {
         results[i] = status;
         continue;
       }
-      calls.push_back(build(items.subspan(i, 1), std::nullopt));
+      calls.push_back(build(items.subspan(i, 1), time));
       sent.push_back(i);
     }
     commands.reserve(calls.size());
@@ -967,6 +984,129 @@ class RedisGcraLimiter {
 };
 
 static_assert(sluice::RateLimiter<RedisGcraLimiter>);
+
+// The policy engine's backend over Redis (models sluice::EngineBackend): one `Limit` per compiled
+// rule, state in Redis, so every replica running the same config shares each rule's budget.
+//
+//   auto client = sluice::redis::Client::create({.connection = {.unix_socket = "/run/redis.sock"},
+//                                                 .key_prefix = "rl:gw:", .key_seed = kSeed});
+//   if (!client.ok()) return client.status();
+//   auto engine = sluice::redis::RedisRateLimitEngine::create(config, {.client = *client});
+//   sluice::Evaluation e = engine->evaluate(request);  // one round trip for the live rules
+//
+// A request's live rules cost one round trip: kAllOrNothing is one `Client::check_all` (one
+// script call, atomic on a single node: a denied request consumes nothing in any rule);
+// kEveryRule is one pipelined write of one script call per rule, each deciding alone. Dry-run
+// rules, when a request has any, are a second round trip. Errors come back as the client's
+// absl::Status (Unavailable, DeadlineExceeded, Internal); the engine then fails open or closed.
+// An error in kEveryRule may come after some rules consumed (their replies were lost).
+//
+// Keys: the engine's key for a rule starts with a hash of the rule's fingerprint, and the Redis
+// key is the client's digest of it under the rule's windows (`Client::redis_key`). So an
+// unchanged rule maps to the same Redis key across a reload (its state simply stays in Redis;
+// nothing is transferred) and a changed rule to a fresh one; old keys expire by themselves.
+//
+// Stats: `rule_store_stats` is all zeros: Redis holds the keys (count them there); the engine's
+// per-rule allowed/denied counters work as with the in-memory backend.
+// Thread-safety: `check_rules` may be called concurrently (the client is thread-safe), provided
+// Options::time_for_testing, if set, is too.
+class RedisEngineBackend {
+ public:
+  struct Options {
+    std::shared_ptr<Client> client{};  // required; shared by every generation of the engine
+    // Testing hook: when set, every script call decides at the returned time (ns since the Unix
+    // epoch) instead of the server's TIME. Production code leaves it empty.
+    std::function<std::chrono::nanoseconds()> time_for_testing{};
+  };
+
+  // InvalidArgument naming the rule's label when its windows are outside the script's exact
+  // range (kMaxRequests, kMaxRefill), or when `options.client` is null. Connects lazily.
+  static absl::StatusOr<RedisEngineBackend> create(std::span<const CompiledRule> rules,
+                                                   const RedisEngineBackend* /*previous*/,
+                                                   const Options& options) {
+    if (options.client == nullptr) {
+      return absl::InvalidArgumentError("sluice::redis: RedisEngineBackend needs a client");
+    }
+    RedisEngineBackend backend(options);
+    backend.limits_.reserve(rules.size());
+    for (const CompiledRule& rule : rules) {
+      std::vector<Window> windows;
+      windows.reserve(rule.windows.size());
+      for (const RuleWindow& w : rule.windows) {
+        windows.push_back({.requests = w.requests, .period = w.period, .burst = w.burst});
+      }
+      absl::StatusOr<Limit> limit = Limit::create(std::move(windows));
+      if (!limit.ok()) {
+        return absl::InvalidArgumentError(rule.label + ": " +
+                                          std::string(limit.status().message()));
+      }
+      backend.limits_.push_back(*std::move(limit));
+      backend.labels_.push_back(rule.label);
+    }
+    return backend;
+  }
+
+  absl::Status check_rules(std::span<const RuleKey> keys, std::uint64_t cost, ConsumptionMode mode,
+                           std::span<Decision> out) {
+    if (keys.empty()) {
+      return absl::OkStatus();
+    }
+    absl::InlinedVector<CheckItem, 8> items;
+    for (const RuleKey& k : keys) {
+      const Limit& limit = limits_[k.rule];
+      if (cost > limit.max_cost()) {  // before anything is sent: no rule consumes
+        return absl::InvalidArgumentError(labels_[k.rule] +
+                                          ": cost exceeds the smallest burst and can never pass");
+      }
+      items.push_back({.key = k.key, .limit = &limit, .cost = cost});
+    }
+    const std::optional<std::chrono::nanoseconds> time =
+        options_.time_for_testing ? std::optional(options_.time_for_testing()) : std::nullopt;
+    if (mode == ConsumptionMode::kEveryRule) {
+      std::vector<absl::StatusOr<Decision>> decisions =
+          time ? options_.client->check_pipelined_at_for_testing(items, *time)
+               : options_.client->check_pipelined(items);
+      for (std::size_t i = 0; i < decisions.size(); ++i) {
+        if (!decisions[i].ok()) {
+          return decisions[i].status();
+        }
+        out[i] = *decisions[i];
+      }
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::vector<Decision>> decisions =
+        time ? options_.client->check_all_at_for_testing(items, *time)
+             : options_.client->check_all(items);
+    if (!decisions.ok()) {
+      return decisions.status();
+    }
+    std::copy(decisions->begin(), decisions->end(), out.begin());
+    return absl::OkStatus();
+  }
+
+  // Zeros: the keys live in Redis (see the class comment).
+  StoreStats rule_store_stats(std::size_t /*rule*/) const { return {}; }
+
+  // Rule `rule`'s limit (windows as compiled, shortest first).
+  const Limit& limit(std::size_t rule) const { return limits_[rule]; }
+  // The Redis key holding rule `rule`'s state for the engine key `key` (for operators and tests).
+  std::string redis_key(std::size_t rule, std::string_view key) const {
+    return options_.client->redis_key(key, limits_[rule]);
+  }
+  const std::shared_ptr<Client>& client() const noexcept { return options_.client; }
+
+ private:
+  explicit RedisEngineBackend(Options options) : options_(std::move(options)) {}
+
+  Options options_;
+  std::vector<Limit> limits_;        // per compiled rule
+  std::vector<std::string> labels_;  // per compiled rule, for errors
+};
+
+static_assert(sluice::EngineBackend<RedisEngineBackend>);
+
+// The policy engine with every rule's state in Redis (fleet-wide limits).
+using RedisRateLimitEngine = sluice::BasicRateLimitEngine<RedisEngineBackend>;
 
 }  // namespace sluice::redis
 
