@@ -251,9 +251,9 @@ class BasicRateLimitEngine {
   // Validates and compiles `config` (InvalidArgument naming the path of a bad value).
   static absl::StatusOr<BasicRateLimitEngine> create(const PolicyConfig& config,
                                                      BackendOptions options = {},
-                                                     Observer observer = {}) {
+                                                     const Observer& observer = {}) {
     auto engine = compile(config, std::move(options), nullptr);
-    if (engine.ok()) engine->observer_ = std::move(observer);
+    if (engine.ok()) engine->observer_ = observer;
     return engine;
   }
 
@@ -392,12 +392,12 @@ class BasicRateLimitEngine {
 
     absl::flat_hash_map<std::string, RuleList> bundle_rules;
     std::vector<CompiledRule> compiled;
-    for (CompiledBundle& bundle : *bundles) {
+    for (const CompiledBundle& bundle : *bundles) {
       RuleList& list = bundle_rules[bundle.name];
-      for (CompiledRule& rule : bundle.rules) {
+      for (const CompiledRule& rule : bundle.rules) {
         list.push_back(static_cast<std::uint32_t>(compiled.size()));
         compiled.push_back(rule);
-        engine.rules_.push_back(describe(std::move(rule)));
+        engine.rules_.push_back(describe(rule));
       }
     }
     auto backend =
@@ -433,8 +433,8 @@ class BasicRateLimitEngine {
     return engine;
   }
 
-  static RuleInfo describe(CompiledRule rule) {
-    RuleInfo info{.compiled = std::move(rule)};
+  static RuleInfo describe(const CompiledRule& rule) {
+    RuleInfo info{.compiled = rule};
     std::vector<QuotaPolicy> policies;
     for (const RuleWindow& w : info.compiled.windows) {
       info.window_names.push_back(info.compiled.label + "/" + window_suffix(w.period));

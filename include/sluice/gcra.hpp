@@ -290,9 +290,9 @@ class GcraLimiter {
   // (cost 0) is always admitted.
   template <std::size_t N>
   struct Step {
-    std::array<detail::GcraTat, N> next;  // every window's TAT if admitted
-    std::array<absl::uint128, N> ahead;   // (next TAT − now)·requests per window
-    std::size_t first_denied = N;         // N: every window admits
+    std::array<detail::GcraTat, N> next{};  // every window's TAT if admitted
+    std::array<absl::uint128, N> ahead{};   // (next TAT − now)·requests per window
+    std::size_t first_denied = N;           // N: every window admits
   };
   template <std::size_t N>
   Step<N> step(const detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost) const {

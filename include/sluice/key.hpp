@@ -16,6 +16,7 @@
 #ifndef SLUICE_KEY_HPP_
 #define SLUICE_KEY_HPP_
 
+#include <compare>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -34,7 +35,7 @@ struct KeyDigest {
   bool empty() const noexcept { return (low | high) == 0; }
   friend bool operator==(const KeyDigest&, const KeyDigest&) = default;
   friend auto operator<=>(const KeyDigest& a, const KeyDigest& b) noexcept {
-    if (auto c = a.high <=> b.high; c != 0) return c;
+    if (auto c = a.high <=> b.high; std::is_neq(c)) return c;
     return a.low <=> b.low;
   }
 };

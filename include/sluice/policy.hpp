@@ -235,7 +235,7 @@ struct PolicyConfig {
 // -----------------------------------------------------------------------------
 
 inline constexpr std::uint64_t kMaxRequestsPerWindow = std::uint64_t{1} << 32;
-inline constexpr std::uint64_t kMaxWindowSeconds = 365 * 24 * 3600;  // 31536000
+inline constexpr std::uint64_t kMaxWindowSeconds = std::uint64_t{365} * 24 * 3600;  // 31536000
 
 // The largest burst for a window of `requests` per `period_seconds`: what it replenishes in
 // kMaxWindowSeconds. Requires 1 <= requests <= kMaxRequestsPerWindow and period_seconds >= 1
@@ -303,8 +303,8 @@ constexpr bool is_known(FailureMode mode) noexcept {
   return mode == FailureMode::kFailOpen || mode == FailureMode::kFailClosed;
 }
 
-inline absl::Status invalid(std::string message) {
-  return absl::InvalidArgumentError(std::move(message));
+inline absl::Status invalid(const std::string& message) {
+  return absl::InvalidArgumentError(message);
 }
 
 // `text` in double quotes; `"` and `\` escaped, bytes outside printable ASCII as \xNN, so that
@@ -387,8 +387,9 @@ inline absl::Status check_attachments(
   std::unordered_map<std::string_view, std::size_t> attached;
   for (std::size_t i = 0; i < names.size(); ++i) {
     std::string at = std::string(path) + "[" + std::to_string(i) + "]";
-    if (!bundles.contains(names[i]))
+    if (!bundles.contains(names[i])) {
       return invalid(at + ": unknown bundle " + policy_internal::quoted(names[i]));
+    }
     auto [it, inserted] = attached.emplace(names[i], i);
     if (!inserted) {
       return invalid(at + ": bundle " + policy_internal::quoted(names[i]) +

@@ -334,8 +334,8 @@ class ShardedStore {
   // (time until fresh, digest) order. O(capacity).
   void sweep(Shard& shard, std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     struct Candidate {
-      std::int64_t time_until_fresh;
-      Slot slot;
+      std::int64_t time_until_fresh = 0;
+      Slot slot{};
     };
     thread_local std::vector<Candidate> live;
     live.clear();
@@ -358,8 +358,9 @@ class ShardedStore {
     const std::size_t keep = options_.max_keys_per_shard / 2;
     if (options_.overflow == Overflow::kEvict && live.size() > keep) {
       auto cheaper = [](const Candidate& a, const Candidate& b) {
-        if (a.time_until_fresh != b.time_until_fresh)
+        if (a.time_until_fresh != b.time_until_fresh) {
           return a.time_until_fresh < b.time_until_fresh;
+        }
         return a.slot.digest < b.slot.digest;
       };
       auto evicted = static_cast<std::ptrdiff_t>(live.size() - keep);

@@ -328,8 +328,9 @@ class Loader {
 
   std::vector<Field> fields(const YAML::Node& node, const std::string& path, Keys allowed) {
     visit(node, path);
-    if (!node.IsMap())
+    if (!node.IsMap()) {
       fail(mark_of(path), path, "expected a mapping, got " + describe(node, false));
+    }
     std::vector<Field> out;
     for (auto it = node.begin(); it != node.end(); ++it) {
       const YAML::Node key = it->first;
@@ -688,7 +689,7 @@ inline absl::StatusOr<PolicyConfig> load_config_file(const std::string& path) {
     errno = 0;
     std::ifstream in(path, std::ios::binary);
     if (!in) return io_error("cannot open the config file");
-    std::array<char, 16384> chunk;
+    std::array<char, 16384> chunk{};
     while (in && text.size() <= kMaxConfigBytes) {
       in.read(chunk.data(), chunk.size());
       text.append(chunk.data(), static_cast<std::size_t>(in.gcount()));
