@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -13,6 +14,14 @@ using namespace std::chrono_literals;
 using sluice::Selector;
 
 namespace {
+
+// `name` as a fingerprint spells it: a 4-byte little-endian length, then the bytes.
+std::string part(std::string_view name) {
+  std::string out(4, '\0');
+  out[0] = static_cast<char>(name.size());  // every name here is shorter than 256 bytes
+  out.append(name);
+  return out;
+}
 
 // The documented example bundle.
 sluice::Bundle public_api_limits() {
@@ -252,19 +261,21 @@ TEST_CASE("the documented example compiles to three windows in two rules") {
   CHECK(per_ip.index == 0);
   CHECK_FALSE(per_ip.legacy);
   CHECK(per_ip.selector == std::vector<Selector>{Selector::kIp});
-  CHECK(per_ip.windows == std::vector<sluice::RuleWindow>{{10, 1s, 20}, {600, 60s, 600}});
-  CHECK(per_ip.fingerprint ==
-        "sluice.rule.v1;bundle=17:public-api-limits;rule=name:6:per-ip;selector=ip;"
-        "windows=10/1000000000ns/20,600/60000000000ns/600");
+  CHECK(per_ip.windows == std::vector<sluice::GcraWindow>{{10, 1s, 20}, {600, 60s, 600}});
+  CHECK(per_ip.fingerprint == "sluice.rule.v1;bundle=" + part("public-api-limits") +
+                                  ";rule=name:" + part("per-ip") +
+                                  ";selector=ip;"
+                                  "windows=10/1000000000ns/20,600/60000000000ns/600");
 
   const sluice::CompiledRule& flood = compiled->rules[1];
   CHECK(flood.label == "public-api-limits/per-route-flood");
   CHECK(flood.index == 1);
   CHECK(flood.selector == std::vector<Selector>{Selector::kIp, Selector::kRoute});
-  CHECK(flood.windows == std::vector<sluice::RuleWindow>{{2000, 60s, 2000}});
-  CHECK(flood.fingerprint ==
-        "sluice.rule.v1;bundle=17:public-api-limits;rule=name:15:per-route-flood;"
-        "selector=ip,route;windows=2000/60000000000ns/2000");
+  CHECK(flood.windows == std::vector<sluice::GcraWindow>{{2000, 60s, 2000}});
+  CHECK(flood.fingerprint == "sluice.rule.v1;bundle=" + part("public-api-limits") +
+                                 ";rule=name:" + part("per-route-flood") +
+                                 ";"
+                                 "selector=ip,route;windows=2000/60000000000ns/2000");
 }
 
 TEST_CASE("only the shortest window takes the burst and windows are sorted shortest first") {
@@ -274,7 +285,7 @@ TEST_CASE("only the shortest window takes the burst and windows are sorted short
                                   .requests_per = {.s = 5, .minute = 100, .hour = 1000},
                                   .burst = 7}}});
   CHECK(rule.windows ==
-        std::vector<sluice::RuleWindow>{{5, 1s, 7}, {100, 60s, 100}, {1000, 3600s, 1000}});
+        std::vector<sluice::GcraWindow>{{5, 1s, 7}, {100, 60s, 100}, {1000, 3600s, 1000}});
 
   sluice::CompiledRule minutely_and_hourly =
       only_rule({.name = "b",
@@ -282,7 +293,7 @@ TEST_CASE("only the shortest window takes the burst and windows are sorted short
                                   .requests_per = {.minute = 30, .hour = 600},
                                   .burst = 1}}});
   CHECK(minutely_and_hourly.windows ==
-        std::vector<sluice::RuleWindow>{{30, 60s, 1}, {600, 3600s, 600}});
+        std::vector<sluice::GcraWindow>{{30, 60s, 1}, {600, 3600s, 600}});
 }
 
 TEST_CASE("burst defaults to the shortest window's requests") {
@@ -290,14 +301,14 @@ TEST_CASE("burst defaults to the shortest window's requests") {
       only_rule({.name = "b",
                  .rate_limits = {
                      {.selector = {Selector::kIp}, .requests_per = {.minute = 60, .hour = 500}}}});
-  CHECK(rule.windows == std::vector<sluice::RuleWindow>{{60, 60s, 60}, {500, 3600s, 500}});
+  CHECK(rule.windows == std::vector<sluice::GcraWindow>{{60, 60s, 60}, {500, 3600s, 500}});
 }
 
 TEST_CASE("a burst smaller than the rate is kept as the bucket size") {
   sluice::CompiledRule rule = only_rule(
       {.name = "b",
        .rate_limits = {{.selector = {Selector::kIp}, .requests_per = {.s = 100}, .burst = 1}}});
-  CHECK(rule.windows == std::vector<sluice::RuleWindow>{{100, 1s, 1}});
+  CHECK(rule.windows == std::vector<sluice::GcraWindow>{{100, 1s, 1}});
 }
 
 TEST_CASE("the legacy rate_limit compiles to one route-keyed window with burst equal to requests") {
@@ -308,10 +319,10 @@ TEST_CASE("the legacy rate_limit compiles to one route-keyed window with burst e
   CHECK(rule.index == 0);
   CHECK(rule.label == "login/rate_limit");
   CHECK(rule.selector == std::vector<Selector>{Selector::kRoute});
-  CHECK(rule.windows == std::vector<sluice::RuleWindow>{{5, 60s, 5}});
-  CHECK(rule.fingerprint ==
-        "sluice.rule.v1;bundle=5:login;rule=legacy;selector=route;"
-        "windows=5/60000000000ns/5");
+  CHECK(rule.windows == std::vector<sluice::GcraWindow>{{5, 60s, 5}});
+  CHECK(rule.fingerprint == "sluice.rule.v1;bundle=" + part("login") +
+                                ";rule=legacy;selector=route;"
+                                "windows=5/60000000000ns/5");
 }
 
 TEST_CASE("legacy rate_limit and rate_limits in one bundle both apply") {
@@ -327,7 +338,7 @@ TEST_CASE("legacy rate_limit and rate_limits in one bundle both apply") {
   CHECK(legacy.index == 2);
   CHECK(legacy.label == "public-api-limits/rate_limit");
   CHECK(legacy.selector == std::vector<Selector>{Selector::kRoute});
-  CHECK(legacy.windows == std::vector<sluice::RuleWindow>{{100, 10s, 100}});
+  CHECK(legacy.windows == std::vector<sluice::GcraWindow>{{100, 10s, 100}});
 }
 
 TEST_CASE("an unnamed rule is labelled and fingerprinted by its position") {
@@ -337,9 +348,9 @@ TEST_CASE("an unnamed rule is labelled and fingerprinted by its position") {
        .dry_run = true});
   CHECK(rule.dry_run);
   CHECK(rule.label == "shadow/rate_limits[0]");
-  CHECK(rule.fingerprint ==
-        "sluice.rule.v1;bundle=6:shadow;rule=index:0;selector=credential;"
-        "windows=1000/3600000000000ns/1000");
+  CHECK(rule.fingerprint == "sluice.rule.v1;bundle=" + part("shadow") +
+                                ";rule=index:0;selector=credential;"
+                                "windows=1000/3600000000000ns/1000");
 }
 
 TEST_CASE("selector order in the config does not matter") {
@@ -459,9 +470,9 @@ TEST_CASE("compile_policies compiles every bundle in declaration order") {
   REQUIRE(compiled->size() == 3);
   CHECK((*compiled)[0].name == "public-api-limits");
   CHECK((*compiled)[0].rules.size() == 2);
-  CHECK((*compiled)[1].rules[0].windows == std::vector<sluice::RuleWindow>{{5, 60s, 5}});
+  CHECK((*compiled)[1].rules[0].windows == std::vector<sluice::GcraWindow>{{5, 60s, 5}});
   CHECK((*compiled)[2].dry_run);
-  CHECK((*compiled)[2].rules[0].windows == std::vector<sluice::RuleWindow>{{1000, 3600s, 1000}});
+  CHECK((*compiled)[2].rules[0].windows == std::vector<sluice::GcraWindow>{{1000, 3600s, 1000}});
 }
 
 TEST_CASE("the largest supported values compile") {

@@ -153,12 +153,7 @@ class InMemoryBackend {
       std::shared_ptr<GcraLimiter<ClockT>> limiter =
           previous != nullptr ? previous->find(rule.fingerprint) : nullptr;
       if (limiter == nullptr) {
-        std::vector<GcraWindow> windows;
-        for (const RuleWindow& w : rule.windows) {
-          windows.push_back({.requests = w.requests, .period = w.period, .burst = w.burst});
-        }
-        auto created =
-            GcraLimiter<ClockT>::create(std::move(windows), options.store, options.clock);
+        auto created = GcraLimiter<ClockT>::create(rule.windows, options.store, options.clock);
         if (!created.ok()) {
           return absl::InvalidArgumentError(rule.label + ": " +
                                             std::string(created.status().message()));
@@ -436,7 +431,7 @@ class BasicRateLimitEngine {
   static RuleInfo describe(const CompiledRule& rule) {
     RuleInfo info{.compiled = rule};
     std::vector<QuotaPolicy> policies;
-    for (const RuleWindow& w : info.compiled.windows) {
+    for (const GcraWindow& w : info.compiled.windows) {
       info.window_names.push_back(info.compiled.label + "/" + window_suffix(w.period));
     }
     for (std::size_t i = 0; i < info.compiled.windows.size(); ++i) {
@@ -490,34 +485,25 @@ class BasicRateLimitEngine {
     for (Selector selector : rules_[r].compiled.selector) {
       switch (selector) {
         case Selector::kIp:
-          append_tagged(out, 'i', request.client_ip);
+          append_key_part(out, 'i', request.client_ip);
           break;
         case Selector::kCredential:
           if (request.credential) {
-            append_tagged(out, 'c', *request.credential);
+            append_key_part(out, 'c', *request.credential);
           } else {
-            append_tagged(out, 'i', request.client_ip);
+            append_key_part(out, 'i', request.client_ip);
           }
           break;
         case Selector::kRoute:
           if (request.route) {
-            append_tagged(out, 'r', *request.route);
+            append_key_part(out, 'r', *request.route);
           } else {
-            append_tagged(out, 'u', {});  // unrouted: no route name encodes to this
+            append_key_part(out, 'u', {});  // unrouted: no route name encodes to this
           }
           break;
       }
     }
     return {start, out.size() - start};
-  }
-
-  static void append_tagged(std::string& out, char tag, std::string_view value) {
-    const auto n = static_cast<std::uint32_t>(value.size() + 1);
-    const char length[4] = {static_cast<char>(n & 0xff), static_cast<char>((n >> 8) & 0xff),
-                            static_cast<char>((n >> 16) & 0xff), static_cast<char>(n >> 24)};
-    out.append(length, 4);
-    out.push_back(tag);
-    out.append(value);
   }
 
   void decide_live(Evaluation& e, std::span<const std::uint32_t> live,

@@ -41,15 +41,9 @@
 #include "sluice/detail/limiter_common.hpp"
 #include "sluice/rate_limiter.hpp"
 #include "sluice/store.hpp"
+#include "sluice/window.hpp"
 
 namespace sluice {
-
-// `limit` units per `window`.
-struct FixedWindow {
-  std::uint64_t limit = 0;
-  std::chrono::nanoseconds window{0};
-  friend bool operator==(const FixedWindow&, const FixedWindow&) = default;
-};
 
 namespace detail {
 

@@ -49,16 +49,9 @@
 #include "sluice/detail/limiter_common.hpp"
 #include "sluice/rate_limiter.hpp"
 #include "sluice/store.hpp"
+#include "sluice/window.hpp"
 
 namespace sluice {
-
-// `requests` per `period`, with a bucket of `burst` (0 means `requests`).
-struct GcraWindow {
-  std::uint64_t requests = 0;
-  std::chrono::nanoseconds period{0};
-  std::uint64_t burst = 0;
-  friend bool operator==(const GcraWindow&, const GcraWindow&) = default;
-};
 
 namespace detail {
 

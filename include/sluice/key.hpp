@@ -67,11 +67,22 @@ class KeyHasher {
 
 // Appends one part of a composite key as a 4-byte little-endian length followed by the bytes, so
 // no choice of part contents can make two different part lists encode alike. Parts longer than
-// 4 GiB are not supported (a key that large is a caller bug).
+// 4 GiB - 2 are not supported (a key that large is a caller bug). Every composite key and rule
+// fingerprint in sluice is built with these two functions.
 inline void append_key_part(std::string& out, std::string_view part) {
-  auto n = static_cast<std::uint32_t>(part.size());
-  char length[4] = {static_cast<char>(n & 0xff), static_cast<char>((n >> 8) & 0xff),
-                    static_cast<char>((n >> 16) & 0xff), static_cast<char>((n >> 24) & 0xff)};
+  const auto n = static_cast<std::uint32_t>(part.size());
+  const char length[4] = {static_cast<char>(n & 0xff), static_cast<char>((n >> 8) & 0xff),
+                          static_cast<char>((n >> 16) & 0xff), static_cast<char>(n >> 24)};
+  out.append(length, sizeof(length));
+  out.append(part);
+}
+
+// Appends `tag` followed by `part` as one part: the tag says what kind of value the part holds
+// (an address, a credential, ...), so equal bytes of different kinds are different keys.
+inline void append_key_part(std::string& out, char tag, std::string_view part) {
+  const auto n = static_cast<std::uint32_t>(part.size() + 1);
+  const char length[5] = {static_cast<char>(n & 0xff), static_cast<char>((n >> 8) & 0xff),
+                          static_cast<char>((n >> 16) & 0xff), static_cast<char>(n >> 24), tag};
   out.append(length, sizeof(length));
   out.append(part);
 }

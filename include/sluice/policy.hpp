@@ -50,6 +50,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "sluice/key.hpp"
+#include "sluice/window.hpp"
 
 namespace sluice {
 
@@ -247,16 +249,6 @@ constexpr std::uint64_t max_burst(std::uint64_t requests, std::uint64_t period_s
 // --- compiled form
 // --------------------------------------------------------------------------------
 
-// One compiled window: `requests` per `period`, bucket `burst`. Same layout as sluice::GcraWindow
-// (sluice/gcra.hpp), except that `burst` is always explicit here (never 0).
-struct RuleWindow {
-  std::uint64_t requests = 0;
-  std::chrono::nanoseconds period{0};
-  std::uint64_t burst = 0;
-
-  friend bool operator==(const RuleWindow&, const RuleWindow&) = default;
-};
-
 // One rule in canonical form.
 struct CompiledRule {
   std::string bundle{};   // the owning bundle's name
@@ -268,11 +260,13 @@ struct CompiledRule {
   // when unnamed, "<bundle>/rate_limit" for the legacy rule.
   std::string label{};
   std::vector<Selector> selector{};   // canonical order ip, credential, route; no duplicates
-  std::vector<RuleWindow> windows{};  // shortest period first; only windows[0] has the rule's burst
+  std::vector<GcraWindow> windows{};  // shortest first, burst explicit; only windows[0] has the
+                                      // rule's burst, every other window its requests
   // Identity for reload: equal fingerprints mean the engine may keep the rule's state. Covers the
   // bundle name, the rule's name (its position when unnamed; "legacy" for rate_limit), the
   // selector and every window with its burst; not dry_run (a rule moved from dry-run to enforcing
-  // keeps the buckets it has been filling). Length-prefixed, so it is unambiguous for any names.
+  // keeps the buckets it has been filling). Names are encoded with append_key_part
+  // (sluice/key.hpp), so it is unambiguous for any names.
   std::string fingerprint{};
 
   friend bool operator==(const CompiledRule&, const CompiledRule&) = default;
@@ -467,19 +461,13 @@ inline absl::Status validate_legacy(const LegacyRateLimit& legacy, const std::st
   return check_count(legacy.window_seconds, path + ".window_seconds", kMaxWindowSeconds);
 }
 
-inline void append_length_prefixed(std::string& out, std::string_view text) {
-  out.append(std::to_string(text.size()));
-  out.push_back(':');
-  out.append(text);
-}
-
 // Assumes `rule_windows` and `selector` are valid; canonicalizes and fingerprints.
 inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_t index,
                               bool legacy, std::vector<Selector> selector,
-                              std::vector<RuleWindow> windows) {
+                              std::vector<GcraWindow> windows) {
   std::sort(selector.begin(), selector.end());
   std::sort(windows.begin(), windows.end(),
-            [](const RuleWindow& a, const RuleWindow& b) { return a.period < b.period; });
+            [](const GcraWindow& a, const GcraWindow& b) { return a.period < b.period; });
   CompiledRule rule;
   rule.bundle = bundle.name;
   rule.index = index;
@@ -496,14 +484,14 @@ inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_
 
   std::string& f = rule.fingerprint;
   f = "sluice.rule.v1;bundle=";
-  append_length_prefixed(f, bundle.name);
+  append_key_part(f, bundle.name);
   if (legacy) {
     f += ";rule=legacy";
   } else if (name.empty()) {
     f += ";rule=index:" + std::to_string(index);
   } else {
     f += ";rule=name:";
-    append_length_prefixed(f, name);
+    append_key_part(f, name);
   }
   f += ";selector=";
   for (std::size_t i = 0; i < selector.size(); ++i) {
@@ -529,11 +517,11 @@ inline CompiledBundle compile_valid_bundle(const Bundle& bundle) {
   out.rules.reserve(bundle.rate_limits.size() + (bundle.rate_limit.has_value() ? 1 : 0));
   for (std::size_t i = 0; i < bundle.rate_limits.size(); ++i) {
     const Rule& rule = bundle.rate_limits[i];
-    std::vector<RuleWindow> windows;
+    std::vector<GcraWindow> windows;
     for (const WindowSpec& spec : kWindowSpecs) {
       const std::optional<std::uint64_t>& requests = rule.requests_per.*spec.requests;
       if (!requests.has_value()) continue;
-      windows.push_back(RuleWindow{.requests = *requests,
+      windows.push_back(GcraWindow{.requests = *requests,
                                    .period = std::chrono::seconds(spec.period_seconds),
                                    .burst = *requests});
     }
@@ -544,8 +532,8 @@ inline CompiledBundle compile_valid_bundle(const Bundle& bundle) {
   }
   if (bundle.rate_limit.has_value()) {
     const LegacyRateLimit& legacy = *bundle.rate_limit;
-    std::vector<RuleWindow> windows{
-        RuleWindow{.requests = legacy.requests,
+    std::vector<GcraWindow> windows{
+        GcraWindow{.requests = legacy.requests,
                    .period = std::chrono::seconds(legacy.window_seconds),
                    .burst = legacy.requests}};
     out.rules.push_back(make_rule(bundle, "", bundle.rate_limits.size(), /*legacy=*/true,
