@@ -50,6 +50,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "sluice/detail/text.hpp"
 #include "sluice/key.hpp"
 #include "sluice/window.hpp"
 
@@ -284,7 +285,7 @@ struct CompiledBundle {
 // --- implementation details
 // -----------------------------------------------------------------------
 
-namespace policy_internal {
+namespace detail {
 
 constexpr bool is_known(Selector selector) noexcept {
   return selector == Selector::kIp || selector == Selector::kCredential ||
@@ -299,28 +300,6 @@ constexpr bool is_known(FailureMode mode) noexcept {
 
 inline absl::Status invalid(const std::string& message) {
   return absl::InvalidArgumentError(message);
-}
-
-// `text` in double quotes; `"` and `\` escaped, bytes outside printable ASCII as \xNN, so that
-// untrusted config text cannot forge or break an error message.
-inline std::string quoted(std::string_view text) {
-  constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "\"";
-  for (char c : text) {
-    auto byte = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(c);
-    } else if (byte >= 0x20 && byte <= 0x7e) {
-      out.push_back(c);
-    } else {
-      out.append("\\x");
-      out.push_back(kHex[byte >> 4]);
-      out.push_back(kHex[byte & 0xf]);
-    }
-  }
-  out.push_back('"');
-  return out;
 }
 
 // "<path>.<member>[<i>]"
@@ -341,17 +320,10 @@ inline std::string member(std::string_view path, std::string_view name) {
   return out;
 }
 
-inline bool printable(std::string_view text) {
-  return std::all_of(text.begin(), text.end(), [](char c) {
-    auto byte = static_cast<unsigned char>(c);
-    return byte >= 0x20 && byte <= 0x7e;
-  });
-}
-
 inline absl::Status check_name(std::string_view name, const std::string& path, bool required) {
   if (required && name.empty()) return invalid(path + " must not be empty");
   if (!printable(name)) {
-    return invalid(path + ": " + policy_internal::quoted(name) +
+    return invalid(path + ": " + quoted(name) +
                    " must contain only printable ASCII characters (0x20-0x7E)");
   }
   return absl::OkStatus();
@@ -366,9 +338,8 @@ absl::Status index_names(const std::vector<T>& items, std::string_view list, std
     if (absl::Status s = check_name(items[i].name, path, /*required=*/true); !s.ok()) return s;
     auto [it, inserted] = index.emplace(items[i].name, i);
     if (!inserted) {
-      return invalid(path + ": duplicate " + std::string(kind) + " name " +
-                     policy_internal::quoted(items[i].name) + " (also " +
-                     element("", list, it->second) + ")");
+      return invalid(path + ": duplicate " + std::string(kind) + " name " + quoted(items[i].name) +
+                     " (also " + element("", list, it->second) + ")");
     }
   }
   return absl::OkStatus();
@@ -382,13 +353,12 @@ inline absl::Status check_attachments(
   for (std::size_t i = 0; i < names.size(); ++i) {
     std::string at = std::string(path) + "[" + std::to_string(i) + "]";
     if (!bundles.contains(names[i])) {
-      return invalid(at + ": unknown bundle " + policy_internal::quoted(names[i]));
+      return invalid(at + ": unknown bundle " + quoted(names[i]));
     }
     auto [it, inserted] = attached.emplace(names[i], i);
     if (!inserted) {
-      return invalid(at + ": bundle " + policy_internal::quoted(names[i]) +
-                     " is already attached at " + std::string(path) + "[" +
-                     std::to_string(it->second) + "]");
+      return invalid(at + ": bundle " + quoted(names[i]) + " is already attached at " +
+                     std::string(path) + "[" + std::to_string(it->second) + "]");
     }
   }
   return absl::OkStatus();
@@ -542,7 +512,7 @@ inline CompiledBundle compile_valid_bundle(const Bundle& bundle) {
   return out;
 }
 
-}  // namespace policy_internal
+}  // namespace detail
 
 // --- validation and compilation
 // -------------------------------------------------------------------
@@ -550,28 +520,28 @@ inline CompiledBundle compile_valid_bundle(const Bundle& bundle) {
 // Checks one bundle on its own; `path` prefixes every message (validate() passes "policies[i]").
 // Does not check that the bundle's name is unique (only a whole config can).
 inline absl::Status validate_bundle(const Bundle& bundle, std::string_view path = "bundle") {
-  using namespace policy_internal;
   std::string base(path);
-  if (absl::Status s = check_name(bundle.name, base + ".name", /*required=*/true); !s.ok()) {
+  if (absl::Status s = detail::check_name(bundle.name, base + ".name", /*required=*/true);
+      !s.ok()) {
     return s;
   }
   if (bundle.rate_limits.empty() && !bundle.rate_limit.has_value()) {
-    return invalid(base + " must set rate_limits or rate_limit");
+    return detail::invalid(base + " must set rate_limits or rate_limit");
   }
   std::unordered_map<std::string_view, std::size_t> rule_names;
   for (std::size_t i = 0; i < bundle.rate_limits.size(); ++i) {
     const Rule& rule = bundle.rate_limits[i];
-    std::string at = element(base, "rate_limits", i);
-    if (absl::Status s = validate_rule(rule, at); !s.ok()) return s;
+    std::string at = detail::element(base, "rate_limits", i);
+    if (absl::Status s = detail::validate_rule(rule, at); !s.ok()) return s;
     if (rule.name.empty()) continue;
     auto [it, inserted] = rule_names.emplace(rule.name, i);
     if (!inserted) {
-      return invalid(at + ".name: duplicate rule name " + policy_internal::quoted(rule.name) +
-                     " (also " + element(base, "rate_limits", it->second) + ")");
+      return detail::invalid(at + ".name: duplicate rule name " + detail::quoted(rule.name) +
+                             " (also " + detail::element(base, "rate_limits", it->second) + ")");
     }
   }
   if (bundle.rate_limit.has_value()) {
-    return validate_legacy(*bundle.rate_limit, base + ".rate_limit");
+    return detail::validate_legacy(*bundle.rate_limit, base + ".rate_limit");
   }
   return absl::OkStatus();
 }
@@ -581,112 +551,121 @@ inline absl::Status validate_bundle(const Bundle& bundle, std::string_view path 
 // "routes[2].policies[0]: unknown bundle \"x\"". Order: policies, services, listeners, routes,
 // consumers, gateway, engine; within each, declaration order.
 inline absl::Status validate(const PolicyConfig& config) {
-  using namespace policy_internal;
   std::unordered_map<std::string_view, std::size_t> bundles;
-  if (absl::Status s = index_names(config.policies, "policies", "bundle", bundles); !s.ok()) {
+  if (absl::Status s = detail::index_names(config.policies, "policies", "bundle", bundles);
+      !s.ok()) {
     return s;
   }
   for (std::size_t i = 0; i < config.policies.size(); ++i) {
-    if (absl::Status s = validate_bundle(config.policies[i], element("", "policies", i)); !s.ok()) {
+    if (absl::Status s = validate_bundle(config.policies[i], detail::element("", "policies", i));
+        !s.ok()) {
       return s;
     }
   }
 
   std::unordered_map<std::string_view, std::size_t> services;
-  if (absl::Status s = index_names(config.services, "services", "service", services); !s.ok()) {
+  if (absl::Status s = detail::index_names(config.services, "services", "service", services);
+      !s.ok()) {
     return s;
   }
   for (std::size_t i = 0; i < config.services.size(); ++i) {
-    std::string at = element("", "services", i) + ".policies";
-    if (absl::Status s = check_attachments(config.services[i].policies, at, bundles); !s.ok()) {
+    std::string at = detail::element("", "services", i) + ".policies";
+    if (absl::Status s = detail::check_attachments(config.services[i].policies, at, bundles);
+        !s.ok()) {
       return s;
     }
   }
 
   std::unordered_map<std::string_view, std::size_t> listeners;
-  if (absl::Status s = index_names(config.listeners, "listeners", "listener", listeners); !s.ok()) {
+  if (absl::Status s = detail::index_names(config.listeners, "listeners", "listener", listeners);
+      !s.ok()) {
     return s;
   }
   for (std::size_t i = 0; i < config.listeners.size(); ++i) {
-    std::string at = element("", "listeners", i) + ".policies";
-    if (absl::Status s = check_attachments(config.listeners[i].policies, at, bundles); !s.ok()) {
+    std::string at = detail::element("", "listeners", i) + ".policies";
+    if (absl::Status s = detail::check_attachments(config.listeners[i].policies, at, bundles);
+        !s.ok()) {
       return s;
     }
   }
 
   std::unordered_map<std::string_view, std::size_t> routes;
-  if (absl::Status s = index_names(config.routes, "routes", "route", routes); !s.ok()) return s;
+  if (absl::Status s = detail::index_names(config.routes, "routes", "route", routes); !s.ok())
+    return s;
   std::unordered_map<std::string, std::size_t> prefixes;  // listener '\0' path_prefix -> route
   for (std::size_t i = 0; i < config.routes.size(); ++i) {
     const Route& route = config.routes[i];
-    std::string base = element("", "routes", i);
+    std::string base = detail::element("", "routes", i);
     if (!route.service.empty() && !services.contains(route.service)) {
-      return invalid(base + ".service: unknown service " + policy_internal::quoted(route.service));
+      return detail::invalid(base + ".service: unknown service " + detail::quoted(route.service));
     }
     if (!route.listener.empty() && !listeners.contains(route.listener)) {
-      return invalid(base + ".listener: unknown listener " +
-                     policy_internal::quoted(route.listener));
+      return detail::invalid(base + ".listener: unknown listener " +
+                             detail::quoted(route.listener));
     }
     if (!route.path_prefix.empty()) {
-      if (route.path_prefix.front() != '/' || !printable(route.path_prefix)) {
-        return invalid(base + ".path_prefix: " + policy_internal::quoted(route.path_prefix) +
-                       " must start with '/' and contain only printable ASCII characters");
+      if (route.path_prefix.front() != '/' || !detail::printable(route.path_prefix)) {
+        return detail::invalid(base + ".path_prefix: " + detail::quoted(route.path_prefix) +
+                               " must start with '/' and contain only printable ASCII characters");
       }
       // Listener names are printable ASCII, so '\0' separates the two parts unambiguously.
       std::string match_key = route.listener + '\0' + route.path_prefix;
       auto [it, inserted] = prefixes.emplace(std::move(match_key), i);
       if (!inserted) {
-        return invalid(base + ".path_prefix: " + policy_internal::quoted(route.path_prefix) +
-                       " is already matched by " + element("", "routes", it->second) +
-                       " on the same listener");
+        return detail::invalid(base + ".path_prefix: " + detail::quoted(route.path_prefix) +
+                               " is already matched by " +
+                               detail::element("", "routes", it->second) + " on the same listener");
       }
     }
-    if (absl::Status s = check_attachments(route.policies, base + ".policies", bundles); !s.ok()) {
+    if (absl::Status s = detail::check_attachments(route.policies, base + ".policies", bundles);
+        !s.ok()) {
       return s;
     }
   }
 
   std::unordered_map<std::string_view, std::size_t> consumers;
-  if (absl::Status s = index_names(config.consumers, "consumers", "consumer", consumers); !s.ok()) {
+  if (absl::Status s = detail::index_names(config.consumers, "consumers", "consumer", consumers);
+      !s.ok()) {
     return s;
   }
   // Credential -> path of its first occurrence. Messages never echo a credential: it is a secret.
   std::unordered_map<std::string_view, std::string> credentials;
   for (std::size_t i = 0; i < config.consumers.size(); ++i) {
     const Consumer& consumer = config.consumers[i];
-    std::string base = element("", "consumers", i);
+    std::string base = detail::element("", "consumers", i);
     for (std::size_t j = 0; j < consumer.credentials.size(); ++j) {
-      std::string at = element(base, "credentials", j);
-      if (consumer.credentials[j].empty()) return invalid(at + " must not be empty");
+      std::string at = detail::element(base, "credentials", j);
+      if (consumer.credentials[j].empty()) return detail::invalid(at + " must not be empty");
       auto [it, inserted] = credentials.emplace(consumer.credentials[j], at);
-      if (!inserted) return invalid(at + ": duplicate credential (also " + it->second + ")");
+      if (!inserted)
+        return detail::invalid(at + ": duplicate credential (also " + it->second + ")");
     }
-    if (absl::Status s = check_attachments(consumer.policies, base + ".policies", bundles);
+    if (absl::Status s = detail::check_attachments(consumer.policies, base + ".policies", bundles);
         !s.ok()) {
       return s;
     }
   }
 
-  if (absl::Status s =
-          check_attachments(config.gateway.global_policies, "gateway.global_policies", bundles);
+  if (absl::Status s = detail::check_attachments(config.gateway.global_policies,
+                                                 "gateway.global_policies", bundles);
       !s.ok()) {
     return s;
   }
   for (std::size_t i = 0; i < config.gateway.exempt_paths.size(); ++i) {
     const std::string& exempt = config.gateway.exempt_paths[i];
     if (exempt.empty() || exempt.front() != '/') {
-      return invalid(element("gateway", "exempt_paths", i) + ": " +
-                     policy_internal::quoted(exempt) + " must start with '/'");
+      return detail::invalid(detail::element("gateway", "exempt_paths", i) + ": " +
+                             detail::quoted(exempt) + " must start with '/'");
     }
   }
 
-  if (!is_known(config.engine.consumption)) {
-    return invalid("engine.consumption: unknown mode " +
-                   std::to_string(static_cast<long long>(config.engine.consumption)));
+  if (!detail::is_known(config.engine.consumption)) {
+    return detail::invalid("engine.consumption: unknown mode " +
+                           std::to_string(static_cast<long long>(config.engine.consumption)));
   }
-  if (!is_known(config.engine.on_backend_error)) {
-    return invalid("engine.on_backend_error: unknown mode " +
-                   std::to_string(static_cast<long long>(config.engine.on_backend_error)));
+  if (!detail::is_known(config.engine.on_backend_error)) {
+    return detail::invalid("engine.on_backend_error: unknown mode " +
+                           std::to_string(static_cast<long long>(config.engine.on_backend_error)));
   }
   return absl::OkStatus();
 }
@@ -697,7 +676,7 @@ inline absl::Status validate(const PolicyConfig& config) {
 inline absl::StatusOr<CompiledBundle> compile_bundle(const Bundle& bundle,
                                                      std::string_view path = "bundle") {
   if (absl::Status s = validate_bundle(bundle, path); !s.ok()) return s;
-  return policy_internal::compile_valid_bundle(bundle);
+  return detail::compile_valid_bundle(bundle);
 }
 
 // Validates the whole config, then compiles every bundle, in declaration order.
@@ -706,7 +685,7 @@ inline absl::StatusOr<std::vector<CompiledBundle>> compile_policies(const Policy
   std::vector<CompiledBundle> out;
   out.reserve(config.policies.size());
   for (const Bundle& bundle : config.policies) {
-    out.push_back(policy_internal::compile_valid_bundle(bundle));
+    out.push_back(detail::compile_valid_bundle(bundle));
   }
   return out;
 }

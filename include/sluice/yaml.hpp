@@ -101,8 +101,8 @@ struct LoadError {
 // A scalar's text for an error message: quoted, escaped, at most 40 bytes of it.
 inline std::string echo(std::string_view text) {
   constexpr std::size_t kMaxEcho = 40;
-  if (text.size() <= kMaxEcho) return policy_internal::quoted(text);
-  return policy_internal::quoted(text.substr(0, kMaxEcho)) + "...";
+  if (text.size() <= kMaxEcho) return sluice::detail::quoted(text);
+  return sluice::detail::quoted(text.substr(0, kMaxEcho)) + "...";
 }
 
 // `text` with every byte outside printable ASCII (and `\`) written as \xNN.

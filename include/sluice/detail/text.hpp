@@ -1,0 +1,44 @@
+// Internal: text for error messages built from untrusted input (config values, replies).
+#ifndef SLUICE_DETAIL_TEXT_HPP_
+#define SLUICE_DETAIL_TEXT_HPP_
+
+#include <string>
+#include <string_view>
+
+namespace sluice::detail {
+
+// `text` in double quotes with `"` and `\` escaped and every byte outside printable ASCII
+// (0x20-0x7E) written as \xNN, so that untrusted text can neither forge nor break a message.
+// (absl::CHexEscape writes \n and \t instead, which error messages here never use: one form.)
+inline std::string quoted(std::string_view text) {
+  constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (byte >= 0x20 && byte <= 0x7e) {
+      out.push_back(c);
+    } else {
+      out.append("\\x");
+      out.push_back(kHex[byte >> 4]);
+      out.push_back(kHex[byte & 0xf]);
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+// True iff every byte of `text` is printable ASCII (0x20-0x7E).
+inline bool printable(std::string_view text) {
+  for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte > 0x7e) return false;
+  }
+  return true;
+}
+
+}  // namespace sluice::detail
+
+#endif  // SLUICE_DETAIL_TEXT_HPP_
