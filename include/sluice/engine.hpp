@@ -58,7 +58,7 @@
 #include "absl/status/statusor.h"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
-#include "sluice/detail/spin_lock.hpp"
+#include "sluice/detail/limiter_common.hpp"
 #include "sluice/detail/xxhash.hpp"
 #include "sluice/gcra.hpp"
 #include "sluice/http_fields.hpp"
@@ -178,14 +178,12 @@ class InMemoryBackend {
       return absl::OkStatus();
     }
     absl::InlinedVector<KeyDigest, 8> digests;
-    absl::InlinedVector<detail::SpinLock*, 8> locks;
+    ShardLockSet locks;
     for (const RuleKey& k : keys) {
       digests.push_back(limiters_[k.rule]->digest(k.key));
-      locks.push_back(&limiters_[k.rule]->lock_of(digests.back()));
+      limiters_[k.rule]->add_lock(locks, digests.back());
     }
-    std::sort(locks.begin(), locks.end());
-    locks.erase(std::unique(locks.begin(), locks.end()), locks.end());
-    commit_all(keys, digests, locks, cost, out);
+    commit_all(HeldShardLocks(std::move(locks)), keys, digests, cost, out);
     return absl::OkStatus();
   }
 
@@ -201,24 +199,20 @@ class InMemoryBackend {
     return nullptr;
   }
 
-  // Decides every key under all the locks; commits only if all admit. The locks are a dynamic
-  // set taken in address order, which the static analysis cannot follow.
-  void commit_all(std::span<const RuleKey> keys, std::span<const KeyDigest> digests,
-                  std::span<detail::SpinLock* const> locks, std::uint64_t cost,
-                  std::span<Decision> out) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    for (detail::SpinLock* lock : locks) lock->lock();
+  // Decides every key under `held` (all their shard locks); commits only if all admit.
+  void commit_all(const HeldShardLocks& held, std::span<const RuleKey> keys,
+                  std::span<const KeyDigest> digests, std::uint64_t cost, std::span<Decision> out) {
     const std::int64_t now = detail::saturate_time(clock_.now().count());
     bool all = true;
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      out[i] = limiters_[keys[i].rule]->decide_locked(digests[i], now, cost, false);
+      out[i] = limiters_[keys[i].rule]->decide_locked(held, digests[i], now, cost, false);
       all = all && out[i].allowed();
     }
     if (all && cost != 0) {
       for (std::size_t i = 0; i < keys.size(); ++i) {
-        limiters_[keys[i].rule]->admit_locked(digests[i], now, cost);
+        limiters_[keys[i].rule]->admit_locked(held, digests[i], now, cost);
       }
     }
-    for (auto it = locks.rbegin(); it != locks.rend(); ++it) (*it)->unlock();
   }
 
   ClockT clock_;
@@ -521,9 +515,9 @@ class BasicRateLimitEngine {
       if (!binding) binding = i;
     }
     if (!binding) {
-      for (std::size_t i = 0; i < live.size(); ++i) {
-        if (!binding || decisions[i].remaining < decisions[*binding].remaining) binding = i;
-      }
+      binding = detail::least_remaining(live.size(), [&](std::size_t i) {
+                  return decisions[i].remaining;
+                }).index;
     }
     const std::uint32_t rule = live[*binding];
     Decision d = decisions[*binding];

@@ -157,16 +157,9 @@ class FixedWindowLimiter {
     };
 
     if (first_denied == N) {
-      std::size_t binding = 0;
-      std::uint64_t least = std::numeric_limits<std::uint64_t>::max();
-      for (std::size_t i = 0; i < N; ++i) {
-        current[i].count += cost;
-        const std::uint64_t remaining = windows_[i].limit - current[i].count;
-        if (remaining < least) {
-          least = remaining;
-          binding = i;
-        }
-      }
+      for (std::size_t i = 0; i < N; ++i) current[i].count += cost;
+      const auto [binding, least] = detail::least_remaining(
+          N, [&](std::size_t i) { return windows_[i].limit - current[i].count; });
       if (cost != 0) cell.windows = current;
       return Decision{.reason = Reason::kAllowed,
                       .limit = windows_[binding].limit,

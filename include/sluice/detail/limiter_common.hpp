@@ -63,6 +63,22 @@ inline absl::Status cost_error(std::uint64_t cost, std::uint64_t max_cost, std::
                                     std::to_string(window) + " and can never be admitted");
 }
 
+// The binding window of an admission: the index i in [0, n) with the least `remaining(i)`, and
+// that value; ties go to the lower index (the shorter period, or the higher precedence). n ≥ 1.
+struct LeastRemaining {
+  std::size_t index = 0;
+  std::uint64_t remaining = 0;
+};
+template <class Remaining>
+LeastRemaining least_remaining(std::size_t n, Remaining&& remaining) {
+  LeastRemaining least{0, remaining(std::size_t{0})};
+  for (std::size_t i = 1; i < n; ++i) {
+    const std::uint64_t r = remaining(i);
+    if (r < least.remaining) least = {i, r};
+  }
+  return least;
+}
+
 inline Decision store_full_decision(const StoreFull& full) {
   return Decision{.reason = Reason::kStoreFull,
                   .retry_after = std::chrono::nanoseconds{full.retry_after_ns}};
