@@ -56,6 +56,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/detail/limiter_common.hpp"
@@ -155,8 +156,8 @@ class InMemoryBackend {
       if (limiter == nullptr) {
         auto created = GcraLimiter<ClockT>::create(rule.windows, options.store, options.clock);
         if (!created.ok()) {
-          return absl::InvalidArgumentError(rule.label + ": " +
-                                            std::string(created.status().message()));
+          return absl::InvalidArgumentError(
+              absl::StrCat(rule.label, ": ", created.status().message()));
         }
         limiter = std::make_shared<GcraLimiter<ClockT>>(*std::move(created));
       }
@@ -426,7 +427,7 @@ class BasicRateLimitEngine {
     RuleInfo info{.compiled = rule};
     std::vector<QuotaPolicy> policies;
     for (const GcraWindow& w : info.compiled.windows) {
-      info.window_names.push_back(info.compiled.label + "/" + window_suffix(w.period));
+      info.window_names.push_back(absl::StrCat(info.compiled.label, "/", window_suffix(w.period)));
     }
     for (std::size_t i = 0; i < info.compiled.windows.size(); ++i) {
       policies.push_back({.name = info.window_names[i],
@@ -451,7 +452,7 @@ class BasicRateLimitEngine {
     if (period == std::chrono::seconds(1)) return "s";
     if (period == std::chrono::minutes(1)) return "minute";
     if (period == std::chrono::hours(1)) return "hour";
-    return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(period).count()) + "s";
+    return absl::StrCat(std::chrono::duration_cast<std::chrono::seconds>(period).count(), "s");
   }
 
   std::shared_ptr<RuleCounters> counters_for(const std::string& fingerprint) const {

@@ -338,8 +338,9 @@ absl::Status index_names(const std::vector<T>& items, std::string_view list, std
     if (absl::Status s = check_name(items[i].name, path, /*required=*/true); !s.ok()) return s;
     auto [it, inserted] = index.emplace(items[i].name, i);
     if (!inserted) {
-      return invalid(path + ": duplicate " + std::string(kind) + " name " + detail::quoted(items[i].name) +
-                     " (also " + element("", list, it->second) + ")");
+      return invalid(path + ": duplicate " + std::string(kind) + " name " +
+                     detail::quoted(items[i].name) + " (also " + element("", list, it->second) +
+                     ")");
     }
   }
   return absl::OkStatus();
