@@ -14,7 +14,7 @@
 //   if (e.dry_denied) log_would_deny(engine->rule(e.dry_denied->rule).label);
 //   auto next = engine->reload(new_config);  // unchanged rules keep their state
 //
-// What applies (S9): every bundle attached at a scope the request has — consumer, route, service,
+// What applies: every bundle attached at a scope the request has — consumer, route, service,
 // listener, global — in that precedence order (declaration order inside a scope); a rule attached
 // twice applies once. Exempt paths (exact match) get nothing. All live rules are evaluated; the
 // request is denied if any denies. Retry-After is the longest wait over denying rules, the
@@ -103,7 +103,7 @@ struct Evaluation {
   absl::Status backend_error{};              // OK unless the backend (or the cost) failed
 };
 
-// Per-rule counters (S13); no raw keys.
+// Per-rule counters; no raw keys.
 struct RuleStats {
   std::string label{};
   bool dry_run = false;
@@ -225,7 +225,7 @@ template <EngineBackend Backend>
 class BasicRateLimitEngine {
  public:
   using BackendOptions = typename Backend::Options;
-  // Called after every non-exempt evaluation, on the evaluating thread (S13). It sees rule indices
+  // Called after every non-exempt evaluation, on the evaluating thread. It sees rule indices
   // and decisions, never keys; it must be thread-safe and fast (it runs on the request path).
   using Observer = std::function<void(const Evaluation&)>;
 

@@ -17,7 +17,7 @@
 //   absl::StatusOr<std::vector<sluice::CompiledBundle>> bundles = sluice::compile_policies(config);
 //   // per-ip: {10 per 1 s, burst 20}, {600 per 60 s, burst 600}
 //
-// Model (S8): a Rule limits requests per key, the key built from its selector (ip, credential,
+// Model: a Rule limits requests per key, the key built from its selector (ip, credential,
 // route); each of `requests_per.s/minute/hour` is one stacked window, all must admit. A Bundle is
 // a named list of rules (plus the legacy single-window `rate_limit`). Bundles attach, by name, at
 // five scopes: consumer, route, service, listener and global (`gateway.global_policies`).
