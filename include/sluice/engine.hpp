@@ -261,19 +261,8 @@ class BasicRateLimitEngine {
       e.exempt = true;
       return e;
     }
-    absl::InlinedVector<std::uint32_t, 16> live, dry;
-    auto add = [&](const std::vector<std::uint32_t>* rules) {
-      if (rules == nullptr) return;
-      for (std::uint32_t r : *rules) {
-        auto& group = rules_[r].compiled.dry_run ? dry : live;
-        if (std::find(group.begin(), group.end(), r) == group.end()) group.push_back(r);
-      }
-    };
-    add(lookup(consumer_rules_, request.consumer));
-    add(lookup(route_rules_, request.route));
-    add(lookup(service_rules_, request.service));
-    add(lookup(listener_rules_, request.listener));
-    add(&global_rules_);
+    RuleGroup live, dry;
+    select_rules(request, live, dry);
 
     // Keys for both groups in one buffer; views are taken once it stops growing.
     thread_local std::string buffer;
@@ -303,18 +292,8 @@ class BasicRateLimitEngine {
       }
     }
     if (!dry.empty()) {
-      auto out = std::span(decisions.data() + live.size(), dry.size());
-      if (backend_->check_rules(dry_keys, request.cost, options_mode_, out).ok()) {
-        for (std::size_t i = 0; i < dry.size(); ++i) {
-          RuleCounters& c = *counters_[dry[i]];
-          if (out[i].allowed()) {
-            c.allowed.fetch_add(1, std::memory_order_relaxed);
-          } else {
-            c.dry_denied.fetch_add(1, std::memory_order_relaxed);
-            if (!e.dry_denied) e.dry_denied = RuleDecision{dry[i], out[i]};
-          }
-        }
-      }
+      evaluate_dry(e, dry, dry_keys, request.cost,
+                   std::span(decisions.data() + live.size(), dry.size()));
     }
     if (observer_) observer_(e);
     return e;
@@ -499,6 +478,41 @@ class BasicRateLimitEngine {
       }
     }
     return {start, out.size() - start};
+  }
+
+  using RuleGroup = absl::InlinedVector<std::uint32_t, 16>;
+
+  // The rules that apply to `request`, in precedence order (consumer, route, service, listener,
+  // global), each once, split into live and dry-run rules.
+  void select_rules(const RequestContext& request, RuleGroup& live, RuleGroup& dry) const {
+    auto add = [&](const RuleList* rules) {
+      if (rules == nullptr) return;
+      for (std::uint32_t r : *rules) {
+        RuleGroup& group = rules_[r].compiled.dry_run ? dry : live;
+        if (std::find(group.begin(), group.end(), r) == group.end()) group.push_back(r);
+      }
+    };
+    add(lookup(consumer_rules_, request.consumer));
+    add(lookup(route_rules_, request.route));
+    add(lookup(service_rules_, request.service));
+    add(lookup(listener_rules_, request.listener));
+    add(&global_rules_);
+  }
+
+  // Dry-run rules: decided (and consuming) as their own group; never deny, never add fields.
+  void evaluate_dry(Evaluation& e, std::span<const std::uint32_t> dry,
+                    std::span<const RuleKey> keys, std::uint64_t cost,
+                    std::span<Decision> out) const {
+    if (!backend_->check_rules(keys, cost, options_mode_, out).ok()) return;
+    for (std::size_t i = 0; i < dry.size(); ++i) {
+      RuleCounters& c = *counters_[dry[i]];
+      if (out[i].allowed()) {
+        c.allowed.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        c.dry_denied.fetch_add(1, std::memory_order_relaxed);
+        if (!e.dry_denied) e.dry_denied = RuleDecision{dry[i], out[i]};
+      }
+    }
   }
 
   void decide_live(Evaluation& e, std::span<const std::uint32_t> live,
