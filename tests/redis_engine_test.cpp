@@ -325,7 +325,7 @@ TEST_CASE("a reload over Redis keeps an unchanged rule's state and starts a chan
   CHECK(admitted(*second, on_route("10.0.0.1", "x"), 3) == 0);  // nothing extra across a reload
   CHECK(admitted(*second, on_route("10.0.0.1", "y"), 5) == 3);  // the changed rule starts fresh
   CHECK(server.redis.keys().size() == 3);  // the same key for `same`, a new one for `changing`
-  CHECK(second->stats()[0].allowed == 2);
+  CHECK(second->stats()[0].admitted == 2);
   CHECK(second->stats()[0].denied == 4);
   CHECK(second->stats()[0].store == sluice::StoreStats{});  // the keys live in Redis
 }
