@@ -496,3 +496,19 @@ TEST_CASE("counters add up: admissions while a rule applied, its own denials, no
   CHECK(stats[2].admitted == 1);
   CHECK(stats[2].dry_denied == 1);  // its own group: it admitted two requests, would deny the 3rd
 }
+
+TEST_CASE("whatever validates compiles: the largest supported rule runs in the engine") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "max",
+                    .rate_limits = {rule("max", {Selector::kIp},
+                                         {.s = sluice::kMaxRequestsPerWindow},
+                                         sluice::max_burst(sluice::kMaxRequestsPerWindow, 1))},
+                    .rate_limit = sluice::LegacyRateLimit{sluice::kMaxRequestsPerWindow,
+                                                          sluice::kMaxWindowSeconds}}},
+      .gateway = {.global_policies = {"max"}}};
+  REQUIRE(sluice::validate(config).ok());
+  auto engine = Engine::create(config, {.store = {.seed = 1}, .clock = clock});
+  REQUIRE(engine.ok());
+  CHECK(engine->evaluate({.client_ip = "10.0.0.1", .path = "/"}).allowed);
+}
