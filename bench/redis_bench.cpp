@@ -29,7 +29,6 @@
 #include <system_error>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "redis_server.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/redis.hpp"
@@ -146,7 +145,7 @@ double server_usec_per_call(std::string_view cmdstat) {
     return -1;
   }
   const std::string_view text(info->str, info->len);
-  const std::size_t at = text.find(absl::StrCat("cmdstat_", cmdstat, ":"));
+  const std::size_t at = text.find("cmdstat_" + std::string(cmdstat) + ":");
   const std::size_t value = at == std::string_view::npos ? at : text.find("usec_per_call=", at);
   if (value == std::string_view::npos) {
     return -1;
