@@ -19,14 +19,15 @@
 #include <sys/time.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
-#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "sluice/redis/detail/status.hpp"
 #include "sluice/redis/options.hpp"
 
@@ -85,10 +86,9 @@ class ConnectionPool {
   // command_timeout for one to come back.
   absl::StatusOr<Lease> acquire() {
     {
-      std::unique_lock lock(mu_);
-      const bool ready = available_.wait_for(lock, options_.command_timeout, [this] {
-        return !idle_.empty() || open_ < options_.max_connections;
-      });
+      absl::MutexLock lock(&mu_);
+      const bool ready = mu_.AwaitWithTimeout(absl::Condition(this, &ConnectionPool::has_capacity),
+                                              absl::FromChrono(options_.command_timeout));
       if (!ready) {
         return absl::DeadlineExceededError(
             "sluice::redis: no free connection within the command timeout");
@@ -110,22 +110,24 @@ class ConnectionPool {
 
   // Connections open now, idle or leased.
   std::size_t open_connections() const {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     return open_;
   }
 
  private:
+  bool has_capacity() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !idle_.empty() || open_ < options_.max_connections;
+  }
+
   // Returns a healthy connection to the free list, or (nullptr) gives up a closed one's slot.
+  // A waiter in acquire() wakes when has_capacity() turns true (absl::Mutex re-evaluates it).
   void release(redisContext* context) {
-    {
-      std::lock_guard lock(mu_);
-      if (context != nullptr) {
-        idle_.push_back(context);
-      } else {
-        --open_;
-      }
+    absl::MutexLock lock(&mu_);
+    if (context != nullptr) {
+      idle_.push_back(context);
+    } else {
+      --open_;
     }
-    available_.notify_one();
   }
 
   absl::StatusOr<redisContext*> connect() const {
@@ -152,12 +154,9 @@ class ConnectionPool {
   }
 
   const ConnectionOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable available_;  // signalled when a connection or a slot is released
-  // Guarded by mu_ (std::mutex carries no thread-safety annotations in libstdc++, so the
-  // guard is stated here rather than with ABSL_GUARDED_BY).
-  std::vector<redisContext*> idle_;
-  std::size_t open_ = 0;  // idle + leased
+  mutable absl::Mutex mu_;
+  std::vector<redisContext*> idle_ ABSL_GUARDED_BY(mu_);
+  std::size_t open_ ABSL_GUARDED_BY(mu_) = 0;  // idle + leased
 };
 
 }  // namespace sluice::redis::detail
