@@ -215,6 +215,79 @@ TEST_CASE("a full reject_new_keys shard denies new keys until its earliest cell 
         sluice::StoreStats{.size = kCap, .idle_reclaimed = 1, .capacity_denials = 2});
 }
 
+// A digest in shard `shard` (tests that drive one shard pick digests directly).
+sluice::KeyDigest digest_in_shard(std::mt19937_64& rng, std::size_t shard) {
+  return {rng() | 1, (rng() << 6) | shard};
+}
+
+// Inserts `keys` new keys into shard 0 of a full kRejectNewKeys store, `per_hold` of them per
+// hold time: a flood at `per_hold / cap` times the expiry rate. Returns the
+// cells and slots examined per new key and per admitted one.
+struct FloodWork {
+  double per_new_key;
+  double per_admitted;
+  sluice::StoreStats stats;
+};
+FloodWork reject_flood(std::size_t cap, std::uint64_t keys, std::uint64_t per_hold) {
+  Store store({.max_keys_per_shard = cap, .overflow = sluice::Overflow::kRejectNewKeys, .seed = 1});
+  constexpr std::int64_t kStep = 1000;  // ns between fill inserts
+  const std::int64_t hold = static_cast<std::int64_t>(cap) * kStep;
+  std::mt19937_64 rng(7);
+  for (std::size_t i = 0; i < cap; ++i) {
+    REQUIRE(touch(store, digest_in_shard(rng, 0), static_cast<std::int64_t>(i) * kStep, hold));
+  }
+  const std::uint64_t before = store.sweep_work();
+  std::uint64_t admitted = 0;
+  for (std::uint64_t i = 0; i < keys; ++i) {
+    const std::int64_t at =
+        hold + static_cast<std::int64_t>(i) * hold / static_cast<std::int64_t>(per_hold);
+    admitted += touch(store, digest_in_shard(rng, 0), at, hold) ? 1 : 0;
+  }
+  const auto work = static_cast<double>(store.sweep_work() - before);
+  return {work / static_cast<double>(keys), work / static_cast<double>(admitted), store.stats()};
+}
+
+TEST_CASE("a reject_new_keys shard admits a new key as soon as any cell is idle") {
+  // The login-throttle case: cells inserted after the shard last made room go idle first.
+  constexpr std::size_t kCap = 1024;
+  Store store(
+      {.max_keys_per_shard = kCap, .overflow = sluice::Overflow::kRejectNewKeys, .seed = 1});
+  std::mt19937_64 rng(3);
+  for (std::size_t i = 0; i < kCap; ++i) {  // half held an hour, half one second
+    REQUIRE(touch(store, digest_in_shard(rng, 0), 0, i % 2 == 0 ? 3600 * kSecond : kSecond));
+  }
+  for (std::size_t i = 0; i < kCap / 2; ++i) {  // at 2 s the short half is replaced
+    REQUIRE(touch(store, digest_in_shard(rng, 0), 2 * kSecond, kSecond));
+  }
+  std::size_t admitted = 0;
+  for (std::size_t i = 0; i < kCap / 2; ++i) {  // at 4 s the replacements are idle in turn
+    admitted += touch(store, digest_in_shard(rng, 0), 4 * kSecond, kSecond) ? 1 : 0;
+  }
+  CHECK(admitted == kCap / 2);
+  CHECK(store.stats() ==
+        sluice::StoreStats{.size = kCap, .idle_reclaimed = kCap, .capacity_denials = 0});
+}
+
+TEST_CASE("a reject_new_keys flood at the expiry rate examines at most 4 slots per insert") {
+  constexpr std::size_t kCap = 16384;
+  const FloodWork flood = reject_flood(kCap, 8 * kCap, kCap);
+  INFO("examined per new key " << flood.per_new_key << ", per admitted " << flood.per_admitted);
+  CHECK(flood.stats ==
+        sluice::StoreStats{.size = kCap, .idle_reclaimed = 8 * kCap, .capacity_denials = 0});
+  CHECK(flood.per_new_key <= 4.0);
+}
+
+TEST_CASE("a reject_new_keys flood at twice the expiry rate examines at most 4 slots per new key") {
+  constexpr std::size_t kCap = 16384;
+  const FloodWork flood = reject_flood(kCap, 16 * kCap, 2 * kCap);
+  INFO("examined per new key " << flood.per_new_key << ", per admitted " << flood.per_admitted);
+  // Every cell is replaced when it goes idle and every other new key is refused.
+  CHECK(flood.stats ==
+        sluice::StoreStats{.size = kCap, .idle_reclaimed = 8 * kCap, .capacity_denials = 8 * kCap});
+  CHECK(flood.per_new_key <= 4.0);
+  CHECK(flood.per_admitted <= 4.0);
+}
+
 TEST_CASE("a peek on an unknown key stores nothing") {
   Store store({.seed = 1});
   bool seen = store.update(
