@@ -288,6 +288,26 @@ TEST_CASE("a reject_new_keys flood at twice the expiry rate examines at most 4 s
   CHECK(flood.per_admitted <= 4.0);
 }
 
+TEST_CASE("store options outside the supported cap range are invalid") {
+  CHECK(sluice::validate({.max_keys_per_shard = 2, .seed = 1}).ok());
+  CHECK(sluice::validate({.max_keys_per_shard = sluice::kMaxKeysPerShard, .seed = 1}).ok());
+  CHECK(sluice::validate({.max_keys_per_shard = 0, .seed = 1}) ==
+        absl::InvalidArgumentError("max_keys_per_shard must be in [2, 2^32], got 0"));
+  CHECK(sluice::validate({.max_keys_per_shard = std::size_t{1} << 62, .seed = 1}).code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a store built directly with a cap near 2^62 clamps it and keeps inserting") {
+  Store store({.max_keys_per_shard = (std::size_t{1} << 62) + 5, .seed = 1});
+  std::size_t admitted = 0;
+  for (int i = 0; i < 10'000; ++i) {
+    admitted += touch(store, store.digest("k" + std::to_string(i)), 0, kSecond) ? 1 : 0;
+  }
+  CHECK(store.options().max_keys_per_shard == sluice::kMaxKeysPerShard);
+  CHECK(admitted == 10'000);
+  CHECK(tracked(store) == 10'000);
+}
+
 TEST_CASE("a peek on an unknown key stores nothing") {
   Store store({.seed = 1});
   bool seen = store.update(
