@@ -308,6 +308,43 @@ TEST_CASE("a store built directly with a cap near 2^62 clamps it and keeps inser
   CHECK(tracked(store) == 10'000);
 }
 
+TEST_CASE("a reject_new_keys denial waits for the earliest cell, touched or inserted late") {
+  constexpr std::size_t kCap = 8;
+  constexpr std::int64_t kHalf = kSecond / 2;
+  Store store(
+      {.max_keys_per_shard = kCap, .overflow = sluice::Overflow::kRejectNewKeys, .seed = 1});
+  std::mt19937_64 rng(5);
+  std::vector<sluice::KeyDigest> keys;
+  for (std::size_t i = 0; i < kCap + 2; ++i) keys.push_back(digest_in_shard(rng, 0));
+  for (std::size_t i = 0; i < kCap; ++i) {  // idle at 5 s, 6 s, ..., 12 s
+    REQUIRE(touch(store, keys[i], 0, (5 + std::int64_t(i)) * kSecond));
+  }
+  REQUIRE(touch(store, keys[0], kSecond, 20 * kSecond));  // now idle at 21 s
+  // At 6 s the first cell indexed (5 s) is live; the second (6 s) is idle and makes room for a
+  // key idle at 6.5 s, before any older cell.
+  REQUIRE(touch(store, keys[kCap], 6 * kSecond, kHalf));
+
+  std::int64_t retry = 0;
+  const bool admitted = store.update(
+      keys[kCap + 1], 6 * kSecond,
+      [](HoldCell& cell, std::int64_t at) {
+        cell.fresh_at = at + kSecond;
+        return true;
+      },
+      [&](sluice::StoreFull full) {
+        retry = full.retry_after_ns;
+        return false;
+      });
+  CHECK_FALSE(admitted);
+  CHECK(retry == kHalf);
+  CHECK(touch(store, keys[kCap + 1], 6 * kSecond + kHalf, kSecond));
+  CHECK(store.find(keys[0])->touches == 2);
+  CHECK_FALSE(store.find(keys[1]).has_value());
+  CHECK_FALSE(store.find(keys[kCap]).has_value());
+  CHECK(store.stats() ==
+        sluice::StoreStats{.size = kCap, .idle_reclaimed = 2, .capacity_denials = 1});
+}
+
 TEST_CASE("a peek on an unknown key stores nothing") {
   Store store({.seed = 1});
   bool seen = store.update(

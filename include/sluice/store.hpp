@@ -27,8 +27,8 @@
 //      was made is re-indexed when its entry comes up, paid for by those updates. A removed key
 //      leaves a marker that later inserts reuse; a table that markers would take past 7/8 load is
 //      rebuilt without them, O(capacity) after at least 3/4·cap removals. Fewer than 4 cells or
-//      slots examined per insert (one index entry plus at most 8/3 of a rebuild), and one per
-//      denial.
+//      slots examined per insert (one index entry plus at most 8/3 of a rebuild), one per denial,
+//      plus one per cell updated since its entry was made.
 //
 // Time: integer nanoseconds since the clock's epoch, in [-2^62, 2^62). Each shard remembers the
 // latest time it has seen and clamps earlier readings to it, so a clock that steps back never
@@ -371,8 +371,8 @@ class ShardedStore {
 
   bool rejects() const noexcept { return options_.overflow == Overflow::kRejectNewKeys; }
 
-  // kEvict: room for cap keys at 3/4 load. kRejectNewKeys: twice that, so that removed markers can
-  // accumulate to cap/2 before a rebuild. At most 2^33 slots.
+  // kEvict: room for cap keys at 3/4 load. kRejectNewKeys: 2·cap, so that removed markers can
+  // accumulate to 3/4·cap before a rebuild. At most 2^33 slots.
   std::size_t max_capacity() const noexcept {
     const std::size_t cap = options_.max_keys_per_shard;
     return rejects() ? 2 * cap : cap * 4 / 3 + 1;
@@ -449,7 +449,7 @@ class ShardedStore {
     if (used <= shard.capacity * 3 / 4) return index;
     if (shard.capacity < max_capacity()) {
       grow(shard, now);
-    } else if (used > shard.capacity / 8 * 7) {  // only removed markers take a table past 3/4
+    } else if (used > shard.capacity / 8 * 7) {  // only markers take it past 3/4; one stays empty
       Shard::bump(shard.examined, shard.capacity);
       rebuild_keys(shard, shard.capacity, now);
     } else {
