@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -343,6 +344,45 @@ TEST_CASE("a reject_new_keys denial waits for the earliest cell, touched or inse
   CHECK_FALSE(store.find(keys[kCap]).has_value());
   CHECK(store.stats() ==
         sluice::StoreStats{.size = kCap, .idle_reclaimed = 2, .capacity_denials = 1});
+}
+
+TEST_CASE("a reject_new_keys store refuses a new key only while no cell of its shard is idle") {
+  constexpr std::size_t kCap = 16;
+  Store store(
+      {.max_keys_per_shard = kCap, .overflow = sluice::Overflow::kRejectNewKeys, .seed = 1});
+  std::mt19937_64 rng(11);
+  std::vector<sluice::KeyDigest> candidates;  // keys that may be tracked (shard 0)
+  std::int64_t now = 0;
+  std::uint64_t refusals = 0, while_idle = 0, wrong_retry = 0;
+  for (int i = 0; i < 20'000; ++i) {
+    now += static_cast<std::int64_t>(rng() % (kSecond / 4));
+    const bool new_key = candidates.empty() || rng() % 2 == 0;
+    if (new_key) candidates.push_back(digest_in_shard(rng, 0));
+    const sluice::KeyDigest key =
+        new_key ? candidates.back() : candidates[rng() % candidates.size()];
+    const auto hold = static_cast<std::int64_t>(1 + rng() % (8 * kSecond));
+    std::optional<std::int64_t> retry;
+    store.update(
+        key, now,
+        [&](HoldCell& cell, std::int64_t at) {
+          cell.fresh_at = std::max(cell.fresh_at, at + hold);
+          return true;
+        },
+        [&](sluice::StoreFull full) {
+          retry = full.retry_after_ns;
+          return false;
+        });
+    if (!retry) continue;
+    ++refusals;
+    std::erase_if(candidates, [&](const sluice::KeyDigest& k) { return !store.find(k); });
+    std::int64_t earliest = std::numeric_limits<std::int64_t>::max();
+    for (const auto& k : candidates) earliest = std::min(earliest, store.find(k)->fresh_at);
+    while_idle += earliest <= now ? 1 : 0;
+    wrong_retry += earliest - now != *retry ? 1 : 0;
+  }
+  CHECK(refusals > 1000);  // the premise: the shard was often full of live cells
+  CHECK(while_idle == 0);
+  CHECK(wrong_retry == 0);
 }
 
 TEST_CASE("a peek on an unknown key stores nothing") {
