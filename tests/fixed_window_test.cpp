@@ -1,5 +1,6 @@
 #include "sluice/fixed_window.hpp"
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -116,4 +117,14 @@ TEST_CASE("fixed-window create rejects bad windows naming the bad value") {
   CHECK(error({{.limit = 0, .window = 1s}}) == "windows[0].limit must be in [1, 2^62], got 0");
   CHECK(error({{.limit = 1, .window = 1s}, {.limit = 1, .window = 0s}}) ==
         "windows[1].window must be in [1ns, 2^60 ns], got 0ns");
+}
+
+TEST_CASE("fixed-window create rejects a store cap that could wrap") {
+  auto limiter = Limiter::create({{.limit = 1, .window = 1s}},
+                                 {.max_keys_per_shard = std::size_t{1} << 62, .seed = 1},
+                                 sluice::ManualClock());
+  REQUIRE_FALSE(limiter.ok());
+  CHECK(limiter.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(limiter.status().message() ==
+        "max_keys_per_shard must be in [2, 2^32], got " + std::to_string(std::size_t{1} << 62));
 }

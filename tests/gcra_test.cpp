@@ -1,7 +1,9 @@
 #include "sluice/gcra.hpp"
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -271,4 +273,19 @@ TEST_CASE("a full reject_new_keys limiter answers store full for new keys only")
   CHECK(last.retry_after == 1min);
   CHECK(limiter.stats().capacity_denials == static_cast<std::uint64_t>(full));
   CHECK(limiter.stats().live_evicted == 0);
+}
+
+TEST_CASE("create rejects a store cap below 2 or above 2^32") {
+  auto error = [](std::size_t cap) {
+    auto limiter = Limiter::create({{.requests = 1, .period = 1s}},
+                                   {.max_keys_per_shard = cap, .seed = 1}, sluice::ManualClock());
+    REQUIRE_FALSE(limiter.ok());
+    CHECK(limiter.status().code() == absl::StatusCode::kInvalidArgument);
+    return std::string(limiter.status().message());
+  };
+  CHECK(error(1) == "max_keys_per_shard must be in [2, 2^32], got 1");
+  CHECK(error((std::size_t{1} << 32) + 1) ==
+        "max_keys_per_shard must be in [2, 2^32], got 4294967297");
+  CHECK(error(std::numeric_limits<std::size_t>::max()) ==
+        "max_keys_per_shard must be in [2, 2^32], got 18446744073709551615");
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -213,6 +214,175 @@ TEST_CASE("a full reject_new_keys shard denies new keys until its earliest cell 
   CHECK(touch(store, keys[kCap], 5 * kSecond, kSecond));
   CHECK(store.stats() ==
         sluice::StoreStats{.size = kCap, .idle_reclaimed = 1, .capacity_denials = 2});
+}
+
+// A digest in shard `shard` (tests that drive one shard pick digests directly).
+sluice::KeyDigest digest_in_shard(std::mt19937_64& rng, std::size_t shard) {
+  return {rng() | 1, (rng() << 6) | shard};
+}
+
+// Inserts `keys` new keys into shard 0 of a full kRejectNewKeys store, `per_hold` of them per
+// hold time: a flood at `per_hold / cap` times the expiry rate. Returns the
+// cells and slots examined per new key and per admitted one.
+struct FloodWork {
+  double per_new_key;
+  double per_admitted;
+  sluice::StoreStats stats;
+};
+FloodWork reject_flood(std::size_t cap, std::uint64_t keys, std::uint64_t per_hold) {
+  Store store({.max_keys_per_shard = cap, .overflow = sluice::Overflow::kRejectNewKeys, .seed = 1});
+  constexpr std::int64_t kStep = 1000;  // ns between fill inserts
+  const std::int64_t hold = static_cast<std::int64_t>(cap) * kStep;
+  std::mt19937_64 rng(7);
+  for (std::size_t i = 0; i < cap; ++i) {
+    REQUIRE(touch(store, digest_in_shard(rng, 0), static_cast<std::int64_t>(i) * kStep, hold));
+  }
+  const std::uint64_t before = store.sweep_work();
+  std::uint64_t admitted = 0;
+  for (std::uint64_t i = 0; i < keys; ++i) {
+    const std::int64_t at =
+        hold + static_cast<std::int64_t>(i) * hold / static_cast<std::int64_t>(per_hold);
+    admitted += touch(store, digest_in_shard(rng, 0), at, hold) ? 1 : 0;
+  }
+  const auto work = static_cast<double>(store.sweep_work() - before);
+  return {work / static_cast<double>(keys), work / static_cast<double>(admitted), store.stats()};
+}
+
+TEST_CASE("a reject_new_keys shard admits a new key as soon as any cell is idle") {
+  // The login-throttle case: cells inserted after the shard last made room go idle first.
+  constexpr std::size_t kCap = 1024;
+  Store store(
+      {.max_keys_per_shard = kCap, .overflow = sluice::Overflow::kRejectNewKeys, .seed = 1});
+  std::mt19937_64 rng(3);
+  for (std::size_t i = 0; i < kCap; ++i) {  // half held an hour, half one second
+    REQUIRE(touch(store, digest_in_shard(rng, 0), 0, i % 2 == 0 ? 3600 * kSecond : kSecond));
+  }
+  for (std::size_t i = 0; i < kCap / 2; ++i) {  // at 2 s the short half is replaced
+    REQUIRE(touch(store, digest_in_shard(rng, 0), 2 * kSecond, kSecond));
+  }
+  std::size_t admitted = 0;
+  for (std::size_t i = 0; i < kCap / 2; ++i) {  // at 4 s the replacements are idle in turn
+    admitted += touch(store, digest_in_shard(rng, 0), 4 * kSecond, kSecond) ? 1 : 0;
+  }
+  CHECK(admitted == kCap / 2);
+  CHECK(store.stats() ==
+        sluice::StoreStats{.size = kCap, .idle_reclaimed = kCap, .capacity_denials = 0});
+}
+
+TEST_CASE("a reject_new_keys flood at the expiry rate examines at most 4 slots per insert") {
+  constexpr std::size_t kCap = 16384;
+  const FloodWork flood = reject_flood(kCap, 8 * kCap, kCap);
+  INFO("examined per new key " << flood.per_new_key << ", per admitted " << flood.per_admitted);
+  CHECK(flood.stats ==
+        sluice::StoreStats{.size = kCap, .idle_reclaimed = 8 * kCap, .capacity_denials = 0});
+  CHECK(flood.per_new_key <= 4.0);
+}
+
+TEST_CASE("a reject_new_keys flood at twice the expiry rate examines at most 4 slots per new key") {
+  constexpr std::size_t kCap = 16384;
+  const FloodWork flood = reject_flood(kCap, 16 * kCap, 2 * kCap);
+  INFO("examined per new key " << flood.per_new_key << ", per admitted " << flood.per_admitted);
+  // Every cell is replaced when it goes idle and every other new key is refused.
+  CHECK(flood.stats ==
+        sluice::StoreStats{.size = kCap, .idle_reclaimed = 8 * kCap, .capacity_denials = 8 * kCap});
+  CHECK(flood.per_new_key <= 4.0);
+  CHECK(flood.per_admitted <= 4.0);
+}
+
+TEST_CASE("store options outside the supported cap range are invalid") {
+  CHECK(sluice::validate({.max_keys_per_shard = 2, .seed = 1}).ok());
+  CHECK(sluice::validate({.max_keys_per_shard = sluice::kMaxKeysPerShard, .seed = 1}).ok());
+  CHECK(sluice::validate({.max_keys_per_shard = 0, .seed = 1}) ==
+        absl::InvalidArgumentError("max_keys_per_shard must be in [2, 2^32], got 0"));
+  CHECK(sluice::validate({.max_keys_per_shard = std::size_t{1} << 62, .seed = 1}).code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a store built directly with a cap near 2^62 clamps it and keeps inserting") {
+  Store store({.max_keys_per_shard = (std::size_t{1} << 62) + 5, .seed = 1});
+  std::size_t admitted = 0;
+  for (int i = 0; i < 10'000; ++i) {
+    admitted += touch(store, store.digest("k" + std::to_string(i)), 0, kSecond) ? 1 : 0;
+  }
+  CHECK(store.options().max_keys_per_shard == sluice::kMaxKeysPerShard);
+  CHECK(admitted == 10'000);
+  CHECK(tracked(store) == 10'000);
+}
+
+TEST_CASE("a reject_new_keys denial waits for the earliest cell, touched or inserted late") {
+  constexpr std::size_t kCap = 8;
+  constexpr std::int64_t kHalf = kSecond / 2;
+  Store store(
+      {.max_keys_per_shard = kCap, .overflow = sluice::Overflow::kRejectNewKeys, .seed = 1});
+  std::mt19937_64 rng(5);
+  std::vector<sluice::KeyDigest> keys;
+  for (std::size_t i = 0; i < kCap + 2; ++i) keys.push_back(digest_in_shard(rng, 0));
+  for (std::size_t i = 0; i < kCap; ++i) {  // idle at 5 s, 6 s, ..., 12 s
+    REQUIRE(touch(store, keys[i], 0, (5 + std::int64_t(i)) * kSecond));
+  }
+  REQUIRE(touch(store, keys[0], kSecond, 20 * kSecond));  // now idle at 21 s
+  // At 6 s the first cell indexed (5 s) is live; the second (6 s) is idle and makes room for a
+  // key idle at 6.5 s, before any older cell.
+  REQUIRE(touch(store, keys[kCap], 6 * kSecond, kHalf));
+
+  std::int64_t retry = 0;
+  const bool admitted = store.update(
+      keys[kCap + 1], 6 * kSecond,
+      [](HoldCell& cell, std::int64_t at) {
+        cell.fresh_at = at + kSecond;
+        return true;
+      },
+      [&](sluice::StoreFull full) {
+        retry = full.retry_after_ns;
+        return false;
+      });
+  CHECK_FALSE(admitted);
+  CHECK(retry == kHalf);
+  CHECK(touch(store, keys[kCap + 1], 6 * kSecond + kHalf, kSecond));
+  CHECK(store.find(keys[0])->touches == 2);
+  CHECK_FALSE(store.find(keys[1]).has_value());
+  CHECK_FALSE(store.find(keys[kCap]).has_value());
+  CHECK(store.stats() ==
+        sluice::StoreStats{.size = kCap, .idle_reclaimed = 2, .capacity_denials = 1});
+}
+
+TEST_CASE("a reject_new_keys store refuses a new key only while no cell of its shard is idle") {
+  constexpr std::size_t kCap = 16;
+  Store store(
+      {.max_keys_per_shard = kCap, .overflow = sluice::Overflow::kRejectNewKeys, .seed = 1});
+  std::mt19937_64 rng(11);
+  std::vector<sluice::KeyDigest> candidates;  // keys that may be tracked (shard 0)
+  std::int64_t now = 0;
+  std::uint64_t refusals = 0, while_idle = 0, wrong_retry = 0;
+  for (int i = 0; i < 20'000; ++i) {
+    now += static_cast<std::int64_t>(rng() % (kSecond / 4));
+    const bool new_key = candidates.empty() || rng() % 2 == 0;
+    if (new_key) candidates.push_back(digest_in_shard(rng, 0));
+    const sluice::KeyDigest key =
+        new_key ? candidates.back() : candidates[rng() % candidates.size()];
+    const auto hold = static_cast<std::int64_t>(1 + rng() % (8 * kSecond));
+    std::optional<std::int64_t> retry;
+    store.update(
+        key, now,
+        [&](HoldCell& cell, std::int64_t at) {
+          cell.fresh_at = std::max(cell.fresh_at, at + hold);
+          return true;
+        },
+        [&](sluice::StoreFull full) {
+          retry = full.retry_after_ns;
+          return false;
+        });
+    if (!retry) continue;
+    ++refusals;
+    std::erase_if(candidates, [&](const sluice::KeyDigest& k) { return !store.find(k); });
+    std::int64_t earliest = std::numeric_limits<std::int64_t>::max();
+    for (const auto& k : candidates) earliest = std::min(earliest, store.find(k)->fresh_at);
+    while_idle += earliest <= now ? 1 : 0;
+    wrong_retry += earliest - now != *retry ? 1 : 0;
+  }
+  CHECK(refusals > 1000);  // the premise: the shard was often full of live cells
+  CHECK(while_idle == 0);
+  CHECK(wrong_retry == 0);
 }
 
 TEST_CASE("a peek on an unknown key stores nothing") {

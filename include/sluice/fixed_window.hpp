@@ -75,10 +75,12 @@ struct FixedWindowCell {
 template <Clock ClockT = SteadyClock>
 class FixedWindowLimiter {
  public:
-  // Validates and sorts `windows` shortest first (stable). InvalidArgument names the bad value.
+  // Validates `options` (sluice::validate) and `windows`, and sorts `windows` shortest first
+  // (stable). InvalidArgument names the bad value.
   static absl::StatusOr<FixedWindowLimiter> create(std::vector<FixedWindow> windows,
                                                    StoreOptions options = {}, ClockT clock = {}) {
     if (absl::Status s = detail::check_window_count(windows.size()); !s.ok()) return s;
+    if (absl::Status s = sluice::validate(options); !s.ok()) return s;
     for (std::size_t i = 0; i < windows.size(); ++i) {
       const std::string path = absl::StrCat("windows[", i, "]");
       if (windows[i].limit < 1 || windows[i].limit > kMaxLimit) {

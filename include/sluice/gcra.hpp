@@ -115,11 +115,13 @@ inline std::uint64_t div_ceil(absl::uint128 a, const Divider& b) {
 template <Clock ClockT = SteadyClock>
 class GcraLimiter {
  public:
-  // Validates and sorts `windows` shortest period first (stable). InvalidArgument names the first
-  // bad value, e.g. "windows[1].period must be > 0".
+  // Validates `options` (sluice::validate) and `windows`, and sorts `windows` shortest period
+  // first (stable). InvalidArgument names the first bad value, e.g. "windows[1].period must be
+  // > 0".
   static absl::StatusOr<GcraLimiter> create(std::vector<GcraWindow> windows,
                                             StoreOptions options = {}, ClockT clock = {}) {
     if (absl::Status s = detail::check_window_count(windows.size()); !s.ok()) return s;
+    if (absl::Status s = sluice::validate(options); !s.ok()) return s;
     std::vector<detail::GcraParams> params;
     for (std::size_t i = 0; i < windows.size(); ++i) {
       auto p = validate(windows[i], absl::StrCat("windows[", i, "]"));

@@ -26,8 +26,9 @@
 
 namespace sluice {
 
-// A 128-bit key digest. The all-zero digest is reserved (it marks an empty store slot); a key
-// that hashes to it is mapped to {1, 0}, which merges it with one other of 2^128 digests.
+// A 128-bit key digest. Two digests are reserved: {0, 0} marks an empty store slot and {0, 1} a
+// slot whose key was removed. A key that hashes to either is mapped to {1, high}, which merges it
+// with one other of 2^128 digests.
 struct KeyDigest {
   std::uint64_t low = 0;
   std::uint64_t high = 0;
@@ -55,7 +56,7 @@ class KeyHasher {
   KeyDigest operator()(std::string_view key) const noexcept {
     XXH128_hash_t h = XXH3_128bits_withSeed(key.data(), key.size(), seed_);
     KeyDigest d{h.low64, h.high64};
-    if (d.empty()) d.low = 1;
+    if (d.low == 0 && d.high <= 1) d.low = 1;
     return d;
   }
 

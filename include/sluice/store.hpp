@@ -20,17 +20,28 @@
 //   2. kEvict: if more than cap/2 cells remain, live cells are evicted in ascending order of
 //      (time until fresh, digest) down to cap/2 — one-shot keys go first, keys under enforcement
 //      stay. A sweep costs O(cap) and is followed by at least cap/2 inserts: amortized O(1).
-//      kRejectNewKeys: nothing live is evicted; the new key gets a capacity denial carrying the
-//      time until the earliest cell goes idle. Until that time no further sweep is attempted, so
-//      denials cost O(1).
+//      kRejectNewKeys: nothing live is evicted. The shard keeps an index of its cells by the time
+//      each goes idle (a min-heap of lower bounds, one entry per cell), so it never scans: a new
+//      key at a full shard takes the place of one idle cell, and is refused only when no cell is
+//      idle, with the exact time until the earliest one goes idle. A cell updated since its entry
+//      was made is re-indexed when its entry comes up, paid for by those updates. A removed key
+//      leaves a marker that later inserts reuse; a table that markers would take past 7/8 load is
+//      rebuilt without them, O(capacity) after at least 3/4·cap removals. Fewer than 4 cells or
+//      slots examined per insert (one index entry plus at most 8/3 of a rebuild), one per denial,
+//      plus one per cell updated since its entry was made.
 //
 // Time: integer nanoseconds since the clock's epoch, in [-2^62, 2^62). Each shard remembers the
 // latest time it has seen and clamps earlier readings to it, so a clock that steps back never
 // replenishes anything.
 //
+// Memory per tracked key, at capacity: kEvict ≤ 4/3 slots (a slot is the 16-byte digest plus the
+// cell); kRejectNewKeys ≤ 2 slots plus 16 bytes of idle index (80 bytes for a one-window GCRA
+// cell), the room its cheap removals need.
+//
 // Thread-safety: every member function may be called concurrently. A check takes exactly one
 // shard lock for O(1) expected work; `stats()` and `shard_sizes()` read atomics and take no lock.
-// Checking an existing key allocates nothing; inserts allocate only when a shard's table grows.
+// Checking an existing key costs the same under both policies and allocates nothing; inserts
+// allocate only when a shard's table grows.
 #ifndef SLUICE_STORE_HPP_
 #define SLUICE_STORE_HPP_
 
@@ -54,6 +65,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/numeric/int128.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "sluice/detail/spin_lock.hpp"
 #include "sluice/key.hpp"
 
@@ -75,11 +88,25 @@ enum class Overflow {
                    // (Reason::kStoreFull)
 };
 
+// Largest cap per shard: 2^32 keys (2^38 per store, far beyond any memory), small enough that no
+// table size or byte count derived from it can overflow.
+inline constexpr std::size_t kMaxKeysPerShard = std::size_t{1} << 32;
+
 struct StoreOptions {
-  std::size_t max_keys_per_shard = kDefaultMaxKeysPerShard;  // ≥ 2
+  std::size_t max_keys_per_shard = kDefaultMaxKeysPerShard;  // in [2, kMaxKeysPerShard]
   Overflow overflow = Overflow::kEvict;
   std::optional<std::uint64_t> seed;  // fixed digest seed (tests); random when empty
 };
+
+// InvalidArgument unless 2 ≤ max_keys_per_shard ≤ kMaxKeysPerShard. The limiters' `create` checks
+// this; a ShardedStore constructed directly clamps the cap into that range instead.
+inline absl::Status validate(const StoreOptions& options) {
+  if (options.max_keys_per_shard < 2 || options.max_keys_per_shard > kMaxKeysPerShard) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_keys_per_shard must be in [2, 2^32], got ", options.max_keys_per_shard));
+  }
+  return absl::OkStatus();
+}
 
 // Monotonic counters, summed over shards; read without locks (each value is exact, the set of
 // them is not a snapshot while checks run).
@@ -98,6 +125,9 @@ struct StoreFull {
 
 // A cell type the store can hold: a trivially copyable value whose default value is "fresh", that
 // can say whether it is idle (indistinguishable from fresh) at a time and how long until it is.
+// The store relies on: a cell left alone stays idle once idle, it is idle at
+// now + time_until_fresh(now), and an update never makes it go idle sooner (the limiters' cells
+// only move forward). An update that breaks the last rule only delays reclaiming that cell.
 template <class C>
 concept StoreCell = std::is_trivially_copyable_v<C> && std::default_initializable<C> &&
     requires(const C& cell, std::int64_t now) {
@@ -163,7 +193,7 @@ class ShardedStore {
     for (std::size_t i = 0; i < kStoreShards; ++i) {
       Shard& shard = shards_[i];
       detail::SpinLockHolder hold(shard.lock);
-      rebuild(shard, kInitialCapacity, [](auto&&) {});
+      rebuild_keys(shard, kInitialCapacity, std::numeric_limits<std::int64_t>::min());
     }
   }
 
@@ -206,7 +236,7 @@ class ShardedStore {
     Shard& shard = shards_[shard_index(d)];
     detail::SpinLockHolder hold(shard.lock);
     const Slot& slot = shard.slots[shard.probe(d)];
-    if (slot.digest.empty()) return std::nullopt;
+    if (slot.digest.empty()) return std::nullopt;  // the probe never stops at a removed slot
     return slot.cell;
   }
 
@@ -232,7 +262,9 @@ class ShardedStore {
     return sizes;
   }
 
-  // Slots examined by overflow sweeps so far (for amortization checks). Lock-free.
+  // Cells and slots examined to make room for new keys so far (for amortization checks): every
+  // slot a sweep or a rebuild without removed markers scans, and every idle-index entry whose
+  // cell is checked. Lookups and placement probes are not counted. Lock-free.
   std::uint64_t sweep_work() const noexcept {
     std::uint64_t work = 0;
     for (std::size_t i = 0; i < kStoreShards; ++i) {
@@ -269,17 +301,33 @@ class ShardedStore {
     return Table(raw);
   }
 
+  // When a cell goes idle (ns, lower bound) and where it is.
+  struct IdleEntry {
+    std::int64_t idle_at;
+    std::size_t index;
+  };
+  static bool later(const IdleEntry& a, const IdleEntry& b) { return a.idle_at > b.idle_at; }
+
+  // A removed key's slot: lookups probe past it, inserts reuse it. Never a hasher's output.
+  static constexpr KeyDigest kRemoved{0, 1};
+  static bool holds_key(const Slot& slot) {
+    return !slot.digest.empty() && slot.digest != kRemoved;
+  }
+
   // A shard's table is kept at most 3/4 full and grown by half, so a grown table is at least half
-  // full; it never grows past what max_keys_per_shard needs.
+  // full; it never grows past what max_keys_per_shard needs. Removed markers (kRejectNewKeys) may
+  // take a table at its largest size to 7/8.
   struct alignas(64) Shard {
     detail::SpinLock lock;
     std::int64_t latest ABSL_GUARDED_BY(lock) = std::numeric_limits<std::int64_t>::min();
     Slot* slots ABSL_GUARDED_BY(lock) = nullptr;
     std::size_t capacity ABSL_GUARDED_BY(lock) = 0;
     std::size_t count ABSL_GUARDED_BY(lock) = 0;
-    // kRejectNewKeys: no sweep can free a slot before this time (ns).
-    std::int64_t next_idle ABSL_GUARDED_BY(lock) = std::numeric_limits<std::int64_t>::min();
+    std::size_t removed ABSL_GUARDED_BY(lock) = 0;  // slots marked kRemoved
     Table table ABSL_GUARDED_BY(lock);
+    // kRejectNewKeys: a min-heap (by idle_at) with one entry per cell, whose idle_at is at most
+    // the time the cell goes idle. Empty under kEvict.
+    std::vector<IdleEntry> idle_index ABSL_GUARDED_BY(lock);
 
     // Written under the lock, read without it.
     std::atomic<std::uint64_t> size{0};
@@ -316,11 +364,27 @@ class ShardedStore {
   }
 
   static StoreOptions normalized(StoreOptions options) {
-    options.max_keys_per_shard = std::max<std::size_t>(options.max_keys_per_shard, 2);
+    options.max_keys_per_shard =
+        std::clamp<std::size_t>(options.max_keys_per_shard, 2, kMaxKeysPerShard);
     return options;
   }
 
-  std::size_t max_capacity() const noexcept { return options_.max_keys_per_shard * 4 / 3 + 1; }
+  bool rejects() const noexcept { return options_.overflow == Overflow::kRejectNewKeys; }
+
+  // kEvict: room for cap keys at 3/4 load. kRejectNewKeys: 2·cap, so that removed markers can
+  // accumulate to 3/4·cap before a rebuild. At most 2^33 slots.
+  std::size_t max_capacity() const noexcept {
+    const std::size_t cap = options_.max_keys_per_shard;
+    return rejects() ? 2 * cap : cap * 4 / 3 + 1;
+  }
+
+  // When `cell` goes idle, if it is not idle at `now` (> now, saturated).
+  static std::int64_t idle_at(const Cell& cell, std::int64_t now) {
+    const std::int64_t wait = std::max<std::int64_t>(cell.time_until_fresh(now), 1);
+    return wait > std::numeric_limits<std::int64_t>::max() - now
+               ? std::numeric_limits<std::int64_t>::max()
+               : now + wait;
+  }
 
   template <class Fn, class OnFull>
   std::invoke_result_t<Fn&, Cell&, std::int64_t> update_in(Shard& shard, const KeyDigest& d,
@@ -344,40 +408,109 @@ class ShardedStore {
   std::optional<StoreFull> insert(Shard& shard, const KeyDigest& d, const Cell& cell,
                                   std::int64_t now, std::size_t index)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
-    const std::size_t cap = options_.max_keys_per_shard;
-    if (shard.count >= cap) {
-      if (options_.overflow == Overflow::kRejectNewKeys && now < shard.next_idle) {
-        Shard::bump(shard.capacity_denials, 1);
-        return StoreFull{shard.next_idle - now};
+    if (shard.count >= options_.max_keys_per_shard) {
+      if (rejects()) {
+        if (auto full = remove_idle(shard, now)) {
+          Shard::bump(shard.capacity_denials, 1);
+          return full;
+        }
+      } else {
+        sweep(shard, now);
+        index = shard.probe(d);
       }
-      sweep(shard, now);
-      if (shard.count >= cap) {
-        Shard::bump(shard.capacity_denials, 1);
-        return StoreFull{shard.next_idle - now};
-      }
-      index = shard.probe(d);
     }
-    if (shard.count + 1 > shard.capacity * 3 / 4 && shard.capacity < max_capacity()) {
-      grow(shard);
-      index = shard.probe(d);
-    }
+    index = place(shard, d, index, now);
     shard.slots[index] = Slot{d, cell};
     ++shard.count;
     shard.size.store(shard.count, std::memory_order_relaxed);
+    if (rejects()) {
+      shard.idle_index.push_back({idle_at(cell, now), index});
+      std::push_heap(shard.idle_index.begin(), shard.idle_index.end(), later);
+    }
     return std::nullopt;
   }
 
-  void grow(Shard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
-    const Slot* old_slots = shard.slots;
-    const std::size_t old_capacity = shard.capacity;
-    rebuild(shard, std::min(old_capacity + old_capacity / 2, max_capacity()), [&](auto&& keep) {
-      for (std::size_t i = 0; i < old_capacity; ++i) {
-        if (!old_slots[i].digest.empty()) keep(old_slots[i]);
+  // The slot for absent key `d` whose probe ended at empty slot `index`: the first removed slot on
+  // its probe path, else `index` after growing a table that would pass 3/4 load, or rebuilding
+  // without removed markers a largest table that would pass 7/8 load. With at most cap keys in
+  // 2·cap slots, such a rebuild (2·cap slots examined) follows at least 3/4·cap removals.
+  std::size_t place(Shard& shard, const KeyDigest& d, std::size_t index, std::int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    if (shard.removed > 0) {
+      auto i = static_cast<std::size_t>(absl::Uint128High64(absl::uint128(d.low) * shard.capacity));
+      for (; i != index; i = (i + 1 == shard.capacity) ? 0 : i + 1) {
+        if (shard.slots[i].digest == kRemoved) {
+          --shard.removed;
+          return i;
+        }
       }
-    });
+    }
+    const std::size_t used = shard.count + shard.removed + 1;
+    if (used <= shard.capacity * 3 / 4) return index;
+    if (shard.capacity < max_capacity()) {
+      grow(shard, now);
+    } else if (used > shard.capacity / 8 * 7) {  // only markers take it past 3/4; one stays empty
+      Shard::bump(shard.examined, shard.capacity);
+      rebuild_keys(shard, shard.capacity, now);
+    } else {
+      return index;
+    }
+    return shard.probe(d);
   }
 
-  // Drops idle cells; under kEvict, then evicts live cells down to cap/2 in ascending
+  // kRejectNewKeys at a full shard: removes one idle cell, or returns the exact wait until the
+  // earliest cell goes idle. Pops index entries that are due; an entry whose cell was updated
+  // since it was made (so is not idle yet) is pushed again with the cell's current idle time, so
+  // the top entry is exact when nothing is idle. Each entry examined counts one.
+  std::optional<StoreFull> remove_idle(Shard& shard, std::int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    std::vector<IdleEntry>& heap = shard.idle_index;
+    while (true) {
+      const IdleEntry top = heap.front();
+      Slot& slot = shard.slots[top.index];
+      Shard::bump(shard.examined, 1);
+      std::pop_heap(heap.begin(), heap.end(), later);
+      if (slot.cell.idle(now)) {
+        heap.pop_back();
+        slot = Slot{kRemoved, Cell{}};
+        --shard.count;
+        ++shard.removed;
+        shard.size.store(shard.count, std::memory_order_relaxed);
+        Shard::bump(shard.idle_reclaimed, 1);
+        return std::nullopt;
+      }
+      const std::int64_t at = idle_at(slot.cell, now);
+      heap.back().idle_at = at;
+      std::push_heap(heap.begin(), heap.end(), later);
+      if (at == top.idle_at) return StoreFull{at - now};
+    }
+  }
+
+  void grow(Shard& shard, std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    rebuild_keys(shard, std::min(shard.capacity + shard.capacity / 2, max_capacity()), now);
+  }
+
+  // Rebuilds the table at `capacity` slots with the same keys, without removed markers, and
+  // (kRejectNewKeys) the idle index with every cell's exact idle time.
+  void rebuild_keys(Shard& shard, std::size_t capacity, std::int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    const Slot* old_slots = shard.slots;
+    const std::size_t old_capacity = shard.capacity;
+    std::vector<IdleEntry>& heap = shard.idle_index;
+    heap.clear();
+    if (rejects()) heap.reserve(std::min(capacity * 3 / 4, options_.max_keys_per_shard));
+    rebuild(shard, capacity, [&](auto&& keep) {
+      for (std::size_t i = 0; i < old_capacity; ++i) {
+        const Slot& slot = old_slots[i];
+        if (!holds_key(slot)) continue;
+        const std::size_t index = keep(slot);
+        if (rejects()) heap.push_back({slot.cell.idle(now) ? now : idle_at(slot.cell, now), index});
+      }
+    });
+    std::make_heap(heap.begin(), heap.end(), later);
+  }
+
+  // kEvict at a full shard: drops idle cells, then evicts live cells down to cap/2 in ascending
   // (time until fresh, digest) order. O(capacity).
   void sweep(Shard& shard, std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     struct Candidate {
@@ -387,23 +520,20 @@ class ShardedStore {
     thread_local std::vector<Candidate> live;
     live.clear();
     std::uint64_t idle = 0;
-    std::int64_t earliest = std::numeric_limits<std::int64_t>::max();
     for (std::size_t i = 0; i < shard.capacity; ++i) {
       const Slot& slot = shard.slots[i];
       if (slot.digest.empty()) continue;
       if (slot.cell.idle(now)) {
         ++idle;
       } else {
-        std::int64_t ttf = std::max<std::int64_t>(slot.cell.time_until_fresh(now), 1);
-        earliest = std::min(earliest, ttf);
-        live.push_back({ttf, slot});
+        live.push_back({std::max<std::int64_t>(slot.cell.time_until_fresh(now), 1), slot});
       }
     }
     Shard::bump(shard.examined, shard.capacity);
     Shard::bump(shard.idle_reclaimed, idle);
 
     const std::size_t keep = options_.max_keys_per_shard / 2;
-    if (options_.overflow == Overflow::kEvict && live.size() > keep) {
+    if (live.size() > keep) {
       auto cheaper = [](const Candidate& a, const Candidate& b) {
         if (a.time_until_fresh != b.time_until_fresh) {
           return a.time_until_fresh < b.time_until_fresh;
@@ -415,26 +545,29 @@ class ShardedStore {
       live.erase(live.begin(), live.begin() + evicted);
       Shard::bump(shard.live_evicted, static_cast<std::uint64_t>(evicted));
     }
-    shard.next_idle = live.empty() ? now : now + earliest;
     rebuild(shard, shard.capacity, [&](auto&& keep_slot) {
       for (const Candidate& c : live) keep_slot(c.slot);
     });
   }
 
-  // Replaces the shard's table by one of `capacity` slots holding the slots that `each` yields.
+  // Replaces the shard's table by one of `capacity` slots holding the slots that `each` yields
+  // (each passed to `keep`, which returns where it went).
   template <class Each>
   void rebuild(Shard& shard, std::size_t capacity, Each&& each)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     Table table = allocate_table(capacity);
     std::size_t count = 0;
     each([&](const Slot& slot) {
-      table[probe_in(table.get(), capacity, slot.digest)] = slot;
+      const std::size_t index = probe_in(table.get(), capacity, slot.digest);
+      table[index] = slot;
       ++count;
+      return index;
     });
     shard.table = std::move(table);
     shard.slots = shard.table.get();
     shard.capacity = capacity;
     shard.count = count;
+    shard.removed = 0;
     shard.size.store(count, std::memory_order_relaxed);
     shard.capacity_bytes.store(capacity * sizeof(Slot), std::memory_order_relaxed);
   }
