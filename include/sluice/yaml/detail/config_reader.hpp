@@ -33,9 +33,11 @@ class ConfigReader final : public NodeReader {
       } else if (f.key == "routes") {
         config.routes = read_list<Route>(f.value, f.path, &ConfigReader::read_route);
       } else if (f.key == "services") {
-        config.services = read_list<Service>(f.value, f.path, &ConfigReader::read_service);
+        config.services =
+            read_list<Service>(f.value, f.path, &ConfigReader::read_attachable<Service>);
       } else if (f.key == "listeners") {
-        config.listeners = read_list<Listener>(f.value, f.path, &ConfigReader::read_listener);
+        config.listeners =
+            read_list<Listener>(f.value, f.path, &ConfigReader::read_attachable<Listener>);
       } else if (f.key == "consumers") {
         config.consumers = read_list<Consumer>(f.value, f.path, &ConfigReader::read_consumer);
       } else if (f.key == "gateway") {
@@ -171,32 +173,20 @@ class ConfigReader final : public NodeReader {
     return route;
   }
 
-  Service read_service(const YAML::Node& node, const std::string& path) {
-    Service service;
+  // A Service or a Listener: a name and the bundles attached to it.
+  template <class Attachable>
+  Attachable read_attachable(const YAML::Node& node, const std::string& path) {
+    Attachable attachable;
     const std::vector<Field> fs = fields(node, path, {"name", "policies"});
     require(node, path, fs, "name");
     for (const Field& f : fs) {
       if (f.key == "name") {
-        service.name = read_string(f.value, f.path);
+        attachable.name = read_string(f.value, f.path);
       } else {
-        service.policies = read_strings(f.value, f.path);
+        attachable.policies = read_strings(f.value, f.path);
       }
     }
-    return service;
-  }
-
-  Listener read_listener(const YAML::Node& node, const std::string& path) {
-    Listener listener;
-    const std::vector<Field> fs = fields(node, path, {"name", "policies"});
-    require(node, path, fs, "name");
-    for (const Field& f : fs) {
-      if (f.key == "name") {
-        listener.name = read_string(f.value, f.path);
-      } else {
-        listener.policies = read_strings(f.value, f.path);
-      }
-    }
-    return listener;
+    return attachable;
   }
 
   Consumer read_consumer(const YAML::Node& node, const std::string& path) {
