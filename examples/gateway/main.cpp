@@ -131,8 +131,8 @@ std::string metrics_text(const sluice::RateLimitEngine& engine) {
     std::uint64_t (*value)(const sluice::RuleStats&);
   };
   static constexpr Metric kMetrics[] = {
-      {"sluice_rule_allowed_total", "counter", "Requests the rule admitted.",
-       [](const sluice::RuleStats& s) { return s.allowed; }},
+      {"sluice_rule_allowed_total", "counter", "Admitted requests the rule applied to.",
+       [](const sluice::RuleStats& s) { return s.admitted; }},
       {"sluice_rule_denied_total", "counter", "Requests the rule denied (live rules).",
        [](const sluice::RuleStats& s) { return s.denied; }},
       {"sluice_rule_dry_denied_total", "counter",
