@@ -20,16 +20,22 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
 #include "sluice/yaml.hpp"
@@ -46,15 +52,23 @@ struct Options {
 constexpr std::string_view kUsage =
     "usage: sluice_gateway CONFIG.yaml [--port N] [--listener NAME] [--trust-forwarded-for]\n";
 
+// A port number, 0 ... 65535, and nothing else.
+std::optional<int> parse_port(std::string_view text) {
+  int port = 0;
+  const char* const end = text.data() + text.size();
+  const auto [parsed_to, error] = std::from_chars(text.data(), end, port);
+  if (error != std::errc() || parsed_to != end || port < 0 || port > 65535) return std::nullopt;
+  return port;
+}
+
 std::optional<Options> parse_args(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     if (arg == "--port" && i + 1 < argc) {
-      char* end = nullptr;
-      long port = std::strtol(argv[++i], &end, 10);
-      if (*end != '\0' || port < 0 || port > 65535) return std::nullopt;
-      options.port = static_cast<int>(port);
+      std::optional<int> port = parse_port(argv[++i]);
+      if (!port) return std::nullopt;
+      options.port = *port;
     } else if (arg == "--listener" && i + 1 < argc) {
       options.listener = argv[++i];
     } else if (arg == "--trust-forwarded-for") {
@@ -69,22 +83,10 @@ std::optional<Options> parse_args(int argc, char** argv) {
   return options;
 }
 
-// Request text for a log line: printable ASCII kept, anything else as \xNN, at most 200 bytes,
-// so that a request cannot forge log lines.
+// Request text for a log line: at most 200 bytes, C-escaped (absl::CHexEscape), so that a
+// request cannot forge log lines.
 std::string loggable(std::string_view text) {
-  constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (char c : text.substr(0, 200)) {
-    auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte <= 0x7e && c != '\\') {
-      out.push_back(c);
-    } else {
-      out += "\\x";
-      out.push_back(kHex[byte >> 4]);
-      out.push_back(kHex[byte & 0xf]);
-    }
-  }
-  return out;
+  return absl::CHexEscape(absl::string_view(text.data(), std::min<std::size_t>(text.size(), 200)));
 }
 
 std::string json_string(std::string_view text) {
@@ -129,8 +131,8 @@ std::string metrics_text(const sluice::RateLimitEngine& engine) {
     std::uint64_t (*value)(const sluice::RuleStats&);
   };
   static constexpr Metric kMetrics[] = {
-      {"sluice_rule_allowed_total", "counter", "Requests the rule admitted.",
-       [](const sluice::RuleStats& s) { return s.allowed; }},
+      {"sluice_rule_allowed_total", "counter", "Admitted requests the rule applied to.",
+       [](const sluice::RuleStats& s) { return s.admitted; }},
       {"sluice_rule_denied_total", "counter", "Requests the rule denied (live rules).",
        [](const sluice::RuleStats& s) { return s.denied; }},
       {"sluice_rule_dry_denied_total", "counter",
@@ -149,11 +151,11 @@ std::string metrics_text(const sluice::RateLimitEngine& engine) {
   const std::vector<sluice::RuleStats> stats = engine.stats();
   std::string out;
   for (const Metric& metric : kMetrics) {
-    out += std::string("# HELP ") + metric.name + " " + metric.help + "\n";
-    out += std::string("# TYPE ") + metric.name + " " + metric.type + "\n";
+    absl::StrAppend(&out, "# HELP ", metric.name, " ", metric.help, "\n");
+    absl::StrAppend(&out, "# TYPE ", metric.name, " ", metric.type, "\n");
     for (const sluice::RuleStats& rule : stats) {
-      out += std::string(metric.name) + "{rule=\"" + label_value(rule.label) + "\",dry_run=\"" +
-             (rule.dry_run ? "true" : "false") + "\"} " + std::to_string(metric.value(rule)) + "\n";
+      absl::StrAppend(&out, metric.name, "{rule=\"", label_value(rule.label), "\",dry_run=\"",
+                      rule.dry_run ? "true" : "false", "\"} ", metric.value(rule), "\n");
     }
   }
   return out;
@@ -180,45 +182,34 @@ std::string client_ip(const httplib::Request& request, bool trust_forwarded_for)
   return request.remote_addr;
 }
 
+void respond_json(httplib::Response& response, int status, std::string_view body) {
+  response.status = status;
+  response.set_content(absl::StrCat(absl::string_view(body.data(), body.size()), "\n"),
+                       "application/json");
+}
+
+// Who sent a request. Only a token that belongs to a consumer is a credential; an unknown token
+// is limited like an anonymous caller, then answered 401.
+struct Caller {
+  std::string ip;
+  std::optional<std::string> token{};
+  std::optional<std::string_view> consumer{};  // into the engine's config
+};
+
 class Gateway {
  public:
   Gateway(sluice::RateLimitEngine engine, Options options)
-      : engine_(std::move(engine)), options_(std::move(options)) {}
+      : engine_(std::move(engine)),
+        options_(std::move(options)),
+        listener_(options_.listener.value_or("")) {}
 
+  // Limits the request, then answers it: 429 when denied, else by its path.
   void handle(const httplib::Request& request, httplib::Response& response) const {
-    const std::string ip = client_ip(request, options_.trust_forwarded_for);
-    const std::optional<std::string> token = bearer_token(request);
-    std::optional<std::string_view> consumer;
-    if (token) consumer = engine_.consumer_for(*token);
-    const std::string listener = options_.listener.value_or("");
-    const auto route = engine_.match_route(listener, request.path);
-
-    sluice::RequestContext context{
-        .client_ip = ip,
-        .path = request.path,
-        .wall_time = std::chrono::system_clock::now(),
-    };
-    if (consumer) {  // only a known token is a credential; an unknown one stays anonymous
-      context.credential = *token;
-      context.consumer = consumer;
-    }
-    if (route) {
-      context.route = route->route;
-      context.service = route->service;
-    }
-    if (options_.listener) context.listener = listener;
-
-    const sluice::Evaluation e = engine_.evaluate(context);
-    if (e.dry_denied) {
-      const auto& label = engine_.rule(e.dry_denied->rule).compiled.label;
-      std::fprintf(
-          stderr,
-          "sluice_gateway: dry-run denial: rule \"%s\" would deny %s %s from %s "
-          "(retry after %lld s)\n",
-          label.c_str(), loggable(request.method).c_str(), loggable(request.path).c_str(),
-          loggable(ip).c_str(),
-          static_cast<long long>(sluice::retry_after_seconds(e.dry_denied->decision.retry_after)));
-    }
+    const Caller caller = identify(request);
+    const std::optional<sluice::RateLimitEngine::RouteMatch> route =
+        engine_.match_route(listener_, request.path);
+    const sluice::Evaluation e = engine_.evaluate(context_for(request, caller, route));
+    if (e.dry_denied) log_dry_run_denial(request, caller, *e.dry_denied);
     for (const sluice::HttpField& field : e.fields) {
       response.set_header(std::string(field.name), field.value);
     }
@@ -226,48 +217,126 @@ class Gateway {
       std::fprintf(stderr, "sluice_gateway: limiter error: %s\n",
                    std::string(e.backend_error.message()).c_str());
     }
-
     if (!e.allowed) {
       const std::int64_t retry = sluice::retry_after_seconds(e.retry_after);
       respond_json(
           response, 429,
-          "{\"error\":\"rate limited\",\"retry_after_seconds\":" + std::to_string(retry) + "}");
+          absl::StrCat("{\"error\":\"rate limited\",\"retry_after_seconds\":", retry, "}"));
       return;
     }
-    if (request.path == "/healthz" || request.path == "/readyz") {
-      response.status = 200;
-      response.set_content("ok\n", "text/plain");
-      return;
-    }
-    if (request.path == "/metrics") {
-      response.status = 200;
-      response.set_content(metrics_text(engine_), "text/plain; version=0.0.4");
-      return;
-    }
-    if (token && !consumer) {
-      respond_json(response, 401, "{\"error\":\"unknown bearer token\"}");
-      return;
-    }
-    if (!route) {
-      respond_json(response, 404,
-                   "{\"error\":\"no route\",\"path\":" + json_string(loggable(request.path)) + "}");
-      return;
-    }
-    std::string body = "{\"route\":" + json_string(route->route);
-    if (route->service) body += ",\"service\":" + json_string(*route->service);
-    if (consumer) body += ",\"consumer\":" + json_string(*consumer);
-    respond_json(response, 200, body + "}");
+    answer(request, caller, route, response);
   }
 
  private:
-  static void respond_json(httplib::Response& response, int status, std::string body) {
-    response.status = status;
-    response.set_content(body + "\n", "application/json");
+  Caller identify(const httplib::Request& request) const {
+    Caller caller{.ip = client_ip(request, options_.trust_forwarded_for),
+                  .token = bearer_token(request)};
+    if (caller.token) caller.consumer = engine_.consumer_for(*caller.token);
+    return caller;
+  }
+
+  // What the engine sees of the request; views into `request`, `caller` and `route`.
+  sluice::RequestContext context_for(
+      const httplib::Request& request, const Caller& caller,
+      const std::optional<sluice::RateLimitEngine::RouteMatch>& route) const {
+    sluice::RequestContext context{
+        .client_ip = caller.ip,
+        .path = request.path,
+        .wall_time = std::chrono::system_clock::now(),
+    };
+    if (caller.consumer) {
+      context.credential = *caller.token;
+      context.consumer = caller.consumer;
+    }
+    if (route) {
+      context.route = route->route;
+      context.service = route->service;
+    }
+    if (options_.listener) context.listener = listener_;
+    return context;
+  }
+
+  // A dry-run rule would have denied: logged with the rule's label, never with a credential.
+  void log_dry_run_denial(const httplib::Request& request, const Caller& caller,
+                          const sluice::RuleDecision& denial) const {
+    const std::string& label = engine_.rule(denial.rule).compiled.label;
+    std::fprintf(stderr,
+                 "sluice_gateway: dry-run denial: rule \"%s\" would deny %s %s from %s "
+                 "(retry after %lld s)\n",
+                 label.c_str(), loggable(request.method).c_str(), loggable(request.path).c_str(),
+                 loggable(caller.ip).c_str(),
+                 static_cast<long long>(sluice::retry_after_seconds(denial.decision.retry_after)));
+  }
+
+  // The answer to an admitted request: health and metrics, 401, 404, or the route as JSON.
+  void answer(const httplib::Request& request, const Caller& caller,
+              const std::optional<sluice::RateLimitEngine::RouteMatch>& route,
+              httplib::Response& response) const {
+    if (request.path == "/healthz" || request.path == "/readyz") {
+      response.status = 200;
+      response.set_content("ok\n", "text/plain");
+    } else if (request.path == "/metrics") {
+      response.status = 200;
+      response.set_content(metrics_text(engine_), "text/plain; version=0.0.4");
+    } else if (caller.token && !caller.consumer) {
+      respond_json(response, 401, "{\"error\":\"unknown bearer token\"}");
+    } else if (!route) {
+      respond_json(response, 404,
+                   absl::StrCat("{\"error\":\"no route\",\"path\":",
+                                json_string(loggable(request.path)), "}"));
+    } else {
+      std::string body = absl::StrCat("{\"route\":", json_string(route->route));
+      if (route->service) absl::StrAppend(&body, ",\"service\":", json_string(*route->service));
+      if (caller.consumer) absl::StrAppend(&body, ",\"consumer\":", json_string(*caller.consumer));
+      respond_json(response, 200, absl::StrCat(body, "}"));
+    }
   }
 
   sluice::RateLimitEngine engine_;
   Options options_;
+  std::string listener_;  // the listener's name, or "" for none
 };
+
+// The engine for the config at `options.config_path`; the first listener of the config becomes
+// `options.listener` when none was given. An error is printed to stderr.
+std::optional<sluice::RateLimitEngine> load_engine(Options& options) {
+  absl::StatusOr<sluice::PolicyConfig> config = sluice::yaml::load_config_file(options.config_path);
+  if (!config.ok()) {
+    std::fprintf(stderr, "sluice_gateway: %s\n", std::string(config.status().message()).c_str());
+    return std::nullopt;
+  }
+  if (!options.listener && !config->listeners.empty()) {
+    options.listener = config->listeners.front().name;
+  }
+  absl::StatusOr<sluice::RateLimitEngine> engine = sluice::RateLimitEngine::create(*config);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "sluice_gateway: %s\n", std::string(engine.status().message()).c_str());
+    return std::nullopt;
+  }
+  return *std::move(engine);
+}
+
+// Binds 127.0.0.1 on `port` (0: any free port); the bound port, or -1.
+int bind_loopback(httplib::Server& server, int port) {
+  if (port == 0) return server.bind_to_any_port("127.0.0.1");
+  return server.bind_to_port("127.0.0.1", port) ? port : -1;
+}
+
+// Serves until SIGINT or SIGTERM. `signals` are blocked in every thread and taken by one waiter,
+// which stops the server. Returns the exit code.
+int serve(httplib::Server& server, const sigset_t& signals) {
+  std::thread waiter([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    server.stop();
+  });
+  const bool ok = server.listen_after_bind();
+  if (waiter.joinable()) {
+    pthread_kill(waiter.native_handle(), SIGTERM);  // wake the waiter if the server ended first
+    waiter.join();
+  }
+  return ok ? 0 : 1;
+}
 
 }  // namespace
 
@@ -277,22 +346,9 @@ int main(int argc, char** argv) {
     std::fputs(kUsage.data(), stderr);
     return 2;
   }
-  absl::StatusOr<sluice::PolicyConfig> config =
-      sluice::yaml::load_config_file(options->config_path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "sluice_gateway: %s\n", std::string(config.status().message()).c_str());
-    return 2;
-  }
-  if (!options->listener && !config->listeners.empty()) {
-    options->listener = config->listeners.front().name;
-  }
-  absl::StatusOr<sluice::RateLimitEngine> engine = sluice::RateLimitEngine::create(*config);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "sluice_gateway: %s\n", std::string(engine.status().message()).c_str());
-    return 2;
-  }
+  std::optional<sluice::RateLimitEngine> engine = load_engine(*options);
+  if (!engine) return 2;
 
-  // SIGINT/SIGTERM are blocked in every thread and taken by one waiter, which stops the server.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -306,13 +362,7 @@ int main(int argc, char** argv) {
     gateway.handle(request, response);
     return httplib::Server::HandlerResponse::Handled;
   });
-
-  int port = options->port;
-  if (port == 0) {
-    port = server.bind_to_any_port("127.0.0.1");
-  } else if (!server.bind_to_port("127.0.0.1", port)) {
-    port = -1;
-  }
+  const int port = bind_loopback(server, options->port);
   if (port < 0) {
     std::fprintf(stderr, "sluice_gateway: cannot bind 127.0.0.1:%d\n", options->port);
     return 1;
@@ -320,16 +370,5 @@ int main(int argc, char** argv) {
   std::printf("sluice_gateway: listening on http://127.0.0.1:%d (listener \"%s\", %zu rules)\n",
               port, options->listener.value_or("").c_str(), rules);
   std::fflush(stdout);
-
-  std::thread waiter([&] {
-    int signal = 0;
-    sigwait(&signals, &signal);
-    server.stop();
-  });
-  const bool ok = server.listen_after_bind();
-  if (waiter.joinable()) {
-    pthread_kill(waiter.native_handle(), SIGTERM);  // wake the waiter if the server ended first
-    waiter.join();
-  }
-  return ok ? 0 : 1;
+  return serve(server, signals);
 }

@@ -1,6 +1,9 @@
-# Builds and runs tests/consumer three ways: add_subdirectory, FetchContent from a local tarball,
-# and find_package after `cmake --install` into a temporary prefix. Fails on the first failure.
-# Inputs: SLUICE_SOURCE_DIR, WORK_DIR, GENERATOR.
+# Builds and runs tests/consumer the ways README.md documents: add_subdirectory, FetchContent from
+# a local tarball, FetchContent from git at the commit the README pins, and find_package after
+# `cmake --install` into a temporary prefix (a full install, and one of the core only, as on a
+# machine without hiredis and yaml-cpp). Fails on the first failure.
+# Inputs: SLUICE_SOURCE_DIR, WORK_DIR, GENERATOR, GIT (optional: without git, outside a git
+# checkout or in a shallow clone the git case is skipped).
 cmake_minimum_required(VERSION 3.25)
 set(consumer_src "${SLUICE_SOURCE_DIR}/tests/consumer")
 file(REMOVE_RECURSE "${WORK_DIR}")
@@ -13,20 +16,21 @@ function(run)
   endif()
 endfunction()
 
-function(build_and_run mode)
-  set(dir "${WORK_DIR}/${mode}")
+# build_and_run(<case> <SLUICE_MODE> [cmake args...]): configures, builds and runs the consumer.
+function(build_and_run case mode)
+  set(dir "${WORK_DIR}/${case}")
   run(${CMAKE_COMMAND} -S "${consumer_src}" -B "${dir}" -G "${GENERATOR}"
       -DCMAKE_BUILD_TYPE=Release -DSLUICE_MODE=${mode} ${ARGN})
   run(${CMAKE_COMMAND} --build "${dir}")
   execute_process(COMMAND "${dir}/consumer" RESULT_VARIABLE rc OUTPUT_VARIABLE out)
   if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "consumer built by ${mode} exited ${rc}")
+    message(FATAL_ERROR "consumer built by ${case} exited ${rc}")
   endif()
-  message(STATUS "${mode}: ${out}")
+  message(STATUS "${case}: ${out}")
 endfunction()
 
 # 1. add_subdirectory of the checkout.
-build_and_run(subdirectory -DSLUICE_SOURCE_DIR=${SLUICE_SOURCE_DIR})
+build_and_run(subdirectory subdirectory -DSLUICE_SOURCE_DIR=${SLUICE_SOURCE_DIR})
 
 # 2. FetchContent from a tarball of the working tree (what a release archive holds).
 set(tarball "${WORK_DIR}/sluice-src.tar.gz")
@@ -36,12 +40,43 @@ execute_process(
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "could not pack the source tree")
 endif()
-build_and_run(fetchcontent -DSLUICE_URL=file://${tarball})
+build_and_run(fetchcontent fetchcontent -DSLUICE_URL=file://${tarball})
 
-# 3. find_package after an install into a temporary prefix.
-set(prefix "${WORK_DIR}/prefix")
-run(${CMAKE_COMMAND} -S "${SLUICE_SOURCE_DIR}" -B "${WORK_DIR}/sluice-build" -G "${GENERATOR}"
-    -DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF
-    -DSLUICE_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX=${prefix})
-run(${CMAKE_COMMAND} --install "${WORK_DIR}/sluice-build")
-build_and_run(package -DCMAKE_PREFIX_PATH=${prefix})
+# 3. FetchContent from git at the full commit sha that the README's recipe names, cloned from this
+#    checkout in place of the public remote.
+file(STRINGS "${SLUICE_SOURCE_DIR}/README.md" pin_line REGEX "GIT_TAG +[0-9a-f]+")
+string(REGEX MATCH "GIT_TAG +([0-9a-f]+)" pin_match "${pin_line}")
+set(pin "${CMAKE_MATCH_1}")
+string(LENGTH "${pin}" pin_length)
+if(NOT pin_length EQUAL 40)
+  message(FATAL_ERROR "README.md's FetchContent recipe must pin a full 40-digit commit sha "
+                      "(GIT_TAG <sha>); found '${pin}'")
+endif()
+set(shallow "true")
+if(GIT)
+  execute_process(COMMAND "${GIT}" -C "${SLUICE_SOURCE_DIR}" rev-parse --is-shallow-repository
+    OUTPUT_VARIABLE shallow OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    set(shallow "true")  # not a git checkout (e.g. an unpacked source archive)
+  endif()
+endif()
+if(shallow STREQUAL "false")
+  run("${GIT}" -C "${SLUICE_SOURCE_DIR}" cat-file -e "${pin}^{commit}")
+  build_and_run(git git -DSLUICE_GIT_REPOSITORY=${SLUICE_SOURCE_DIR} -DSLUICE_GIT_TAG=${pin})
+else()
+  message(STATUS "git: skipped (no git, not a git checkout, or a shallow clone)")
+endif()
+
+# 4. find_package after the README's install recipe into a temporary prefix; <case> names it.
+function(install_and_use case)
+  set(prefix "${WORK_DIR}/${case}-prefix")
+  run(${CMAKE_COMMAND} -S "${SLUICE_SOURCE_DIR}" -B "${WORK_DIR}/${case}-build" -G "${GENERATOR}"
+      -DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF
+      -DSLUICE_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX=${prefix} ${ARGN})
+  run(${CMAKE_COMMAND} --install "${WORK_DIR}/${case}-build")
+  build_and_run(${case} package -DCMAKE_PREFIX_PATH=${prefix})
+endfunction()
+install_and_use(package)
+
+# 5. The same with the core only: what a machine with Abseil and xxHash alone installs.
+install_and_use(package-core -DSLUICE_REDIS=OFF -DSLUICE_YAML=OFF)

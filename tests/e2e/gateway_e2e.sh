@@ -166,7 +166,7 @@ for line in \
   'sluice_rule_denied_total{rule="trial-tier/per-credential",dry_run="false"} 1' \
   'sluice_rule_allowed_total{rule="trial-tier/per-credential",dry_run="false"} 3' \
   'sluice_rule_dry_denied_total{rule="search-shadow/strict-per-ip",dry_run="true"} 1' \
-  'sluice_rule_allowed_total{rule="search-shadow/strict-per-ip",dry_run="true"} 2' \
+  'sluice_rule_allowed_total{rule="search-shadow/strict-per-ip",dry_run="true"} 3' \
   'sluice_rule_evictions_total{rule="global-per-ip/per-ip",dry_run="false"} 0' \
   '# TYPE sluice_rule_denied_total counter'; do
   grep -qxF "$line" "$work/metrics.b" || fail "metrics lack: $line"

@@ -7,12 +7,12 @@
 
 namespace sluice::detail {
 
-// `text` in double quotes with `"` and `\` escaped and every byte outside printable ASCII
-// (0x20-0x7E) written as \xNN, so that untrusted text can neither forge nor break a message.
+// `text` with `"` and `\` escaped and every byte outside printable ASCII (0x20-0x7E) written as
+// \xNN, so that untrusted text can neither forge nor break a message.
 // (absl::CHexEscape writes \n and \t instead, which error messages here never use: one form.)
-inline std::string quoted(std::string_view text) {
+inline std::string escaped(std::string_view text) {
   constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "\"";
+  std::string out;
   for (char c : text) {
     const auto byte = static_cast<unsigned char>(c);
     if (c == '"' || c == '\\') {
@@ -26,9 +26,11 @@ inline std::string quoted(std::string_view text) {
       out.push_back(kHex[byte & 0xf]);
     }
   }
-  out.push_back('"');
   return out;
 }
+
+// `escaped(text)` in double quotes: how a value from untrusted input appears in a message.
+inline std::string quoted(std::string_view text) { return '"' + escaped(text) + '"'; }
 
 // True iff every byte of `text` is printable ASCII (0x20-0x7E).
 inline bool printable(std::string_view text) {

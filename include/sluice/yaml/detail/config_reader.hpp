@@ -1,0 +1,249 @@
+// Internal to sluice::yaml: reads a YAML document by the schema of sluice::PolicyConfig, one YAML
+// key per struct member. Not thread-safe: one reader per load. O(nodes read).
+#ifndef SLUICE_YAML_DETAIL_CONFIG_READER_HPP_
+#define SLUICE_YAML_DETAIL_CONFIG_READER_HPP_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sluice/policy.hpp"
+#include "sluice/yaml/detail/error.hpp"
+#include "sluice/yaml/detail/node_reader.hpp"
+#include "sluice/yaml/detail/one_document.hpp"
+#include "yaml-cpp/yaml.h"
+
+namespace sluice::yaml::detail {
+
+// Remembers where every value it read sits, so that relocate() maps validate()'s paths back to a
+// line and column.
+class ConfigReader final : public NodeReader {
+ public:
+  PolicyConfig load(const YAML::Node& root) {
+    PolicyConfig config;
+    for (const Field& f : fields(
+             root, "",
+             {"policies", "routes", "services", "listeners", "consumers", "gateway", "engine"})) {
+      if (f.key == "policies") {
+        config.policies = read_list<Bundle>(f.value, f.path, &ConfigReader::read_bundle);
+      } else if (f.key == "routes") {
+        config.routes = read_list<Route>(f.value, f.path, &ConfigReader::read_route);
+      } else if (f.key == "services") {
+        config.services =
+            read_list<Service>(f.value, f.path, &ConfigReader::read_attachable<Service>);
+      } else if (f.key == "listeners") {
+        config.listeners =
+            read_list<Listener>(f.value, f.path, &ConfigReader::read_attachable<Listener>);
+      } else if (f.key == "consumers") {
+        config.consumers = read_list<Consumer>(f.value, f.path, &ConfigReader::read_consumer);
+      } else if (f.key == "gateway") {
+        config.gateway = read_gateway(f.value, f.path);
+      } else {
+        config.engine = read_engine(f.value, f.path);
+      }
+    }
+    return config;
+  }
+
+ private:
+  Selector read_selector(const YAML::Node& node, const std::string& path) {
+    return read_enum(node, path, "selector", "ip, credential or route",
+                     [](std::string_view s) { return parse_selector(s); });
+  }
+
+  RequestsPer read_requests_per(const YAML::Node& node, const std::string& path) {
+    RequestsPer requests_per;
+    for (const Field& w : fields(node, path, {"s", "minute", "hour"})) {
+      const std::uint64_t requests = read_count(w.value, w.path);
+      if (w.key == "s") {
+        requests_per.s = requests;
+      } else if (w.key == "minute") {
+        requests_per.minute = requests;
+      } else {
+        requests_per.hour = requests;
+      }
+    }
+    return requests_per;
+  }
+
+  Rule read_rule(const YAML::Node& node, const std::string& path) {
+    Rule rule;
+    const std::vector<Field> fs = fields(node, path, {"name", "selector", "requests_per", "burst"});
+    require(node, path, fs, "selector");
+    require(node, path, fs, "requests_per");
+    for (const Field& f : fs) {
+      if (f.key == "name") {
+        rule.name = read_string(f.value, f.path);
+      } else if (f.key == "selector") {
+        rule.selector = read_list<Selector>(f.value, f.path, &ConfigReader::read_selector);
+      } else if (f.key == "requests_per") {
+        rule.requests_per = read_requests_per(f.value, f.path);
+      } else {
+        rule.burst = read_count(f.value, f.path);
+      }
+    }
+    return rule;
+  }
+
+  LegacyRateLimit read_legacy(const YAML::Node& node, const std::string& path) {
+    LegacyRateLimit legacy;
+    const std::vector<Field> fs = fields(node, path, {"requests", "window_seconds"});
+    require(node, path, fs, "requests");
+    require(node, path, fs, "window_seconds");
+    for (const Field& f : fs) {
+      (f.key == "requests" ? legacy.requests : legacy.window_seconds) = read_count(f.value, f.path);
+    }
+    return legacy;
+  }
+
+  Bundle read_bundle(const YAML::Node& node, const std::string& path) {
+    Bundle bundle;
+    const std::vector<Field> fs =
+        fields(node, path, {"name", "rate_limits", "rate_limit", "dry_run"});
+    require(node, path, fs, "name");
+    for (const Field& f : fs) {
+      if (f.key == "name") {
+        bundle.name = read_string(f.value, f.path);
+      } else if (f.key == "rate_limits") {
+        bundle.rate_limits = read_list<Rule>(f.value, f.path, &ConfigReader::read_rule);
+      } else if (f.key == "rate_limit") {
+        bundle.rate_limit = read_legacy(f.value, f.path);
+      } else {
+        bundle.dry_run = read_bool(f.value, f.path);
+      }
+    }
+    return bundle;
+  }
+
+  // `match: {path: {type: prefix, value: /v1}}`, the long form of `path_prefix: /v1`.
+  std::string read_match(const YAML::Node& node, const std::string& path,
+                         const std::string& prefix_path) {
+    const std::vector<Field> fs = fields(node, path, {"path"});
+    require(node, path, fs, "path");
+    const Field& p = fs.front();
+    const std::vector<Field> ps = fields(p.value, p.path, {"type", "value"});
+    require(p.value, p.path, ps, "type");
+    require(p.value, p.path, ps, "value");
+    std::string prefix;
+    for (const Field& f : ps) {
+      if (f.key == "type") {
+        read_enum(f.value, f.path, "match type", "prefix", [](std::string_view s) {
+          return s == "prefix" ? std::optional(0) : std::nullopt;
+        });
+      } else {
+        prefix = read_string(f.value, f.path);
+        remember(prefix_path, f.value.Mark());  // validate() calls it path_prefix
+      }
+    }
+    return prefix;
+  }
+
+  Route read_route(const YAML::Node& node, const std::string& path) {
+    Route route;
+    const std::vector<Field> fs =
+        fields(node, path, {"name", "service", "listener", "path_prefix", "match", "policies"});
+    require(node, path, fs, "name");
+    const Field* prefix = nullptr;
+    const Field* match = nullptr;
+    for (const Field& f : fs) {
+      if (f.key == "name") {
+        route.name = read_string(f.value, f.path);
+      } else if (f.key == "service") {
+        route.service = read_string(f.value, f.path);
+      } else if (f.key == "listener") {
+        route.listener = read_string(f.value, f.path);
+      } else if (f.key == "path_prefix") {
+        prefix = &f;
+        route.path_prefix = read_string(f.value, f.path);
+      } else if (f.key == "match") {
+        match = &f;
+        route.path_prefix = read_match(f.value, f.path, member(path, "path_prefix"));
+      } else {
+        route.policies = read_strings(f.value, f.path);
+      }
+    }
+    if (prefix != nullptr && match != nullptr) {
+      const Field* later = prefix->value.Mark().pos > match->value.Mark().pos ? prefix : match;
+      fail(later->value.Mark(), later->path, "path_prefix and match both set the route's path");
+    }
+    return route;
+  }
+
+  // A Service or a Listener: a name and the bundles attached to it.
+  template <class Attachable>
+  Attachable read_attachable(const YAML::Node& node, const std::string& path) {
+    Attachable attachable;
+    const std::vector<Field> fs = fields(node, path, {"name", "policies"});
+    require(node, path, fs, "name");
+    for (const Field& f : fs) {
+      if (f.key == "name") {
+        attachable.name = read_string(f.value, f.path);
+      } else {
+        attachable.policies = read_strings(f.value, f.path);
+      }
+    }
+    return attachable;
+  }
+
+  Consumer read_consumer(const YAML::Node& node, const std::string& path) {
+    Consumer consumer;
+    const std::vector<Field> fs = fields(node, path, {"name", "credentials", "policies"});
+    require(node, path, fs, "name");
+    for (const Field& f : fs) {
+      if (f.key == "name") {
+        consumer.name = read_string(f.value, f.path);
+      } else if (f.key == "credentials") {
+        consumer.credentials = read_strings(f.value, f.path);
+      } else {
+        consumer.policies = read_strings(f.value, f.path);
+      }
+    }
+    return consumer;
+  }
+
+  Gateway read_gateway(const YAML::Node& node, const std::string& path) {
+    Gateway gateway;
+    for (const Field& f : fields(node, path, {"global_policies", "exempt_paths"})) {
+      (f.key == "global_policies" ? gateway.global_policies : gateway.exempt_paths) =
+          read_strings(f.value, f.path);
+    }
+    return gateway;
+  }
+
+  EngineOptions read_engine(const YAML::Node& node, const std::string& path) {
+    EngineOptions engine;
+    for (const Field& f : fields(node, path, {"consumption", "on_backend_error"})) {
+      if (f.key == "consumption") {
+        engine.consumption =
+            read_enum(f.value, f.path, "consumption mode", "all_or_nothing or every_rule",
+                      [](std::string_view s) { return parse_consumption_mode(s); });
+      } else {
+        engine.on_backend_error =
+            read_enum(f.value, f.path, "failure mode", "fail_open or fail_closed",
+                      [](std::string_view s) { return parse_failure_mode(s); });
+      }
+    }
+    return engine;
+  }
+};
+
+// `text` as one YAML document read into a PolicyConfig that passed sluice::validate; a validate()
+// error comes back as InvalidArgument "<line>:<column>: <path>: <what>". Throws LoadError for a
+// document that does not fit the schema and YAML::Exception for a syntax error.
+inline absl::StatusOr<PolicyConfig> read_and_validate(const std::string& text) {
+  expect_one_document(text);
+  ConfigReader reader;
+  PolicyConfig config = reader.load(YAML::Load(text));
+  if (absl::Status s = validate(config); !s.ok()) {
+    return absl::InvalidArgumentError(reader.relocate(s.message()));
+  }
+  return config;
+}
+
+}  // namespace sluice::yaml::detail
+
+#endif  // SLUICE_YAML_DETAIL_CONFIG_READER_HPP_

@@ -1,0 +1,75 @@
+// Internal to sluice::yaml: checks that a config holds exactly one YAML document before it is
+// built. Thread-safety: stateless functions. O(n) in the text's length.
+#ifndef SLUICE_YAML_DETAIL_ONE_DOCUMENT_HPP_
+#define SLUICE_YAML_DETAIL_ONE_DOCUMENT_HPP_
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "sluice/detail/text.hpp"
+#include "sluice/yaml/detail/error.hpp"
+#include "yaml-cpp/eventhandler.h"
+#include "yaml-cpp/yaml.h"
+
+namespace sluice::yaml::detail {
+
+// Sees where each document starts, without building it.
+class DocumentStart final : public YAML::EventHandler {
+ public:
+  std::optional<YAML::Mark> mark;
+
+  void OnDocumentStart(const YAML::Mark& at) override { mark = at; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// The syntax error for a parser that cannot consume the token at `start`.
+[[noreturn]] inline void fail_stuck_parser(const std::string& text, const YAML::Mark& start) {
+  const auto pos = static_cast<std::size_t>(std::max(start.pos, 0));
+  fail(start, "invalid YAML",
+       pos < text.size()
+           ? absl::StrCat("unexpected character ", sluice::detail::quoted(text.substr(pos, 1)))
+           : std::string("unexpected end of input"));
+}
+
+// Throws LoadError unless `text` holds exactly one document. Not YAML::LoadAll: in yaml-cpp 0.7
+// it loops forever, allocating, on input such as "," (jbeder/yaml-cpp#1040, fixed upstream by
+// #1319), because the parser hands out the same empty document again and again without consuming
+// the token. Here a document that starts where the previous one started is that stuck parser,
+// and is reported as a syntax error at the token it cannot consume.
+inline void expect_one_document(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  std::array<DocumentStart, 3> documents;
+  std::size_t count = 0;
+  while (count < documents.size() && parser.HandleNextDocument(documents[count])) {
+    const std::optional<YAML::Mark>& start = documents[count].mark;
+    if (count > 0 && start && documents[count - 1].mark &&
+        start->pos == documents[count - 1].mark->pos) {
+      fail_stuck_parser(text, *start);
+    }
+    ++count;
+  }
+  if (count == 0) throw LoadError{{}, "", "expected a mapping, got an empty document"};
+  if (count > 1 && documents[1].mark) {
+    fail(*documents[1].mark, "", "expected one YAML document, got another one here");
+  }
+}
+
+}  // namespace sluice::yaml::detail
+
+#endif  // SLUICE_YAML_DETAIL_ONE_DOCUMENT_HPP_
