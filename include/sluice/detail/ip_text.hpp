@@ -62,7 +62,8 @@ inline bool parse_ipv4(std::string_view text, Ipv4Bytes& out) noexcept {
 inline bool parse_ipv6(std::string_view text, Ipv6Bytes& out) noexcept {
   std::array<std::uint16_t, 8> groups{};
   std::size_t count = 0;
-  std::size_t gap = groups.size();  // index at which "::" stands; size(): none
+  constexpr std::size_t kNoGap = groups.size() + 1;
+  std::size_t gap = kNoGap;  // the group index at which "::" stands
   if (text.starts_with("::")) {
     gap = 0;
     text.remove_prefix(2);
@@ -88,12 +89,12 @@ inline bool parse_ipv6(std::string_view text, Ipv6Bytes& out) noexcept {
     if (text.front() != ':' || text.size() == 1) return false;  // a trailing single ':'
     text.remove_prefix(1);
     if (text.front() == ':') {
-      if (gap != groups.size()) return false;
+      if (gap != kNoGap) return false;
       gap = count;
       text.remove_prefix(1);
     }
   }
-  if (gap == groups.size() ? count != groups.size() : count == groups.size()) return false;
+  if (gap == kNoGap ? count != groups.size() : count == groups.size()) return false;
   out.fill(0);
   const std::size_t zeros = groups.size() - count;  // 0 without "::"
   for (std::size_t i = 0; i < count; ++i) {
