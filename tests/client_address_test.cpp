@@ -389,6 +389,11 @@ TEST_CASE("a spoofed leftmost X-Forwarded-For entry resolves to the entry the pr
   CHECK(clients == std::vector<std::string>(300, "203.0.113.7"));
 }
 
+TEST_CASE("a trusted address written by the client does not move the walk past its proxy") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "", "10.0.0.1, 203.0.113.7") ==
+        ClientAddress::parse("203.0.113.7"));
+}
+
 TEST_CASE("trusted hops are skipped from the right up to the first untrusted address") {
   CHECK(behind_proxies().resolve("10.0.0.5", "", "198.51.100.9, 203.0.113.7, 10.1.1.1,10.2.2.2") ==
         ClientAddress::parse("203.0.113.7"));
