@@ -83,14 +83,14 @@ class ClientAddress {
 
   ClientAddress() = default;
 
-  static ClientAddress ipv4(const detail::Ipv4Bytes& bytes) noexcept {
+  static ClientAddress ipv4(const std::array<std::uint8_t, 4>& bytes) noexcept {
     ClientAddress address;
     address.family_ = Family::kIpv4;
     std::copy(bytes.begin(), bytes.end(), address.bytes_.begin());
     return address;
   }
   // An IPv4-mapped address (::ffff:0:0/96) becomes the IPv4 address.
-  static ClientAddress ipv6(const detail::Ipv6Bytes& bytes) noexcept {
+  static ClientAddress ipv6(const std::array<std::uint8_t, 16>& bytes) noexcept {
     if (detail::ipv4_mapped(bytes)) return ipv4({bytes[12], bytes[13], bytes[14], bytes[15]});
     ClientAddress address;
     address.family_ = Family::kIpv6;
@@ -431,6 +431,17 @@ class ClientAddressResolver {
            });
   }
 
+  // The address a hop names; invalid for a malformed element or one without an address.
+  template <typename Hops>
+  static ClientAddress address_of(const detail::Hop& hop) noexcept {
+    if (!hop.has_node) return {};  // malformed, or a Forwarded element without `for`
+    if constexpr (std::same_as<Hops, detail::ForwardedHops>) {
+      return parse_forwarded_node(hop.node);
+    } else {
+      return ClientAddress::parse(hop.node);
+    }
+  }
+
   // Walks `hops` from the right starting at the trusted `peer` (see the header comment).
   template <typename Hops>
   ClientAddress walk(const ClientAddress& peer, Hops hops) const noexcept {
@@ -438,14 +449,7 @@ class ClientAddressResolver {
     for (std::size_t examined = 0; examined < kMaxHops; ++examined) {
       const std::optional<detail::Hop> hop = hops.next();
       if (!hop) break;  // every hop was trusted: the leftmost is the client
-      ClientAddress address;
-      if (!hop->has_node) {
-        // no `for`: no address
-      } else if constexpr (std::same_as<Hops, detail::ForwardedHops>) {
-        address = parse_forwarded_node(hop->node);
-      } else {
-        address = ClientAddress::parse(hop->node);
-      }
+      const ClientAddress address = address_of<Hops>(*hop);
       if (!address.valid()) break;  // no address: the last trusted hop's view
       if (!trusted(address)) return address;
       last_trusted = address;
