@@ -1,0 +1,559 @@
+#include "sluice/client_address.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "catch.hpp"
+
+namespace {
+
+using sluice::AddressPrefixes;
+using sluice::Cidr;
+using sluice::ClientAddress;
+using sluice::ClientAddressResolver;
+using sluice::network_key;
+using sluice::ProxyHeaders;
+
+std::string text_of(std::string_view text) { return ClientAddress::parse(text).to_string(); }
+
+std::string message_of(const absl::Status& status) { return std::string(status.message()); }
+
+// A resolver that trusts the load balancers in 10.0.0.0/8 and 2001:db8:ffff::/48.
+ClientAddressResolver behind_proxies(ProxyHeaders headers = ProxyHeaders::kForwardedFirst) {
+  absl::StatusOr<ClientAddressResolver> resolver =
+      ClientAddressResolver::create({"10.0.0.0/8", "2001:db8:ffff::/48"}, headers);
+  REQUIRE(resolver.ok());
+  return *resolver;
+}
+
+std::string key_bytes(std::string_view address, AddressPrefixes prefixes = {}) {
+  return std::string(network_key(ClientAddress::parse(address), prefixes).bytes());
+}
+
+}  // namespace
+
+// --- parsing and canonical text ---------------------------------------------------------------
+
+TEST_CASE("IPv6 text is canonical in the form of RFC 5952") {
+  struct Case {
+    std::string_view input;
+    std::string_view canonical;
+  };
+  const std::vector<Case> cases = {
+      {"2001:db8:0:0:1:0:0:1", "2001:db8::1:0:0:1"},  // leftmost of two equal runs
+      {"2001:0db8:0:0:1:0:0:1", "2001:db8::1:0:0:1"},
+      {"2001:db8::1:0:0:1", "2001:db8::1:0:0:1"},
+      {"2001:db8::0:1:0:0:1", "2001:db8::1:0:0:1"},
+      {"2001:0db8::1:0:0:1", "2001:db8::1:0:0:1"},
+      {"2001:db8:0:0:1::1", "2001:db8::1:0:0:1"},
+      {"2001:db8:0000:0:1::1", "2001:db8::1:0:0:1"},
+      {"2001:DB8:0:0:1::1", "2001:db8::1:0:0:1"},
+      {"2001:db8:aaaa:bbbb:cccc:dddd:eeee:0001", "2001:db8:aaaa:bbbb:cccc:dddd:eeee:1"},
+      {"2001:db8:0:1:1:1:1:1", "2001:db8:0:1:1:1:1:1"},  // one zero group is not compressed
+      {"2001:0:0:1:0:0:0:1", "2001:0:0:1::1"},           // the longest run wins
+      {"2001:db8::", "2001:db8::"},
+      {"0:0:0:0:0:0:0:0", "::"},
+      {"::", "::"},
+      {"0:0:0:0:0:0:0:1", "::1"},
+      {"1:0:0:0:0:0:0:0", "1::"},
+      {"1::2:3:4:5:6:7", "1:0:2:3:4:5:6:7"},
+      {"FE80::ABCD:0:0:1", "fe80::abcd:0:0:1"},
+      {"::192.0.2.1", "::c000:201"},  // IPv4-compatible, not mapped: stays IPv6
+      {"64:ff9b::192.0.2.1", "64:ff9b::c000:201"},
+      {"1:2:3:4:5:6:192.0.2.1", "1:2:3:4:5:6:c000:201"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.input);
+    CHECK(text_of(c.input) == c.canonical);
+  }
+}
+
+TEST_CASE("IPv4 text is a dotted quad of decimal octets") {
+  CHECK(text_of("192.0.2.1") == "192.0.2.1");
+  CHECK(text_of("0.0.0.0") == "0.0.0.0");
+  CHECK(text_of("255.255.255.255") == "255.255.255.255");
+  CHECK(ClientAddress::parse("203.0.113.7").bytes().size() == 4);
+  CHECK(ClientAddress::parse("203.0.113.7") == ClientAddress::ipv4({203, 0, 113, 7}));
+}
+
+TEST_CASE("the parser rejects every text that is not exactly an address") {
+  const std::vector<std::string_view> rejected = {
+      "",
+      " 192.0.2.1",
+      "192.0.2.1 ",
+      "192.0.2",
+      "192.0.2.1.",
+      "192.0.2.1.5",
+      "192..2.1",
+      "010.0.0.1",  // octal in inet_aton
+      "0x7f.0.0.1",
+      "127.1",
+      "2130706433",
+      "256.0.0.1",
+      "1.2.3.-4",
+      "+1.2.3.4",
+      "1.2.3.4%eth0",
+      "[192.0.2.1]",
+      "192.0.2.1:",
+      "192.0.2.1:65536",
+      "192.0.2.1:080",
+      "192.0.2.1:http",
+      ":::",
+      ":1::",
+      "1::2:",
+      "1:2:3:4:5:6:7:8:9",
+      "1:2:3:4:5:6:7:8::",
+      "::1:2:3:4:5:6:7:8",
+      "1::2::3",
+      "12345::",
+      "g::",
+      "::1.2.3",
+      "::1.2.3.04",
+      "1.2.3.4::",
+      "1:2:3:4:5:6:7:1.2.3.4",
+      "::ffff:1.2.3.4.5",
+      "fe80::1%",
+      "fe80::1%eth 0",
+      "fe80::1%eth/0",
+      "[::1",
+      "[::1]:",
+      "[::1]x",
+      "[::1]:65536",
+      "::1]",
+      "unknown",
+      "_hidden",
+  };
+  for (std::string_view text : rejected) {
+    INFO('"' << std::string(text) << '"');
+    CHECK_FALSE(ClientAddress::parse(text).valid());
+  }
+}
+
+TEST_CASE("an IPv4-mapped IPv6 address in any spelling is the IPv4 address") {
+  const ClientAddress expected = ClientAddress::parse("192.0.2.1");
+  for (std::string_view text : {"::ffff:192.0.2.1", "::FFFF:c000:201", "0:0:0:0:0:ffff:192.0.2.1",
+                                "[::ffff:192.0.2.1]:443"}) {
+    INFO(text);
+    const ClientAddress address = ClientAddress::parse(text);
+    CHECK(address.is_ipv4());
+    CHECK(address == expected);
+  }
+}
+
+TEST_CASE("a zone id is dropped and a port is dropped") {
+  const ClientAddress link_local = ClientAddress::parse("fe80::1");
+  CHECK(ClientAddress::parse("fe80::1%eth0") == link_local);
+  CHECK(ClientAddress::parse("[fe80::1%25eth0]:8080") == link_local);
+  CHECK(ClientAddress::parse("[2001:db8::1]:4711") == ClientAddress::parse("2001:db8::1"));
+  CHECK(ClientAddress::parse("[2001:db8::1]") == ClientAddress::parse("2001:db8::1"));
+  CHECK(ClientAddress::parse("192.0.2.1:0") == ClientAddress::parse("192.0.2.1"));
+  CHECK(ClientAddress::parse("192.0.2.1:65535") == ClientAddress::parse("192.0.2.1"));
+}
+
+TEST_CASE("an address holds its bytes in network order") {
+  const ClientAddress address = ClientAddress::parse("2001:db8::8:800:200c:417a");
+  const std::vector<std::uint8_t> bytes(address.bytes().begin(), address.bytes().end());
+  CHECK(bytes == std::vector<std::uint8_t>{0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0x08, 0x08, 0x00,
+                                           0x20, 0x0c, 0x41, 0x7a});
+  CHECK(address.family() == ClientAddress::Family::kIpv6);
+}
+
+TEST_CASE("an invalid address prints as invalid and has no bytes") {
+  const ClientAddress address = ClientAddress::parse("not an address");
+  CHECK(address == ClientAddress{});
+  CHECK(address.to_string() == "invalid");
+  CHECK(address.bytes().empty());
+}
+
+TEST_CASE("canonical text parses back to the same address") {
+  for (std::string_view text : {"2001:db8:0:0:1:0:0:1", "::ffff:10.1.2.3", "fe80::1%eth0",
+                                "10.20.30.40", "::", "1::", "[::1]:80",
+                                "ffff:ffff:ffff:ffff:"
+                                "ffff:ffff:ffff:ffff"}) {
+    INFO(text);
+    const ClientAddress address = ClientAddress::parse(text);
+    REQUIRE(address.valid());
+    CHECK(ClientAddress::parse(address.to_string()) == address);
+  }
+}
+
+// --- network keys -------------------------------------------------------------------------------
+
+TEST_CASE("an IPv6 key is the family, the prefix length and the /64 network by default") {
+  CHECK(key_bytes("2001:db8:1:2:3:4:5:6") ==
+        std::string("\x06\x40\x20\x01\x0d\xb8\x00\x01\x00\x02", 10));
+}
+
+TEST_CASE("two IPv6 addresses in one /64 share a key and different /64s do not") {
+  CHECK(key_bytes("2001:db8:1:2::1") == key_bytes("2001:db8:1:2:ffff:ffff:ffff:ffff"));
+  CHECK(key_bytes("2001:db8:1:2::1") != key_bytes("2001:db8:1:3::1"));
+}
+
+TEST_CASE("an IPv4 key is the whole address by default") {
+  CHECK(key_bytes("192.0.2.1") == std::string("\x04\x20\xc0\x00\x02\x01", 6));
+  CHECK(key_bytes("192.0.2.1") != key_bytes("192.0.2.2"));
+}
+
+TEST_CASE("an IPv4 /24 prefix puts one network's addresses under one key") {
+  const AddressPrefixes per_24{.ipv4 = 24};
+  CHECK(key_bytes("192.0.2.1", per_24) == std::string("\x04\x18\xc0\x00\x02", 5));
+  CHECK(key_bytes("192.0.2.1", per_24) == key_bytes("192.0.2.255", per_24));
+  CHECK(key_bytes("192.0.2.1", per_24) != key_bytes("192.0.3.1", per_24));
+}
+
+TEST_CASE("a prefix that ends inside a byte keeps only that byte's network bits") {
+  const AddressPrefixes per_20{.ipv4 = 20, .ipv6 = 60};
+  CHECK(key_bytes("10.0.31.255", per_20) == std::string("\x04\x14\x0a\x00\x10", 5));
+  CHECK(key_bytes("10.0.16.0", per_20) == key_bytes("10.0.31.255", per_20));
+  CHECK(key_bytes("10.0.32.0", per_20) != key_bytes("10.0.31.255", per_20));
+  CHECK(key_bytes("2001:db8:0:ff::", per_20) == key_bytes("2001:db8:0:f0::", per_20));
+  CHECK(key_bytes("2001:db8:0:ff::", per_20) != key_bytes("2001:db8:0:ef::", per_20));
+}
+
+TEST_CASE("every unparsable address has the one invalid key") {
+  const std::string invalid = key_bytes("garbage");
+  CHECK(invalid == std::string(1, '\0'));
+  CHECK(key_bytes("") == invalid);
+  CHECK(key_bytes("192.0.2.1 ") == invalid);
+  CHECK(std::string(sluice::NetworkKey{}.bytes()) == invalid);
+}
+
+TEST_CASE("the whole-internet prefixes of the two families and the invalid key all differ") {
+  const AddressPrefixes everything{.ipv4 = 0, .ipv6 = 0};
+  CHECK(key_bytes("192.0.2.1", everything) == std::string("\x04\x00", 2));
+  CHECK(key_bytes("2001:db8::1", everything) == std::string("\x06\x00", 2));
+  CHECK(key_bytes("garbage", everything) == std::string(1, '\0'));
+}
+
+TEST_CASE("a mapped IPv4 address is keyed under the IPv4 prefix") {
+  CHECK(key_bytes("::ffff:192.0.2.1") == key_bytes("192.0.2.1"));
+}
+
+TEST_CASE("prefix lengths are validated per family") {
+  CHECK(sluice::validate(AddressPrefixes{}).ok());
+  CHECK(sluice::validate(AddressPrefixes{.ipv4 = 0, .ipv6 = 128}).ok());
+  const absl::Status v4 = sluice::validate(AddressPrefixes{.ipv4 = 33});
+  CHECK(v4.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(message_of(v4) == "address prefixes: ipv4 must be in [0, 32], got 33");
+  const absl::Status v6 = sluice::validate(AddressPrefixes{.ipv6 = -1});
+  CHECK(v6.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(message_of(v6) == "address prefixes: ipv6 must be in [0, 128], got -1");
+}
+
+TEST_CASE("an out-of-range prefix length is clamped when keying") {
+  CHECK(key_bytes("192.0.2.1", {.ipv4 = 99}) == key_bytes("192.0.2.1", {.ipv4 = 32}));
+  CHECK(key_bytes("2001:db8::1", {.ipv6 = -5}) == key_bytes("2001:db8::2", {.ipv6 = 0}));
+}
+
+// --- CIDR networks ------------------------------------------------------------------------------
+
+TEST_CASE("a network parses to its canonical text") {
+  struct Case {
+    std::string_view input;
+    std::string_view canonical;
+  };
+  const std::vector<Case> cases = {
+      {"10.0.0.0/8", "10.0.0.0/8"},
+      {"192.0.2.7", "192.0.2.7/32"},
+      {"0.0.0.0/0", "0.0.0.0/0"},
+      {"2001:DB8:0::/32", "2001:db8::/32"},
+      {"2001:db8::1", "2001:db8::1/128"},
+      {"::/0", "::/0"},
+      {"::ffff:10.0.0.0/104", "::ffff:10.0.0.0/104"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.input);
+    absl::StatusOr<Cidr> cidr = Cidr::parse(c.input);
+    REQUIRE(cidr.ok());
+    CHECK(cidr->to_string() == c.canonical);
+  }
+}
+
+TEST_CASE("a network with host bits set is refused with a message naming it") {
+  absl::StatusOr<Cidr> cidr = Cidr::parse("10.0.0.1/8");
+  CHECK(cidr.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(message_of(cidr.status()) ==
+        "network \"10.0.0.1/8\": host bits are set; write the network address");
+}
+
+TEST_CASE("a network text that is not address/length is refused") {
+  const std::vector<std::string_view> rejected = {
+      "",
+      "/8",
+      "10.0.0.0/",
+      "10.0.0.0/33",
+      "10.0.0.0/08",
+      "10.0.0.0/-0",
+      "10.0.0.0/8 ",
+      "10/8",
+      "10.0.0.0/8/8",
+      "2001:db8::/129",
+      "[::1]/128",
+      "fe80::%eth0/64",
+      "192.0.2.1:80/32",
+      "2001:db8::/0x20",
+  };
+  for (std::string_view text : rejected) {
+    INFO('"' << std::string(text) << '"');
+    CHECK(Cidr::parse(text).status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  CHECK(message_of(Cidr::parse("10.0.0.0/33").status()) ==
+        "network \"10.0.0.0/33\": the prefix length must be a number in [0, 32]");
+  CHECK(message_of(Cidr::parse("10/8").status()) ==
+        "network \"10/8\": not an IPv4 or IPv6 address");
+}
+
+TEST_CASE("a network contains exactly the addresses under its prefix") {
+  const Cidr v4 = *Cidr::parse("10.16.0.0/12");
+  CHECK(v4.contains(ClientAddress::parse("10.16.0.0")));
+  CHECK(v4.contains(ClientAddress::parse("10.31.255.255")));
+  CHECK_FALSE(v4.contains(ClientAddress::parse("10.32.0.0")));
+  CHECK_FALSE(v4.contains(ClientAddress::parse("10.15.255.255")));
+  const Cidr v6 = *Cidr::parse("2001:db8::/32");
+  CHECK(v6.contains(ClientAddress::parse("2001:db8:ffff::1")));
+  CHECK_FALSE(v6.contains(ClientAddress::parse("2001:db9::")));
+}
+
+TEST_CASE("an IPv4 network contains no IPv6 address and no invalid one") {
+  const Cidr all_v4 = *Cidr::parse("0.0.0.0/0");
+  CHECK(all_v4.contains(ClientAddress::parse("198.51.100.1")));
+  CHECK_FALSE(all_v4.contains(ClientAddress::parse("::")));
+  CHECK_FALSE(all_v4.contains(ClientAddress{}));
+}
+
+TEST_CASE("an IPv6 network that covers the mapped range contains those IPv4 addresses") {
+  CHECK(Cidr::parse("::ffff:10.0.0.0/104")->contains(ClientAddress::parse("10.1.2.3")));
+  CHECK_FALSE(Cidr::parse("::ffff:10.0.0.0/104")->contains(ClientAddress::parse("11.1.2.3")));
+  CHECK(Cidr::parse("::/0")->contains(ClientAddress::parse("192.0.2.1")));
+  CHECK_FALSE(Cidr::parse("2001:db8::/32")->contains(ClientAddress::parse("192.0.2.1")));
+}
+
+// --- the resolver: configuration ----------------------------------------------------------------
+
+TEST_CASE("a resolver refuses a bad trusted network and names it by index") {
+  absl::StatusOr<ClientAddressResolver> resolver =
+      ClientAddressResolver::create({"10.0.0.0/8", "10.0.0.1/8"});
+  CHECK(resolver.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(message_of(resolver.status()) ==
+        "trusted_networks[1]: network \"10.0.0.1/8\": host bits are set; write the network "
+        "address");
+}
+
+TEST_CASE("a resolver refuses more trusted networks than its cap") {
+  const std::vector<std::string> networks(ClientAddressResolver::kMaxTrustedNetworks + 1,
+                                          "10.0.0.0/8");
+  absl::StatusOr<ClientAddressResolver> resolver = ClientAddressResolver::create(networks);
+  CHECK(resolver.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(message_of(resolver.status()) == "trusted_networks: more than 256 networks");
+}
+
+TEST_CASE("a resolver keeps its trusted networks in canonical form") {
+  const std::vector<std::string> networks = {"10.0.0.0/8", "2001:DB8::/32"};
+  absl::StatusOr<ClientAddressResolver> resolver = ClientAddressResolver::create(networks);
+  REQUIRE(resolver.ok());
+  REQUIRE(resolver->trusted_networks().size() == 2);
+  CHECK(resolver->trusted_networks()[1].to_string() == "2001:db8::/32");
+}
+
+// --- the resolver: no trusted proxies -----------------------------------------------------------
+
+TEST_CASE("without trusted networks the client is the peer and headers are ignored") {
+  const ClientAddressResolver resolver;
+  CHECK(resolver.resolve("203.0.113.7", "for=198.51.100.1", "198.51.100.2") ==
+        ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("an untrusted peer's headers are ignored") {
+  CHECK(behind_proxies().resolve("203.0.113.7", "for=198.51.100.1", "198.51.100.2") ==
+        ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("an unparsable peer resolves to the invalid address") {
+  CHECK(behind_proxies().resolve("garbage", "", "198.51.100.2") == ClientAddress{});
+}
+
+// --- the resolver: X-Forwarded-For --------------------------------------------------------------
+
+TEST_CASE("a spoofed leftmost X-Forwarded-For entry resolves to the entry the proxy appended") {
+  const ClientAddressResolver resolver = behind_proxies();
+  std::vector<std::string> clients;
+  for (int spoof = 0; spoof < 300; ++spoof) {
+    const std::string header =
+        absl::StrCat("198.51.", spoof / 256, ".", spoof % 256, ", 203.0.113.7");
+    clients.push_back(resolver.resolve("10.0.0.5", "", header).to_string());
+  }
+  CHECK(clients == std::vector<std::string>(300, "203.0.113.7"));
+}
+
+TEST_CASE("a trusted address written by the client does not move the walk past its proxy") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "", "10.0.0.1, 203.0.113.7") ==
+        ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("trusted hops are skipped from the right up to the first untrusted address") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "", "198.51.100.9, 203.0.113.7, 10.1.1.1,10.2.2.2") ==
+        ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("when every hop is trusted the leftmost is the client") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "", "10.0.0.1, 10.0.0.2") ==
+        ClientAddress::parse("10.0.0.1"));
+}
+
+TEST_CASE("a trusted peer without a forwarding header is the client") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "", "") == ClientAddress::parse("10.0.0.5"));
+  CHECK(behind_proxies().resolve("10.0.0.5", " ", " , ") == ClientAddress::parse("10.0.0.5"));
+}
+
+TEST_CASE("X-Forwarded-For elements may carry ports, brackets and IPv6 text") {
+  CHECK(behind_proxies().resolve("2001:db8:ffff::1", "", "[2001:db8:1:2::7]:443") ==
+        ClientAddress::parse("2001:db8:1:2::7"));
+  CHECK(behind_proxies().resolve("10.0.0.5", "", "203.0.113.7:51234") ==
+        ClientAddress::parse("203.0.113.7"));
+  CHECK(behind_proxies().resolve("10.0.0.5", "", "2001:db8:1:2::7") ==
+        ClientAddress::parse("2001:db8:1:2::7"));
+}
+
+TEST_CASE("an unparsable X-Forwarded-For element ends the walk at the hop that wrote it") {
+  const ClientAddressResolver resolver = behind_proxies();
+  CHECK(resolver.resolve("10.0.0.5", "", "203.0.113.7, garbage") ==
+        ClientAddress::parse("10.0.0.5"));
+  CHECK(resolver.resolve("10.0.0.5", "", "203.0.113.7, unknown, 10.0.0.9") ==
+        ClientAddress::parse("10.0.0.9"));
+  CHECK(resolver.resolve("10.0.0.5", "", "203.0.113.7, 198.51.100.1 198.51.100.2") ==
+        ClientAddress::parse("10.0.0.5"));
+}
+
+TEST_CASE("padding an X-Forwarded-For header does not hide the address the proxy appended") {
+  std::string header;
+  while (header.size() < 3 * ClientAddressResolver::kMaxHeaderBytes) header += "198.51.100.1, ";
+  header += "203.0.113.7";
+  CHECK(behind_proxies().resolve("10.0.0.5", "", header) == ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("an X-Forwarded-For element cut by the read limit is not an address") {
+  // The window starts inside "203.0.113.77": its tail "3.0.113.77" would be an address.
+  const std::string tail = "10.0.0.9";
+  const std::string cut = "3.0.113.77,";
+  const std::string header =
+      "20" + cut +
+      std::string(ClientAddressResolver::kMaxHeaderBytes - cut.size() - tail.size(), ' ') + tail;
+  CHECK(behind_proxies().resolve("10.0.0.5", "", header) == ClientAddress::parse("10.0.0.9"));
+}
+
+TEST_CASE("at most twenty hops are examined, then the last trusted one examined is the client") {
+  std::string header = "203.0.113.7";
+  for (int hop = 1; hop <= 25; ++hop) header += absl::StrCat(", 10.0.0.", hop);
+  // From the right: 10.0.0.25 down to 10.0.0.6 are the twenty examined.
+  CHECK(behind_proxies().resolve("10.0.0.5", "", header) == ClientAddress::parse("10.0.0.6"));
+}
+
+// --- the resolver: Forwarded --------------------------------------------------------------------
+
+TEST_CASE("the Forwarded for parameter names the client") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "for=192.0.2.60;proto=http;by=203.0.113.43", "") ==
+        ClientAddress::parse("192.0.2.60"));
+}
+
+TEST_CASE("a spoofed leftmost Forwarded element resolves to the element the proxy appended") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "for=198.51.100.1, for=203.0.113.7", "") ==
+        ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("Forwarded accepts a quoted bracketed IPv6 node with a port") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "for=\"[2001:db8:cafe::17]:4711\"", "") ==
+        ClientAddress::parse("2001:db8:cafe::17"));
+  CHECK(behind_proxies().resolve("10.0.0.5", "for=\"[2001:db8:cafe::17]\"", "") ==
+        ClientAddress::parse("2001:db8:cafe::17"));
+  CHECK(behind_proxies().resolve("10.0.0.5", "for=\"203.0.113.7:_port-1\"", "") ==
+        ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("Forwarded parameter names are case-insensitive and values may be quoted") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "For=\"203.0.113.7\"", "") ==
+        ClientAddress::parse("203.0.113.7"));
+  CHECK(behind_proxies().resolve("10.0.0.5", "proto=https; FOR=203.0.113.7", "") ==
+        ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("Forwarded elements behind several trusted proxies are skipped from the right") {
+  CHECK(behind_proxies().resolve(
+            "10.0.0.5", "for=198.51.100.1, for=203.0.113.7;proto=https, for=10.0.0.9;by=10.0.0.5",
+            "") == ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("an unknown or obfuscated Forwarded node ends the walk at the hop that wrote it") {
+  const ClientAddressResolver resolver = behind_proxies();
+  CHECK(resolver.resolve("10.0.0.5", "for=unknown", "") == ClientAddress::parse("10.0.0.5"));
+  CHECK(resolver.resolve("10.0.0.5", "for=203.0.113.7, for=_hidden, for=10.0.0.9", "") ==
+        ClientAddress::parse("10.0.0.9"));
+  CHECK(resolver.resolve("10.0.0.5", "proto=https", "") == ClientAddress::parse("10.0.0.5"));
+}
+
+TEST_CASE("a Forwarded IPv6 node must be bracketed and quoted") {
+  const ClientAddressResolver resolver = behind_proxies(ProxyHeaders::kForwardedOnly);
+  CHECK(resolver.resolve("10.0.0.5", "for=\"2001:db8::1\"", "") ==
+        ClientAddress::parse("10.0.0.5"));
+  CHECK(resolver.resolve("10.0.0.5", "for=[2001:db8::1]", "") == ClientAddress::parse("10.0.0.5"));
+}
+
+TEST_CASE("a comma or a for inside a quoted Forwarded value is text, not an element") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "for=203.0.113.7;ext=\"x, for=198.51.100.1\"", "") ==
+        ClientAddress::parse("203.0.113.7"));
+  CHECK(behind_proxies().resolve("10.0.0.5", "for=203.0.113.7;ext=\"a\\\", for=198.51.100.1\"",
+                                 "") == ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("a client's unterminated quote cannot hide the element its proxy appended") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "for=\"198.51.100.1, for=203.0.113.7", "") ==
+        ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("a Forwarded element that repeats for is malformed") {
+  const ClientAddressResolver resolver = behind_proxies(ProxyHeaders::kForwardedOnly);
+  CHECK(resolver.resolve("10.0.0.5", "for=203.0.113.7;for=198.51.100.1", "") ==
+        ClientAddress::parse("10.0.0.5"));
+}
+
+TEST_CASE("a malformed Forwarded element behind a trusted hop ends the walk there") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "for=203.0.113.7, for=\"x, for=10.0.0.9", "") ==
+        ClientAddress::parse("10.0.0.9"));
+  CHECK(behind_proxies().resolve("10.0.0.5", "for=203.0.113.7, for==x, for=10.0.0.9", "") ==
+        ClientAddress::parse("10.0.0.9"));
+}
+
+TEST_CASE("a padded Forwarded header still resolves to the element the proxy appended") {
+  std::string header;
+  while (header.size() < 3 * ClientAddressResolver::kMaxHeaderBytes) {
+    header += "for=198.51.100.1;ext=\"a,b\", ";
+  }
+  header += "for=203.0.113.7";
+  CHECK(behind_proxies().resolve("10.0.0.5", header, "") == ClientAddress::parse("203.0.113.7"));
+}
+
+// --- the resolver: which header -----------------------------------------------------------------
+
+TEST_CASE("a well-formed Forwarded header takes precedence over X-Forwarded-For") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "for=203.0.113.7", "198.51.100.1") ==
+        ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("X-Forwarded-For is read when the rightmost Forwarded element is malformed") {
+  CHECK(behind_proxies().resolve("10.0.0.5", "for=\"198.51.100.1", "203.0.113.7") ==
+        ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("a resolver pinned to X-Forwarded-For ignores Forwarded") {
+  CHECK(behind_proxies(ProxyHeaders::kXForwardedForOnly)
+            .resolve("10.0.0.5", "for=198.51.100.1", "203.0.113.7") ==
+        ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("a resolver pinned to Forwarded ignores X-Forwarded-For") {
+  CHECK(behind_proxies(ProxyHeaders::kForwardedOnly).resolve("10.0.0.5", "", "198.51.100.1") ==
+        ClientAddress::parse("10.0.0.5"));
+}
