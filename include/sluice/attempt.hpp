@@ -206,6 +206,13 @@ inline HttpFields attempt_fields(const AttemptDecision& decision) {
 
 namespace detail {
 
+// What completing a receipt whose attempt is no longer active answers (every attempt limiter).
+inline absl::Status stale_attempt_receipt() {
+  return absl::FailedPreconditionError(
+      "stale attempt receipt: its attempt already ended (completed, or its lease expired) or a "
+      "newer attempt began");
+}
+
 // t + d for d ≥ 0, saturated at the largest int64.
 constexpr std::int64_t add_saturating(std::int64_t t, std::int64_t d) noexcept {
   return t > std::numeric_limits<std::int64_t>::max() - d ? std::numeric_limits<std::int64_t>::max()
@@ -343,7 +350,7 @@ class AttemptLimiter {
         [&](detail::AttemptCell& cell, std::int64_t now) {
           cell.settle(now);
           if (!cell.active || cell.token != receipt.token_ || cell.started != receipt.started_) {
-            return stale_receipt();
+            return detail::stale_attempt_receipt();
           }
           cell.active = false;
           if (success) {
@@ -357,13 +364,9 @@ class AttemptLimiter {
           }
           return absl::OkStatus();
         },
-        [](const StoreFull&) { return stale_receipt(); });  // a completion never inserts
-  }
-
-  static absl::Status stale_receipt() {
-    return absl::FailedPreconditionError(
-        "stale attempt receipt: its attempt already ended (completed, or its lease expired) "
-        "or a newer attempt began");
+        [](const StoreFull&) {
+          return detail::stale_attempt_receipt();
+        });  // a completion never inserts
   }
 
   AttemptPolicy policy_;
