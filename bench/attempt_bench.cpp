@@ -186,7 +186,24 @@ sr::ConnectionOptions connection_options() {
   return c;
 }
 
+// Server-side cost: INFO commandstats usec_per_call of `command`, reset by thread 0 before the
+// timed loop and read by it afterwards (as in redis_bench), reported as `server_us_per_call`.
+void reset_server_stats(const benchmark::State& state) {
+  if (state.thread_index() == 0) redis->server.command({"CONFIG", "RESETSTAT"});
+}
+void report_server_cost(benchmark::State& state, std::string_view command) {
+  if (state.thread_index() != 0) return;
+  sluice_test::Reply info = redis->server.command({"INFO", "commandstats"});
+  if (!info || info->type != REDIS_REPLY_STRING) return;
+  const std::string text(info->str, info->len);
+  const std::size_t at = text.find("cmdstat_" + std::string(command) + ":");
+  const std::size_t value = text.find("usec_per_call=", at);
+  if (at == std::string::npos || value == std::string::npos) return;
+  state.counters["server_us_per_call"] = std::atof(text.c_str() + value + 14);
+}
+
 void BM_RedisAttempt_BeginSucceed(benchmark::State& state) {
+  reset_server_stats(state);
   const std::string prefix = "user:" + std::to_string(state.thread_index()) + ":";
   std::uint64_t i = 0;
   for (auto _ : state) {
@@ -202,10 +219,12 @@ void BM_RedisAttempt_BeginSucceed(benchmark::State& state) {
     }
   }
   state.SetItemsProcessed(state.iterations());
+  report_server_cost(state, "evalsha");
 }
 BENCHMARK(BM_RedisAttempt_BeginSucceed)->Threads(1)->Threads(4)->UseRealTime();
 
 void BM_RedisTwoGets(benchmark::State& state) {
+  reset_server_stats(state);
   sr::detail::Command get;
   get.add("GET");
   get.add("bench:get");
@@ -224,6 +243,7 @@ void BM_RedisTwoGets(benchmark::State& state) {
     }
   }
   state.SetItemsProcessed(state.iterations());
+  report_server_cost(state, "get");
 }
 BENCHMARK(BM_RedisTwoGets)->Threads(1)->Threads(4)->UseRealTime();
 #endif
