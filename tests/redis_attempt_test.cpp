@@ -279,6 +279,21 @@ TEST_CASE("a killed redis gives Unavailable and a restarted one recovers") {
   CHECK(again->admitted());
 }
 
+TEST_CASE("a stopped redis gives DeadlineExceeded within the timeout") {
+  Server server;
+  auto limiter = RedisAttemptLimiter::create(kPolicy, server.options(300ms));
+  REQUIRE(limiter.ok());
+  absl::StatusOr<AttemptDecision> d = limiter->begin("alice");
+  REQUIRE(d.ok());
+  server.redis.stop();
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status status = limiter->fail(d->receipt);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  server.redis.resume();
+  CHECK(status.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(elapsed < 300ms + 700ms);
+}
+
 TEST_CASE("a flushed script is reloaded transparently") {
   Server server;
   RedisAttemptLimiter limiter = make(server);

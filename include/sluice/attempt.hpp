@@ -265,6 +265,8 @@ struct AttemptCell {
   }
 };
 
+static_assert(StoreCell<AttemptCell>);
+
 }  // namespace detail
 
 // Attempt limiting in memory. See the file comment for the model.
