@@ -301,6 +301,41 @@ TEST_CASE("the largest durations and clock readings neither overflow nor wrap") 
   CHECK(begin(limiter).retry_after == 1ns);
 }
 
+TEST_CASE("waits from the earliest clock reading saturate instead of overflowing") {
+  sluice::ManualClock clock(std::chrono::nanoseconds{-(std::int64_t{1} << 62)});
+  Limiter limiter = make(clock, {.initial_delay = std::chrono::nanoseconds::max(),
+                                 .delay_cap = std::chrono::nanoseconds::max(),
+                                 .quiet_period = std::chrono::nanoseconds::max(),
+                                 .lease = std::chrono::nanoseconds::max()});
+  AttemptDecision d = begin(limiter);
+  REQUIRE(d.admitted());
+  CHECK(begin(limiter) == AttemptDecision{.reason = AttemptReason::kAttemptActive,
+                                          .retry_after = std::chrono::nanoseconds::max()});
+  REQUIRE(limiter.fail(d.receipt).ok());
+  CHECK(begin(limiter) == AttemptDecision{.reason = AttemptReason::kBackoff,
+                                          .retry_after = std::chrono::nanoseconds::max(),
+                                          .failures = 1});
+}
+
+TEST_CASE(
+    "a full store at the latest clock reading with the longest leases reports a finite wait") {
+  const std::int64_t late = std::int64_t{1} << 62;
+  sluice::ManualClock clock(std::chrono::nanoseconds{late});
+  Limiter limiter = make(clock,
+                         {.initial_delay = 1ns,
+                          .delay_cap = std::chrono::nanoseconds::max(),
+                          .quiet_period = std::chrono::nanoseconds::max(),
+                          .lease = std::chrono::nanoseconds::max()},
+                         {.max_keys_per_shard = 2, .seed = 7});
+  AttemptDecision full;
+  for (int i = 0; i < 1000 && full.reason != AttemptReason::kStoreFull; ++i) {
+    full = begin(limiter, "user" + std::to_string(i));
+  }
+  // Every record is leased "forever": its wait is saturated at 2^62 − 1 ns, not overflowed.
+  CHECK(full == AttemptDecision{.reason = AttemptReason::kStoreFull,
+                                .retry_after = std::chrono::nanoseconds{late - 1}});
+}
+
 TEST_CASE("a full store denies new subjects and never evicts failure state") {
   sluice::ManualClock clock;
   Limiter limiter = make(clock, kPolicy, {.max_keys_per_shard = 2, .seed = 7});

@@ -259,9 +259,12 @@ struct AttemptCell {
     if (active && now < lease_end) return false;
     return now >= quiet_end && now > started;
   }
+  // Saturated below 2^62 ns, so that the store's `now + time_until_fresh` cannot overflow.
   std::int64_t time_until_fresh(std::int64_t now) const noexcept {
     if (idle(now)) return 0;
-    return std::max(time_until(quiet_end, now), time_until(add_saturating(started, 1), now));
+    const std::int64_t until =
+        std::max(time_until(quiet_end, now), time_until(add_saturating(started, 1), now));
+    return std::min(until, kMaxTime - 1);
   }
 };
 
@@ -323,12 +326,12 @@ class AttemptLimiter {
     cell.settle(now);
     if (cell.active) {
       return {.reason = AttemptReason::kAttemptActive,
-              .retry_after = std::chrono::nanoseconds{cell.lease_end - now},
+              .retry_after = std::chrono::nanoseconds{detail::time_until(cell.lease_end, now)},
               .failures = cell.failures};
     }
     if (now < cell.retry_at) {
       return {.reason = AttemptReason::kBackoff,
-              .retry_after = std::chrono::nanoseconds{cell.retry_at - now},
+              .retry_after = std::chrono::nanoseconds{detail::time_until(cell.retry_at, now)},
               .failures = cell.failures};
     }
     const std::uint64_t failures = cell.failures;
