@@ -2,8 +2,11 @@
 // in flight per user, each wrong password doubles the wait before the next, success resets.
 //
 //   sluice_login [--port N] [--initial-delay-ms 1000] [--delay-cap-ms 900000]
-//                [--quiet-period-ms 86400000] [--lease-ms 30000]
+//                [--quiet-period-ms 86400000] [--lease-ms 30000] [--redis-socket PATH]
 //
+// With --redis-socket (built where sluice::redis is available) the records live in that Redis
+// (sluice::redis::RedisAttemptLimiter), shared by every replica; a Redis error answers 503 (logins
+// fail closed). Otherwise they live in this process (sluice::AttemptLimiter).
 // It binds 127.0.0.1 only; `--port 0` (the default) picks a free port. The first line on stdout is
 // "sluice_login: listening on http://127.0.0.1:<port>". One endpoint:
 //
@@ -36,6 +39,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/attempt.hpp"
+#ifdef SLUICE_LOGIN_REDIS
+#include "sluice/redis/attempt_limiter.hpp"
+#endif
 
 namespace {
 
@@ -43,6 +49,7 @@ using std::chrono::milliseconds;
 
 struct Options {
   int port = 0;
+  std::string redis_socket;  // empty: in memory
   sluice::AttemptPolicy policy{.initial_delay = std::chrono::seconds(1),
                                .delay_cap = std::chrono::minutes(15),
                                .quiet_period = std::chrono::hours(24),
@@ -51,7 +58,7 @@ struct Options {
 
 constexpr std::string_view kUsage =
     "usage: sluice_login [--port N] [--initial-delay-ms MS] [--delay-cap-ms MS] "
-    "[--quiet-period-ms MS] [--lease-ms MS]\n";
+    "[--quiet-period-ms MS] [--lease-ms MS] [--redis-socket PATH]\n";
 
 std::optional<std::int64_t> parse_integer(std::string_view text) {
   std::int64_t value = 0;
@@ -64,6 +71,10 @@ std::optional<Options> parse_args(int argc, char** argv) {
   Options options;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string_view flag = argv[i];
+    if (flag == "--redis-socket") {
+      options.redis_socket = argv[i + 1];
+      continue;
+    }
     const std::optional<std::int64_t> value = parse_integer(argv[i + 1]);
     if (!value) return std::nullopt;
     if (flag == "--port" && *value <= 65535) {
@@ -94,8 +105,9 @@ bool password_matches(const std::string& subject, const std::string& password) {
   return subject == "user:alice" && password == "correct horse";
 }
 
-void handle_login(sluice::AttemptLimiter<>& limiter, const httplib::Request& request,
-                  httplib::Response& response) {
+// `Limiter`: sluice::AttemptLimiter<> or sluice::redis::RedisAttemptLimiter (same interface).
+template <class Limiter>
+void handle_login(Limiter& limiter, const httplib::Request& request, httplib::Response& response) {
   if (!request.has_param("user") || !request.has_param("password")) {
     response.status = 400;
     response.set_content(R"({"error":"user and password are required"})", "application/json");
@@ -103,8 +115,10 @@ void handle_login(sluice::AttemptLimiter<>& limiter, const httplib::Request& req
   }
   const std::string subject = subject_for(request.get_param_value("user"));
   absl::StatusOr<sluice::AttemptDecision> d = limiter.begin(subject);
-  if (!d.ok()) {  // never happens in memory; a Redis limiter would fail closed here
+  if (!d.ok()) {  // only over Redis: fail closed
+    std::fprintf(stderr, "sluice_login: %s\n", std::string(d.status().message()).c_str());
     response.status = 503;
+    response.set_content(R"({"error":"try again later"})", "application/json");
     return;
   }
   if (!d->admitted()) {
@@ -130,21 +144,9 @@ void handle_login(sluice::AttemptLimiter<>& limiter, const httplib::Request& req
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::optional<Options> options = parse_args(argc, argv);
-  if (!options) {
-    std::fputs(kUsage.data(), stderr);
-    return 2;
-  }
-  absl::StatusOr<sluice::AttemptLimiter<>> limiter =
-      sluice::AttemptLimiter<>::create(options->policy);
-  if (!limiter.ok()) {
-    std::fprintf(stderr, "sluice_login: %s\n", std::string(limiter.status().message()).c_str());
-    return 2;
-  }
-
+// Serves POST /login until SIGINT or SIGTERM. Returns the exit code.
+template <class Limiter>
+int serve(Limiter& limiter, const Options& options) {
   // SIGINT/SIGTERM are blocked in every thread and taken by one waiter, which stops the server.
   sigset_t signals;
   sigemptyset(&signals);
@@ -154,16 +156,16 @@ int main(int argc, char** argv) {
 
   httplib::Server server;
   server.Post("/login", [&](const httplib::Request& request, httplib::Response& response) {
-    handle_login(*limiter, request, response);
+    handle_login(limiter, request, response);
   });
-  int port = options->port;
+  int port = options.port;
   if (port == 0) {
     port = server.bind_to_any_port("127.0.0.1");
   } else if (!server.bind_to_port("127.0.0.1", port)) {
     port = -1;
   }
   if (port < 0) {
-    std::fprintf(stderr, "sluice_login: cannot bind 127.0.0.1:%d\n", options->port);
+    std::fprintf(stderr, "sluice_login: cannot bind 127.0.0.1:%d\n", options.port);
     return 1;
   }
   std::printf("sluice_login: listening on http://127.0.0.1:%d\n", port);
@@ -180,4 +182,36 @@ int main(int argc, char** argv) {
     waiter.join();
   }
   return ok ? 0 : 1;
+}
+
+template <class Limiter>
+int create_and_serve(absl::StatusOr<Limiter> limiter, const Options& options) {
+  if (!limiter.ok()) {
+    std::fprintf(stderr, "sluice_login: %s\n", std::string(limiter.status().message()).c_str());
+    return 2;
+  }
+  return serve(*limiter, options);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::optional<Options> options = parse_args(argc, argv);
+  if (!options) {
+    std::fputs(kUsage.data(), stderr);
+    return 2;
+  }
+  if (!options->redis_socket.empty()) {
+#ifdef SLUICE_LOGIN_REDIS
+    sluice::redis::ClientOptions redis;
+    redis.connection.unix_socket = options->redis_socket;
+    redis.key_prefix = "login:";
+    return create_and_serve(sluice::redis::RedisAttemptLimiter::create(options->policy, redis),
+                            *options);
+#else
+    std::fputs("sluice_login: built without sluice::redis\n", stderr);
+    return 2;
+#endif
+  }
+  return create_and_serve(sluice::AttemptLimiter<>::create(options->policy), *options);
 }
