@@ -157,7 +157,10 @@ class RedisAttemptLimiter {
                                         std::uint64_t token, std::int64_t started_ns,
                                         std::optional<std::chrono::microseconds> time) {
     const AttemptPolicy& p = shared_->policy;
-    const std::array<std::string, 11> args = {shared_->sha,
+    // EVALSHA sha 1 key op token started initial cap quiet lease time (see attempt_script.hpp).
+    const std::array<std::string, 12> args = {"EVALSHA",
+                                              shared_->sha,
+                                              "1",
                                               key_of(d),
                                               std::string(op),
                                               absl::StrCat(token),
@@ -166,13 +169,9 @@ class RedisAttemptLimiter {
                                               micros(p.delay_cap.count()),
                                               micros(p.quiet_period.count()),
                                               micros(p.lease.count()),
-                                              time ? absl::StrCat(time->count()) : std::string(),
-                                              "1"};
+                                              time ? absl::StrCat(time->count()) : std::string()};
     detail::Command evalsha;
-    evalsha.add("EVALSHA");
-    evalsha.add(args[0]);
-    evalsha.add(args[10]);  // one key
-    for (std::size_t i = 1; i < 10; ++i) evalsha.add(args[i]);
+    for (const std::string& arg : args) evalsha.add(arg);
 
     absl::StatusOr<detail::ConnectionPool::Lease> lease = shared_->pool.acquire();
     if (!lease.ok()) return lease.status();
