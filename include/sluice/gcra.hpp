@@ -43,6 +43,7 @@
 #include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/detail/divider.hpp"
@@ -121,7 +122,7 @@ class GcraLimiter {
     if (absl::Status s = detail::check_window_count(windows.size()); !s.ok()) return s;
     std::vector<detail::GcraParams> params;
     for (std::size_t i = 0; i < windows.size(); ++i) {
-      auto p = validate(windows[i], "windows[" + std::to_string(i) + "]");
+      auto p = validate(windows[i], absl::StrCat("windows[", i, "]"));
       if (!p.ok()) return p.status();
       params.push_back(*p);
       if (windows[i].burst == 0) windows[i].burst = windows[i].requests;
@@ -220,27 +221,27 @@ class GcraLimiter {
     constexpr std::uint64_t kMaxBurst = std::uint64_t{1} << 32;
     constexpr std::uint64_t kMaxTolerance = std::uint64_t{1} << 60;
     if (w.requests < 1 || w.requests > kMaxRequests) {
-      return absl::InvalidArgumentError(path + ".requests must be in [1, 2^32], got " +
-                                        std::to_string(w.requests));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ".requests must be in [1, 2^32], got ", w.requests));
     }
     if (w.period.count() <= 0) {
-      return absl::InvalidArgumentError(path + ".period must be > 0, got " +
-                                        std::to_string(w.period.count()) + "ns");
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ".period must be > 0, got ", w.period.count(), "ns"));
     }
     if (w.period.count() > kMaxPeriod) {
-      return absl::InvalidArgumentError(path + ".period must be at most 2^55 ns, got " +
-                                        std::to_string(w.period.count()) + "ns");
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ".period must be at most 2^55 ns, got ", w.period.count(), "ns"));
     }
     const std::uint64_t burst = w.burst == 0 ? w.requests : w.burst;
     if (burst > kMaxBurst) {
-      return absl::InvalidArgumentError(path + ".burst must be in [1, 2^32], got " +
-                                        std::to_string(burst));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ".burst must be in [1, 2^32], got ", burst));
     }
     const auto period = static_cast<std::uint64_t>(w.period.count());
     const absl::uint128 tolerance = absl::uint128(burst) * period;
     if (tolerance / w.requests > kMaxTolerance) {
-      return absl::InvalidArgumentError(path +
-                                        ".burst × period / requests must be at most 2^60 ns");
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ".burst × period / requests must be at most 2^60 ns"));
     }
     return detail::GcraParams{.requests = w.requests,
                               .period = w.period.count(),

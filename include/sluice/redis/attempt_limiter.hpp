@@ -47,7 +47,6 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/attempt.hpp"
-#include "sluice/detail/sha1.hpp"
 #include "sluice/key.hpp"
 #include "sluice/redis.hpp"
 #include "sluice/redis/detail/attempt_script.hpp"
@@ -117,7 +116,7 @@ class RedisAttemptLimiter {
         : policy(p),
           options(std::move(o)),
           pool(options.connection),
-          sha(sluice::detail::sha1_hex(detail::kAttemptScript)) {
+          sha(detail::sha1_hex(detail::kAttemptScript)) {
       const std::uint64_t fingerprint = p.fingerprint();
       unsigned char bytes[8];
       for (int i = 0; i < 8; ++i) bytes[i] = static_cast<unsigned char>(fingerprint >> (8 * i));
