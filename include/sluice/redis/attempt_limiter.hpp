@@ -48,8 +48,13 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/attempt.hpp"
 #include "sluice/key.hpp"
-#include "sluice/redis.hpp"
+#include "sluice/redis/client.hpp"
 #include "sluice/redis/detail/attempt_script.hpp"
+#include "sluice/redis/detail/command.hpp"
+#include "sluice/redis/detail/connection_pool.hpp"
+#include "sluice/redis/detail/script_sha1.hpp"
+#include "sluice/redis/detail/status.hpp"
+#include "sluice/redis/options.hpp"
 
 namespace sluice::redis {
 
