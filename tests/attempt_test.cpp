@@ -43,6 +43,9 @@ void fail_once(Limiter& limiter, std::string_view subject = "alice") {
   REQUIRE(limiter.fail(d.receipt).ok());
 }
 
+// The documented memory: one record is one 64-byte store slot (digest and cell).
+static_assert(sizeof(sluice::ShardedStore<sluice::detail::AttemptCell>::Slot) == 64);
+
 }  // namespace
 
 TEST_CASE("a policy needs positive durations with initial <= cap <= quiet") {

@@ -32,12 +32,16 @@
 //   after a newer attempt began) changes nothing and returns FailedPrecondition.
 // - A denied `begin` changes nothing. Its `retry_after` is the wait until the backoff ends, or
 //   for a subject with an attempt in flight, until that attempt's lease deadline.
+// - Clock readings are saturated to ±2^62 ns, and a reading earlier than one already used is
+//   clamped to it: stepping the clock back never shortens a wait. Durations may be as long as
+//   std::chrono::nanoseconds::max(); every sum saturates instead of overflowing.
 //
 // Storage: a ShardedStore that never evicts live state (Overflow::kRejectNewKeys is forced: an
 // attacker who sprays subjects must not be able to flush an account's failure record). A new
 // subject that finds its shard full of live records is denied with AttemptReason::kStoreFull;
 // subjects already tracked keep working. Raw subjects are never stored: the store keeps a
-// seeded 128-bit digest bound to the policy's fingerprint.
+// seeded 128-bit digest bound to the policy's fingerprint. Memory: a 64-byte table slot per record
+// (tables are kept at most 3/4 full), at most kStoreShards × max_keys_per_shard records.
 //
 // Thread-safety: every member function may be called concurrently; each operation takes one
 // shard lock for O(1) expected work (complexity as for ShardedStore::update). Receipts and
