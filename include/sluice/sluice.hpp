@@ -8,6 +8,7 @@
 #ifndef SLUICE_SLUICE_HPP_
 #define SLUICE_SLUICE_HPP_
 
+#include "sluice/attempt.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/fixed_window.hpp"

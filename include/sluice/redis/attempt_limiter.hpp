@@ -1,0 +1,283 @@
+// sluice/redis/attempt_limiter.hpp — the attempt limiter with its state in Redis (target
+// sluice::redis), so every replica of a login service throttles a subject together.
+//
+// `RedisAttemptLimiter` answers exactly as the in-memory sluice::AttemptLimiter
+// (sluice/attempt.hpp: one attempt in flight per subject, failures double the wait up to a cap,
+// success clears, an unfinished attempt fails at its lease deadline, fenced receipts), with each
+// subject's record in one Redis hash. Every operation is one round trip: one EVALSHA of a bundled
+// Lua script (reloaded after NOSCRIPT) that reads the server's clock (TIME), so the fleet shares
+// one clock.
+//
+//   auto limiter = sluice::redis::RedisAttemptLimiter::create(
+//       {.initial_delay = 1s, .delay_cap = 15min, .quiet_period = 24h, .lease = 30s},
+//       {.connection = {.unix_socket = "/run/redis/redis.sock"},
+//        .key_prefix = "login:", .key_seed = kFleetSecretSeed});
+//   absl::StatusOr<sluice::AttemptDecision> d = limiter->begin(normalized_user_name);
+//   if (!d.ok()) { /* Unavailable / DeadlineExceeded: fail closed for logins */ }
+//
+// Units: the policy must be whole microseconds (Redis TIME's resolution), each duration at most
+// kMaxAttemptDuration, so the script's doubles stay exact integers. Decisions report
+// nanoseconds. Keys: prefix + "{" + 32 hex digits + "}" — a seeded XXH3-128 digest of the
+// subject bound to the policy's fingerprint, a Cluster hash tag; Redis never sees the subject. A
+// key expires just after its quiet period ends, never while an attempt is leased.
+// Errors: Unavailable (connection refused or lost, server busy, loading, read-only),
+// DeadlineExceeded (no reply within the command timeout, or no free connection), Internal (a
+// reply of the wrong shape), FailedPrecondition (stale receipt), InvalidArgument. No retries.
+// Thread-safety: thread-safe; copies share one connection pool. Complexity: one round trip and
+// O(1) work on the server per operation.
+#ifndef SLUICE_REDIS_ATTEMPT_LIMITER_HPP_
+#define SLUICE_REDIS_ATTEMPT_LIMITER_HPP_
+
+#include <hiredis/hiredis.h>
+
+#include <array>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/attempt.hpp"
+#include "sluice/key.hpp"
+#include "sluice/redis/client.hpp"
+#include "sluice/redis/detail/attempt_script.hpp"
+#include "sluice/redis/detail/command.hpp"
+#include "sluice/redis/detail/connection_pool.hpp"
+#include "sluice/redis/detail/script_sha1.hpp"
+#include "sluice/redis/detail/status.hpp"
+#include "sluice/redis/options.hpp"
+
+namespace sluice::redis {
+
+// The longest policy duration the Redis attempt limiter takes: 2^50 µs (about 35.7 years).
+inline constexpr std::chrono::microseconds kMaxAttemptDuration{std::int64_t{1} << 50};
+
+class RedisAttemptLimiter {
+ public:
+  // InvalidArgument for an invalid policy, a duration that is not whole microseconds or above
+  // kMaxAttemptDuration, or invalid connection options. Connects lazily: creation succeeds while
+  // Redis is down; operations then report Unavailable.
+  static absl::StatusOr<RedisAttemptLimiter> create(AttemptPolicy policy,
+                                                    ClientOptions options = {}) {
+    if (absl::Status s = policy.validate(); !s.ok()) return s;
+    for (auto [name, d] :
+         {std::pair{"initial_delay", policy.initial_delay},
+          std::pair{"delay_cap", policy.delay_cap}, std::pair{"quiet_period", policy.quiet_period},
+          std::pair{"lease", policy.lease}}) {
+      if (d.count() % 1000 != 0 || d > kMaxAttemptDuration) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sluice::redis: attempt policy ", name,
+                         " must be whole microseconds and at most 2^50 us, got ", d.count(), "ns"));
+      }
+    }
+    // The client validates the connection options exactly as for every other Redis limiter.
+    if (absl::StatusOr<std::shared_ptr<Client>> c = Client::create(options); !c.ok()) {
+      return c.status();
+    }
+    return RedisAttemptLimiter(policy, std::move(options));
+  }
+
+  // As AttemptLimiter::begin; errors as in the file comment.
+  absl::StatusOr<AttemptDecision> begin(std::string_view subject) {
+    return begin_at(subject, std::nullopt);
+  }
+  // As AttemptLimiter::succeed / fail / abandon: OK, FailedPrecondition for a stale receipt,
+  // InvalidArgument for an invalid one, or the backend's error.
+  absl::Status succeed(const AttemptReceipt& receipt) { return complete(receipt, "s", {}); }
+  absl::Status fail(const AttemptReceipt& receipt) { return complete(receipt, "f", {}); }
+  absl::Status abandon(const AttemptReceipt& receipt) { return complete(receipt, "f", {}); }
+
+  // Testing hooks: as above, with the server's clock replaced by `unix_time` (µs since the Unix
+  // epoch, ≥ 0). Production code never calls them.
+  absl::StatusOr<AttemptDecision> begin_at_for_testing(std::string_view subject,
+                                                       std::chrono::microseconds unix_time) {
+    return begin_at(subject, unix_time);
+  }
+  absl::Status succeed_at_for_testing(const AttemptReceipt& r, std::chrono::microseconds t) {
+    return complete(r, "s", t);
+  }
+  absl::Status fail_at_for_testing(const AttemptReceipt& r, std::chrono::microseconds t) {
+    return complete(r, "f", t);
+  }
+
+  // The Redis key holding `subject`'s record (for operators and tests; no raw subject bytes).
+  std::string redis_key(std::string_view subject) const { return key_of(digest(subject)); }
+  const AttemptPolicy& policy() const noexcept { return shared_->policy; }
+  // SHA-1 of the script body, as EVALSHA names it.
+  const std::string& script_sha() const noexcept { return shared_->sha; }
+
+ private:
+  struct Shared {
+    Shared(const AttemptPolicy& p, ClientOptions o)
+        : policy(p),
+          options(std::move(o)),
+          pool(options.connection),
+          sha(detail::sha1_hex(detail::kAttemptScript)) {
+      const std::uint64_t fingerprint = p.fingerprint();
+      unsigned char bytes[8];
+      for (int i = 0; i < 8; ++i) bytes[i] = static_cast<unsigned char>(fingerprint >> (8 * i));
+      seed = XXH3_64bits_withSeed(bytes, sizeof bytes, options.key_seed);
+    }
+    const AttemptPolicy policy;
+    const ClientOptions options;
+    detail::ConnectionPool pool;
+    const std::string sha;
+    std::uint64_t seed = 0;  // the key seed bound to the policy's fingerprint
+  };
+
+  RedisAttemptLimiter(const AttemptPolicy& policy, ClientOptions options)
+      : shared_(std::make_shared<Shared>(policy, std::move(options))) {}
+
+  KeyDigest digest(std::string_view subject) const {
+    const XXH128_hash_t h = XXH3_128bits_withSeed(subject.data(), subject.size(), shared_->seed);
+    KeyDigest d{h.low64, h.high64};
+    if (d.empty()) d.low = 1;
+    return d;
+  }
+  std::string key_of(const KeyDigest& d) const {
+    char bytes[16];
+    for (int i = 0; i < 8; ++i) {
+      bytes[i] = static_cast<char>(d.high >> (56 - 8 * i));
+      bytes[8 + i] = static_cast<char>(d.low >> (56 - 8 * i));
+    }
+    return absl::StrCat(shared_->options.key_prefix, "{",
+                        absl::BytesToHexString(absl::string_view(bytes, sizeof bytes)), "}");
+  }
+
+  static std::string micros(std::int64_t ns) { return absl::StrCat(ns / 1000); }
+
+  // One EVALSHA (after NOSCRIPT: SCRIPT LOAD and the call again, pipelined) on a pooled
+  // connection. Returns the reply or the transport / server error.
+  absl::StatusOr<detail::ReplyPtr> call(const KeyDigest& d, std::string_view op,
+                                        std::uint64_t token, std::int64_t started_ns,
+                                        std::optional<std::chrono::microseconds> time) {
+    const AttemptPolicy& p = shared_->policy;
+    // EVALSHA sha 1 key op token started initial cap quiet lease time (see attempt_script.hpp).
+    const std::array<std::string, 12> args = {"EVALSHA",
+                                              shared_->sha,
+                                              "1",
+                                              key_of(d),
+                                              std::string(op),
+                                              absl::StrCat(token),
+                                              micros(started_ns),
+                                              micros(p.initial_delay.count()),
+                                              micros(p.delay_cap.count()),
+                                              micros(p.quiet_period.count()),
+                                              micros(p.lease.count()),
+                                              time ? absl::StrCat(time->count()) : std::string()};
+    detail::Command evalsha;
+    for (const std::string& arg : args) evalsha.add(arg);
+
+    absl::StatusOr<detail::ConnectionPool::Lease> lease = shared_->pool.acquire();
+    if (!lease.ok()) return lease.status();
+    absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
+        detail::exchange(*lease, std::span<const detail::Command>(&evalsha, 1));
+    if (!replies.ok()) return replies.status();
+    detail::ReplyPtr reply = std::move((*replies)[0]);
+    if (is_error(*reply, "NOSCRIPT")) {
+      detail::Command load;
+      load.add("SCRIPT");
+      load.add("LOAD");
+      load.add(detail::kAttemptScript);
+      const detail::Command both[] = {load, evalsha};
+      replies = detail::exchange(*lease, both);
+      if (!replies.ok()) return replies.status();
+      reply = std::move((*replies)[1]);
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+      // A replica, a loading server or a Cluster redirection: reconnect on the next call.
+      for (std::string_view code : {"READONLY", "MASTERDOWN", "LOADING", "MOVED", "ASK"}) {
+        if (is_error(*reply, code)) lease->mark_broken();
+      }
+      return detail::server_error_status(std::string_view(reply->str, reply->len));
+    }
+    return reply;
+  }
+
+  static bool is_error(const redisReply& reply, std::string_view code) {
+    const std::string_view text(reply.str == nullptr ? "" : reply.str, reply.len);
+    return reply.type == REDIS_REPLY_ERROR && text.substr(0, text.find(' ')) == code;
+  }
+
+  // The reply's integers when it is an array of `n` integers, each ≥ 0; else nullopt.
+  template <std::size_t N>
+  static std::optional<std::array<std::int64_t, N>> integers(const redisReply& reply) {
+    if (reply.type != REDIS_REPLY_ARRAY || reply.elements != N) return std::nullopt;
+    std::array<std::int64_t, N> out{};
+    for (std::size_t i = 0; i < N; ++i) {
+      const redisReply& e = *reply.element[i];
+      if (e.type != REDIS_REPLY_INTEGER || e.integer < 0) return std::nullopt;
+      out[i] = e.integer;
+    }
+    return out;
+  }
+
+  static absl::Status malformed() {
+    return absl::InternalError("sluice::redis: attempt script reply of unexpected shape");
+  }
+
+  absl::StatusOr<AttemptDecision> begin_at(std::string_view subject,
+                                           std::optional<std::chrono::microseconds> time) {
+    if (time && time->count() < 0) {
+      return absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
+    }
+    const KeyDigest d = digest(subject);
+    absl::StatusOr<detail::ReplyPtr> reply = call(d, "b", 0, 0, time);
+    if (!reply.ok()) return reply.status();
+    constexpr std::int64_t kMaxMicros = std::int64_t{1} << 53;
+    if (auto admitted = integers<4>(**reply)) {
+      const auto [code, token, started, failures] = *admitted;
+      if (code != 0 || token < 1 || started >= kMaxMicros ||
+          static_cast<std::uint64_t>(failures) > kMaxAttemptFailures) {
+        return malformed();
+      }
+      return AttemptDecision{
+          .reason = AttemptReason::kAdmitted,
+          .receipt = AttemptReceipt(d, static_cast<std::uint64_t>(token), started * 1000),
+          .failures = static_cast<std::uint64_t>(failures)};
+    }
+    auto denied = integers<3>(**reply);
+    if (!denied) return malformed();
+    const auto [code, wait, failures] = *denied;
+    if ((code != 1 && code != 2) || wait < 1 || wait >= kMaxMicros ||
+        static_cast<std::uint64_t>(failures) > kMaxAttemptFailures) {
+      return malformed();
+    }
+    return AttemptDecision{
+        .reason = code == 1 ? AttemptReason::kAttemptActive : AttemptReason::kBackoff,
+        .retry_after = std::chrono::microseconds{wait},
+        .failures = static_cast<std::uint64_t>(failures)};
+  }
+
+  absl::Status complete(const AttemptReceipt& receipt, std::string_view op,
+                        std::optional<std::chrono::microseconds> time) {
+    if (!receipt.valid()) return absl::InvalidArgumentError("attempt receipt is not valid");
+    if (time && time->count() < 0) {
+      return absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
+    }
+    absl::StatusOr<detail::ReplyPtr> reply =
+        call(receipt.subject_, op, receipt.token_, receipt.started_, time);
+    if (!reply.ok()) return reply.status();
+    const auto result = integers<1>(**reply);
+    if (!result || ((*result)[0] != 0 && (*result)[0] != 3)) return malformed();
+    if ((*result)[0] == 3) {
+      return sluice::detail::stale_attempt_receipt();
+    }
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace sluice::redis
+
+#endif  // SLUICE_REDIS_ATTEMPT_LIMITER_HPP_

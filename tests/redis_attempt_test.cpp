@@ -1,0 +1,313 @@
+// sluice::redis::RedisAttemptLimiter against a real redis-server that each test case starts.
+//
+// Time is driven through the documented testing hooks (*_at_for_testing), which hand the script a
+// server time instead of TIME; the parity test replays one scripted sequence against the
+// in-memory limiter on a ManualClock and demands identical answers.
+#include "sluice/redis/attempt_limiter.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "redis_server.hpp"
+#include "sluice/attempt.hpp"
+#include "sluice/clock.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using sluice::AttemptDecision;
+using sluice::AttemptReason;
+using sluice::redis::RedisAttemptLimiter;
+using std::chrono::microseconds;
+
+constexpr microseconds kT0 = 1'700'000'000s;  // a server time, µs since the Unix epoch
+constexpr sluice::AttemptPolicy kPolicy{
+    .initial_delay = 1s, .delay_cap = 8s, .quiet_period = 1min, .lease = 5s};
+
+struct Server {
+  sluice_test::RedisServer redis;
+  Server() {
+    const std::string error = redis.start();
+    INFO(error);
+    REQUIRE(error.empty());
+  }
+  sluice::redis::ClientOptions options(std::chrono::milliseconds timeout = 1000ms) const {
+    sluice::redis::ClientOptions o;
+    o.connection.unix_socket = redis.unix_socket();
+    o.connection.connect_timeout = timeout;
+    o.connection.command_timeout = timeout;
+    o.key_prefix = "test:";
+    o.key_seed = 42;
+    return o;
+  }
+};
+
+RedisAttemptLimiter make(const Server& server, sluice::AttemptPolicy policy = kPolicy) {
+  auto limiter = RedisAttemptLimiter::create(policy, server.options());
+  INFO(limiter.status());
+  REQUIRE(limiter.ok());
+  return *std::move(limiter);
+}
+
+AttemptDecision begin_at(RedisAttemptLimiter& limiter, microseconds t,
+                         std::string_view subject = "alice") {
+  absl::StatusOr<AttemptDecision> d = limiter.begin_at_for_testing(subject, t);
+  INFO(d.status());
+  REQUIRE(d.ok());
+  return *d;
+}
+
+std::int64_t pttl(const Server& server, const std::string& key) {
+  sluice_test::Reply r = server.redis.command({"PTTL", key});
+  REQUIRE(r);
+  REQUIRE(r->type == REDIS_REPLY_INTEGER);
+  return r->integer;
+}
+
+}  // namespace
+
+TEST_CASE("over redis each failure doubles the wait up to the cap and success clears it") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  microseconds t = kT0;
+  std::uint64_t failures = 0;
+  for (microseconds wait : {1s, 2s, 4s, 8s, 8s}) {
+    AttemptDecision d = begin_at(limiter, t);
+    REQUIRE(d.admitted());
+    CHECK(d.failures == failures);
+    REQUIRE(limiter.fail_at_for_testing(d.receipt, t).ok());
+    ++failures;
+    CHECK(begin_at(limiter, t) == AttemptDecision{.reason = AttemptReason::kBackoff,
+                                                  .retry_after = wait,
+                                                  .failures = failures});
+    CHECK(begin_at(limiter, t + wait - 1us).retry_after == 1us);
+    t += wait;
+  }
+  AttemptDecision d = begin_at(limiter, t);
+  REQUIRE(d.admitted());
+  REQUIRE(limiter.succeed_at_for_testing(d.receipt, t).ok());
+  AttemptDecision after = begin_at(limiter, t);
+  CHECK(after.admitted());
+  CHECK(after.failures == 0);
+}
+
+TEST_CASE("over redis an unfinished attempt fails at its lease deadline and stays fenced") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  AttemptDecision old = begin_at(limiter, kT0);
+  CHECK(begin_at(limiter, kT0 + 2s) ==
+        AttemptDecision{.reason = AttemptReason::kAttemptActive, .retry_after = 3s});
+  CHECK(begin_at(limiter, kT0 + 5s) ==
+        AttemptDecision{.reason = AttemptReason::kBackoff, .retry_after = 1s, .failures = 1});
+  AttemptDecision current = begin_at(limiter, kT0 + 6s);
+  REQUIRE(current.admitted());
+  CHECK(current.receipt.token() == 2);
+  CHECK(limiter.succeed_at_for_testing(old.receipt, kT0 + 6s).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(begin_at(limiter, kT0 + 6s).reason == AttemptReason::kAttemptActive);
+  REQUIRE(limiter.fail_at_for_testing(current.receipt, kT0 + 7s).ok());
+  CHECK(begin_at(limiter, kT0 + 7s) ==
+        AttemptDecision{.reason = AttemptReason::kBackoff, .retry_after = 2s, .failures = 2});
+}
+
+TEST_CASE("over redis failures are forgotten after the quiet period and the clock is clamped") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  AttemptDecision d = begin_at(limiter, kT0);
+  REQUIRE(limiter.fail_at_for_testing(d.receipt, kT0).ok());
+  CHECK(begin_at(limiter, kT0 - 10s).retry_after == 1s);  // a clock step back is clamped
+  CHECK(begin_at(limiter, kT0 + 1min - 1us).failures == 1);
+  sluice::AttemptReceipt leased = begin_at(limiter, kT0 + 1min - 1us, "bob").receipt;
+  REQUIRE(limiter.fail_at_for_testing(leased, kT0 + 1min).ok());
+  AttemptDecision later = begin_at(limiter, kT0 + 2min, "bob");
+  CHECK(later.admitted());
+  CHECK(later.failures == 0);
+}
+
+TEST_CASE("redis and memory answer a scripted sequence identically") {
+  Server server;
+  RedisAttemptLimiter redis = make(server);
+  sluice::ManualClock clock;
+  auto memory = sluice::AttemptLimiter<sluice::ManualClock>::create(kPolicy, {.seed = 3}, clock);
+  REQUIRE(memory.ok());
+
+  const std::string subjects[] = {"alice", "bob", "carol"};
+  struct Held {
+    sluice::AttemptReceipt redis, memory;
+  };
+  std::vector<std::vector<Held>> receipts(3);  // every receipt ever issued, per subject
+  std::mt19937_64 random(2026);
+  microseconds t = kT0;
+  // Strictly increasing times: a success record expires (in real time) within a millisecond.
+  std::map<AttemptReason, int> reasons;  // the sequence must reach every answer
+  std::map<absl::StatusCode, int> completions;
+  const microseconds steps[] = {1us, 1us, 100ms, 250ms, 500ms, 999ms, 1s, 2s, 5s, 70s};
+  for (int i = 0; i < 600; ++i) {
+    t += steps[random() % std::size(steps)];
+    clock.set(t);
+    const std::size_t s = random() % 3;
+    const int op = static_cast<int>(random() % 6);  // 0-2 begin, 3 succeed, 4-5 fail
+    INFO("step " << i << " op " << op << " subject " << subjects[s]);
+    if (op <= 2 || receipts[s].empty()) {
+      absl::StatusOr<AttemptDecision> r = redis.begin_at_for_testing(subjects[s], t);
+      absl::StatusOr<AttemptDecision> m = memory->begin(subjects[s]);
+      REQUIRE(r.ok());
+      REQUIRE(m.ok());
+      CHECK(r->reason == m->reason);
+      CHECK(r->retry_after == m->retry_after);
+      CHECK(r->failures == m->failures);
+      ++reasons[m->reason];
+      if (r->admitted() && m->admitted()) receipts[s].push_back({r->receipt, m->receipt});
+      continue;
+    }
+    // Complete the newest receipt most of the time, an older one otherwise.
+    const std::size_t n = receipts[s].size();
+    const Held& held = receipts[s][random() % 4 != 0 ? n - 1 : random() % n];
+    const bool success = op == 3;
+    const absl::Status r = success ? redis.succeed_at_for_testing(held.redis, t)
+                                   : redis.fail_at_for_testing(held.redis, t);
+    const absl::Status m = success ? memory->succeed(held.memory) : memory->fail(held.memory);
+    CHECK(r.code() == m.code());
+    ++completions[m.code()];
+  }
+  CHECK(reasons[AttemptReason::kAdmitted] > 20);
+  CHECK(reasons[AttemptReason::kAttemptActive] > 20);
+  CHECK(reasons[AttemptReason::kBackoff] > 20);
+  CHECK(completions[absl::StatusCode::kOk] > 20);
+  CHECK(completions[absl::StatusCode::kFailedPrecondition] > 20);
+}
+
+TEST_CASE("redis keeps one hashed key per subject that expires at the quiet period's end") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  const std::string key = limiter.redis_key("alice@example.com");
+  CHECK(key.size() == std::string("test:{").size() + 32 + 1);
+  CHECK(key.rfind("test:{", 0) == 0);
+  CHECK(key.find("alice") == std::string::npos);
+
+  absl::StatusOr<AttemptDecision> d = limiter.begin("alice@example.com");  // the server's TIME
+  REQUIRE(d.ok());
+  REQUIRE(d->admitted());
+  CHECK(server.redis.keys() == std::vector<std::string>{key});
+  const std::int64_t leased = pttl(server, key);  // lease 5 s + quiet 1 min, ms
+  CHECK(leased > 64'000);
+  CHECK(leased <= 65'001);
+  REQUIRE(limiter.fail(d->receipt).ok());
+  const std::int64_t quiet = pttl(server, key);  // quiet 1 min from the failure
+  CHECK(quiet > 59'000);
+  CHECK(quiet <= 60'001);
+
+  absl::StatusOr<AttemptDecision> bob = limiter.begin("bob");
+  REQUIRE(bob.ok());
+  REQUIRE(limiter.succeed(bob->receipt).ok());
+  CHECK(pttl(server, limiter.redis_key("bob")) <= 2);  // gone within a millisecond or two
+}
+
+TEST_CASE("policies redis cannot hold exactly are invalid arguments") {
+  Server server;
+  sluice::AttemptPolicy p = kPolicy;
+  p.lease = 1500ns;
+  CHECK(RedisAttemptLimiter::create(p, server.options()).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  p = kPolicy;
+  p.quiet_period = sluice::redis::kMaxAttemptDuration + 1us;
+  CHECK(RedisAttemptLimiter::create(p, server.options()).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  p.quiet_period = sluice::redis::kMaxAttemptDuration;
+  CHECK(RedisAttemptLimiter::create(p, server.options()).ok());
+  CHECK(RedisAttemptLimiter::create({}, server.options()).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("over redis the longest durations stay exact") {
+  Server server;
+  const sluice::AttemptPolicy longest{.initial_delay = 1us,
+                                      .delay_cap = sluice::redis::kMaxAttemptDuration,
+                                      .quiet_period = sluice::redis::kMaxAttemptDuration,
+                                      .lease = sluice::redis::kMaxAttemptDuration};
+  RedisAttemptLimiter limiter = make(server, longest);
+  REQUIRE(begin_at(limiter, kT0).admitted());
+  CHECK(begin_at(limiter, kT0 + 1us) ==
+        AttemptDecision{.reason = AttemptReason::kAttemptActive,
+                        .retry_after = sluice::redis::kMaxAttemptDuration - 1us});
+  // The lease expires: failure 1 at its deadline; the wait after it is 1 µs.
+  const microseconds deadline = kT0 + sluice::redis::kMaxAttemptDuration;
+  CHECK(begin_at(limiter, deadline) ==
+        AttemptDecision{.reason = AttemptReason::kBackoff, .retry_after = 1us, .failures = 1});
+}
+
+TEST_CASE("threads beginning on one subject over redis get exactly one receipt") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  std::atomic<int> admitted{0};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) {
+        absl::StatusOr<AttemptDecision> d = limiter.begin("alice");
+        if (!d.ok()) errors.fetch_add(1);
+        if (d.ok() && d->admitted()) admitted.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK(errors.load() == 0);
+  CHECK(admitted.load() == 1);  // the lease (5 s) outlasts the test
+}
+
+TEST_CASE("a killed redis gives Unavailable and a restarted one recovers") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  absl::StatusOr<AttemptDecision> d = limiter.begin("alice");
+  REQUIRE(d.ok());
+  server.redis.kill();
+  CHECK(limiter.begin("bob").status().code() == absl::StatusCode::kUnavailable);
+  CHECK(limiter.fail(d->receipt).code() == absl::StatusCode::kUnavailable);
+  REQUIRE(server.redis.restart().empty());  // empty data set, no scripts loaded
+  absl::StatusOr<AttemptDecision> again = limiter.begin("bob");
+  INFO(again.status());
+  REQUIRE(again.ok());
+  CHECK(again->admitted());
+}
+
+TEST_CASE("a stopped redis gives DeadlineExceeded within the timeout") {
+  Server server;
+  auto limiter = RedisAttemptLimiter::create(kPolicy, server.options(300ms));
+  REQUIRE(limiter.ok());
+  absl::StatusOr<AttemptDecision> d = limiter->begin("alice");
+  REQUIRE(d.ok());
+  server.redis.stop();
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status status = limiter->fail(d->receipt);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  server.redis.resume();
+  CHECK(status.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(elapsed < 300ms + 700ms);
+}
+
+TEST_CASE("a flushed script is reloaded transparently") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  REQUIRE(begin_at(limiter, kT0).admitted());
+  REQUIRE(server.redis.command({"SCRIPT", "FLUSH"}));
+  CHECK(begin_at(limiter, kT0).reason == AttemptReason::kAttemptActive);
+  sluice_test::Reply sha = server.redis.command({"SCRIPT", "EXISTS", limiter.script_sha()});
+  REQUIRE(sha);
+  REQUIRE(sha->elements == 1);
+  CHECK(sha->element[0]->integer == 1);
+}
+
+TEST_CASE("a foreign value at a subject's key is an Internal error and never an admission") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  REQUIRE(server.redis.command({"SET", limiter.redis_key("alice"), "x"}));
+  CHECK(limiter.begin("alice").status().code() == absl::StatusCode::kInternal);
+}
