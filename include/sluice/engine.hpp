@@ -198,7 +198,7 @@ class InMemoryBackend {
       digests.push_back(limiters_[k.rule]->digest(k.key));
       limiters_[k.rule]->add_lock(locks, digests.back());
     }
-    commit_all(HeldShardLocks(std::move(locks)), keys, digests, cost, out);
+    commit_all(HeldShardLocks(locks), keys, digests, cost, out);
     return absl::OkStatus();
   }
 

@@ -152,11 +152,11 @@ class ShardLockSet {
 // Holds every lock of a ShardLockSet for its lifetime: each distinct lock once, taken in ascending
 // address order — the one global order, so that concurrent multi-key operations cannot deadlock —
 // and released in reverse. ShardedStore::update_locked requires one, so no code can reach a cell
-// of a multi-key operation without holding its lock. Not copyable or movable.
+// of a multi-key operation without holding its lock. Not copyable or movable; `set` (sorted and
+// made distinct in place) must outlive it.
 class HeldShardLocks {
  public:
-  explicit HeldShardLocks(ShardLockSet set) ABSL_NO_THREAD_SAFETY_ANALYSIS
-      : locks_(std::move(set.locks_)) {
+  explicit HeldShardLocks(ShardLockSet& set) ABSL_NO_THREAD_SAFETY_ANALYSIS : locks_(set.locks_) {
     std::sort(locks_.begin(), locks_.end());
     locks_.erase(std::unique(locks_.begin(), locks_.end()), locks_.end());
     for (detail::SpinLock* lock : locks_) lock->lock();
@@ -173,7 +173,7 @@ class HeldShardLocks {
   }
 
  private:
-  absl::InlinedVector<detail::SpinLock*, 8> locks_;  // sorted, distinct
+  absl::InlinedVector<detail::SpinLock*, 8>& locks_;  // the set's: sorted, distinct
 };
 
 template <StoreCell Cell>

@@ -26,8 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
+#include "sluice/detail/mutex.hpp"
 #include "sluice/redis/detail/status.hpp"
 #include "sluice/redis/options.hpp"
 
@@ -86,9 +85,11 @@ class ConnectionPool {
   // command_timeout for one to come back.
   absl::StatusOr<Lease> acquire() {
     {
-      absl::MutexLock lock(&mu_);
-      const bool ready = mu_.AwaitWithTimeout(absl::Condition(this, &ConnectionPool::has_capacity),
-                                              absl::FromChrono(options_.command_timeout));
+      sluice::detail::MutexLock lock(mu_);
+      const bool ready =
+          mu_.wait_for(options_.command_timeout, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return has_capacity();  // called by wait_for with mu_ held
+          });
       if (!ready) {
         return absl::DeadlineExceededError(
             "sluice::redis: no free connection within the command timeout");
@@ -110,7 +111,7 @@ class ConnectionPool {
 
   // Connections open now, idle or leased.
   std::size_t open_connections() const {
-    absl::MutexLock lock(&mu_);
+    sluice::detail::MutexLock lock(mu_);
     return open_;
   }
 
@@ -120,14 +121,17 @@ class ConnectionPool {
   }
 
   // Returns a healthy connection to the free list, or (nullptr) gives up a closed one's slot.
-  // A waiter in acquire() wakes when has_capacity() turns true (absl::Mutex re-evaluates it).
+  // Wakes the waiters in acquire(): has_capacity() may have turned true.
   void release(redisContext* context) {
-    absl::MutexLock lock(&mu_);
-    if (context != nullptr) {
-      idle_.push_back(context);
-    } else {
-      --open_;
+    {
+      sluice::detail::MutexLock lock(mu_);
+      if (context != nullptr) {
+        idle_.push_back(context);
+      } else {
+        --open_;
+      }
     }
+    mu_.notify_all();
   }
 
   absl::StatusOr<redisContext*> connect() const {
@@ -154,7 +158,7 @@ class ConnectionPool {
   }
 
   const ConnectionOptions options_;
-  mutable absl::Mutex mu_;
+  mutable sluice::detail::Mutex mu_;
   std::vector<redisContext*> idle_ ABSL_GUARDED_BY(mu_);
   std::size_t open_ ABSL_GUARDED_BY(mu_) = 0;  // idle + leased
 };
