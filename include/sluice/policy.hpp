@@ -323,7 +323,7 @@ inline std::string member(std::string_view path, std::string_view name) {
 inline absl::Status check_name(std::string_view name, const std::string& path, bool required) {
   if (required && name.empty()) return invalid(path + " must not be empty");
   if (!printable(name)) {
-    return invalid(path + ": " + quoted(name) +
+    return invalid(path + ": " + detail::quoted(name) +
                    " must contain only printable ASCII characters (0x20-0x7E)");
   }
   return absl::OkStatus();
@@ -338,8 +338,9 @@ absl::Status index_names(const std::vector<T>& items, std::string_view list, std
     if (absl::Status s = check_name(items[i].name, path, /*required=*/true); !s.ok()) return s;
     auto [it, inserted] = index.emplace(items[i].name, i);
     if (!inserted) {
-      return invalid(path + ": duplicate " + std::string(kind) + " name " + quoted(items[i].name) +
-                     " (also " + element("", list, it->second) + ")");
+      return invalid(path + ": duplicate " + std::string(kind) + " name " +
+                     detail::quoted(items[i].name) + " (also " + element("", list, it->second) +
+                     ")");
     }
   }
   return absl::OkStatus();
@@ -353,11 +354,11 @@ inline absl::Status check_attachments(
   for (std::size_t i = 0; i < names.size(); ++i) {
     std::string at = std::string(path) + "[" + std::to_string(i) + "]";
     if (!bundles.contains(names[i])) {
-      return invalid(at + ": unknown bundle " + quoted(names[i]));
+      return invalid(at + ": unknown bundle " + detail::quoted(names[i]));
     }
     auto [it, inserted] = attached.emplace(names[i], i);
     if (!inserted) {
-      return invalid(at + ": bundle " + quoted(names[i]) + " is already attached at " +
+      return invalid(at + ": bundle " + detail::quoted(names[i]) + " is already attached at " +
                      std::string(path) + "[" + std::to_string(it->second) + "]");
     }
   }
