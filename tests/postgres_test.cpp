@@ -102,8 +102,8 @@ void expect_same_decisions(Memory& memory, sluice::ManualClock& clock, Database&
   std::mt19937_64 random(seed);
   const std::vector<std::string> keys = {"alpha", "beta", "gamma"};
   for (int step = 0; step < 300; ++step) {
-    clock.advance(nanoseconds(static_cast<std::int64_t>(
-        random() % static_cast<std::uint64_t>(max_step.count() + 1))));
+    clock.advance(nanoseconds(
+        static_cast<std::int64_t>(random() % static_cast<std::uint64_t>(max_step.count() + 1))));
     const std::string& key = keys[random() % keys.size()];
     const std::uint64_t cost = random() % (max_cost + 2);  // 0 peeks; max_cost + 1 is invalid
     absl::StatusOr<Decision> expected = memory.check(key, cost);
@@ -125,7 +125,8 @@ TEST_CASE("the migration installs version 1 and running it twice changes nothing
   INFO(first.status());
   REQUIRE(first.ok());
   CHECK(*first == sluice::postgres::kSchemaVersion);
-  const std::string tables = query("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'sluice'");
+  const std::string tables =
+      query("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'sluice'");
   auto second = sluice::postgres::migrate(**pool);
   REQUIRE(second.ok());
   CHECK(*second == 1);
@@ -148,7 +149,8 @@ TEST_CASE("a check before the migration is a failed precondition that names the 
 // --- parity with the in-memory limiters ---------------------------------------------------------
 
 TEST_CASE("three per second admits three at once then denies with the exact wait") {
-  auto limiter = make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, client(), "3/s"));
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, client(), "3/s"));
   CHECK(at(limiter, "k", kT0) ==
         Decision{.limit = 3, .remaining = 2, .reset_after = 333'333'334ns});
   CHECK(at(limiter, "k", kT0).remaining == 1);
@@ -162,8 +164,8 @@ TEST_CASE("three per second admits three at once then denies with the exact wait
 }
 
 TEST_CASE("database GCRA decides scripted sequences exactly as the in-memory limiter") {
-  const std::vector<sluice::GcraWindow> windows = {
-      {.requests = 3, .period = 1s, .burst = 5}, {.requests = 20, .period = 60s}};
+  const std::vector<sluice::GcraWindow> windows = {{.requests = 3, .period = 1s, .burst = 5},
+                                                   {.requests = 20, .period = 60s}};
   sluice::ManualClock clock;
   auto memory = make(sluice::GcraLimiter<sluice::ManualClock>::create(windows, {}, clock));
   auto database = make(PostgresGcraLimiter::create(windows, client(), "parity-gcra"));
@@ -189,13 +191,15 @@ TEST_CASE("database fixed windows decide scripted sequences exactly as the in-me
 }
 
 TEST_CASE("a cost above the smallest burst is an invalid argument that sends nothing") {
-  auto limiter = make(PostgresGcraLimiter::create({{.requests = 2, .period = 1s}}, client(), "big"));
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 2, .period = 1s}}, client(), "big"));
   CHECK(limiter.check("k", 3).status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(at(limiter, "k", kT0, 0) == Decision{.limit = 2, .remaining = 2});
 }
 
 TEST_CASE("the database clock decides when no time is given") {
-  auto limiter = make(PostgresGcraLimiter::create({{.requests = 2, .period = 1h}}, client(), "clock"));
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 2, .period = 1h}}, client(), "clock"));
   CHECK(limiter.check("k").value().remaining == 1);
   CHECK(limiter.check("k").value().remaining == 0);
   const Decision denied = limiter.check("k").value();
@@ -220,13 +224,13 @@ TEST_CASE("the database holds digests only, never key bytes") {
 // --- batches -----------------------------------------------------------------------------------
 
 TEST_CASE("a batch with one denied item reserves nothing in any item") {
-  auto limiter = make(PostgresGcraLimiter::create({{.requests = 2, .period = 1s}}, client(), "batch"));
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 2, .period = 1s}}, client(), "batch"));
   at(limiter, "full", kT0, 2);
   const std::vector<std::string_view> keys = {"a", "full", "b"};
   auto d = limiter.client()->check_all_at_for_testing(
-      std::vector<sluice::postgres::CheckItem>{{"a", &limiter.limit()},
-                                               {"full", &limiter.limit()},
-                                               {"b", &limiter.limit()}},
+      std::vector<sluice::postgres::CheckItem>{
+          {"a", &limiter.limit()}, {"full", &limiter.limit()}, {"b", &limiter.limit()}},
       1, BatchMode::kAllOrNothing, kT0);
   REQUIRE(d.ok());
   CHECK((*d)[0].allowed());
@@ -237,7 +241,8 @@ TEST_CASE("a batch with one denied item reserves nothing in any item") {
 }
 
 TEST_CASE("a batch whose items all pass reserves every item, and repeated keys see each other") {
-  auto limiter = make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, client(), "batch2"));
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, client(), "batch2"));
   const sluice::postgres::Limit& l = limiter.limit();
   auto d = limiter.client()->check_all_at_for_testing(
       std::vector<sluice::postgres::CheckItem>{{"a", &l}, {"b", &l}, {"a", &l}}, 1,
@@ -251,7 +256,8 @@ TEST_CASE("a batch whose items all pass reserves every item, and repeated keys s
 }
 
 TEST_CASE("each-item batches store every admitted item even when another is denied") {
-  auto limiter = make(PostgresGcraLimiter::create({{.requests = 1, .period = 1s}}, client(), "each"));
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 1, .period = 1s}}, client(), "each"));
   const sluice::postgres::Limit& l = limiter.limit();
   at(limiter, "full", kT0);
   auto d = limiter.client()->check_all_at_for_testing(
@@ -267,8 +273,10 @@ TEST_CASE("each-item batches store every admitted item even when another is deni
 
 TEST_CASE("two clients with concurrent callers admit exactly the burst in total") {
   constexpr std::uint64_t kBurst = 50;
-  auto first = make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, client(), "shared"));
-  auto second = make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, client(), "shared"));
+  auto first =
+      make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, client(), "shared"));
+  auto second =
+      make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, client(), "shared"));
   std::atomic<int> admitted{0}, errors{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
@@ -304,9 +312,8 @@ TEST_CASE("a full shard denies a new key with a capacity denial and cleanup free
     if (shard("key-" + std::to_string(i)) == shard(a)) b = "key-" + std::to_string(i);
   }
   CHECK(at(limiter, a, kT0).allowed());
-  CHECK(at(limiter, b, kT0 + 1s) == Decision{.reason = Reason::kStoreFull,
-                                             .limit = 1,
-                                             .retry_after = 9s});
+  CHECK(at(limiter, b, kT0 + 1s) ==
+        Decision{.reason = Reason::kStoreFull, .limit = 1, .retry_after = 9s});
   CHECK(at(limiter, a, kT0 + 10s).allowed());  // existing keys keep working
   CHECK(at(limiter, b, kT0 + 20s).allowed());  // a's row went idle: reclaimed inline
   CHECK(query("SELECT sum(row_count) FROM sluice.shards") == "1");
@@ -314,9 +321,10 @@ TEST_CASE("a full shard denies a new key with a capacity denial and cleanup free
   REQUIRE(sluice::postgres::migrate(c->pool(), {.rows_per_shard = 4096}).ok());
   for (int i = 0; i < 30; ++i) at(limiter, "spray-" + std::to_string(i), kT0 + 30s);
   CHECK(query("SELECT sum(row_count) FROM sluice.shards") == "31");
-  CHECK(sluice::postgres::cleanup_expired(c->pool(), 1000, kT0 + 35s).value() == 0);
+  // b's row is idle from kT0 + 30 s, the sprayed ones from kT0 + 40 s.
+  CHECK(sluice::postgres::cleanup_expired(c->pool(), 1000, kT0 + 39s).value() == 1);
   CHECK(sluice::postgres::cleanup_expired(c->pool(), 10, kT0 + 40s).value() == 10);
-  CHECK(sluice::postgres::cleanup_expired(c->pool(), 1000, kT0 + 40s).value() == 21);
+  CHECK(sluice::postgres::cleanup_expired(c->pool(), 1000, kT0 + 40s).value() == 20);
   CHECK(query("SELECT count(*) FROM sluice.limit_state") == "0");
   CHECK(query("SELECT sum(row_count) FROM sluice.shards") == "0");
 }
@@ -335,8 +343,9 @@ TEST_CASE("the engine over PostgreSQL gives the in-memory engine's evaluations e
                                      .requests_per = {.minute = 15}}}}},
       .routes = {{.name = "r", .path_prefix = "/", .policies = {"api"}}}};
   sluice::ManualClock clock;
-  auto memory = make(sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>::create(
-      config, {.clock = clock}));
+  auto memory =
+      make(sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>::create(
+          config, {.clock = clock}));
   auto database = make(sluice::postgres::PostgresRateLimitEngine::create(
       config, {.client = client(), .time_for_testing = [clock] { return kT0 + clock.now(); }}));
   const sluice::WallTime wall{std::chrono::seconds(1'700'000'000)};
@@ -364,7 +373,8 @@ TEST_CASE("a statement held past its timeout is DeadlineExceeded and consumes no
   // Another session holds the key's shard lock, so the check waits until its timeout.
   PGconn* holder = PQconnectdb(server().conninfo().c_str());
   REQUIRE(PQstatus(holder) == CONNECTION_OK);
-  PQclear(PQexec(holder, ("SELECT pg_advisory_lock(1936483173, " + std::to_string(shard) + ")").c_str()));
+  PQclear(PQexec(holder,
+                 ("SELECT pg_advisory_lock(1936483173, " + std::to_string(shard) + ")").c_str()));
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<Decision> d = limiter.check_at_for_testing("k", 1, kT0);
   const auto took = std::chrono::steady_clock::now() - start;
@@ -389,7 +399,8 @@ TEST_CASE("a reply later than the deadline is an unknown outcome, never retried"
   CHECK(std::string(d.status().message()).find("outcome unknown") != std::string::npos);
   CHECK(took >= 600ms);
   CHECK(took < 2s);
-  CHECK(limiter.check_at_for_testing("k", 0, kT0).ok());  // the frozen connection was dropped, a new one works
+  CHECK(limiter.check_at_for_testing("k", 0, kT0)
+            .ok());  // the frozen connection was dropped, a new one works
 }
 
 TEST_CASE("backends terminated mid-run give errors that never overstate what was consumed") {
@@ -429,8 +440,11 @@ TEST_CASE("backends terminated mid-run give errors that never overstate what was
   killer.join();
   CHECK(other.load() == 0);
   CHECK(unavailable.load() + unknown.load() > 0);
-  const Decision after = at(limiter, "one", kT0, 0);
-  const auto consumed = static_cast<int>(kBurst - after.remaining);
+  // The last terminations may still be landing: a read-only peek may need a fresh connection.
+  absl::StatusOr<Decision> after = limiter.check_at_for_testing("one", 0, kT0);
+  for (int i = 0; i < 10 && !after.ok(); ++i) after = limiter.check_at_for_testing("one", 0, kT0);
+  REQUIRE(after.ok());
+  const auto consumed = static_cast<int>(kBurst - after->remaining);
   CHECK(consumed >= admitted.load());
   CHECK(consumed <= admitted.load() + unknown.load());
 }

@@ -1,4 +1,5 @@
-// sluice/postgres.hpp — the umbrella header of the PostgreSQL part (target sluice::postgres, libpq).
+// sluice/postgres.hpp — the umbrella header of the PostgreSQL part (target sluice::postgres,
+// libpq).
 //
 // Limits shared through a PostgreSQL database: GCRA and fixed-window limiters, batches, and the
 // policy engine over the database. See docs/postgres.md for setup, migration, capacity, cleanup

@@ -120,9 +120,9 @@ class Client {
             "sluice::postgres: every item of a batch needs a limit, all of one algorithm");
       }
       if (cost > item.limit->max_cost()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sluice::postgres: cost ", cost, " exceeds the smallest burst ",
-            item.limit->max_cost(), " and can never be admitted"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("sluice::postgres: cost ", cost, " exceeds the smallest burst ",
+                         item.limit->max_cost(), " and can never be admitted"));
       }
       digests.push_back(digest(item.key, *item.limit));
       limits.push_back(item.limit);

@@ -65,6 +65,7 @@ class ConnectionPool {
   struct Connection {
     PGconn* conn = nullptr;
     std::vector<std::string> prepared;
+    bool terminated = false;  // the server announced (FATAL) that it is closing the connection
   };
 
   // A borrowed connection, returned to the pool on destruction unless marked broken.
@@ -148,9 +149,11 @@ class ConnectionPool {
       if (!idle_.empty()) {
         Connection* c = idle_.back();
         idle_.pop_back();
-        return Lease(this, c);
+        if (alive(c)) return Lease(this, c);
+        close(c);  // the server closed it while idle; its slot goes to a fresh connection
+      } else {
+        ++open_;
       }
-      ++open_;
     }
     absl::StatusOr<Connection*> c = connect();
     if (!c.ok()) {
@@ -179,6 +182,23 @@ class ConnectionPool {
 
  private:
   explicit ConnectionPool(ConnectionOptions options) : options_(std::move(options)) {}
+
+  // Reads whatever the server sent while the connection was idle, without blocking: a closed
+  // socket or a termination notice (e.g. after pg_terminate_backend or a server shutdown) shows
+  // up here, before a statement is sent on a connection that cannot carry it.
+  static bool alive(Connection* c) noexcept {
+    return PQconsumeInput(c->conn) != 0 && PQstatus(c->conn) == CONNECTION_OK &&
+           PQisBusy(c->conn) == 0 && !c->terminated;
+  }
+
+  // libpq hands a message that arrives outside a request to the notice receiver; a FATAL one
+  // means the server is closing this connection.
+  static void on_notice(void* connection, const PGresult* notice) noexcept {
+    const char* severity = PQresultErrorField(notice, PG_DIAG_SEVERITY_NONLOCALIZED);
+    if (severity != nullptr && std::string_view(severity) == "FATAL") {
+      static_cast<Connection*>(connection)->terminated = true;
+    }
+  }
 
   static void close(Connection* c) noexcept {
     if (c == nullptr) return;
@@ -214,6 +234,7 @@ class ConnectionPool {
       PQfinish(c->conn);
       return status;
     };
+    PQsetNoticeReceiver(c->conn, &ConnectionPool::on_notice, c.get());  // never to stderr
     if (PQstatus(c->conn) == CONNECTION_BAD) {
       return fail(absl::UnavailableError(
           absl::StrCat("sluice::postgres: connect: ", detail::connection_message(c->conn))));
@@ -265,8 +286,10 @@ inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::finish(detail::D
   return r;
 }
 
-inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::run(
-    const char* name, const char* sql, std::span<const Param> params, detail::Effect effect) {
+inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::run(const char* name,
+                                                                    const char* sql,
+                                                                    std::span<const Param> params,
+                                                                    detail::Effect effect) {
   std::vector<std::string>& prepared = connection_->prepared;
   if (std::find(prepared.begin(), prepared.end(), name) == prepared.end()) {
     if (PQsendPrepare(get(), name, sql, 0, nullptr) == 0) {

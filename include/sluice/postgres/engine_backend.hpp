@@ -84,10 +84,9 @@ class PostgresEngineBackend {
     const BatchMode batch =
         mode == ConsumptionMode::kAllOrNothing ? BatchMode::kAllOrNothing : BatchMode::kEachItem;
     absl::StatusOr<std::vector<Decision>> d =
-        options_.time_for_testing
-            ? options_.client->check_all_at_for_testing(items, cost, batch,
-                                                        options_.time_for_testing())
-            : options_.client->check_all(items, cost, batch);
+        options_.time_for_testing ? options_.client->check_all_at_for_testing(
+                                        items, cost, batch, options_.time_for_testing())
+                                  : options_.client->check_all(items, cost, batch);
     if (!d.ok()) return d.status();
     std::copy(d->begin(), d->end(), out.begin());
     return absl::OkStatus();

@@ -73,8 +73,9 @@ class Limit {
   static absl::StatusOr<Limit> fixed_window(std::vector<FixedWindow> windows,
                                             std::string_view name = {}) {
     if (absl::Status s = check_count(windows.size()); !s.ok()) return s;
-    std::stable_sort(windows.begin(), windows.end(),
-                     [](const FixedWindow& a, const FixedWindow& b) { return a.window < b.window; });
+    std::stable_sort(
+        windows.begin(), windows.end(),
+        [](const FixedWindow& a, const FixedWindow& b) { return a.window < b.window; });
     Limit limit(Algorithm::kFixedWindow, name);
     for (std::size_t i = 0; i < windows.size(); ++i) {
       const FixedWindow& w = windows[i];
@@ -120,7 +121,8 @@ class Limit {
     max_cost_ = std::min(max_cost_, capacity);
     for (std::int64_t v : p) {
       for (int byte = 0; byte < 8; ++byte) {
-        identity_.push_back(static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * byte)) & 0xff));
+        identity_.push_back(
+            static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * byte)) & 0xff));
       }
     }
   }

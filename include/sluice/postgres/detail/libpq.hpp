@@ -31,8 +31,8 @@ using ResultPtr = std::unique_ptr<PGresult, ResultDeleter>;
 // latter. Retries on EINTR.
 inline bool wait_fd(int fd, short events, Deadline deadline) {
   for (;;) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
     pollfd p{.fd = fd, .events = events, .revents = 0};
     const int ready = poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 60'000)));
@@ -51,7 +51,8 @@ inline std::string connection_message(const PGconn* conn) {
 // The status for an error the server reported with `sqlstate` (it ended the statement: its
 // transaction did not commit).
 inline absl::Status server_error_status(std::string_view sqlstate, std::string_view message) {
-  const std::string text = absl::StrCat("sluice::postgres: server error ", std::string(sqlstate), ": ",
+  const std::string text =
+      absl::StrCat("sluice::postgres: server error ", std::string(sqlstate), ": ",
                    std::string(message.substr(0, message.find('\n')).substr(0, 300)));
   if (sqlstate == "57014" || sqlstate == "55P03") {  // statement or lock timeout
     return absl::DeadlineExceededError(text);
@@ -81,9 +82,9 @@ struct Failure {
 };
 
 inline absl::Status unknown_outcome(std::string_view why) {
-  return absl::UnknownError(absl::StrCat(
-      "sluice::postgres: outcome unknown (", std::string(why),
-      "): the statement may or may not have committed; it was not retried"));
+  return absl::UnknownError(
+      absl::StrCat("sluice::postgres: outcome unknown (", std::string(why),
+                   "): the statement may or may not have committed; it was not retried"));
 }
 
 // Reads every result of the request just sent on `conn` (until libpq's terminating null),
