@@ -412,7 +412,7 @@ TEST_CASE("backends terminated mid-run give errors that never overstate what was
   std::vector<std::thread> callers;
   for (int t = 0; t < 4; ++t) {
     callers.emplace_back([&] {
-      for (int i = 0; i < 100; ++i) {
+      for (int i = 0; i < 30; ++i) {
         absl::StatusOr<Decision> d = limiter.check_at_for_testing("one", 1, kT0);
         if (d.ok()) {
           admitted += d->allowed() ? 1 : 0;
@@ -432,12 +432,13 @@ TEST_CASE("backends terminated mid-run give errors that never overstate what was
       server().execute(
           "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity "
           "WHERE application_name = 'sluice'");
-      std::this_thread::sleep_for(5ms);
+      std::this_thread::sleep_for(20ms);
     }
   });
   for (auto& t : callers) t.join();
   done = true;
   killer.join();
+  INFO("admitted " << admitted << ", unavailable " << unavailable << ", unknown " << unknown);
   CHECK(other.load() == 0);
   CHECK(unavailable.load() + unknown.load() > 0);
   // The last terminations may still be landing: a read-only peek may need a fresh connection.
