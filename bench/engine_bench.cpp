@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench_support.hpp"
+#include "example_config.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/gcra.hpp"
 
@@ -19,6 +20,8 @@ using namespace std::chrono_literals;
 using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<bench::TickClock>>;
 using Gcra = sluice::GcraLimiter<bench::TickClock>;
 using sluice::Selector;
+using sluice::testing::documented_example;
+using sluice::testing::rule;
 
 constexpr int kClients = 1000;
 constexpr std::int64_t kStep = 100'000;  // 100 µs of tick time per request
@@ -42,23 +45,6 @@ Engine must(absl::StatusOr<Engine> engine) {
 Gcra must(absl::StatusOr<Gcra> limiter) {
   if (!limiter.ok()) std::abort();
   return *std::move(limiter);
-}
-
-sluice::Rule rule(std::string name, std::vector<Selector> selector, sluice::RequestsPer per,
-                  std::optional<std::uint64_t> burst = std::nullopt) {
-  return {.name = std::move(name),
-          .selector = std::move(selector),
-          .requests_per = per,
-          .burst = burst};
-}
-
-sluice::PolicyConfig documented_example() {
-  return {
-      .policies = {{.name = "public-api-limits",
-                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.s = 10, .minute = 600}, 20),
-                                    rule("per-route-flood", {Selector::kIp, Selector::kRoute},
-                                         {.minute = 2000})}}},
-      .routes = {{.name = "public", .policies = {"public-api-limits"}}}};
 }
 
 template <class MakeRequest>

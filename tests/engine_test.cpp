@@ -6,11 +6,14 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "example_config.hpp"
 #include "sluice/clock.hpp"
 
 using namespace std::chrono_literals;
 using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
 using sluice::Selector;
+using sluice::testing::documented_example;
+using sluice::testing::rule;
 
 namespace {
 
@@ -20,24 +23,6 @@ Engine make(const sluice::PolicyConfig& config, sluice::ManualClock clock) {
   auto engine = Engine::create(config, {.store = {.seed = 1}, .clock = clock});
   REQUIRE(engine.ok());
   return *std::move(engine);
-}
-
-sluice::Rule rule(std::string name, std::vector<Selector> selector, sluice::RequestsPer per,
-                  std::optional<std::uint64_t> burst = std::nullopt) {
-  return {.name = std::move(name),
-          .selector = std::move(selector),
-          .requests_per = per,
-          .burst = burst};
-}
-
-// The documented example: public-api-limits on route `public`.
-sluice::PolicyConfig documented_example() {
-  return {
-      .policies = {{.name = "public-api-limits",
-                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.s = 10, .minute = 600}, 20),
-                                    rule("per-route-flood", {Selector::kIp, Selector::kRoute},
-                                         {.minute = 2000})}}},
-      .routes = {{.name = "public", .path_prefix = "/v1", .policies = {"public-api-limits"}}}};
 }
 
 sluice::RequestContext on_route(std::string_view ip, std::string_view route) {

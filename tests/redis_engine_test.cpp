@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "example_config.hpp"
 #include "redis_server.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
@@ -29,6 +30,8 @@ using sluice::Decision;
 using sluice::Selector;
 using sluice::redis::RedisEngineBackend;
 using sluice::redis::RedisRateLimitEngine;
+using sluice::testing::documented_example;
+using sluice::testing::rule;
 using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
 
@@ -120,24 +123,6 @@ struct Server {
     return calls;
   }
 };
-
-sluice::Rule rule(std::string name, std::vector<Selector> selector, sluice::RequestsPer per,
-                  std::optional<std::uint64_t> burst = std::nullopt) {
-  return {.name = std::move(name),
-          .selector = std::move(selector),
-          .requests_per = per,
-          .burst = burst};
-}
-
-// The documented example: public-api-limits on route `public`.
-sluice::PolicyConfig documented_example() {
-  return {
-      .policies = {{.name = "public-api-limits",
-                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.s = 10, .minute = 600}, 20),
-                                    rule("per-route-flood", {Selector::kIp, Selector::kRoute},
-                                         {.minute = 2000})}}},
-      .routes = {{.name = "public", .path_prefix = "/v1", .policies = {"public-api-limits"}}}};
-}
 
 // Two rules on one route, one tight: the all_or_nothing and every_rule cases.
 sluice::PolicyConfig tight_and_loose(sluice::ConsumptionMode mode) {

@@ -14,7 +14,7 @@
 //   if (e.dry_denied) log_would_deny(engine->rule(e.dry_denied->rule).label);
 //   auto next = engine->reload(new_config);  // unchanged rules keep their state
 //
-// What applies (S9): every bundle attached at a scope the request has — consumer, route, service,
+// What applies: every bundle attached at a scope the request has — consumer, route, service,
 // listener, global — in that precedence order (declaration order inside a scope); a rule attached
 // twice applies once. Exempt paths (exact match) get nothing. All live rules are evaluated; the
 // request is denied if any denies. Retry-After is the longest wait over denying rules, the
@@ -56,9 +56,10 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
-#include "sluice/detail/spin_lock.hpp"
+#include "sluice/detail/limiter_common.hpp"
 #include "sluice/detail/xxhash.hpp"
 #include "sluice/gcra.hpp"
 #include "sluice/http_fields.hpp"
@@ -102,7 +103,7 @@ struct Evaluation {
   absl::Status backend_error{};              // OK unless the backend (or the cost) failed
 };
 
-// Per-rule counters (S13); no raw keys.
+// Per-rule counters; no raw keys.
 struct RuleStats {
   std::string label{};
   bool dry_run = false;
@@ -155,8 +156,8 @@ class InMemoryBackend {
       if (limiter == nullptr) {
         auto created = GcraLimiter<ClockT>::create(rule.windows, options.store, options.clock);
         if (!created.ok()) {
-          return absl::InvalidArgumentError(rule.label + ": " +
-                                            std::string(created.status().message()));
+          return absl::InvalidArgumentError(
+              absl::StrCat(rule.label, ": ", created.status().message()));
         }
         limiter = std::make_shared<GcraLimiter<ClockT>>(*std::move(created));
       }
@@ -178,14 +179,12 @@ class InMemoryBackend {
       return absl::OkStatus();
     }
     absl::InlinedVector<KeyDigest, 8> digests;
-    absl::InlinedVector<detail::SpinLock*, 8> locks;
+    ShardLockSet locks;
     for (const RuleKey& k : keys) {
       digests.push_back(limiters_[k.rule]->digest(k.key));
-      locks.push_back(&limiters_[k.rule]->lock_of(digests.back()));
+      limiters_[k.rule]->add_lock(locks, digests.back());
     }
-    std::sort(locks.begin(), locks.end());
-    locks.erase(std::unique(locks.begin(), locks.end()), locks.end());
-    commit_all(keys, digests, locks, cost, out);
+    commit_all(HeldShardLocks(std::move(locks)), keys, digests, cost, out);
     return absl::OkStatus();
   }
 
@@ -201,24 +200,20 @@ class InMemoryBackend {
     return nullptr;
   }
 
-  // Decides every key under all the locks; commits only if all admit. The locks are a dynamic
-  // set taken in address order, which the static analysis cannot follow.
-  void commit_all(std::span<const RuleKey> keys, std::span<const KeyDigest> digests,
-                  std::span<detail::SpinLock* const> locks, std::uint64_t cost,
-                  std::span<Decision> out) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    for (detail::SpinLock* lock : locks) lock->lock();
+  // Decides every key under `held` (all their shard locks); commits only if all admit.
+  void commit_all(const HeldShardLocks& held, std::span<const RuleKey> keys,
+                  std::span<const KeyDigest> digests, std::uint64_t cost, std::span<Decision> out) {
     const std::int64_t now = detail::saturate_time(clock_.now().count());
     bool all = true;
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      out[i] = limiters_[keys[i].rule]->decide_locked(digests[i], now, cost, false);
+      out[i] = limiters_[keys[i].rule]->decide_locked(held, digests[i], now, cost, false);
       all = all && out[i].allowed();
     }
     if (all && cost != 0) {
       for (std::size_t i = 0; i < keys.size(); ++i) {
-        limiters_[keys[i].rule]->admit_locked(digests[i], now, cost);
+        limiters_[keys[i].rule]->admit_locked(held, digests[i], now, cost);
       }
     }
-    for (auto it = locks.rbegin(); it != locks.rend(); ++it) (*it)->unlock();
   }
 
   ClockT clock_;
@@ -230,7 +225,7 @@ template <EngineBackend Backend>
 class BasicRateLimitEngine {
  public:
   using BackendOptions = typename Backend::Options;
-  // Called after every non-exempt evaluation, on the evaluating thread (S13). It sees rule indices
+  // Called after every non-exempt evaluation, on the evaluating thread. It sees rule indices
   // and decisions, never keys; it must be thread-safe and fast (it runs on the request path).
   using Observer = std::function<void(const Evaluation&)>;
 
@@ -266,19 +261,8 @@ class BasicRateLimitEngine {
       e.exempt = true;
       return e;
     }
-    absl::InlinedVector<std::uint32_t, 16> live, dry;
-    auto add = [&](const std::vector<std::uint32_t>* rules) {
-      if (rules == nullptr) return;
-      for (std::uint32_t r : *rules) {
-        auto& group = rules_[r].compiled.dry_run ? dry : live;
-        if (std::find(group.begin(), group.end(), r) == group.end()) group.push_back(r);
-      }
-    };
-    add(lookup(consumer_rules_, request.consumer));
-    add(lookup(route_rules_, request.route));
-    add(lookup(service_rules_, request.service));
-    add(lookup(listener_rules_, request.listener));
-    add(&global_rules_);
+    RuleGroup live, dry;
+    select_rules(request, live, dry);
 
     // Keys for both groups in one buffer; views are taken once it stops growing.
     thread_local std::string buffer;
@@ -308,18 +292,8 @@ class BasicRateLimitEngine {
       }
     }
     if (!dry.empty()) {
-      auto out = std::span(decisions.data() + live.size(), dry.size());
-      if (backend_->check_rules(dry_keys, request.cost, options_mode_, out).ok()) {
-        for (std::size_t i = 0; i < dry.size(); ++i) {
-          RuleCounters& c = *counters_[dry[i]];
-          if (out[i].allowed()) {
-            c.allowed.fetch_add(1, std::memory_order_relaxed);
-          } else {
-            c.dry_denied.fetch_add(1, std::memory_order_relaxed);
-            if (!e.dry_denied) e.dry_denied = RuleDecision{dry[i], out[i]};
-          }
-        }
-      }
+      evaluate_dry(e, dry, dry_keys, request.cost,
+                   std::span(decisions.data() + live.size(), dry.size()));
     }
     if (observer_) observer_(e);
     return e;
@@ -432,7 +406,7 @@ class BasicRateLimitEngine {
     RuleInfo info{.compiled = rule};
     std::vector<QuotaPolicy> policies;
     for (const GcraWindow& w : info.compiled.windows) {
-      info.window_names.push_back(info.compiled.label + "/" + window_suffix(w.period));
+      info.window_names.push_back(absl::StrCat(info.compiled.label, "/", window_suffix(w.period)));
     }
     for (std::size_t i = 0; i < info.compiled.windows.size(); ++i) {
       policies.push_back({.name = info.window_names[i],
@@ -457,7 +431,7 @@ class BasicRateLimitEngine {
     if (period == std::chrono::seconds(1)) return "s";
     if (period == std::chrono::minutes(1)) return "minute";
     if (period == std::chrono::hours(1)) return "hour";
-    return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(period).count()) + "s";
+    return absl::StrCat(std::chrono::duration_cast<std::chrono::seconds>(period).count(), "s");
   }
 
   std::shared_ptr<RuleCounters> counters_for(const std::string& fingerprint) const {
@@ -506,6 +480,41 @@ class BasicRateLimitEngine {
     return {start, out.size() - start};
   }
 
+  using RuleGroup = absl::InlinedVector<std::uint32_t, 16>;
+
+  // The rules that apply to `request`, in precedence order (consumer, route, service, listener,
+  // global), each once, split into live and dry-run rules.
+  void select_rules(const RequestContext& request, RuleGroup& live, RuleGroup& dry) const {
+    auto add = [&](const RuleList* rules) {
+      if (rules == nullptr) return;
+      for (std::uint32_t r : *rules) {
+        RuleGroup& group = rules_[r].compiled.dry_run ? dry : live;
+        if (std::find(group.begin(), group.end(), r) == group.end()) group.push_back(r);
+      }
+    };
+    add(lookup(consumer_rules_, request.consumer));
+    add(lookup(route_rules_, request.route));
+    add(lookup(service_rules_, request.service));
+    add(lookup(listener_rules_, request.listener));
+    add(&global_rules_);
+  }
+
+  // Dry-run rules: decided (and consuming) as their own group; never deny, never add fields.
+  void evaluate_dry(Evaluation& e, std::span<const std::uint32_t> dry,
+                    std::span<const RuleKey> keys, std::uint64_t cost,
+                    std::span<Decision> out) const {
+    if (!backend_->check_rules(keys, cost, options_mode_, out).ok()) return;
+    for (std::size_t i = 0; i < dry.size(); ++i) {
+      RuleCounters& c = *counters_[dry[i]];
+      if (out[i].allowed()) {
+        c.allowed.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        c.dry_denied.fetch_add(1, std::memory_order_relaxed);
+        if (!e.dry_denied) e.dry_denied = RuleDecision{dry[i], out[i]};
+      }
+    }
+  }
+
   void decide_live(Evaluation& e, std::span<const std::uint32_t> live,
                    std::span<const Decision> decisions, const RequestContext& request) const {
     std::optional<std::size_t> binding;  // index into live
@@ -521,9 +530,9 @@ class BasicRateLimitEngine {
       if (!binding) binding = i;
     }
     if (!binding) {
-      for (std::size_t i = 0; i < live.size(); ++i) {
-        if (!binding || decisions[i].remaining < decisions[*binding].remaining) binding = i;
-      }
+      binding = detail::least_remaining(live.size(), [&](std::size_t i) {
+                  return decisions[i].remaining;
+                }).index;
     }
     const std::uint32_t rule = live[*binding];
     Decision d = decisions[*binding];

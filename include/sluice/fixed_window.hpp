@@ -36,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/detail/limiter_common.hpp"
@@ -79,14 +80,14 @@ class FixedWindowLimiter {
                                                    StoreOptions options = {}, ClockT clock = {}) {
     if (absl::Status s = detail::check_window_count(windows.size()); !s.ok()) return s;
     for (std::size_t i = 0; i < windows.size(); ++i) {
-      const std::string path = "windows[" + std::to_string(i) + "]";
+      const std::string path = absl::StrCat("windows[", i, "]");
       if (windows[i].limit < 1 || windows[i].limit > kMaxLimit) {
-        return absl::InvalidArgumentError(path + ".limit must be in [1, 2^62], got " +
-                                          std::to_string(windows[i].limit));
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ".limit must be in [1, 2^62], got ", windows[i].limit));
       }
       if (windows[i].window.count() <= 0 || windows[i].window.count() > kMaxWindowNs) {
-        return absl::InvalidArgumentError(path + ".window must be in [1ns, 2^60 ns], got " +
-                                          std::to_string(windows[i].window.count()) + "ns");
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ".window must be in [1ns, 2^60 ns], got ", windows[i].window.count(), "ns"));
       }
     }
     std::stable_sort(
@@ -157,16 +158,9 @@ class FixedWindowLimiter {
     };
 
     if (first_denied == N) {
-      std::size_t binding = 0;
-      std::uint64_t least = std::numeric_limits<std::uint64_t>::max();
-      for (std::size_t i = 0; i < N; ++i) {
-        current[i].count += cost;
-        const std::uint64_t remaining = windows_[i].limit - current[i].count;
-        if (remaining < least) {
-          least = remaining;
-          binding = i;
-        }
-      }
+      for (std::size_t i = 0; i < N; ++i) current[i].count += cost;
+      const auto [binding, least] = detail::least_remaining(
+          N, [&](std::size_t i) { return windows_[i].limit - current[i].count; });
       if (cost != 0) cell.windows = current;
       return Decision{.reason = Reason::kAllowed,
                       .limit = windows_[binding].limit,

@@ -43,6 +43,7 @@
 #include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/detail/divider.hpp"
@@ -121,7 +122,7 @@ class GcraLimiter {
     if (absl::Status s = detail::check_window_count(windows.size()); !s.ok()) return s;
     std::vector<detail::GcraParams> params;
     for (std::size_t i = 0; i < windows.size(); ++i) {
-      auto p = validate(windows[i], "windows[" + std::to_string(i) + "]");
+      auto p = validate(windows[i], absl::StrCat("windows[", i, "]"));
       if (!p.ok()) return p.status();
       params.push_back(*p);
       if (windows[i].burst == 0) windows[i].burst = windows[i].requests;
@@ -155,44 +156,6 @@ class GcraLimiter {
         store_);
   }
 
-  // --- Multi-key transactions, for callers that decide several keys atomically (the policy
-  // engine). Take `lock_of(digest(key))` for every key, in ascending address order and each lock
-  // once; call `decide_locked` for each key without committing; if all are admitted, call
-  // `admit_locked` for each; then release the locks. `validate_cost` first.
-
-  absl::Status validate_cost(std::uint64_t cost) const {
-    return cost > max_cost_ ? cost_error(cost) : absl::OkStatus();
-  }
-  KeyDigest digest(std::string_view key) const {
-    return std::visit([&](const auto& s) { return s.digest(key); }, store_);
-  }
-  detail::SpinLock& lock_of(const KeyDigest& d) const {
-    return std::visit([&](const auto& s) -> detail::SpinLock& { return s.lock_of(d); }, store_);
-  }
-  // The clock's reading, saturated to the supported range.
-  std::int64_t now() const { return detail::saturate_time(clock_.now().count()); }
-  // With lock_of(d) held: reserves `cost` iff every window admits it (the cheap second phase).
-  bool admit_locked(const KeyDigest& d, std::int64_t now, std::uint64_t cost) {
-    return std::visit(
-        [&](auto& store) {
-          return store.update_locked(
-              d, now, [&](auto& cell, std::int64_t clamped) { return admit(cell, clamped, cost); },
-              [](const StoreFull&) { return false; });
-        },
-        store_);
-  }
-  // With lock_of(d) held: the decision for `cost` at `now`; reserves it iff `commit` and admitted.
-  Decision decide_locked(const KeyDigest& d, std::int64_t now, std::uint64_t cost, bool commit) {
-    return std::visit(
-        [&](auto& store) {
-          return store.update_locked(
-              d, now,
-              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, cost, commit); },
-              [&](const StoreFull& full) { return store_full(full); });
-        },
-        store_);
-  }
-
   StoreStats stats() const {
     return std::visit([](const auto& s) { return s.stats(); }, store_);
   }
@@ -207,6 +170,48 @@ class GcraLimiter {
   const ClockT& clock() const noexcept { return clock_; }
 
  private:
+  // --- Multi-key transactions, for the policy engine's in-memory backend: it adds every key's
+  // shard to one ShardLockSet, holds them with HeldShardLocks, decides every key without
+  // committing, and admits them all only if every key was admitted.
+  template <Clock>
+  friend class InMemoryBackend;
+
+  absl::Status validate_cost(std::uint64_t cost) const {
+    return cost > max_cost_ ? cost_error(cost) : absl::OkStatus();
+  }
+  KeyDigest digest(std::string_view key) const {
+    return std::visit([&](const auto& s) { return s.digest(key); }, store_);
+  }
+  void add_lock(ShardLockSet& locks, const KeyDigest& d) const {
+    std::visit([&](const auto& s) { locks.add(s, d); }, store_);
+  }
+  // The clock's reading, saturated to the supported range.
+  std::int64_t now() const { return detail::saturate_time(clock_.now().count()); }
+  // Reserves `cost` iff every window admits it (the cheap second phase).
+  bool admit_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
+                    std::uint64_t cost) {
+    return std::visit(
+        [&](auto& store) {
+          return store.update_locked(
+              held, d, now,
+              [&](auto& cell, std::int64_t clamped) { return admit(cell, clamped, cost); },
+              [](const StoreFull&) { return false; });
+        },
+        store_);
+  }
+  // The decision for `cost` at `now`; reserves it iff `commit` and admitted.
+  Decision decide_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
+                         std::uint64_t cost, bool commit) {
+    return std::visit(
+        [&](auto& store) {
+          return store.update_locked(
+              held, d, now,
+              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, cost, commit); },
+              [&](const StoreFull& full) { return store_full(full); });
+        },
+        store_);
+  }
+
   GcraLimiter(ClockT clock, const StoreOptions& options, std::size_t windows)
       : clock_(std::move(clock)), store_(detail::make_store<detail::GcraCell>(windows, options)) {}
 
@@ -216,27 +221,27 @@ class GcraLimiter {
     constexpr std::uint64_t kMaxBurst = std::uint64_t{1} << 32;
     constexpr std::uint64_t kMaxTolerance = std::uint64_t{1} << 60;
     if (w.requests < 1 || w.requests > kMaxRequests) {
-      return absl::InvalidArgumentError(path + ".requests must be in [1, 2^32], got " +
-                                        std::to_string(w.requests));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ".requests must be in [1, 2^32], got ", w.requests));
     }
     if (w.period.count() <= 0) {
-      return absl::InvalidArgumentError(path + ".period must be > 0, got " +
-                                        std::to_string(w.period.count()) + "ns");
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ".period must be > 0, got ", w.period.count(), "ns"));
     }
     if (w.period.count() > kMaxPeriod) {
-      return absl::InvalidArgumentError(path + ".period must be at most 2^55 ns, got " +
-                                        std::to_string(w.period.count()) + "ns");
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ".period must be at most 2^55 ns, got ", w.period.count(), "ns"));
     }
     const std::uint64_t burst = w.burst == 0 ? w.requests : w.burst;
     if (burst > kMaxBurst) {
-      return absl::InvalidArgumentError(path + ".burst must be in [1, 2^32], got " +
-                                        std::to_string(burst));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ".burst must be in [1, 2^32], got ", burst));
     }
     const auto period = static_cast<std::uint64_t>(w.period.count());
     const absl::uint128 tolerance = absl::uint128(burst) * period;
     if (tolerance / w.requests > kMaxTolerance) {
-      return absl::InvalidArgumentError(path +
-                                        ".burst × period / requests must be at most 2^60 ns");
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ".burst × period / requests must be at most 2^60 ns"));
     }
     return detail::GcraParams{.requests = w.requests,
                               .period = w.period.count(),
@@ -320,16 +325,9 @@ class GcraLimiter {
 
     if (first_denied == N) {
       if (commit && cost != 0) cell.tat = next;
-      std::size_t binding = 0;
-      std::uint64_t least = std::numeric_limits<std::uint64_t>::max();
-      for (std::size_t i = 0; i < N; ++i) {
-        const std::uint64_t remaining =
-            detail::div_floor(params_[i].tolerance - ahead[i], params_[i].by_period);
-        if (remaining < least) {
-          least = remaining;
-          binding = i;
-        }
-      }
+      const auto [binding, least] = detail::least_remaining(N, [&](std::size_t i) {
+        return detail::div_floor(params_[i].tolerance - ahead[i], params_[i].by_period);
+      });
       return Decision{.reason = Reason::kAllowed,
                       .limit = params_[binding].burst,
                       .remaining = least,

@@ -88,9 +88,8 @@ using WallTime = std::chrono::sys_time<std::chrono::nanoseconds>;
 
 // `d` in whole seconds, rounded up; 0 for d <= 0. Exact for every int64 nanosecond count.
 constexpr std::int64_t ceil_seconds(std::chrono::nanoseconds d) noexcept {
-  constexpr std::int64_t kNanosPerSecond = 1'000'000'000;
   if (d.count() <= 0) return 0;
-  return d.count() / kNanosPerSecond + (d.count() % kNanosPerSecond != 0 ? 1 : 0);
+  return std::chrono::ceil<std::chrono::seconds>(d).count();
 }
 
 // The Retry-After delay-seconds for `retry_after`: rounded up, at least 1 (a client told 0 would
@@ -104,13 +103,9 @@ constexpr std::int64_t retry_after_seconds(std::chrono::nanoseconds retry_after)
 constexpr std::int64_t reset_epoch_seconds(WallTime now,
                                            std::chrono::nanoseconds reset_after) noexcept {
   constexpr std::int64_t kNanosPerSecond = 1'000'000'000;
-  std::int64_t now_ns = now.time_since_epoch().count();
-  std::int64_t now_s = now_ns / kNanosPerSecond;  // floor division for negative instants
-  std::int64_t now_frac = now_ns % kNanosPerSecond;
-  if (now_frac < 0) {
-    now_frac += kNanosPerSecond;
-    now_s -= 1;
-  }
+  const auto now_floor = std::chrono::floor<std::chrono::seconds>(now);  // also before the epoch
+  const std::int64_t now_s = now_floor.time_since_epoch().count();
+  const std::int64_t now_frac = (now - now_floor).count();  // in [0, 1 s)
   std::int64_t reset_ns = std::max<std::int64_t>(0, reset_after.count());
   std::int64_t frac = now_frac + reset_ns % kNanosPerSecond;  // < 2 s: no overflow
   // |now_s| and reset_ns / 1e9 are each below 9.3e9, so the sum cannot overflow.
@@ -119,7 +114,7 @@ constexpr std::int64_t reset_epoch_seconds(WallTime now,
   return std::max<std::int64_t>(0, seconds);
 }
 
-namespace http_fields_internal {
+namespace detail {
 
 // Appends `value` in decimal.
 inline void append_decimal(std::string& out, std::uint64_t value) {
@@ -135,11 +130,11 @@ inline void append_decimal(std::string& out, std::int64_t value) {
   out.append(buffer, end);
 }
 
-}  // namespace http_fields_internal
+}  // namespace detail
 
 // Appends `value` as an RFC 9651 Integer, clamped to kMaxStructuredInteger.
 inline void append_structured_integer(std::string& out, std::uint64_t value) {
-  http_fields_internal::append_decimal(out, std::min(value, kMaxStructuredInteger));
+  detail::append_decimal(out, std::min(value, kMaxStructuredInteger));
 }
 
 // Appends `value` as an RFC 9651 String: quoted, `"` and `\` escaped; each byte outside
@@ -166,7 +161,7 @@ inline void append_structured_string(std::string& out, std::string_view value) {
 // `Retry-After: <retry_after_seconds(retry_after)>`.
 inline HttpField retry_after_field(std::chrono::nanoseconds retry_after) {
   HttpField field{kRetryAfterField, {}};
-  http_fields_internal::append_decimal(field.value, retry_after_seconds(retry_after));
+  detail::append_decimal(field.value, retry_after_seconds(retry_after));
   return field;
 }
 
@@ -174,11 +169,11 @@ inline HttpField retry_after_field(std::chrono::nanoseconds retry_after) {
 // binding window.
 inline void append_x_ratelimit_fields(HttpFields& out, const Decision& decision, WallTime now) {
   HttpField limit{kXRateLimitLimitField, {}};
-  http_fields_internal::append_decimal(limit.value, decision.limit);
+  detail::append_decimal(limit.value, decision.limit);
   HttpField remaining{kXRateLimitRemainingField, {}};
-  http_fields_internal::append_decimal(remaining.value, decision.remaining);
+  detail::append_decimal(remaining.value, decision.remaining);
   HttpField reset{kXRateLimitResetField, {}};
-  http_fields_internal::append_decimal(reset.value, reset_epoch_seconds(now, decision.reset_after));
+  detail::append_decimal(reset.value, reset_epoch_seconds(now, decision.reset_after));
   out.push_back(std::move(limit));
   out.push_back(std::move(remaining));
   out.push_back(std::move(reset));

@@ -17,7 +17,7 @@
 //   absl::StatusOr<std::vector<sluice::CompiledBundle>> bundles = sluice::compile_policies(config);
 //   // per-ip: {10 per 1 s, burst 20}, {600 per 60 s, burst 600}
 //
-// Model (S8): a Rule limits requests per key, the key built from its selector (ip, credential,
+// Model: a Rule limits requests per key, the key built from its selector (ip, credential,
 // route); each of `requests_per.s/minute/hour` is one stacked window, all must admit. A Bundle is
 // a named list of rules (plus the legacy single-window `rate_limit`). Bundles attach, by name, at
 // five scopes: consumer, route, service, listener and global (`gateway.global_policies`).
@@ -50,6 +50,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "sluice/detail/text.hpp"
 #include "sluice/key.hpp"
 #include "sluice/window.hpp"
@@ -298,8 +299,10 @@ constexpr bool is_known(FailureMode mode) noexcept {
   return mode == FailureMode::kFailOpen || mode == FailureMode::kFailClosed;
 }
 
-inline absl::Status invalid(const std::string& message) {
-  return absl::InvalidArgumentError(message);
+// InvalidArgument with the concatenation of `parts` (absl::StrCat).
+template <class... Parts>
+absl::Status invalid(const Parts&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(parts...));
 }
 
 // "<path>.<member>[<i>]"
@@ -321,10 +324,11 @@ inline std::string member(std::string_view path, std::string_view name) {
 }
 
 inline absl::Status check_name(std::string_view name, const std::string& path, bool required) {
-  if (required && name.empty()) return invalid(path + " must not be empty");
+  if (required && name.empty()) return invalid(path, " must not be empty");
   if (!printable(name)) {
-    return invalid(path + ": " + detail::quoted(name) +
-                   " must contain only printable ASCII characters (0x20-0x7E)");
+    return invalid(
+        path, ": ",
+        detail::quoted(name) + " must contain only printable ASCII characters (0x20-0x7E)");
   }
   return absl::OkStatus();
 }
@@ -338,9 +342,9 @@ absl::Status index_names(const std::vector<T>& items, std::string_view list, std
     if (absl::Status s = check_name(items[i].name, path, /*required=*/true); !s.ok()) return s;
     auto [it, inserted] = index.emplace(items[i].name, i);
     if (!inserted) {
-      return invalid(path + ": duplicate " + std::string(kind) + " name " +
-                     detail::quoted(items[i].name) + " (also " + element("", list, it->second) +
-                     ")");
+      return invalid(path, ": duplicate ", std::string(kind),
+                     " name " + detail::quoted(items[i].name), " (also ",
+                     element("", list, it->second) + ")");
     }
   }
   return absl::OkStatus();
@@ -354,12 +358,12 @@ inline absl::Status check_attachments(
   for (std::size_t i = 0; i < names.size(); ++i) {
     std::string at = std::string(path) + "[" + std::to_string(i) + "]";
     if (!bundles.contains(names[i])) {
-      return invalid(at + ": unknown bundle " + detail::quoted(names[i]));
+      return invalid(at, ": unknown bundle ", detail::quoted(names[i]));
     }
     auto [it, inserted] = attached.emplace(names[i], i);
     if (!inserted) {
-      return invalid(at + ": bundle " + detail::quoted(names[i]) + " is already attached at " +
-                     std::string(path) + "[" + std::to_string(it->second) + "]");
+      return invalid(at, ": bundle ", detail::quoted(names[i]),
+                     " is already attached at " + std::string(path), "[", it->second, "]");
     }
   }
   return absl::OkStatus();
@@ -367,8 +371,8 @@ inline absl::Status check_attachments(
 
 inline absl::Status check_count(std::uint64_t value, const std::string& path,
                                 std::uint64_t maximum) {
-  if (value == 0) return invalid(path + " must be > 0");
-  if (value > maximum) return invalid(path + " must be <= " + std::to_string(maximum));
+  if (value == 0) return invalid(path, " must be > 0");
+  if (value > maximum) return invalid(path, " must be <= ", maximum);
   return absl::OkStatus();
 }
 
@@ -387,17 +391,17 @@ inline absl::Status validate_rule(const Rule& rule, const std::string& path) {
   if (absl::Status s = check_name(rule.name, path + ".name", /*required=*/false); !s.ok()) {
     return s;
   }
-  if (rule.selector.empty()) return invalid(path + ".selector must not be empty");
+  if (rule.selector.empty()) return invalid(path, ".selector must not be empty");
   for (std::size_t i = 0; i < rule.selector.size(); ++i) {
     std::string at = element(path, "selector", i);
     if (!is_known(rule.selector[i])) {
-      return invalid(at + ": unknown selector " +
-                     std::to_string(static_cast<long long>(rule.selector[i])));
+      return invalid(
+          at, ": unknown selector " + std::to_string(static_cast<long long>(rule.selector[i])));
     }
     for (std::size_t j = 0; j < i; ++j) {
       if (rule.selector[j] == rule.selector[i]) {
-        return invalid(at + ": duplicate selector \"" + std::string(to_string(rule.selector[i])) +
-                       "\"");
+        return invalid(at, ": duplicate selector \"",
+                       std::string(to_string(rule.selector[i])) + "\"");
       }
     }
   }
@@ -410,15 +414,15 @@ inline absl::Status validate_rule(const Rule& rule, const std::string& path) {
     if (shortest == nullptr) shortest = &spec;
   }
   if (shortest == nullptr) {
-    return invalid(path + ".requests_per must set at least one of s, minute, hour");
+    return invalid(path, ".requests_per must set at least one of s, minute, hour");
   }
   if (rule.burst.has_value()) {
-    if (*rule.burst == 0) return invalid(path + ".burst must be >= 1");
+    if (*rule.burst == 0) return invalid(path, ".burst must be >= 1");
     std::uint64_t limit =
         max_burst(*(rule.requests_per.*shortest->requests), shortest->period_seconds);
     if (*rule.burst > limit) {
-      return invalid(path + ".burst must be <= " + std::to_string(limit) +
-                     " (a full bucket must refill within 365 days)");
+      return invalid(path, ".burst must be <= ",
+                     std::to_string(limit) + " (a full bucket must refill within 365 days)");
     }
   }
   return absl::OkStatus();
@@ -527,7 +531,7 @@ inline absl::Status validate_bundle(const Bundle& bundle, std::string_view path 
     return s;
   }
   if (bundle.rate_limits.empty() && !bundle.rate_limit.has_value()) {
-    return detail::invalid(base + " must set rate_limits or rate_limit");
+    return detail::invalid(base, " must set rate_limits or rate_limit");
   }
   std::unordered_map<std::string_view, std::size_t> rule_names;
   for (std::size_t i = 0; i < bundle.rate_limits.size(); ++i) {
@@ -537,8 +541,9 @@ inline absl::Status validate_bundle(const Bundle& bundle, std::string_view path 
     if (rule.name.empty()) continue;
     auto [it, inserted] = rule_names.emplace(rule.name, i);
     if (!inserted) {
-      return detail::invalid(at + ".name: duplicate rule name " + detail::quoted(rule.name) +
-                             " (also " + detail::element(base, "rate_limits", it->second) + ")");
+      return detail::invalid(at, ".name: duplicate rule name ",
+                             detail::quoted(rule.name) + " (also ",
+                             detail::element(base, "rate_limits", it->second), ")");
     }
   }
   if (bundle.rate_limit.has_value()) {
@@ -547,84 +552,70 @@ inline absl::Status validate_bundle(const Bundle& bundle, std::string_view path 
   return absl::OkStatus();
 }
 
-// Checks a whole config and returns the first problem as InvalidArgument naming its path, e.g.
-// "policies[0].rate_limits[1].requests_per.s must be > 0" or
-// "routes[2].policies[0]: unknown bundle \"x\"". Order: policies, services, listeners, routes,
-// consumers, gateway, engine; within each, declaration order.
-inline absl::Status validate(const PolicyConfig& config) {
-  std::unordered_map<std::string_view, std::size_t> bundles;
-  if (absl::Status s = detail::index_names(config.policies, "policies", "bundle", bundles);
-      !s.ok()) {
-    return s;
-  }
-  for (std::size_t i = 0; i < config.policies.size(); ++i) {
-    if (absl::Status s = validate_bundle(config.policies[i], detail::element("", "policies", i));
-        !s.ok()) {
+namespace detail {
+
+// Name -> index of its first occurrence, for the names that other sections refer to.
+using NameIndex = std::unordered_map<std::string_view, std::size_t>;
+
+// The `policies` of each element of `items` (services, listeners): every name a known bundle.
+template <class Item>
+absl::Status check_each_attachments(const std::vector<Item>& items, std::string_view section,
+                                    const NameIndex& bundles) {
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::string at = absl::StrCat(detail::element("", section, i), ".policies");
+    if (absl::Status s = detail::check_attachments(items[i].policies, at, bundles); !s.ok()) {
       return s;
     }
   }
+  return absl::OkStatus();
+}
 
-  std::unordered_map<std::string_view, std::size_t> services;
-  if (absl::Status s = detail::index_names(config.services, "services", "service", services);
-      !s.ok()) {
-    return s;
+inline absl::Status validate_route(const Route& route, std::size_t i, const NameIndex& services,
+                                   const NameIndex& listeners, const NameIndex& bundles,
+                                   std::unordered_map<std::string, std::size_t>& prefixes) {
+  const std::string base = detail::element("", "routes", i);
+  if (!route.service.empty() && !services.contains(route.service)) {
+    return detail::invalid(base, ".service: unknown service ", detail::quoted(route.service));
   }
-  for (std::size_t i = 0; i < config.services.size(); ++i) {
-    std::string at = detail::element("", "services", i) + ".policies";
-    if (absl::Status s = detail::check_attachments(config.services[i].policies, at, bundles);
-        !s.ok()) {
-      return s;
+  if (!route.listener.empty() && !listeners.contains(route.listener)) {
+    return detail::invalid(base, ".listener: unknown listener ", detail::quoted(route.listener));
+  }
+  if (!route.path_prefix.empty()) {
+    if (route.path_prefix.front() != '/' || !detail::printable(route.path_prefix)) {
+      return detail::invalid(base, ".path_prefix: ", detail::quoted(route.path_prefix),
+                             " must start with '/' and contain only printable ASCII characters");
+    }
+    // Listener names are printable ASCII, so '\0' separates the two parts unambiguously.
+    auto [it, inserted] =
+        prefixes.emplace(absl::StrCat(route.listener, std::string(1, '\0'), route.path_prefix), i);
+    if (!inserted) {
+      return detail::invalid(base, ".path_prefix: ", detail::quoted(route.path_prefix),
+                             " is already matched by ", detail::element("", "routes", it->second),
+                             " on the same listener");
     }
   }
+  return detail::check_attachments(route.policies, absl::StrCat(base, ".policies"), bundles);
+}
 
-  std::unordered_map<std::string_view, std::size_t> listeners;
-  if (absl::Status s = detail::index_names(config.listeners, "listeners", "listener", listeners);
-      !s.ok()) {
+inline absl::Status validate_routes(const PolicyConfig& config, const NameIndex& services,
+                                    const NameIndex& listeners, const NameIndex& bundles) {
+  NameIndex routes;
+  if (absl::Status s = detail::index_names(config.routes, "routes", "route", routes); !s.ok()) {
     return s;
   }
-  for (std::size_t i = 0; i < config.listeners.size(); ++i) {
-    std::string at = detail::element("", "listeners", i) + ".policies";
-    if (absl::Status s = detail::check_attachments(config.listeners[i].policies, at, bundles);
-        !s.ok()) {
-      return s;
-    }
-  }
-
-  std::unordered_map<std::string_view, std::size_t> routes;
-  if (absl::Status s = detail::index_names(config.routes, "routes", "route", routes); !s.ok())
-    return s;
   std::unordered_map<std::string, std::size_t> prefixes;  // listener '\0' path_prefix -> route
   for (std::size_t i = 0; i < config.routes.size(); ++i) {
-    const Route& route = config.routes[i];
-    std::string base = detail::element("", "routes", i);
-    if (!route.service.empty() && !services.contains(route.service)) {
-      return detail::invalid(base + ".service: unknown service " + detail::quoted(route.service));
-    }
-    if (!route.listener.empty() && !listeners.contains(route.listener)) {
-      return detail::invalid(base + ".listener: unknown listener " +
-                             detail::quoted(route.listener));
-    }
-    if (!route.path_prefix.empty()) {
-      if (route.path_prefix.front() != '/' || !detail::printable(route.path_prefix)) {
-        return detail::invalid(base + ".path_prefix: " + detail::quoted(route.path_prefix) +
-                               " must start with '/' and contain only printable ASCII characters");
-      }
-      // Listener names are printable ASCII, so '\0' separates the two parts unambiguously.
-      std::string match_key = route.listener + '\0' + route.path_prefix;
-      auto [it, inserted] = prefixes.emplace(std::move(match_key), i);
-      if (!inserted) {
-        return detail::invalid(base + ".path_prefix: " + detail::quoted(route.path_prefix) +
-                               " is already matched by " +
-                               detail::element("", "routes", it->second) + " on the same listener");
-      }
-    }
-    if (absl::Status s = detail::check_attachments(route.policies, base + ".policies", bundles);
+    if (absl::Status s =
+            validate_route(config.routes[i], i, services, listeners, bundles, prefixes);
         !s.ok()) {
       return s;
     }
   }
+  return absl::OkStatus();
+}
 
-  std::unordered_map<std::string_view, std::size_t> consumers;
+inline absl::Status validate_consumers(const PolicyConfig& config, const NameIndex& bundles) {
+  NameIndex consumers;
   if (absl::Status s = detail::index_names(config.consumers, "consumers", "consumer", consumers);
       !s.ok()) {
     return s;
@@ -633,42 +624,75 @@ inline absl::Status validate(const PolicyConfig& config) {
   std::unordered_map<std::string_view, std::string> credentials;
   for (std::size_t i = 0; i < config.consumers.size(); ++i) {
     const Consumer& consumer = config.consumers[i];
-    std::string base = detail::element("", "consumers", i);
+    const std::string base = detail::element("", "consumers", i);
     for (std::size_t j = 0; j < consumer.credentials.size(); ++j) {
       std::string at = detail::element(base, "credentials", j);
-      if (consumer.credentials[j].empty()) return detail::invalid(at + " must not be empty");
+      if (consumer.credentials[j].empty()) {
+        return detail::invalid(at, " must not be empty");
+      }
       auto [it, inserted] = credentials.emplace(consumer.credentials[j], at);
-      if (!inserted)
-        return detail::invalid(at + ": duplicate credential (also " + it->second + ")");
+      if (!inserted) {
+        return detail::invalid(at, ": duplicate credential (also ", it->second, ")");
+      }
     }
-    if (absl::Status s = detail::check_attachments(consumer.policies, base + ".policies", bundles);
+    if (absl::Status s =
+            detail::check_attachments(consumer.policies, absl::StrCat(base, ".policies"), bundles);
         !s.ok()) {
       return s;
     }
   }
+  return absl::OkStatus();
+}
 
-  if (absl::Status s = detail::check_attachments(config.gateway.global_policies,
-                                                 "gateway.global_policies", bundles);
+inline absl::Status validate_gateway(const Gateway& gateway, const NameIndex& bundles) {
+  if (absl::Status s =
+          detail::check_attachments(gateway.global_policies, "gateway.global_policies", bundles);
       !s.ok()) {
     return s;
   }
-  for (std::size_t i = 0; i < config.gateway.exempt_paths.size(); ++i) {
-    const std::string& exempt = config.gateway.exempt_paths[i];
+  for (std::size_t i = 0; i < gateway.exempt_paths.size(); ++i) {
+    const std::string& exempt = gateway.exempt_paths[i];
     if (exempt.empty() || exempt.front() != '/') {
-      return detail::invalid(detail::element("gateway", "exempt_paths", i) + ": " +
-                             detail::quoted(exempt) + " must start with '/'");
+      return detail::invalid(detail::element("gateway", "exempt_paths", i), ": ",
+                             detail::quoted(exempt), " must start with '/'");
     }
   }
+  return absl::OkStatus();
+}
 
-  if (!detail::is_known(config.engine.consumption)) {
-    return detail::invalid("engine.consumption: unknown mode " +
-                           std::to_string(static_cast<long long>(config.engine.consumption)));
+inline absl::Status validate_engine(const EngineOptions& engine) {
+  if (!detail::is_known(engine.consumption)) {
+    return detail::invalid("engine.consumption: unknown mode ",
+                           static_cast<long long>(engine.consumption));
   }
-  if (!detail::is_known(config.engine.on_backend_error)) {
-    return detail::invalid("engine.on_backend_error: unknown mode " +
-                           std::to_string(static_cast<long long>(config.engine.on_backend_error)));
+  if (!detail::is_known(engine.on_backend_error)) {
+    return detail::invalid("engine.on_backend_error: unknown mode ",
+                           static_cast<long long>(engine.on_backend_error));
   }
   return absl::OkStatus();
+}
+
+}  // namespace detail
+
+// Checks a whole config and returns the first problem as InvalidArgument naming its path, e.g.
+// "policies[0].rate_limits[1].requests_per.s must be > 0" or
+// "routes[2].policies[0]: unknown bundle \"x\"". Order: policies, services, listeners, routes,
+// consumers, gateway, engine; within each, declaration order.
+inline absl::Status validate(const PolicyConfig& config) {
+  detail::NameIndex bundles, services, listeners;
+  absl::Status s = detail::index_names(config.policies, "policies", "bundle", bundles);
+  for (std::size_t i = 0; s.ok() && i < config.policies.size(); ++i) {
+    s = validate_bundle(config.policies[i], detail::element("", "policies", i));
+  }
+  if (s.ok()) s = detail::index_names(config.services, "services", "service", services);
+  if (s.ok()) s = detail::check_each_attachments(config.services, "services", bundles);
+  if (s.ok()) s = detail::index_names(config.listeners, "listeners", "listener", listeners);
+  if (s.ok()) s = detail::check_each_attachments(config.listeners, "listeners", bundles);
+  if (s.ok()) s = detail::validate_routes(config, services, listeners, bundles);
+  if (s.ok()) s = detail::validate_consumers(config, bundles);
+  if (s.ok()) s = detail::validate_gateway(config.gateway, bundles);
+  if (s.ok()) s = detail::validate_engine(config.engine);
+  return s;
 }
 
 // Compiles one bundle after validate_bundle(bundle, path): each rule (rate_limits in order, then

@@ -1032,7 +1032,7 @@ class RedisEngineBackend {
     for (const CompiledRule& rule : rules) {
       std::vector<Window> windows;
       windows.reserve(rule.windows.size());
-      for (const RuleWindow& w : rule.windows) {
+      for (const GcraWindow& w : rule.windows) {
         windows.push_back({.requests = w.requests, .period = w.period, .burst = w.burst});
       }
       absl::StatusOr<Limit> limit = Limit::create(std::move(windows));

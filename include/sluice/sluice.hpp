@@ -1,21 +1,22 @@
-// sluice/sluice.hpp — the umbrella header for sluice's core.
+// sluice/sluice.hpp — the umbrella header for sluice's limiters.
 //
-// Includes the clocks, decisions and the RateLimiter concept, plus every in-memory part. The
-// optional parts that pull extra dependencies (`sluice/redis.hpp`, `sluice/yaml.hpp`) are never
-// included from here.
+// Includes the clocks, windows, decisions, key digests, the sharded store, the GCRA and
+// fixed-window limiters, the RateLimiter concept and the HTTP response fields: everything a
+// service needs to limit requests in process. The policy engine (`sluice/engine.hpp`, with its
+// model in `sluice/policy.hpp`) and the optional parts (`sluice/redis.hpp`, `sluice/yaml.hpp`)
+// have their own headers, so that a file that only checks a limiter does not compile them.
 #ifndef SLUICE_SLUICE_HPP_
 #define SLUICE_SLUICE_HPP_
 
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
-#include "sluice/engine.hpp"
 #include "sluice/fixed_window.hpp"
 #include "sluice/gcra.hpp"
 #include "sluice/http_fields.hpp"
 #include "sluice/key.hpp"
-#include "sluice/policy.hpp"
 #include "sluice/rate_limiter.hpp"
 #include "sluice/store.hpp"
 #include "sluice/version.hpp"
+#include "sluice/window.hpp"
 
 #endif  // SLUICE_SLUICE_HPP_

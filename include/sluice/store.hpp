@@ -37,9 +37,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cassert>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <new>
@@ -50,6 +52,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/numeric/int128.h"
 #include "sluice/detail/spin_lock.hpp"
 #include "sluice/key.hpp"
@@ -102,6 +105,47 @@ concept StoreCell = std::is_trivially_copyable_v<C> && std::default_initializabl
   { cell.time_until_fresh(now) } -> std::same_as<std::int64_t>;  // ns, ≥ 0
 };
 
+// The shards a multi-key operation touches, across any number of stores: add every key, then
+// hold them all with HeldShardLocks. Value type; cheap for up to 8 keys (no allocation).
+class ShardLockSet {
+ public:
+  template <class Store>
+  void add(const Store& store, const KeyDigest& d) {
+    locks_.push_back(&store.shards_[Store::shard_index(d)].lock);
+  }
+
+ private:
+  friend class HeldShardLocks;
+  absl::InlinedVector<detail::SpinLock*, 8> locks_;
+};
+
+// Holds every lock of a ShardLockSet for its lifetime: each distinct lock once, taken in ascending
+// address order — the one global order, so that concurrent multi-key operations cannot deadlock —
+// and released in reverse. ShardedStore::update_locked requires one, so no code can reach a cell
+// of a multi-key operation without holding its lock. Not copyable or movable.
+class HeldShardLocks {
+ public:
+  explicit HeldShardLocks(ShardLockSet set) ABSL_NO_THREAD_SAFETY_ANALYSIS
+      : locks_(std::move(set.locks_)) {
+    std::sort(locks_.begin(), locks_.end());
+    locks_.erase(std::unique(locks_.begin(), locks_.end()), locks_.end());
+    for (detail::SpinLock* lock : locks_) lock->lock();
+  }
+  ~HeldShardLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->unlock();
+  }
+  HeldShardLocks(const HeldShardLocks&) = delete;
+  HeldShardLocks& operator=(const HeldShardLocks&) = delete;
+
+  bool holds(const detail::SpinLock& lock) const noexcept {
+    return std::binary_search(locks_.begin(), locks_.end(), &lock,
+                              std::less<const detail::SpinLock*>());
+  }
+
+ private:
+  absl::InlinedVector<detail::SpinLock*, 8> locks_;  // sorted, distinct
+};
+
 template <StoreCell Cell>
 class ShardedStore {
  public:
@@ -144,16 +188,17 @@ class ShardedStore {
   }
 
   // Multi-key transactions (the policy engine decides several keys, possibly of several stores,
-  // atomically): take `lock_of` for every key, in ascending address order and each lock once,
-  // then call `update_locked`, which is `update` without the locking.
-  detail::SpinLock& lock_of(const KeyDigest& d) const noexcept {
-    return shards_[shard_index(d)].lock;
-  }
+  // atomically): collect every key's shard in a ShardLockSet, hold them all with HeldShardLocks,
+  // then call `update_locked`, which is `update` under the held locks.
   template <class Fn, class OnFull>
-  std::invoke_result_t<Fn&, Cell&, std::int64_t> update_locked(const KeyDigest& d, std::int64_t now,
+  std::invoke_result_t<Fn&, Cell&, std::int64_t> update_locked(const HeldShardLocks& held,
+                                                               const KeyDigest& d, std::int64_t now,
                                                                Fn&& fn, OnFull&& on_full)
-      ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return update_in(shards_[shard_index(d)], d, now, fn, on_full);
+      ABSL_NO_THREAD_SAFETY_ANALYSIS {  // `held` holds the lock: a dynamic set, checked below
+    Shard& shard = shards_[shard_index(d)];
+    assert(held.holds(shard.lock));
+    (void)held;
+    return update_in(shard, d, now, fn, on_full);
   }
 
   // A copy of the key's cell, if the key is tracked. Takes the shard lock.
@@ -206,6 +251,8 @@ class ShardedStore {
   }
 
  private:
+  friend class ShardLockSet;
+
   // Slot tables are aligned to cache lines so that a slot whose size divides 64 never straddles
   // two.
   static constexpr std::align_val_t kTableAlignment{64};

@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "sluice/decision.hpp"
 #include "sluice/store.hpp"
 
@@ -51,16 +52,32 @@ StoreVariant<Cell> make_store(std::size_t windows, const StoreOptions& options) 
 inline absl::Status check_window_count(std::size_t count) {
   if (count == 0) return absl::InvalidArgumentError("windows must not be empty");
   if (count > kMaxWindows) {
-    return absl::InvalidArgumentError("at most " + std::to_string(kMaxWindows) +
-                                      " windows are supported, got " + std::to_string(count));
+    return absl::InvalidArgumentError(
+        absl::StrCat("at most ", kMaxWindows, " windows are supported, got ", count));
   }
   return absl::OkStatus();
 }
 
 inline absl::Status cost_error(std::uint64_t cost, std::uint64_t max_cost, std::size_t window) {
-  return absl::InvalidArgumentError("cost " + std::to_string(cost) + " exceeds the burst " +
-                                    std::to_string(max_cost) + " of window " +
-                                    std::to_string(window) + " and can never be admitted");
+  return absl::InvalidArgumentError(absl::StrCat("cost ", cost, " exceeds the burst ", max_cost,
+                                                 " of window ", window,
+                                                 " and can never be admitted"));
+}
+
+// The binding window of an admission: the index i in [0, n) with the least `remaining(i)`, and
+// that value; ties go to the lower index (the shorter period, or the higher precedence). n ≥ 1.
+struct LeastRemaining {
+  std::size_t index = 0;
+  std::uint64_t remaining = 0;
+};
+template <class Remaining>
+LeastRemaining least_remaining(std::size_t n, Remaining&& remaining) {
+  LeastRemaining least{0, remaining(std::size_t{0})};
+  for (std::size_t i = 1; i < n; ++i) {
+    const std::uint64_t r = remaining(i);
+    if (r < least.remaining) least = {i, r};
+  }
+  return least;
 }
 
 inline Decision store_full_decision(const StoreFull& full) {
