@@ -28,12 +28,14 @@ CREATE TABLE sluice.limit_state (
   state bigint[] NOT NULL) WITH (fillfactor = 80);
 CREATE INDEX limit_state_shard_idle_at ON sluice.limit_state (shard, idle_at);
 
+-- The two decide functions use only built-in operators and are called from check_v1, whose
+-- search_path is fixed (a SET clause here would cost more than the function body).
 -- GCRA for one key at now_ns: st holds (TAT whole ns, TAT fraction in 1/requests ns) per window.
 -- Returns reason (0 allowed, 1 quota), limit, remaining, retry_after, reset_after, binding
 -- (0-based), idle_at, then the state to store if allowed.
 CREATE FUNCTION sluice.gcra_decide_v1(st bigint[], req bigint[], period bigint[], burst bigint[],
                                       cost bigint, now_ns bigint)
-RETURNS bigint[] LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+RETURNS bigint[] LANGUAGE plpgsql IMMUTABLE AS $fn$
 DECLARE
   wc integer := cardinality(req);
   nx bigint[] := st;
@@ -80,7 +82,7 @@ $fn$;
 -- Returns what gcra_decide_v1 returns.
 CREATE FUNCTION sluice.fixed_window_decide_v1(st bigint[], lim bigint[], win bigint[],
                                               cost bigint, now_ns bigint)
-RETURNS bigint[] LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+RETURNS bigint[] LANGUAGE plpgsql IMMUTABLE AS $fn$
 DECLARE
   wc integer := cardinality(lim);
   cur bigint[] := st;
@@ -126,6 +128,8 @@ DECLARE
   offs integer[] := '{}';        -- 0-based offset of each item's first window in p_a, p_b, p_c
   states bigint[] := '{}';       -- per item, 8 slots: the key's state after the item
   stored boolean[] := '{}';      -- per item: the key has a row, or an earlier item creates one
+  existed boolean[] := '{}';     -- per item: the key had a row before this call
+  touched integer[];             -- the shards of the call, ascending
   idles bigint[] := '{}';        -- per item: when the key's state after it is idle
   pending integer[] := array_fill(0, ARRAY[256]);  -- rows this call adds, per shard
   result bigint[];
@@ -152,7 +156,12 @@ BEGIN
     RAISE EXCEPTION 'sluice.check_v1: malformed windows' USING ERRCODE = '22023';
   END IF;
   -- Every shard the call touches, locked in ascending order: concurrent calls cannot deadlock.
-  FOR s IN SELECT DISTINCT u FROM unnest(shards) AS u ORDER BY u LOOP
+  IF n = 1 THEN
+    touched := shards;
+  ELSE
+    SELECT array_agg(DISTINCT u ORDER BY u) INTO touched FROM unnest(shards) AS u;
+  END IF;
+  FOREACH s IN ARRAY touched LOOP
     PERFORM pg_advisory_xact_lock(1936483173, s);
   END LOOP;
   -- Read after the locks: a call that waited decides no earlier than the call it waited for.
@@ -168,9 +177,11 @@ BEGIN
     IF prev IS NOT NULL THEN
       st := states[8 * prev - 7 : 8 * prev - 8 + 2 * wc];
       stored := stored || stored[prev];
+      existed := existed || existed[prev];
     ELSE
       SELECT l.state INTO st FROM sluice.limit_state AS l WHERE l.digest = digests[i];
       stored := stored || FOUND;
+      existed := existed || FOUND;
       IF FOUND AND cardinality(st) <> 2 * wc THEN
         RAISE EXCEPTION 'sluice.check_v1: stored state of the wrong shape' USING ERRCODE = 'XX000';
       END IF;
@@ -223,13 +234,19 @@ BEGIN
   -- Write each admitted key once, with the state after its last admitted item.
   FOR i IN REVERSE n..1 LOOP
     CONTINUE WHEN idles[i] IS NULL;
-    CONTINUE WHEN EXISTS (SELECT 1 FROM generate_subscripts(digests, 1) AS k
-                          WHERE k > i AND digests[k] = digests[i] AND idles[k] IS NOT NULL);
-    INSERT INTO sluice.limit_state AS l (digest, shard, idle_at, state)
-      VALUES (digests[i], shards[i], idles[i], states[8 * i - 7 : 8 * i - 8 + 2 * p_windows[i]])
-      ON CONFLICT (digest) DO UPDATE SET idle_at = excluded.idle_at, state = excluded.state;
+    CONTINUE WHEN n > 1 AND EXISTS (SELECT 1 FROM generate_subscripts(digests, 1) AS k
+                                    WHERE k > i AND digests[k] = digests[i]
+                                      AND idles[k] IS NOT NULL);
+    IF existed[i] THEN
+      UPDATE sluice.limit_state
+        SET idle_at = idles[i], state = states[8 * i - 7 : 8 * i - 8 + 2 * p_windows[i]]
+        WHERE digest = digests[i];
+    ELSE
+      INSERT INTO sluice.limit_state (digest, shard, idle_at, state)
+        VALUES (digests[i], shards[i], idles[i], states[8 * i - 7 : 8 * i - 8 + 2 * p_windows[i]]);
+    END IF;
   END LOOP;
-  FOR s IN 0..255 LOOP
+  FOREACH s IN ARRAY touched LOOP
     CONTINUE WHEN pending[s + 1] = 0;
     UPDATE sluice.shards SET row_count = row_count + pending[s + 1] WHERE shard = s;
   END LOOP;
