@@ -161,8 +161,8 @@ class PostgresServer {
     return "";
   }
 
-  // Forks a child that drops to the server user (under root), dies with this process, and execs
-  // `args`. `wait`: waits for it and returns its exit status; else returns its pid.
+  // Forks a child that drops to the server user (under root), dies with this process, writes its
+  // output to `log`, and execs `args`. Returns the child's pid (-1 if fork failed).
   pid_t spawn(std::vector<std::string> args, const std::string& log) const {
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
