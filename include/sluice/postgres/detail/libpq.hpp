@@ -97,17 +97,17 @@ inline absl::StatusOr<ResultPtr> read_results(PGconn* conn, Deadline deadline, E
                                               bool& connection_lost) {
   ResultPtr data;
   absl::Status error;
-  auto lost = [&](std::string_view why) {
+  auto lost = [&](std::string_view why, bool timed_out = false) {
     connection_lost = true;
     if (effect == Effect::kWrites) return unknown_outcome(why);
-    if (why == "no reply before the deadline") {
-      return absl::DeadlineExceededError(absl::StrCat("sluice::postgres: ", std::string(why)));
-    }
-    return absl::UnavailableError(absl::StrCat("sluice::postgres: ", std::string(why)));
+    const std::string text = absl::StrCat("sluice::postgres: ", std::string(why));
+    return timed_out ? absl::DeadlineExceededError(text) : absl::UnavailableError(text);
   };
   for (;;) {
     while (PQisBusy(conn) != 0) {
-      if (!wait_fd(PQsocket(conn), POLLIN, deadline)) return lost("no reply before the deadline");
+      if (!wait_fd(PQsocket(conn), POLLIN, deadline)) {
+        return lost("no reply before the deadline", /*timed_out=*/true);
+      }
       if (PQconsumeInput(conn) == 0) {
         return lost(absl::StrCat("connection lost: ", connection_message(conn)));
       }
