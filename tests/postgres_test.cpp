@@ -465,3 +465,29 @@ TEST_CASE("a stopped server is Unavailable within the timeout and a restart reco
   REQUIRE(server().start().empty());
   CHECK(at(limiter, "k", kT0, 0) == Decision{.limit = 5, .remaining = 4, .reset_after = 200ms});
 }
+
+TEST_CASE("TCP connections on 127.0.0.1 work like unix socket ones") {
+  client();  // the schema is installed
+  auto c = Client::create(
+      {.connection = {.conninfo = server().tcp_conninfo(), .max_connections = 2}, .key_seed = 42});
+  REQUIRE(c.ok());
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 2, .period = 1s}}, *c, "tcp"));
+  CHECK(at(limiter, "k", kT0) == Decision{.limit = 2, .remaining = 1, .reset_after = 500ms});
+}
+
+TEST_CASE("the pool never opens more than max connections and a wait for one is bounded") {
+  auto pool = sluice::postgres::ConnectionPool::create(
+      {.conninfo = server().conninfo(), .acquire_timeout = 100ms, .max_connections = 2});
+  REQUIRE(pool.ok());
+  auto first = (*pool)->acquire();
+  auto second = (*pool)->acquire();
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  const auto start = std::chrono::steady_clock::now();
+  auto third = (*pool)->acquire();
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(third.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took >= 100ms);
+  CHECK(took < 1s);
+  CHECK((*pool)->open_connections() == 2);
+}
