@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -87,12 +88,36 @@ inline absl::Status unknown_outcome(std::string_view why) {
                    "): the statement may or may not have committed; it was not retried"));
 }
 
+// Waits until libpq can hand out the request's next result without blocking.
+enum class Wait { kReady, kTimedOut, kConnectionLost };
+inline Wait wait_result(PGconn* conn, Deadline deadline) {
+  while (PQisBusy(conn) != 0) {
+    if (!wait_fd(PQsocket(conn), POLLIN, deadline)) return Wait::kTimedOut;
+    if (PQconsumeInput(conn) == 0) return Wait::kConnectionLost;
+  }
+  return Wait::kReady;
+}
+
+// The status of a result that carries neither data nor a completion: the server's error (by its
+// SQLSTATE) or Internal. nullopt for an error libpq raised itself: the connection is gone.
+inline std::optional<absl::Status> error_result_status(const PGresult* result) {
+  const ExecStatusType status = PQresultStatus(result);
+  if (status != PGRES_FATAL_ERROR && status != PGRES_NONFATAL_ERROR) {
+    return absl::InternalError(
+        absl::StrCat("sluice::postgres: unexpected result status ", PQresStatus(status)));
+  }
+  const char* sqlstate = PQresultErrorField(result, PG_DIAG_SQLSTATE);
+  if (sqlstate == nullptr) return std::nullopt;
+  return server_error_status(sqlstate, PQresultErrorMessage(result));
+}
+
 // Reads every result of the request just sent on `conn` (until libpq's terminating null),
 // waiting at most until `deadline`. Returns the one data or command result, or how it failed:
 //   - the server reported an error before any data: that statement did not commit;
 //   - the connection broke or the deadline passed before the request's end: with Effect::kWrites
 //     the commit may have happened without its acknowledgement, so the outcome is unknown
 //     (absl::StatusCode::kUnknown); a data row followed by an error is unknown likewise.
+// Sets `connection_lost` when the connection must be closed.
 inline absl::StatusOr<ResultPtr> read_results(PGconn* conn, Deadline deadline, Effect effect,
                                               bool& connection_lost) {
   ResultPtr data;
@@ -104,42 +129,24 @@ inline absl::StatusOr<ResultPtr> read_results(PGconn* conn, Deadline deadline, E
     return timed_out ? absl::DeadlineExceededError(text) : absl::UnavailableError(text);
   };
   for (;;) {
-    while (PQisBusy(conn) != 0) {
-      if (!wait_fd(PQsocket(conn), POLLIN, deadline)) {
-        return lost("no reply before the deadline", /*timed_out=*/true);
-      }
-      if (PQconsumeInput(conn) == 0) {
-        return lost(absl::StrCat("connection lost: ", connection_message(conn)));
-      }
+    const Wait wait = wait_result(conn, deadline);
+    if (wait == Wait::kTimedOut) return lost("no reply before the deadline", /*timed_out=*/true);
+    if (wait == Wait::kConnectionLost) {
+      return lost(absl::StrCat("connection lost: ", connection_message(conn)));
     }
     ResultPtr result(PQgetResult(conn));
     if (result == nullptr) break;
-    switch (PQresultStatus(result.get())) {
-      case PGRES_TUPLES_OK:
-      case PGRES_COMMAND_OK:
-        if (error.ok()) data = std::move(result);
-        break;
-      case PGRES_FATAL_ERROR:
-      case PGRES_NONFATAL_ERROR: {
-        const char* sqlstate = PQresultErrorField(result.get(), PG_DIAG_SQLSTATE);
-        if (sqlstate == nullptr) {  // raised by libpq itself: the connection is gone
-          return lost(absl::StrCat("connection lost: ", connection_message(conn)));
-        }
-        if (data != nullptr && effect == Effect::kWrites) {
-          connection_lost = PQstatus(conn) != CONNECTION_OK;
-          return unknown_outcome(absl::StrCat("error ", sqlstate, " after the reply"));
-        }
-        if (error.ok()) {
-          error = server_error_status(sqlstate, PQresultErrorMessage(result.get()));
-        }
-        break;
+    const ExecStatusType status = PQresultStatus(result.get());
+    if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK) {
+      if (error.ok()) data = std::move(result);
+    } else {
+      std::optional<absl::Status> s = error_result_status(result.get());
+      if (!s) return lost(absl::StrCat("connection lost: ", connection_message(conn)));
+      if (data != nullptr && effect == Effect::kWrites) {
+        connection_lost = PQstatus(conn) != CONNECTION_OK;
+        return unknown_outcome("an error followed the reply");
       }
-      default:
-        if (error.ok()) {
-          error = absl::InternalError(absl::StrCat("sluice::postgres: unexpected result status ",
-                                                   PQresStatus(PQresultStatus(result.get()))));
-        }
-        break;
+      if (error.ok()) error = *std::move(s);
     }
     if (PQstatus(conn) != CONNECTION_OK) {
       connection_lost = true;
