@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "redis_server.hpp"
@@ -136,26 +138,34 @@ void reset_stats(benchmark::State& state) {
   run(state, std::span(&reset, 1));
 }
 
+// INFO commandstats usec_per_call of `cmdstat` since the last CONFIG RESETSTAT; -1 if absent.
+double server_usec_per_call(std::string_view cmdstat) {
+  sluice_test::Reply info = fixture->server.command({"INFO", "commandstats"});
+  if (!info || info->type != REDIS_REPLY_STRING) {
+    return -1;
+  }
+  const std::string_view text(info->str, info->len);
+  const std::size_t at = text.find("cmdstat_" + std::string(cmdstat) + ":");
+  const std::size_t value = at == std::string_view::npos ? at : text.find("usec_per_call=", at);
+  if (value == std::string_view::npos) {
+    return -1;
+  }
+  double usec = -1;
+  const std::string_view number = text.substr(value + 14);
+  if (std::from_chars(number.data(), number.data() + number.size(), usec).ec != std::errc()) {
+    return -1;
+  }
+  return usec;
+}
+
 // Reports usec_per_call of `cmdstat` (thread 0, after the timed loop: all threads are done).
 void report_server_cost(benchmark::State& state, std::string_view cmdstat) {
   if (state.thread_index() != 0) {
     return;
   }
-  sluice_test::Reply info = fixture->server.command({"INFO", "commandstats"});
-  if (!info || info->type != REDIS_REPLY_STRING) {
-    return;
+  if (const double usec = server_usec_per_call(cmdstat); usec >= 0) {
+    state.counters["server_us_per_call"] = usec;
   }
-  const std::string text(info->str, info->len);
-  const std::string line = "cmdstat_" + std::string(cmdstat) + ":";
-  const std::size_t at = text.find(line);
-  if (at == std::string::npos) {
-    return;
-  }
-  const std::size_t value = text.find("usec_per_call=", at);
-  if (value == std::string::npos) {
-    return;
-  }
-  state.counters["server_us_per_call"] = std::atof(text.c_str() + value + 14);
 }
 
 std::string thread_key(const benchmark::State& state, int i) {
@@ -411,17 +421,6 @@ BENCHMARK(BM_TwoLimitersDocumentedExample)->Threads(1)->Threads(8)->UseRealTime(
 // --- server-side cost, robust to a busy machine ------------------------------------------------
 // One iteration = reset stats, 200 calls from one thread, read usec_per_call. A sample in which
 // redis-server was preempted is inflated; the minimum over all samples is the script's own cost.
-
-double server_usec_per_call(std::string_view cmdstat) {
-  sluice_test::Reply info = fixture->server.command({"INFO", "commandstats"});
-  if (!info || info->type != REDIS_REPLY_STRING) {
-    return -1;
-  }
-  const std::string text(info->str, info->len);
-  const std::size_t at = text.find("cmdstat_" + std::string(cmdstat) + ":");
-  const std::size_t value = at == std::string::npos ? at : text.find("usec_per_call=", at);
-  return value == std::string::npos ? -1 : std::atof(text.c_str() + value + 14);
-}
 
 template <class Call>
 void server_cost(benchmark::State& state, std::string_view cmdstat, Call call) {

@@ -173,8 +173,8 @@ TEST_CASE("a dry-run bundle reports its would-be denial without enforcing or add
   const auto stats = engine.stats();
   CHECK(stats[1].label == "trial/trial");
   CHECK(stats[1].dry_denied == 11);
-  CHECK(stats[1].allowed == 2);
-  CHECK(stats[0].allowed == 11);
+  CHECK(stats[1].admitted == 11);  // the requests admitted while it applied
+  CHECK(stats[0].admitted == 11);
   CHECK(stats[0].denied == 2);
 }
 
@@ -192,7 +192,9 @@ TEST_CASE("a legacy rate_limit limits per route and applies together with rate_l
   CHECK(engine.rule(e.binding->rule).compiled.label == "old/rate_limit");
 }
 
-TEST_CASE("a credential rule keys on the client ip until the request carries a credential") {
+TEST_CASE(
+    "a credential rule keys on the client ip until the request carries an authenticated "
+    "credential") {
   sluice::ManualClock clock;
   sluice::PolicyConfig config{
       .policies = {{.name = "c",
@@ -202,6 +204,7 @@ TEST_CASE("a credential rule keys on the client ip until the request carries a c
   sluice::RequestContext anonymous{.client_ip = "10.0.0.1", .path = "/"};
   sluice::RequestContext token = anonymous;
   token.credential = "10.0.0.1";  // a credential spelled like the ip is still its own key
+  token.consumer = "alice";       // authenticated by the gateway
   sluice::RequestContext token_elsewhere = token;
   token_elsewhere.client_ip = "10.9.9.9";
   CHECK(engine.evaluate(anonymous).allowed);
@@ -263,7 +266,7 @@ TEST_CASE("a reload keeps the state of unchanged rules and starts changed rules 
   REQUIRE(second.ok());
   CHECK(admitted(*second, on_route("10.0.0.1", "x"), 3) == 0);  // nothing extra across a reload
   CHECK(admitted(*second, on_route("10.0.0.1", "y"), 5) == 3);  // the changed rule starts fresh
-  CHECK(second->stats()[0].allowed == 2);                       // counters carry over too
+  CHECK(second->stats()[0].admitted == 2);                      // counters carry over too
   CHECK(second->stats()[0].denied == 4);
 }
 
@@ -374,4 +377,138 @@ TEST_CASE("an observer sees every non-exempt evaluation and survives a reload") 
   REQUIRE(next.ok());
   next->evaluate(on_route("10.0.0.1", "public"));
   CHECK(seen.size() == 22);
+}
+
+// --- request identity a client cannot choose ------------------------------------------------
+
+namespace {
+
+sluice::PolicyConfig per_credential_10_per_minute() {
+  return {
+      .policies = {{.name = "c",
+                    .rate_limits = {rule("per-cred", {Selector::kCredential}, {.minute = 10})}}},
+      .gateway = {.global_policies = {"c"}}};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a client sending a fresh unauthenticated token per request is held to its address's bucket") {
+  sluice::ManualClock clock;
+  Engine engine = make(per_credential_10_per_minute(), clock);
+  int allowed = 0;
+  for (int i = 0; i < 14; ++i) {
+    const std::string token = "random-token-" + std::to_string(i * 7919);
+    allowed +=
+        engine.evaluate({.client_ip = "198.51.100.9", .credential = token, .path = "/"}).allowed;
+  }
+  CHECK(allowed == 10);
+}
+
+TEST_CASE("an empty credential, consumer or route is the same as an absent one") {
+  sluice::ManualClock clock;
+  Engine engine = make(per_credential_10_per_minute(), clock);
+  // Two anonymous clients with empty credentials do not share one "empty credential" bucket.
+  for (int i = 0; i < 10; ++i) {
+    REQUIRE(
+        engine
+            .evaluate({.client_ip = "198.51.100.1", .credential = "", .consumer = "", .path = "/"})
+            .allowed);
+  }
+  CHECK(
+      engine.evaluate({.client_ip = "198.51.100.2", .credential = "", .consumer = "", .path = "/"})
+          .allowed);
+  CHECK_FALSE(engine.evaluate({.client_ip = "198.51.100.1", .path = "/"}).allowed);
+}
+
+TEST_CASE("a request that names only its route gets its service's bundles") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "svc", .rate_limits = {rule("svc", {Selector::kIp}, {.minute = 1})}}},
+      .routes = {{.name = "orders", .service = "backend", .path_prefix = "/orders"}},
+      .services = {{.name = "backend", .policies = {"svc"}}}};
+  Engine engine = make(config, clock);
+  sluice::RequestContext request{.client_ip = "10.0.0.1", .route = "orders", .path = "/orders"};
+  CHECK(engine.evaluate(request).allowed);
+  sluice::Evaluation second = engine.evaluate(request);
+  CHECK_FALSE(second.allowed);
+  CHECK(engine.rule(second.binding->rule).compiled.label == "svc/svc");
+}
+
+TEST_CASE("a request naming another service than its route's is an InvalidArgument and denied") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "svc", .rate_limits = {rule("svc", {Selector::kIp}, {.minute = 1})}}},
+      .routes = {{.name = "orders", .service = "backend", .path_prefix = "/orders"}},
+      .services = {{.name = "backend", .policies = {"svc"}}, {.name = "other"}}};
+  Engine engine = make(config, clock);
+  sluice::Evaluation e = engine.evaluate(
+      {.client_ip = "10.0.0.1", .route = "orders", .service = "other", .path = "/orders"});
+  CHECK_FALSE(e.allowed);
+  CHECK(e.backend_error ==
+        absl::InvalidArgumentError("the request names service \"other\" but route \"orders\" "
+                                   "belongs to service \"backend\""));
+  CHECK(engine.stats()[0].denied == 0);
+}
+
+TEST_CASE("the longest prefix wins and on an equal prefix a listener's own route wins") {
+  sluice::ManualClock clock;
+  for (bool listener_route_first : {true, false}) {
+    sluice::Route everywhere{.name = "everywhere", .path_prefix = "/api"};
+    sluice::Route on_public{.name = "on-public", .listener = "public", .path_prefix = "/api"};
+    sluice::Route longer{.name = "longer", .path_prefix = "/api/v2"};
+    sluice::PolicyConfig config{.listeners = {{.name = "public"}, {.name = "internal"}}};
+    config.routes = listener_route_first
+                        ? std::vector<sluice::Route>{on_public, everywhere, longer}
+                        : std::vector<sluice::Route>{longer, everywhere, on_public};
+    Engine engine = make(config, clock);
+    CHECK(engine.match_route("public", "/api/x")->route == "on-public");
+    CHECK(engine.match_route("internal", "/api/x")->route == "everywhere");
+    CHECK(engine.match_route("public", "/api/v2/x")->route == "longer");
+  }
+}
+
+TEST_CASE("counters add up: admissions while a rule applied, its own denials, no peeks") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "tight",
+                    .rate_limits = {rule("tight", {Selector::kIp}, {.minute = 1})}},
+                   {.name = "loose",
+                    .rate_limits = {rule("loose", {Selector::kIp}, {.minute = 5})}},
+                   {.name = "shadow",
+                    .rate_limits = {rule("shadow", {Selector::kIp}, {.minute = 2})},
+                    .dry_run = true}},
+      .routes = {{.name = "r", .policies = {"tight", "loose", "shadow"}}}};
+  Engine engine = make(config, clock);
+  sluice::RequestContext request{.client_ip = "10.0.0.1", .route = "r", .path = "/"};
+  sluice::RequestContext peek = request;
+  peek.cost = 0;
+  engine.evaluate(peek);
+  engine.evaluate(request);  // admitted by both live rules
+  engine.evaluate(peek);
+  engine.evaluate(request);  // denied by tight only
+  engine.evaluate(request);  // denied by tight only
+  const auto stats = engine.stats();
+  CHECK(stats[0].admitted == 1);
+  CHECK(stats[0].denied == 2);
+  CHECK(stats[1].admitted == 1);  // loose admitted all three, but only one request got through
+  CHECK(stats[1].denied == 0);
+  CHECK(stats[2].admitted == 1);
+  CHECK(stats[2].dry_denied == 1);  // its own group: it admitted two requests, would deny the 3rd
+}
+
+TEST_CASE("whatever validates compiles: the largest supported rule runs in the engine") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "max",
+                    .rate_limits = {rule("max", {Selector::kIp},
+                                         {.s = sluice::kMaxRequestsPerWindow},
+                                         sluice::max_burst(sluice::kMaxRequestsPerWindow, 1))},
+                    .rate_limit = sluice::LegacyRateLimit{sluice::kMaxRequestsPerWindow,
+                                                          sluice::kMaxWindowSeconds}}},
+      .gateway = {.global_policies = {"max"}}};
+  REQUIRE(sluice::validate(config).ok());
+  auto engine = Engine::create(config, {.store = {.seed = 1}, .clock = clock});
+  REQUIRE(engine.ok());
+  CHECK(engine->evaluate({.client_ip = "10.0.0.1", .path = "/"}).allowed);
 }

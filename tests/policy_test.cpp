@@ -220,24 +220,86 @@ TEST_CASE("invalid scopes and references are rejected with the path of the bad v
   });
 }
 
-TEST_CASE("a config with many attachments and routes validates and reports the last duplicate") {
+TEST_CASE("a config at every size cap validates and reports the last duplicate") {
   // Untrusted configs may be large: validation is linear, so this stays fast even under ASan.
-  constexpr std::size_t kCount = 30'000;
   sluice::PolicyConfig config;
-  sluice::Route hub{.name = "hub"};
-  for (std::size_t i = 0; i < kCount; ++i) {
-    std::string name = "b" + std::to_string(i);
-    config.policies.push_back({.name = name, .rate_limit = sluice::LegacyRateLimit{1, 1}});
-    hub.policies.push_back(name);
-    config.routes.push_back({.name = "r" + std::to_string(i), .path_prefix = "/" + name});
+  for (std::size_t i = 0; i < sluice::kMaxBundles; ++i) {
+    config.policies.push_back(
+        {.name = "b" + std::to_string(i), .rate_limit = sluice::LegacyRateLimit{1, 1}});
   }
-  config.routes.push_back(hub);
+  for (std::size_t i = 0; i < sluice::kMaxRoutes; ++i) {
+    config.routes.push_back({.name = "r" + std::to_string(i),
+                             .path_prefix = "/" + std::to_string(i),
+                             .policies = {"b" + std::to_string(i % sluice::kMaxBundles)}});
+  }
+  for (std::size_t i = 0; i < sluice::kMaxAttachedRules; ++i) {
+    config.gateway.global_policies.push_back("b" + std::to_string(i));
+  }
   CHECK(sluice::validate(config).ok());
 
-  config.routes.back().policies.push_back("b0");
+  config.routes.back().policies.push_back(config.routes.back().policies[0]);
   CHECK(sluice::validate(config).message() ==
-        "routes[30000].policies[30000]: bundle \"b0\" is already attached at "
-        "routes[30000].policies[0]");
+        "routes[4095].policies[1]: bundle \"b1023\" is already attached at "
+        "routes[4095].policies[0]");
+}
+
+TEST_CASE("configs past a size cap are rejected naming the cap") {
+  auto with_bundles = [](std::size_t n, std::size_t rules_each) {
+    sluice::PolicyConfig config;
+    for (std::size_t i = 0; i < n; ++i) {
+      sluice::Bundle bundle{.name = "b" + std::to_string(i)};
+      for (std::size_t j = 0; j < rules_each; ++j) {
+        bundle.rate_limits.push_back({.selector = {Selector::kIp}, .requests_per = {.s = 1}});
+      }
+      config.policies.push_back(std::move(bundle));
+    }
+    return config;
+  };
+  CHECK(sluice::validate(with_bundles(sluice::kMaxBundles + 1, 1)).message() ==
+        "policies: at most 1024 bundles are supported, got 1025");
+  CHECK(sluice::validate(with_bundles(1, sluice::kMaxRulesPerBundle + 1)).message() ==
+        "policies[0].rate_limits: at most 64 rules per bundle are supported, got 65");
+  CHECK(sluice::validate(with_bundles(17, 64)).message() ==
+        "policies: at most 1024 rules in all are supported, got 1088");
+
+  sluice::PolicyConfig wide = with_bundles(2, 20);
+  wide.gateway.global_policies = {"b0", "b1"};
+  CHECK(sluice::validate(wide).message() ==
+        "gateway.global_policies attaches 40 rules; at most 32 are supported");
+
+  sluice::PolicyConfig long_name = with_bundles(1, 1);
+  long_name.policies[0].name = std::string(257, 'n');
+  CHECK(sluice::validate(long_name).message() ==
+        "policies[0].name must be at most 256 bytes, got 257");
+
+  sluice::PolicyConfig routes;
+  routes.routes.resize(sluice::kMaxRoutes + 1);
+  CHECK(sluice::validate(routes).message() ==
+        "routes: at most 4096 routes are supported, got 4097");
+}
+
+TEST_CASE("two rules can never print the same label") {
+  sluice::PolicyConfig slash = {
+      .policies = {{.name = "a",
+                    .rate_limits = {
+                        {.name = "b/c", .selector = {Selector::kIp}, .requests_per = {.s = 1}}}}}};
+  CHECK(sluice::validate(slash).message() ==
+        "policies[0].rate_limits[0].name: \"b/c\" must not contain '/'");
+
+  sluice::PolicyConfig shadowed = {
+      .policies = {{.name = "a",
+                    .rate_limits = {{.selector = {Selector::kIp}, .requests_per = {.s = 1}},
+                                    {.name = "rate_limits[0]",
+                                     .selector = {Selector::kIp},
+                                     .requests_per = {.s = 2}}},
+                    .rate_limit = sluice::LegacyRateLimit{1, 1}}}};
+  CHECK(sluice::validate(shadowed).message() ==
+        "policies[0].rate_limits[1]: label \"a/rate_limits[0]\" is also the label of "
+        "policies[0].rate_limits[0]");
+  shadowed.policies[0].rate_limits[1].name = "rate_limit";
+  CHECK(sluice::validate(shadowed).message() ==
+        "policies[0].rate_limits[1]: label \"a/rate_limit\" is also the label of "
+        "policies[0].rate_limit");
 }
 
 TEST_CASE("the same path prefix may serve different listeners") {
@@ -481,7 +543,7 @@ TEST_CASE("the largest supported values compile") {
                  .rate_limits = {{.selector = {Selector::kIp},
                                   .requests_per = {.s = sluice::kMaxRequestsPerWindow},
                                   .burst = sluice::max_burst(sluice::kMaxRequestsPerWindow, 1)}}});
-  CHECK(rule.windows[0].burst == 135'446'088'646'656'000ULL);
+  CHECK(rule.windows[0].burst == sluice::kMaxBurst);  // what the GCRA limiter supports
   sluice::CompiledRule legacy =
       only_rule({.name = "year",
                  .rate_limit = sluice::LegacyRateLimit{sluice::kMaxRequestsPerWindow,

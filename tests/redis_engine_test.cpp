@@ -7,16 +7,19 @@
 // TIME only assert what sub-second timing cannot change.
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "catch.hpp"
 #include "example_config.hpp"
+#include "redis_fixture.hpp"
 #include "redis_server.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
@@ -38,25 +41,8 @@ using std::chrono::nanoseconds;
 constexpr nanoseconds kT0 = std::chrono::seconds(1'700'000'000);  // server time, ns since epoch
 const sluice::WallTime kWall{std::chrono::seconds(1'700'000'000)};
 
-// Starts a private redis-server or fails the test with the reason.
-struct Server {
-  sluice_test::RedisServer redis;
-  Server() {
-    const std::string error = redis.start();
-    INFO(error);
-    REQUIRE(error.empty());
-  }
-  std::shared_ptr<sluice::redis::Client> client(milliseconds timeout = milliseconds(1000)) const {
-    sluice::redis::ClientOptions o;
-    o.connection.unix_socket = redis.unix_socket();
-    o.connection.connect_timeout = timeout;
-    o.connection.command_timeout = timeout;
-    o.key_prefix = "test:";
-    o.key_seed = 42;
-    auto c = sluice::redis::Client::create(std::move(o));
-    REQUIRE(c.ok());
-    return *std::move(c);
-  }
+// A private redis-server (sluice_test::RedisFixture) and the engine tests' own probes of it.
+struct Server : sluice_test::RedisFixture {
   // A client whose script keeps every key an hour longer than its windows need. The testing time
   // hook moves the script's clock but not the server's, which expires keys by real time: a key
   // with a few ms of debt left at the hooked time could vanish before a step that, at the hooked
@@ -64,7 +50,7 @@ struct Server {
   // full bucket. Only the expiry changes; every decision is the bundled script's.
   std::shared_ptr<sluice::redis::Client> client_holding_keys() const {
     std::shared_ptr<sluice::redis::Client> c = client();
-    std::string script(sluice::detail::kRedisGcraScript);
+    std::string script(sluice::redis::kGcraScript);
     const std::string_view ttl = "local ttl = q - q % 1 + 1\n";
     const std::size_t at = script.find(ttl);
     REQUIRE(at != std::string::npos);
@@ -116,8 +102,10 @@ struct Server {
       const std::size_t colon = text.find(':', pos);
       const std::size_t value = text.find("calls=", colon) + 6;
       const std::size_t end = text.find(',', value);
-      calls[std::string(text.substr(pos + 8, colon - pos - 8))] =
-          std::stoull(std::string(text.substr(value, end - value)));
+      std::uint64_t count = 0;
+      const auto parsed = std::from_chars(text.data() + value, text.data() + end, count);
+      REQUIRE(parsed.ec == std::errc());
+      calls[std::string(text.substr(pos + 8, colon - pos - 8))] = count;
       pos = end;
     }
     return calls;
@@ -178,7 +166,7 @@ TEST_CASE("the documented example over Redis admits 20 per ip then denies in one
   Server server;
   RedisRateLimitEngine engine = make(documented_example(), {.client = server.client()});
   // Load the script and clear the counters, so every command counted below is an evaluation's.
-  server.redis.command({"SCRIPT", "LOAD", sluice::detail::kRedisGcraScript});
+  server.redis.command({"SCRIPT", "LOAD", sluice::redis::kGcraScript});
   server.redis.command({"CONFIG", "RESETSTAT"});
   std::vector<sluice::Evaluation> evaluations;  // back to back: 21 take far less than 100 ms
   for (int i = 1; i <= 21; ++i)
@@ -271,7 +259,7 @@ TEST_CASE("every_rule over Redis lets admitting rules consume when another rule 
   Server server;
   RedisRateLimitEngine engine =
       make(tight_and_loose(sluice::ConsumptionMode::kEveryRule), {.client = server.client()});
-  server.redis.command({"SCRIPT", "LOAD", sluice::detail::kRedisGcraScript});
+  server.redis.command({"SCRIPT", "LOAD", sluice::redis::kGcraScript});
   server.redis.command({"CONFIG", "RESETSTAT"});
   CHECK(admitted(engine, on_route("10.0.0.1", "both"), 5) == 1);
   CHECK(server.command_calls()["evalsha"] == 10);  // one script call per rule, pipelined
@@ -325,7 +313,7 @@ TEST_CASE("a reload over Redis keeps an unchanged rule's state and starts a chan
   CHECK(admitted(*second, on_route("10.0.0.1", "x"), 3) == 0);  // nothing extra across a reload
   CHECK(admitted(*second, on_route("10.0.0.1", "y"), 5) == 3);  // the changed rule starts fresh
   CHECK(server.redis.keys().size() == 3);  // the same key for `same`, a new one for `changing`
-  CHECK(second->stats()[0].allowed == 2);
+  CHECK(second->stats()[0].admitted == 2);
   CHECK(second->stats()[0].denied == 4);
   CHECK(second->stats()[0].store == sluice::StoreStats{});  // the keys live in Redis
 }
@@ -401,11 +389,7 @@ int run_parity(Server& server, const std::vector<sluice::GcraWindow>& windows,
   sluice::ManualClock clock;
   auto memory = sluice::GcraLimiter<sluice::ManualClock>::create(windows, {.seed = 7}, clock);
   REQUIRE(memory.ok());
-  std::vector<sluice::redis::Window> redis_windows;
-  for (const sluice::GcraWindow& w : windows) {
-    redis_windows.push_back({.requests = w.requests, .period = w.period, .burst = w.burst});
-  }
-  auto redis = sluice::redis::RedisGcraLimiter::create(redis_windows, server.client_holding_keys());
+  auto redis = sluice::redis::RedisGcraLimiter::create(windows, server.client_holding_keys());
   REQUIRE(redis.ok());
   int denied = 0;
   for (std::size_t i = 0; i < steps.size(); ++i) {

@@ -1,6 +1,6 @@
 // sluice::redis against a real redis-server that each test case starts for itself.
 //
-// Decisions are asserted to exact hand-computed values (SPEC S5). Time is controlled through the
+// Decisions are asserted to exact hand-computed values. Time is controlled through the
 // documented testing hook check_at_for_testing, which hands the script a server time instead of
 // TIME; tests that use the real TIME only rely on outcomes that sub-second timing cannot change.
 #include <algorithm>
@@ -12,40 +12,24 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "redis_fixture.hpp"
 #include "redis_server.hpp"
 #include "sluice/redis.hpp"
 
 namespace {
 
 using sluice::Decision;
+using sluice::GcraWindow;
 using sluice::Reason;
-using sluice::redis::Window;
 using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
 using std::chrono::seconds;
 
 constexpr nanoseconds kT0 = seconds(1'700'000'000);  // a server time, ns since the Unix epoch
 
-// Starts a private redis-server or fails the test with the reason.
-struct Server {
-  sluice_test::RedisServer redis;
-  Server() {
-    const std::string error = redis.start();
-    INFO(error);
-    REQUIRE(error.empty());
-  }
-  sluice::redis::ClientOptions options(milliseconds timeout = milliseconds(1000)) const {
-    sluice::redis::ClientOptions o;
-    o.connection.unix_socket = redis.unix_socket();
-    o.connection.connect_timeout = timeout;
-    o.connection.command_timeout = timeout;
-    o.key_prefix = "test:";
-    o.key_seed = 42;
-    return o;
-  }
-};
+using Server = sluice_test::RedisFixture;
 
-sluice::redis::RedisGcraLimiter make_limiter(std::vector<Window> windows,
+sluice::redis::RedisGcraLimiter make_limiter(std::vector<GcraWindow> windows,
                                              sluice::redis::ClientOptions options) {
   auto limiter = sluice::redis::RedisGcraLimiter::create(std::move(windows), std::move(options));
   INFO(limiter.status());
@@ -87,7 +71,7 @@ bool exists(const Server& s, const std::string& key) {
 
 }  // namespace
 
-// --- S5 semantics, exact values --------------------------------------------------------------
+// --- GCRA semantics, exact values ------------------------------------------------------------
 
 TEST_CASE("three per second admits three at once then denies with the exact wait") {
   Server s;
@@ -476,11 +460,11 @@ TEST_CASE("the locally computed script SHA-1 is the one Redis computes") {
   auto client = sluice::redis::Client::create(s.options());
   REQUIRE(client.ok());
   sluice_test::Reply sha =
-      s.redis.command({"SCRIPT", "LOAD", std::string(sluice::detail::kRedisGcraScript)});
+      s.redis.command({"SCRIPT", "LOAD", std::string(sluice::redis::kGcraScript)});
   REQUIRE(sha);
   REQUIRE(sha->type == REDIS_REPLY_STRING);
   CHECK(std::string(sha->str, sha->len) == (*client)->script_sha());
-  CHECK(sluice::detail::sha1_hex("abc") == "a9993e364706816aba3e25717850c26c9cd0d89d");
+  CHECK(sluice::redis::detail::sha1_hex("abc") == "a9993e364706816aba3e25717850c26c9cd0d89d");
 }
 
 TEST_CASE("a key of the wrong type at the digest key is an Internal error and never an allow") {
@@ -510,6 +494,20 @@ TEST_CASE("a script reply of the wrong shape is an Internal error and never a cr
 }
 
 // --- hygiene ----------------------------------------------------------------------------------
+
+TEST_CASE(
+    "a key maps to the same Redis key in every release, so replicas of mixed versions share") {
+  // Pinned: the digest (XXH3-128 seeded with key_seed and the windows' fingerprint) and its hex.
+  sluice::redis::ClientOptions options;  // connects lazily: no server needed
+  options.key_prefix = "test:";
+  options.key_seed = 42;
+  auto client = sluice::redis::Client::create(options);
+  REQUIRE(client.ok());
+  auto limit = sluice::redis::Limit::create({{.requests = 600, .period = seconds(60)},
+                                             {.requests = 10, .period = seconds(1), .burst = 20}});
+  REQUIRE(limit.ok());
+  CHECK((*client)->redis_key("alice", *limit) == "test:{ebb4d97dbb74e2eee506d40dee95c158}");
+}
 
 TEST_CASE("Redis holds only prefixed hex digests with a hash tag and never raw key bytes") {
   Server s;

@@ -60,6 +60,7 @@
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/detail/limiter_common.hpp"
+#include "sluice/detail/text.hpp"
 #include "sluice/detail/xxhash.hpp"
 #include "sluice/gcra.hpp"
 #include "sluice/http_fields.hpp"
@@ -69,17 +70,25 @@
 
 namespace sluice {
 
-// One request, as the gateway sees it. Views must outlive `evaluate`.
+// One request, as the gateway sees it. Views must outlive `evaluate`. An empty string in any
+// optional field means the same as an absent one.
 struct RequestContext {
   std::string_view client_ip{};
-  std::optional<std::string_view> credential{};  // e.g. the bearer token, once authenticated
-  std::optional<std::string_view> consumer{};    // the consumer the credential belongs to
-  std::optional<std::string_view> route{};       // none: unrouted (no route matched)
+  // The credential the request presented (e.g. a bearer token). It keys `credential` rules only
+  // when `consumer` is set too, i.e. once the gateway has authenticated it; until then those
+  // rules key the client address, so a client cannot mint a fresh bucket per request.
+  std::optional<std::string_view> credential{};
+  std::optional<std::string_view> consumer{};  // the consumer the credential authenticated as
+  std::optional<std::string_view> route{};     // none: unrouted (no route matched)
+  // None: the route's configured service, if it has one. Naming another service than the route's
+  // is an error (InvalidArgument in Evaluation::backend_error, the request denied).
   std::optional<std::string_view> service{};
   std::optional<std::string_view> listener{};
   std::string_view path{};
   std::uint64_t cost = 1;
-  WallTime wall_time{};  // wall clock now, only for X-RateLimit-Reset (read by the caller)
+  // Wall clock now, only for X-RateLimit-Reset. None: the engine reads the system clock, once,
+  // and only for a request that gets fields.
+  std::optional<WallTime> wall_time{};
 };
 
 // One rule's decision: `rule` indexes `RateLimitEngine::rule()`.
@@ -100,15 +109,20 @@ struct Evaluation {
   std::chrono::nanoseconds retry_after{0};   // longest wait over denying live rules
   HttpFields fields{};                       // to write into the response
   std::optional<RuleDecision> dry_denied{};  // first would-be denial of a dry-run bundle
-  absl::Status backend_error{};              // OK unless the backend (or the cost) failed
+  absl::Status backend_error{};  // OK unless the backend, the cost or the request was bad
 };
 
-// Per-rule counters; no raw keys.
+// Per-rule counters; no raw keys. For every evaluated request of cost ≥ 1 whose rules the backend
+// decided: if the request was admitted, `admitted` of every rule that applied (live or dry-run)
+// grows by 1; if it was denied, `denied` of each live rule that denied it grows by 1 (several
+// rules may deny one request); a dry-run rule's would-be denial adds 1 to its `dry_denied`. So for
+// a live rule, admitted + denied ≤ requests it applied to (the rest were denied by other rules).
+// Peeks (cost 0), exempt paths and backend errors change no counter.
 struct RuleStats {
   std::string label{};
   bool dry_run = false;
-  std::uint64_t allowed = 0;
-  std::uint64_t denied = 0;      // live denials
+  std::uint64_t admitted = 0;    // requests admitted while the rule applied
+  std::uint64_t denied = 0;      // requests this (live) rule denied
   std::uint64_t dry_denied = 0;  // would-be denials of a dry-run rule
   StoreStats store{};            // keys, evictions, capacity denials
 };
@@ -161,7 +175,7 @@ class InMemoryBackend {
         }
         limiter = std::make_shared<GcraLimiter<ClockT>>(*std::move(created));
       }
-      backend.fingerprints_.push_back(rule.fingerprint);
+      backend.by_fingerprint_.emplace(rule.fingerprint, backend.limiters_.size());
       backend.limiters_.push_back(std::move(limiter));
     }
     return backend;
@@ -194,10 +208,8 @@ class InMemoryBackend {
   explicit InMemoryBackend(ClockT clock) : clock_(std::move(clock)) {}
 
   std::shared_ptr<GcraLimiter<ClockT>> find(const std::string& fingerprint) const {
-    for (std::size_t i = 0; i < fingerprints_.size(); ++i) {
-      if (fingerprints_[i] == fingerprint) return limiters_[i];
-    }
-    return nullptr;
+    auto it = by_fingerprint_.find(fingerprint);
+    return it == by_fingerprint_.end() ? nullptr : limiters_[it->second];
   }
 
   // Decides every key under `held` (all their shard locks); commits only if all admit.
@@ -217,7 +229,7 @@ class InMemoryBackend {
   }
 
   ClockT clock_;
-  std::vector<std::string> fingerprints_;
+  absl::flat_hash_map<std::string, std::size_t> by_fingerprint_;  // -> index into limiters_
   std::vector<std::shared_ptr<GcraLimiter<ClockT>>> limiters_;
 };
 
@@ -255,21 +267,28 @@ class BasicRateLimitEngine {
     return engine;
   }
 
-  Evaluation evaluate(const RequestContext& request) const {
+  Evaluation evaluate(const RequestContext& raw) const {
     Evaluation e;
-    if (exempt(request.path)) {
+    if (exempt(raw.path)) {
       e.exempt = true;
       return e;
     }
+    absl::StatusOr<RequestContext> request = normalize(raw);
+    if (!request.ok()) {
+      e.allowed = false;
+      e.backend_error = std::move(request).status();
+      if (observer_) observer_(e);
+      return e;
+    }
     RuleGroup live, dry;
-    select_rules(request, live, dry);
+    select_rules(*request, live, dry);
 
     // Keys for both groups in one buffer; views are taken once it stops growing.
     thread_local std::string buffer;
     buffer.clear();
     absl::InlinedVector<std::pair<std::size_t, std::size_t>, 16> spans;
-    for (std::uint32_t r : live) spans.push_back(append_key(buffer, r, request));
-    for (std::uint32_t r : dry) spans.push_back(append_key(buffer, r, request));
+    for (std::uint32_t r : live) spans.push_back(append_key(buffer, r, *request));
+    for (std::uint32_t r : dry) spans.push_back(append_key(buffer, r, *request));
     absl::InlinedVector<RuleKey, 16> keys;
     for (std::size_t i = 0; i < spans.size(); ++i) {
       keys.push_back({i < live.size() ? live[i] : dry[i - live.size()],
@@ -281,19 +300,26 @@ class BasicRateLimitEngine {
 
     e.live_rules = live.size();
     if (!live.empty()) {
-      absl::Status status = backend_->check_rules(live_keys, request.cost, options_mode_,
+      absl::Status status = backend_->check_rules(live_keys, request->cost, options_mode_,
                                                   std::span(decisions.data(), live.size()));
       if (!status.ok()) {
         e.backend_error = std::move(status);
         e.allowed = e.backend_error.code() != absl::StatusCode::kInvalidArgument &&
                     on_backend_error_ == FailureMode::kFailOpen;
       } else {
-        decide_live(e, live, std::span<const Decision>(decisions.data(), live.size()), request);
+        decide_live(e, live, std::span<const Decision>(decisions.data(), live.size()), *request);
       }
     }
+    bool dry_decided = false;
     if (!dry.empty()) {
-      evaluate_dry(e, dry, dry_keys, request.cost,
-                   std::span(decisions.data() + live.size(), dry.size()));
+      dry_decided = evaluate_dry(e, dry, dry_keys, request->cost,
+                                 std::span(decisions.data() + live.size(), dry.size()));
+    }
+    if (e.allowed && e.backend_error.ok() && request->cost != 0) {
+      for (std::uint32_t r : live) counters_[r]->admitted.fetch_add(1, std::memory_order_relaxed);
+      if (dry_decided) {
+        for (std::uint32_t r : dry) counters_[r]->admitted.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     if (observer_) observer_(e);
     return e;
@@ -330,7 +356,7 @@ class BasicRateLimitEngine {
     for (std::size_t i = 0; i < rules_.size(); ++i) {
       out.push_back({.label = rules_[i].compiled.label,
                      .dry_run = rules_[i].compiled.dry_run,
-                     .allowed = counters_[i]->allowed.load(std::memory_order_relaxed),
+                     .admitted = counters_[i]->admitted.load(std::memory_order_relaxed),
                      .denied = counters_[i]->denied.load(std::memory_order_relaxed),
                      .dry_denied = counters_[i]->dry_denied.load(std::memory_order_relaxed),
                      .store = backend_->rule_store_stats(i)});
@@ -340,7 +366,7 @@ class BasicRateLimitEngine {
 
  private:
   struct RuleCounters {
-    std::atomic<std::uint64_t> allowed{0};
+    std::atomic<std::uint64_t> admitted{0};
     std::atomic<std::uint64_t> denied{0};
     std::atomic<std::uint64_t> dry_denied{0};
   };
@@ -373,10 +399,11 @@ class BasicRateLimitEngine {
         Backend::create(compiled, previous ? previous->backend_.get() : nullptr, options);
     if (!backend.ok()) return backend.status();
     engine.backend_ = std::make_unique<Backend>(*std::move(backend));
-    for (const CompiledRule& rule : compiled) {
+    for (std::size_t i = 0; i < compiled.size(); ++i) {
       std::shared_ptr<RuleCounters> counters =
-          previous ? previous->counters_for(rule.fingerprint) : nullptr;
+          previous ? previous->counters_for(compiled[i].fingerprint) : nullptr;
       engine.counters_.push_back(counters ? counters : std::make_shared<RuleCounters>());
+      engine.by_fingerprint_.emplace(compiled[i].fingerprint, i);
     }
 
     auto attach = [&](const std::vector<std::string>& names) {
@@ -390,15 +417,24 @@ class BasicRateLimitEngine {
       engine.consumer_rules_[c.name] = attach(c.policies);
       for (const std::string& credential : c.credentials) engine.credentials_[credential] = c.name;
     }
-    for (const Route& r : config.routes) engine.route_rules_[r.name] = attach(r.policies);
+    for (const Route& r : config.routes) {
+      engine.route_rules_[r.name] = attach(r.policies);
+      engine.route_services_[r.name] = r.service;
+    }
     for (const Service& s : config.services) engine.service_rules_[s.name] = attach(s.policies);
     for (const Listener& l : config.listeners) engine.listener_rules_[l.name] = attach(l.policies);
     engine.global_rules_ = attach(config.gateway.global_policies);
     engine.exempt_paths_ = config.gateway.exempt_paths;
     engine.routes_ = config.routes;
-    std::stable_sort(
-        engine.routes_.begin(), engine.routes_.end(),
-        [](const Route& a, const Route& b) { return a.path_prefix.size() > b.path_prefix.size(); });
+    // Precedence for match_route: the longest prefix first; on equal prefixes a route bound to a
+    // listener before one on every listener.
+    std::stable_sort(engine.routes_.begin(), engine.routes_.end(),
+                     [](const Route& a, const Route& b) {
+                       if (a.path_prefix.size() != b.path_prefix.size()) {
+                         return a.path_prefix.size() > b.path_prefix.size();
+                       }
+                       return !a.listener.empty() && b.listener.empty();
+                     });
     return engine;
   }
 
@@ -435,10 +471,8 @@ class BasicRateLimitEngine {
   }
 
   std::shared_ptr<RuleCounters> counters_for(const std::string& fingerprint) const {
-    for (std::size_t i = 0; i < rules_.size(); ++i) {
-      if (rules_[i].compiled.fingerprint == fingerprint) return counters_[i];
-    }
-    return nullptr;
+    auto it = by_fingerprint_.find(fingerprint);
+    return it == by_fingerprint_.end() ? nullptr : counters_[it->second];
   }
 
   static const RuleList* lookup(const ScopeMap& map, std::optional<std::string_view> name) {
@@ -462,7 +496,7 @@ class BasicRateLimitEngine {
           append_key_part(out, 'i', request.client_ip);
           break;
         case Selector::kCredential:
-          if (request.credential) {
+          if (request.credential && request.consumer) {  // authenticated
             append_key_part(out, 'c', *request.credential);
           } else {
             append_key_part(out, 'i', request.client_ip);
@@ -500,31 +534,47 @@ class BasicRateLimitEngine {
   }
 
   // Dry-run rules: decided (and consuming) as their own group; never deny, never add fields.
-  void evaluate_dry(Evaluation& e, std::span<const std::uint32_t> dry,
+  // False if the backend failed (nothing is counted then).
+  bool evaluate_dry(Evaluation& e, std::span<const std::uint32_t> dry,
                     std::span<const RuleKey> keys, std::uint64_t cost,
                     std::span<Decision> out) const {
-    if (!backend_->check_rules(keys, cost, options_mode_, out).ok()) return;
+    if (!backend_->check_rules(keys, cost, options_mode_, out).ok()) return false;
     for (std::size_t i = 0; i < dry.size(); ++i) {
-      RuleCounters& c = *counters_[dry[i]];
-      if (out[i].allowed()) {
-        c.allowed.fetch_add(1, std::memory_order_relaxed);
-      } else {
-        c.dry_denied.fetch_add(1, std::memory_order_relaxed);
-        if (!e.dry_denied) e.dry_denied = RuleDecision{dry[i], out[i]};
-      }
+      if (out[i].allowed()) continue;
+      counters_[dry[i]]->dry_denied.fetch_add(1, std::memory_order_relaxed);
+      if (!e.dry_denied) e.dry_denied = RuleDecision{dry[i], out[i]};
     }
+    return true;
+  }
+
+  // `raw` with empty strings made absent, and the route's service filled in; InvalidArgument if
+  // the request names another service than its route's.
+  absl::StatusOr<RequestContext> normalize(const RequestContext& raw) const {
+    RequestContext r = raw;
+    for (std::optional<std::string_view>* field :
+         {&r.credential, &r.consumer, &r.route, &r.service, &r.listener}) {
+      if (*field && (*field)->empty()) field->reset();
+    }
+    if (!r.route) return r;
+    auto it = route_services_.find(absl::string_view(r.route->data(), r.route->size()));
+    if (it == route_services_.end() || it->second.empty()) return r;
+    const std::string_view routed(it->second);
+    if (!r.service) {
+      r.service = routed;
+    } else if (*r.service != routed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the request names service ", detail::quoted(*r.service), " but route ",
+                       detail::quoted(*r.route), " belongs to service ", detail::quoted(routed)));
+    }
+    return r;
   }
 
   void decide_live(Evaluation& e, std::span<const std::uint32_t> live,
                    std::span<const Decision> decisions, const RequestContext& request) const {
     std::optional<std::size_t> binding;  // index into live
     for (std::size_t i = 0; i < live.size(); ++i) {
-      RuleCounters& c = *counters_[live[i]];
-      if (decisions[i].allowed()) {
-        c.allowed.fetch_add(1, std::memory_order_relaxed);
-        continue;
-      }
-      c.denied.fetch_add(1, std::memory_order_relaxed);
+      if (decisions[i].allowed()) continue;
+      counters_[live[i]]->denied.fetch_add(1, std::memory_order_relaxed);
       e.allowed = false;
       e.retry_after = std::max(e.retry_after, decisions[i].retry_after);
       if (!binding) binding = i;
@@ -540,7 +590,11 @@ class BasicRateLimitEngine {
     e.binding = RuleDecision{rule, d};
 
     if (!d.allowed()) e.fields.push_back(retry_after_field(d.retry_after));
-    append_x_ratelimit_fields(e.fields, d, request.wall_time);
+    append_x_ratelimit_fields(e.fields, d,
+                              request.wall_time
+                                  ? *request.wall_time
+                                  : std::chrono::time_point_cast<std::chrono::nanoseconds>(
+                                        std::chrono::system_clock::now()));
     const RuleInfo& info = rules_[rule];
     e.fields.push_back({kRateLimitPolicyField, info.policy_value});
     // RateLimit: the precomputed `"<name>";r=` and the two numbers, as ratelimit_field writes it.
@@ -563,7 +617,9 @@ class BasicRateLimitEngine {
   ScopeMap consumer_rules_, route_rules_, service_rules_, listener_rules_;
   RuleList global_rules_;
   std::vector<std::string> exempt_paths_;
-  std::vector<Route> routes_;
+  std::vector<Route> routes_;  // in match_route's precedence order
+  absl::flat_hash_map<std::string, std::string> route_services_;  // route -> its service or ""
+  absl::flat_hash_map<std::string, std::size_t> by_fingerprint_;  // -> index into rules_
   absl::flat_hash_map<std::string, std::string> credentials_;
 };
 

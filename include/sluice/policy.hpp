@@ -240,13 +240,32 @@ struct PolicyConfig {
 
 inline constexpr std::uint64_t kMaxRequestsPerWindow = std::uint64_t{1} << 32;
 inline constexpr std::uint64_t kMaxWindowSeconds = std::uint64_t{365} * 24 * 3600;  // 31536000
+inline constexpr std::uint64_t kMaxBurst = std::uint64_t{1} << 32;
 
 // The largest burst for a window of `requests` per `period_seconds`: what it replenishes in
-// kMaxWindowSeconds. Requires 1 <= requests <= kMaxRequestsPerWindow and period_seconds >= 1
-// (the product is then below 2^57).
+// kMaxWindowSeconds, and at most kMaxBurst. Requires 1 <= requests <= kMaxRequestsPerWindow and
+// period_seconds >= 1 (the product is then below 2^57).
 constexpr std::uint64_t max_burst(std::uint64_t requests, std::uint64_t period_seconds) noexcept {
-  return requests * kMaxWindowSeconds / period_seconds;
+  const std::uint64_t refills = requests * kMaxWindowSeconds / period_seconds;
+  return refills < kMaxBurst ? refills : kMaxBurst;
 }
+
+// Size caps, checked by validate(): whatever a config file says, a config compiles in bounded
+// memory (each rule owns a sharded store of about 25 KiB before it holds keys) and one request
+// is evaluated against at most 5 × kMaxAttachedRules rules (one attachment list per scope).
+inline constexpr std::size_t kMaxBundles = 1024;
+inline constexpr std::size_t kMaxRulesPerBundle = 64;
+inline constexpr std::size_t kMaxRules = 1024;        // over all bundles, legacy rules included
+inline constexpr std::size_t kMaxAttachedRules = 32;  // rules attached by one attachment list
+inline constexpr std::size_t kMaxRoutes = 4096;
+inline constexpr std::size_t kMaxServices = 4096;
+inline constexpr std::size_t kMaxListeners = 256;
+inline constexpr std::size_t kMaxConsumers = 65536;
+inline constexpr std::size_t kMaxCredentialsPerConsumer = 64;
+inline constexpr std::size_t kMaxExemptPaths = 64;
+inline constexpr std::size_t kMaxNameBytes = 256;         // any name
+inline constexpr std::size_t kMaxPathBytes = 1024;        // path_prefix, exempt paths
+inline constexpr std::size_t kMaxCredentialBytes = 4096;  // one credential
 
 // --- compiled form
 // --------------------------------------------------------------------------------
@@ -325,6 +344,9 @@ inline std::string member(std::string_view path, std::string_view name) {
 
 inline absl::Status check_name(std::string_view name, const std::string& path, bool required) {
   if (required && name.empty()) return invalid(path, " must not be empty");
+  if (name.size() > kMaxNameBytes) {
+    return invalid(path, " must be at most ", kMaxNameBytes, " bytes, got ", name.size());
+  }
   if (!printable(name)) {
     return invalid(
         path, ": ",
@@ -350,23 +372,47 @@ absl::Status index_names(const std::vector<T>& items, std::string_view list, std
   return absl::OkStatus();
 }
 
+// Name -> index of its first occurrence, for the names that other sections refer to.
+using NameIndex = std::unordered_map<std::string_view, std::size_t>;
+
+// The rules one bundle compiles to.
+inline std::size_t rule_count(const Bundle& bundle) {
+  return bundle.rate_limits.size() + (bundle.rate_limit.has_value() ? 1 : 0);
+}
+
 // `path` is the attachment list itself, e.g. "routes[2].policies". Linear in the list's length.
-inline absl::Status check_attachments(
-    const std::vector<std::string>& names, std::string_view path,
-    const std::unordered_map<std::string_view, std::size_t>& bundles) {
-  std::unordered_map<std::string_view, std::size_t> attached;
+inline absl::Status check_attachments(const std::vector<std::string>& names, std::string_view path,
+                                      const NameIndex& bundles,
+                                      const std::vector<Bundle>& policies) {
+  NameIndex attached;
+  std::size_t rules = 0;
   for (std::size_t i = 0; i < names.size(); ++i) {
-    std::string at = std::string(path) + "[" + std::to_string(i) + "]";
-    if (!bundles.contains(names[i])) {
+    std::string at = absl::StrCat(std::string(path), "[", i, "]");
+    auto bundle = bundles.find(names[i]);
+    if (bundle == bundles.end()) {
       return invalid(at, ": unknown bundle ", detail::quoted(names[i]));
     }
     auto [it, inserted] = attached.emplace(names[i], i);
     if (!inserted) {
-      return invalid(at, ": bundle ", detail::quoted(names[i]),
-                     " is already attached at " + std::string(path), "[", it->second, "]");
+      return invalid(at, ": bundle ", detail::quoted(names[i]), " is already attached at ",
+                     std::string(path), "[", it->second, "]");
     }
+    rules += rule_count(policies[bundle->second]);
+  }
+  if (rules > kMaxAttachedRules) {
+    return invalid(std::string(path), " attaches ", rules, " rules; at most ", kMaxAttachedRules,
+                   " are supported");
   }
   return absl::OkStatus();
+}
+
+// `items.size() <= maximum`, else "<section>: at most <maximum> <what> are supported, got <n>".
+template <class T>
+absl::Status check_size(const std::vector<T>& items, std::string_view section, std::size_t maximum,
+                        std::string_view what) {
+  if (items.size() <= maximum) return absl::OkStatus();
+  return invalid(std::string(section), ": at most ", maximum, " ", std::string(what),
+                 " are supported, got ", items.size());
 }
 
 inline absl::Status check_count(std::uint64_t value, const std::string& path,
@@ -533,17 +579,35 @@ inline absl::Status validate_bundle(const Bundle& bundle, std::string_view path 
   if (bundle.rate_limits.empty() && !bundle.rate_limit.has_value()) {
     return detail::invalid(base, " must set rate_limits or rate_limit");
   }
+  if (absl::Status s = detail::check_size(bundle.rate_limits, absl::StrCat(base, ".rate_limits"),
+                                          kMaxRulesPerBundle, "rules per bundle");
+      !s.ok()) {
+    return s;
+  }
+  // Label (the part after "<bundle>/") -> path of the rule that has it. Rule names hold no '/', so
+  // "<bundle>/<label>" splits at its last '/' and no two rules of a config print one label.
+  std::unordered_map<std::string, std::string> labels;
+  if (bundle.rate_limit.has_value()) labels.emplace("rate_limit", base + ".rate_limit");
   std::unordered_map<std::string_view, std::size_t> rule_names;
   for (std::size_t i = 0; i < bundle.rate_limits.size(); ++i) {
     const Rule& rule = bundle.rate_limits[i];
     std::string at = detail::element(base, "rate_limits", i);
     if (absl::Status s = detail::validate_rule(rule, at); !s.ok()) return s;
-    if (rule.name.empty()) continue;
-    auto [it, inserted] = rule_names.emplace(rule.name, i);
+    if (rule.name.find('/') != std::string::npos) {
+      return detail::invalid(at, ".name: ", detail::quoted(rule.name), " must not contain '/'");
+    }
+    if (!rule.name.empty()) {
+      auto [it, inserted] = rule_names.emplace(rule.name, i);
+      if (!inserted) {
+        return detail::invalid(at, ".name: duplicate rule name ", detail::quoted(rule.name),
+                               " (also ", detail::element(base, "rate_limits", it->second), ")");
+      }
+    }
+    std::string label = rule.name.empty() ? absl::StrCat("rate_limits[", i, "]") : rule.name;
+    auto [it, inserted] = labels.emplace(std::move(label), at);
     if (!inserted) {
-      return detail::invalid(at, ".name: duplicate rule name ",
-                             detail::quoted(rule.name) + " (also ",
-                             detail::element(base, "rate_limits", it->second), ")");
+      return detail::invalid(at, ": label ", detail::quoted(bundle.name + "/" + it->first),
+                             " is also the label of ", it->second);
     }
   }
   if (bundle.rate_limit.has_value()) {
@@ -554,24 +618,52 @@ inline absl::Status validate_bundle(const Bundle& bundle, std::string_view path 
 
 namespace detail {
 
-// Name -> index of its first occurrence, for the names that other sections refer to.
-using NameIndex = std::unordered_map<std::string_view, std::size_t>;
-
 // The `policies` of each element of `items` (services, listeners): every name a known bundle.
 template <class Item>
 absl::Status check_each_attachments(const std::vector<Item>& items, std::string_view section,
-                                    const NameIndex& bundles) {
+                                    const NameIndex& bundles, const std::vector<Bundle>& policies) {
   for (std::size_t i = 0; i < items.size(); ++i) {
     const std::string at = absl::StrCat(detail::element("", section, i), ".policies");
-    if (absl::Status s = detail::check_attachments(items[i].policies, at, bundles); !s.ok()) {
+    if (absl::Status s = detail::check_attachments(items[i].policies, at, bundles, policies);
+        !s.ok()) {
       return s;
     }
   }
   return absl::OkStatus();
 }
 
+// The size caps of the whole config (kMaxBundles, kMaxRules, ...), before anything else.
+inline absl::Status check_sizes(const PolicyConfig& config) {
+  absl::Status s = check_size(config.policies, "policies", kMaxBundles, "bundles");
+  std::size_t rules = 0;
+  for (std::size_t i = 0; s.ok() && i < config.policies.size(); ++i) {
+    s = check_size(config.policies[i].rate_limits,
+                   absl::StrCat(element("", "policies", i), ".rate_limits"), kMaxRulesPerBundle,
+                   "rules per bundle");
+    rules += rule_count(config.policies[i]);
+  }
+  if (s.ok() && rules > kMaxRules) {
+    s = invalid("policies: at most ", kMaxRules, " rules in all are supported, got ", rules);
+  }
+  if (s.ok()) s = check_size(config.routes, "routes", kMaxRoutes, "routes");
+  if (s.ok()) s = check_size(config.services, "services", kMaxServices, "services");
+  if (s.ok()) s = check_size(config.listeners, "listeners", kMaxListeners, "listeners");
+  if (s.ok()) s = check_size(config.consumers, "consumers", kMaxConsumers, "consumers");
+  for (std::size_t i = 0; s.ok() && i < config.consumers.size(); ++i) {
+    s = check_size(config.consumers[i].credentials,
+                   absl::StrCat(element("", "consumers", i), ".credentials"),
+                   kMaxCredentialsPerConsumer, "credentials per consumer");
+  }
+  if (s.ok()) {
+    s = check_size(config.gateway.exempt_paths, "gateway.exempt_paths", kMaxExemptPaths,
+                   "exempt paths");
+  }
+  return s;
+}
+
 inline absl::Status validate_route(const Route& route, std::size_t i, const NameIndex& services,
                                    const NameIndex& listeners, const NameIndex& bundles,
+                                   const std::vector<Bundle>& policies,
                                    std::unordered_map<std::string, std::size_t>& prefixes) {
   const std::string base = detail::element("", "routes", i);
   if (!route.service.empty() && !services.contains(route.service)) {
@@ -581,6 +673,10 @@ inline absl::Status validate_route(const Route& route, std::size_t i, const Name
     return detail::invalid(base, ".listener: unknown listener ", detail::quoted(route.listener));
   }
   if (!route.path_prefix.empty()) {
+    if (route.path_prefix.size() > kMaxPathBytes) {
+      return detail::invalid(base, ".path_prefix must be at most ", kMaxPathBytes, " bytes, got ",
+                             route.path_prefix.size());
+    }
     if (route.path_prefix.front() != '/' || !detail::printable(route.path_prefix)) {
       return detail::invalid(base, ".path_prefix: ", detail::quoted(route.path_prefix),
                              " must start with '/' and contain only printable ASCII characters");
@@ -594,7 +690,8 @@ inline absl::Status validate_route(const Route& route, std::size_t i, const Name
                              " on the same listener");
     }
   }
-  return detail::check_attachments(route.policies, absl::StrCat(base, ".policies"), bundles);
+  return detail::check_attachments(route.policies, absl::StrCat(base, ".policies"), bundles,
+                                   policies);
 }
 
 inline absl::Status validate_routes(const PolicyConfig& config, const NameIndex& services,
@@ -605,8 +702,8 @@ inline absl::Status validate_routes(const PolicyConfig& config, const NameIndex&
   }
   std::unordered_map<std::string, std::size_t> prefixes;  // listener '\0' path_prefix -> route
   for (std::size_t i = 0; i < config.routes.size(); ++i) {
-    if (absl::Status s =
-            validate_route(config.routes[i], i, services, listeners, bundles, prefixes);
+    if (absl::Status s = validate_route(config.routes[i], i, services, listeners, bundles,
+                                        config.policies, prefixes);
         !s.ok()) {
       return s;
     }
@@ -630,13 +727,17 @@ inline absl::Status validate_consumers(const PolicyConfig& config, const NameInd
       if (consumer.credentials[j].empty()) {
         return detail::invalid(at, " must not be empty");
       }
+      if (consumer.credentials[j].size() > kMaxCredentialBytes) {
+        return detail::invalid(at, " must be at most ", kMaxCredentialBytes, " bytes, got ",
+                               consumer.credentials[j].size());
+      }
       auto [it, inserted] = credentials.emplace(consumer.credentials[j], at);
       if (!inserted) {
         return detail::invalid(at, ": duplicate credential (also ", it->second, ")");
       }
     }
-    if (absl::Status s =
-            detail::check_attachments(consumer.policies, absl::StrCat(base, ".policies"), bundles);
+    if (absl::Status s = detail::check_attachments(
+            consumer.policies, absl::StrCat(base, ".policies"), bundles, config.policies);
         !s.ok()) {
       return s;
     }
@@ -644,14 +745,19 @@ inline absl::Status validate_consumers(const PolicyConfig& config, const NameInd
   return absl::OkStatus();
 }
 
-inline absl::Status validate_gateway(const Gateway& gateway, const NameIndex& bundles) {
-  if (absl::Status s =
-          detail::check_attachments(gateway.global_policies, "gateway.global_policies", bundles);
+inline absl::Status validate_gateway(const Gateway& gateway, const NameIndex& bundles,
+                                     const std::vector<Bundle>& policies) {
+  if (absl::Status s = detail::check_attachments(gateway.global_policies, "gateway.global_policies",
+                                                 bundles, policies);
       !s.ok()) {
     return s;
   }
   for (std::size_t i = 0; i < gateway.exempt_paths.size(); ++i) {
     const std::string& exempt = gateway.exempt_paths[i];
+    if (exempt.size() > kMaxPathBytes) {
+      return detail::invalid(detail::element("gateway", "exempt_paths", i), " must be at most ",
+                             kMaxPathBytes, " bytes, got ", exempt.size());
+    }
     if (exempt.empty() || exempt.front() != '/') {
       return detail::invalid(detail::element("gateway", "exempt_paths", i), ": ",
                              detail::quoted(exempt), " must start with '/'");
@@ -680,17 +786,20 @@ inline absl::Status validate_engine(const EngineOptions& engine) {
 // consumers, gateway, engine; within each, declaration order.
 inline absl::Status validate(const PolicyConfig& config) {
   detail::NameIndex bundles, services, listeners;
-  absl::Status s = detail::index_names(config.policies, "policies", "bundle", bundles);
+  absl::Status s = detail::check_sizes(config);
+  if (s.ok()) s = detail::index_names(config.policies, "policies", "bundle", bundles);
   for (std::size_t i = 0; s.ok() && i < config.policies.size(); ++i) {
     s = validate_bundle(config.policies[i], detail::element("", "policies", i));
   }
   if (s.ok()) s = detail::index_names(config.services, "services", "service", services);
-  if (s.ok()) s = detail::check_each_attachments(config.services, "services", bundles);
+  if (s.ok())
+    s = detail::check_each_attachments(config.services, "services", bundles, config.policies);
   if (s.ok()) s = detail::index_names(config.listeners, "listeners", "listener", listeners);
-  if (s.ok()) s = detail::check_each_attachments(config.listeners, "listeners", bundles);
+  if (s.ok())
+    s = detail::check_each_attachments(config.listeners, "listeners", bundles, config.policies);
   if (s.ok()) s = detail::validate_routes(config, services, listeners, bundles);
   if (s.ok()) s = detail::validate_consumers(config, bundles);
-  if (s.ok()) s = detail::validate_gateway(config.gateway, bundles);
+  if (s.ok()) s = detail::validate_gateway(config.gateway, bundles, config.policies);
   if (s.ok()) s = detail::validate_engine(config.engine);
   return s;
 }

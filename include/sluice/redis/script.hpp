@@ -1,11 +1,16 @@
-// sluice/detail/redis_gcra_script.hpp — the Lua script behind sluice::redis. Internal.
+// sluice/redis/script.hpp — the Lua script that decides every Redis check (target sluice::redis).
 //
-// One EVALSHA of `kRedisGcraScript` decides and (when everything admits) reserves the cost for
-// one or more (key, windows, cost) items, atomically: Redis runs a script without interleaving.
-// The C++ side (`sluice/redis.hpp`) builds the arguments, then recomputes every decision field
-// from the reply with 128-bit integers and cross-checks the script's verdict.
+// One EVALSHA of `kGcraScript` decides and (when everything admits) reserves the cost for one or
+// more (key, windows, cost) items, atomically: Redis runs a script without interleaving. The
+// client (sluice/redis/client.hpp) builds the arguments, then recomputes every decision field
+// from the reply with 128-bit integers and cross-checks the script's verdict. Users never call
+// it directly; it is public so that a deployment can preload it (optional: the client loads it
+// on NOSCRIPT by itself) and tests can vary it:
 //
-//   EVALSHA <sha1> <k> key_1 .. key_k <time_s> <time_ns> params_1 .. params_k
+//   const std::string_view body = sluice::redis::kGcraScript;
+//   redisCommand(context, "SCRIPT LOAD %b", body.data(), body.size());  // == client->script_sha()
+//
+// Call:  EVALSHA <sha1> <k> key_1 .. key_k <time_s> <time_ns> params_1 .. params_k
 //
 // Units and layout (all numbers are IEEE doubles holding integers below 2^53, packed
 // little-endian with Redis's bundled `struct` library, so every value is exact):
@@ -20,20 +25,20 @@
 //                     byte '1' followed by the state the decision was computed from, or '0'
 //                     when the key held no state.
 //
-// Invariants: requests < 2^52 and burst·T ≤ 2^52 ns (RedisGcraLimiter validates both), so every
+// Invariants: requests < 2^52 and burst·T ≤ 2^52 ns (`Limit::create` validates both), so every
 // debt is ≤ 2^52 ns, a debt plus a cost is < 2^53, and frac + frac < 2r < 2^53: every sum the
 // script forms is an exact double. Elapsed time above 2^53 ns may round, but it then exceeds
 // every debt, and any debt minus it is clamped to 0 either way.
 //
-// Thread-safety: constants only.
-#ifndef SLUICE_DETAIL_REDIS_GCRA_SCRIPT_HPP_
-#define SLUICE_DETAIL_REDIS_GCRA_SCRIPT_HPP_
+// Thread-safety: a constant.
+#ifndef SLUICE_REDIS_SCRIPT_HPP_
+#define SLUICE_REDIS_SCRIPT_HPP_
 
 #include <string_view>
 
-namespace sluice::detail {
+namespace sluice::redis {
 
-inline constexpr std::string_view kRedisGcraScript = R"lua(-- sluice GCRA v1 (docs/redis.md)
+inline constexpr std::string_view kGcraScript = R"lua(-- sluice GCRA v1 (docs/redis.md)
 local now_s, now_ns
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -117,6 +122,6 @@ end
 return spack('<ddd', all, now_s, now_ns) .. table.concat(seen)
 )lua";
 
-}  // namespace sluice::detail
+}  // namespace sluice::redis
 
-#endif  // SLUICE_DETAIL_REDIS_GCRA_SCRIPT_HPP_
+#endif  // SLUICE_REDIS_SCRIPT_HPP_

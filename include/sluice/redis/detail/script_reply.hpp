@@ -1,0 +1,217 @@
+// sluice/redis/detail/script_reply.hpp — decisions from the script's reply, recomputed. Internal.
+//
+// The script returns its verdict and the state it decided from (layout in sluice/redis/script.hpp).
+// The reply is untrusted: this side recomputes every decision field from that state with 128-bit
+// integers, exactly as the in-memory GCRA limiter would, and requires the script's verdict to
+// agree. Any deviation — a short reply, a value that is not an exact integer, a debt beyond its
+// bucket, a verdict that disagrees — is Internal, never a decision.
+//
+//   absl::StatusOr<std::vector<sluice::Decision>> decisions =
+//       sluice::redis::detail::decode_reply(items, *reply);  // one decision per item
+//
+// Complexity: O(items × windows). Thread-safety: pure functions.
+#ifndef SLUICE_REDIS_DETAIL_SCRIPT_REPLY_HPP_
+#define SLUICE_REDIS_DETAIL_SCRIPT_REPLY_HPP_
+
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "absl/numeric/int128.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sluice/decision.hpp"
+#include "sluice/redis/detail/exact_double.hpp"
+#include "sluice/redis/detail/status.hpp"
+#include "sluice/redis/limit.hpp"
+#include "sluice/window.hpp"
+
+namespace sluice::redis::detail {
+
+// One window of one item, in units of 1/requests ns ("scaled"): the debt before and after this
+// request's cost, and the bucket (burst·period). Admitted iff after ≤ burst in every window.
+struct ScaledWindow {
+  absl::uint128 before;
+  absl::uint128 after;
+  absl::uint128 burst;
+};
+
+// What the reply says about one item's key before the decision.
+struct KeyState {
+  bool present = false;  // the key held state
+  absl::uint128
+      elapsed{};  // ns from its last write to the decision; 0 if none or the clock went back
+};
+
+inline absl::Status malformed_reply() {
+  return absl::InternalError("sluice::redis: script reply of unexpected shape");
+}
+
+inline absl::uint128 ceil_div(absl::uint128 a, absl::uint128 b) { return (a + b - 1) / b; }
+
+inline std::chrono::nanoseconds to_nanoseconds(absl::uint128 ns) {
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(absl::Uint128Low64(ns)));
+}
+
+// A time as the script writes it, (seconds, ns within), in ns since the Unix epoch.
+inline std::optional<absl::uint128> read_time(std::string_view in, std::size_t& pos) {
+  const auto s = read_double(in, pos, 10'000'000'000);
+  const auto ns = read_double(in, pos, kNanosPerSecond - 1);
+  if (!s || !ns) {
+    return std::nullopt;
+  }
+  return absl::uint128(*s) * kNanosPerSecond + *ns;
+}
+
+// An item's marker ('0': no state; '1': its write time follows), decided at `now`.
+inline std::optional<KeyState> read_key_state(std::string_view in, std::size_t& pos,
+                                              absl::uint128 now) {
+  if (pos >= in.size()) {
+    return std::nullopt;
+  }
+  const char marker = in[pos++];
+  if (marker == '0') {
+    return KeyState{};
+  }
+  if (marker != '1') {
+    return std::nullopt;
+  }
+  const std::optional<absl::uint128> written = read_time(in, pos);
+  if (!written) {
+    return std::nullopt;
+  }
+  return KeyState{.present = true, .elapsed = now > *written ? now - *written : 0};
+}
+
+// Each window's debt as stored, drained by the elapsed time, then with `item.cost` added.
+inline std::optional<std::vector<ScaledWindow>> read_windows(std::string_view in, std::size_t& pos,
+                                                             const CheckItem& item,
+                                                             const KeyState& state) {
+  const std::vector<GcraWindow>& windows = item.limit->windows();
+  std::vector<ScaledWindow> scaled(windows.size());
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    const GcraWindow& w = windows[i];
+    const absl::uint128 period = static_cast<std::uint64_t>(w.period.count());
+    absl::uint128 debt = 0;
+    if (state.present) {
+      const auto debt_ns = read_double(in, pos, std::uint64_t{1} << 52);
+      const auto debt_frac = read_double(in, pos, w.requests - 1);
+      if (!debt_ns || !debt_frac) {
+        return std::nullopt;
+      }
+      if (absl::uint128(*debt_ns) >= state.elapsed) {
+        debt = (absl::uint128(*debt_ns) - state.elapsed) * w.requests + *debt_frac;
+      }
+    }
+    scaled[i].burst = absl::uint128(w.burst) * period;
+    if (debt > scaled[i].burst) {
+      return std::nullopt;
+    }
+    scaled[i].before = debt;
+    scaled[i].after = debt + absl::uint128(item.cost) * period;
+  }
+  return scaled;
+}
+
+inline bool admits(std::span<const ScaledWindow> scaled) {
+  return std::all_of(scaled.begin(), scaled.end(),
+                     [](const ScaledWindow& s) { return s.after <= s.burst; });
+}
+
+// Binding: the least remaining after this request; ties go to the shorter period.
+inline Decision admitted_decision(std::span<const GcraWindow> windows,
+                                  std::span<const ScaledWindow> scaled) {
+  Decision d;
+  std::optional<std::uint64_t> least;
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    const absl::uint128 period = static_cast<std::uint64_t>(windows[i].period.count());
+    const auto remaining = absl::Uint128Low64((scaled[i].burst - scaled[i].after) / period);
+    if (!least || remaining < *least) {
+      least = remaining;
+      d.binding_window = i;
+    }
+  }
+  const std::size_t b = d.binding_window;
+  d.reason = Reason::kAllowed;
+  d.limit = windows[b].burst;
+  d.remaining = *least;
+  d.reset_after = to_nanoseconds(ceil_div(scaled[b].after, windows[b].requests));
+  return d;
+}
+
+// Binding: the first denying window; retry_after: the longest wait of any denying one.
+inline Decision denied_decision(std::span<const GcraWindow> windows,
+                                std::span<const ScaledWindow> scaled) {
+  std::optional<std::size_t> binding;
+  absl::uint128 retry = 0;
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    if (scaled[i].after <= scaled[i].burst) {
+      continue;
+    }
+    if (!binding) {
+      binding = i;
+    }
+    retry = std::max(retry, ceil_div(scaled[i].after - scaled[i].burst, windows[i].requests));
+  }
+  const std::size_t b = *binding;
+  const absl::uint128 period = static_cast<std::uint64_t>(windows[b].period.count());
+  Decision d;
+  d.reason = Reason::kQuotaExceeded;
+  d.binding_window = b;
+  d.limit = windows[b].burst;
+  d.remaining = absl::Uint128Low64((scaled[b].burst - scaled[b].before) / period);
+  d.retry_after = to_nanoseconds(retry);
+  d.reset_after = to_nanoseconds(ceil_div(scaled[b].before, windows[b].requests));
+  return d;
+}
+
+// One decision per item, recomputed from the reply to the script call made for `items`.
+inline absl::StatusOr<std::vector<Decision>> decode_reply(std::span<const CheckItem> items,
+                                                          const redisReply& reply) {
+  if (reply.type == REDIS_REPLY_ERROR) {
+    return server_error_status(std::string_view(reply.str, reply.len));
+  }
+  if (reply.type != REDIS_REPLY_STRING) {
+    return malformed_reply();
+  }
+  const std::string_view in(reply.str, reply.len);
+  std::size_t pos = 0;
+  const std::optional<std::uint64_t> all_admitted = read_double(in, pos, 1);
+  const std::optional<absl::uint128> now = read_time(in, pos);
+  if (!all_admitted || !now) {
+    return malformed_reply();
+  }
+  std::vector<Decision> decisions;
+  decisions.reserve(items.size());
+  bool every_item_admitted = true;
+  for (const CheckItem& item : items) {
+    const std::optional<KeyState> state = read_key_state(in, pos, *now);
+    if (!state) {
+      return malformed_reply();
+    }
+    const std::optional<std::vector<ScaledWindow>> scaled = read_windows(in, pos, item, *state);
+    if (!scaled) {
+      return malformed_reply();
+    }
+    const std::vector<GcraWindow>& windows = item.limit->windows();
+    const bool admitted = admits(*scaled);
+    every_item_admitted = every_item_admitted && admitted;
+    decisions.push_back(admitted ? admitted_decision(windows, *scaled)
+                                 : denied_decision(windows, *scaled));
+  }
+  if (pos != in.size() || every_item_admitted != (*all_admitted == 1)) {
+    return malformed_reply();
+  }
+  return decisions;
+}
+
+}  // namespace sluice::redis::detail
+
+#endif  // SLUICE_REDIS_DETAIL_SCRIPT_REPLY_HPP_

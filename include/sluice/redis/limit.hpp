@@ -1,0 +1,118 @@
+// sluice/redis/limit.hpp — a validated set of stacked GCRA windows, as the Redis script takes it.
+//
+// A `Limit` is what every Redis check is made against: one to many `sluice::GcraWindow`s, sorted
+// shortest period first, each burst filled in, all within the script's exact range. A
+// `CheckItem` names one key, one limit and one cost, for `Client::check_all`.
+//
+//   using namespace std::chrono_literals;
+//   absl::StatusOr<sluice::redis::Limit> login = sluice::redis::Limit::create(
+//       {{.requests = 5, .period = 60s}, {.requests = 20, .period = 3600s}});
+//   if (!login.ok()) return login.status();  // InvalidArgument: empty or out of range
+//   const sluice::redis::CheckItem item{.key = user_id, .limit = &*login, .cost = 1};
+//
+// Units: requests (or cost units) and integer nanoseconds. Thread-safety: immutable values; copy
+// freely and share between threads.
+#ifndef SLUICE_REDIS_LIMIT_HPP_
+#define SLUICE_REDIS_LIMIT_HPP_
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/numeric/int128.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sluice/detail/xxhash.hpp"
+#include "sluice/window.hpp"
+
+namespace sluice::redis {
+
+// The script keeps every value an exact double (below 2^53), which bounds the windows it takes:
+inline constexpr std::uint64_t kMaxRequests = (std::uint64_t{1} << 52) - 1;
+// ...and the time a window takes to refill completely, burst × period / requests (≈ 52.1 days).
+inline constexpr std::chrono::nanoseconds kMaxRefill{std::int64_t{1} << 52};
+
+class Client;
+
+// Stacked windows: sorted shortest period first (stable), burst filled in. Immutable.
+class Limit {
+ public:
+  // InvalidArgument for no window, requests outside 1..kMaxRequests, a period ≤ 0, or a refill
+  // time above kMaxRefill. O(n log n) in the number of windows.
+  static absl::StatusOr<Limit> create(std::vector<GcraWindow> windows);
+
+  const std::vector<GcraWindow>& windows() const noexcept { return windows_; }
+  // The largest cost that can ever pass: the smallest burst.
+  std::uint64_t max_cost() const noexcept { return max_cost_; }
+
+ private:
+  friend class Client;
+  Limit() = default;
+
+  static absl::Status validate(const GcraWindow& w);
+
+  std::vector<GcraWindow> windows_;
+  std::uint64_t max_cost_ = 0;
+  std::uint64_t fingerprint_ = 0;  // XXH3-64 of the windows: a changed limit uses fresh keys
+};
+
+// One request against one limit, for `Client::check_all`. `limit` must outlive the call.
+struct CheckItem {
+  std::string_view key;
+  const Limit* limit = nullptr;
+  std::uint64_t cost = 1;
+};
+
+inline absl::Status Limit::validate(const GcraWindow& w) {
+  if (w.requests == 0 || w.requests > kMaxRequests) {
+    return absl::InvalidArgumentError("sluice::redis: requests must be in 1..2^52-1");
+  }
+  if (w.period <= std::chrono::nanoseconds::zero()) {
+    return absl::InvalidArgumentError("sluice::redis: period must be > 0");
+  }
+  // ceil(burst·period / requests) > kMaxRefill  <=>  burst·period > kMaxRefill·requests
+  const absl::uint128 refill_scaled =
+      absl::uint128(w.burst) * static_cast<std::uint64_t>(w.period.count());
+  if (refill_scaled > absl::uint128(static_cast<std::uint64_t>(kMaxRefill.count())) * w.requests) {
+    return absl::InvalidArgumentError(
+        "sluice::redis: burst * period / requests must be <= 2^52 ns (about 52 days)");
+  }
+  return absl::OkStatus();
+}
+
+inline absl::StatusOr<Limit> Limit::create(std::vector<GcraWindow> windows) {
+  if (windows.empty()) {
+    return absl::InvalidArgumentError("sluice::redis: a limit needs a window");
+  }
+  std::stable_sort(windows.begin(), windows.end(),
+                   [](const GcraWindow& a, const GcraWindow& b) { return a.period < b.period; });
+  std::string bytes;  // the windows, little-endian: what the fingerprint hashes
+  Limit limit;
+  limit.max_cost_ = std::numeric_limits<std::uint64_t>::max();
+  for (GcraWindow& w : windows) {
+    if (w.burst == 0) {
+      w.burst = w.requests;
+    }
+    if (absl::Status status = validate(w); !status.ok()) {
+      return status;
+    }
+    limit.max_cost_ = std::min(limit.max_cost_, w.burst);
+    for (std::uint64_t v : {w.requests, static_cast<std::uint64_t>(w.period.count()), w.burst}) {
+      for (int i = 0; i < 8; ++i) {
+        bytes.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+      }
+    }
+  }
+  limit.fingerprint_ = XXH3_64bits(bytes.data(), bytes.size());
+  limit.windows_ = std::move(windows);
+  return limit;
+}
+
+}  // namespace sluice::redis
+
+#endif  // SLUICE_REDIS_LIMIT_HPP_

@@ -1,0 +1,43 @@
+// sluice/redis/options.hpp — where the Redis client connects and how it names its keys.
+//
+// Plain values, validated by `Client::create` (sluice/redis/client.hpp). Use an IP address or a
+// unix socket: host names are resolved by getaddrinfo, which no timeout bounds.
+//
+//   sluice::redis::ClientOptions options{
+//       .connection = {.host = "10.0.0.5", .port = 6379,
+//                      .command_timeout = std::chrono::milliseconds(50)},
+//       .key_prefix = "rl:api:",
+//       .key_seed = kFleetSecretSeed};  // the same secret on every replica
+//
+// Units: timeouts in milliseconds. Thread-safety: plain values (thread-compatible).
+#ifndef SLUICE_REDIS_OPTIONS_HPP_
+#define SLUICE_REDIS_OPTIONS_HPP_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace sluice::redis {
+
+// Where and how to connect.
+struct ConnectionOptions {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  std::string unix_socket;                         // non-empty: connect here, not to host:port
+  std::chrono::milliseconds connect_timeout{200};  // per new connection
+  std::chrono::milliseconds command_timeout{200};  // per reply; also the wait for a free connection
+  std::size_t max_connections = 16;                // open at once, idle or in use
+};
+
+struct ClientOptions {
+  ConnectionOptions connection;
+  std::string key_prefix = "sluice:";  // namespaces the Redis keys; may name the service
+  // Seeds the key digest. Every replica sharing limits must use the same seed; keep it secret so
+  // clients cannot aim their keys at one Cluster slot.
+  std::uint64_t key_seed = 0;
+};
+
+}  // namespace sluice::redis
+
+#endif  // SLUICE_REDIS_OPTIONS_HPP_
