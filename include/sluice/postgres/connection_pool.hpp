@@ -23,20 +23,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "sluice/postgres/detail/libpq.hpp"
 
 namespace sluice::postgres {
@@ -128,7 +127,9 @@ class ConnectionPool {
 
   ConnectionPool(const ConnectionPool&) = delete;
   ConnectionPool& operator=(const ConnectionPool&) = delete;
-  ~ConnectionPool() { close_idle(); }
+  ~ConnectionPool() {
+    for (Connection* c : idle_) close(c);
+  }
 
   const ConnectionOptions& options() const noexcept { return options_; }
 
@@ -136,27 +137,24 @@ class ConnectionPool {
   // acquire_timeout for one to come back (then DeadlineExceeded). A new connection that cannot
   // be opened within connect_timeout is Unavailable (or DeadlineExceeded on timeout).
   absl::StatusOr<Lease> acquire() {
-    Connection* stale = nullptr;
-    Connection* idle = nullptr;
     {
-      absl::MutexLock lock(&mu_);
-      if (!mu_.AwaitWithTimeout(absl::Condition(this, &ConnectionPool::has_capacity),
-                                absl::FromChrono(options_.acquire_timeout))) {
+      std::unique_lock lock(mu_);
+      const bool ready = available_.wait_for(lock, options_.acquire_timeout, [this] {
+        return !idle_.empty() || open_ < options_.max_connections;
+      });
+      if (!ready) {
         return absl::DeadlineExceededError(
             "sluice::postgres: no free connection within the acquire timeout");
       }
       if (!idle_.empty()) {
-        idle = idle_.back();
+        Connection* c = idle_.back();
         idle_.pop_back();
+        if (alive(c)) return Lease(this, c);
+        close(c);  // the server closed it while idle; its slot goes to a fresh connection
       } else {
         ++open_;
       }
     }
-    if (idle != nullptr) {
-      if (alive(idle)) return Lease(this, idle);
-      stale = idle;  // the server closed it while idle; its slot goes to a fresh connection
-    }
-    close(stale);
     absl::StatusOr<Connection*> c = connect();
     if (!c.ok()) {
       release(nullptr);
@@ -166,7 +164,7 @@ class ConnectionPool {
   }
 
   std::size_t open_connections() const {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard lock(mu_);
     return open_;
   }
 
@@ -174,11 +172,12 @@ class ConnectionPool {
   void close_idle() {
     std::vector<Connection*> idle;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard lock(mu_);
       idle.swap(idle_);
       open_ -= idle.size();
     }
     for (Connection* c : idle) close(c);
+    available_.notify_all();
   }
 
  private:
@@ -207,19 +206,17 @@ class ConnectionPool {
     delete c;
   }
 
-  bool has_capacity() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !idle_.empty() || open_ < options_.max_connections;
-  }
-
   // Returns a healthy connection to the idle list, or (nullptr) gives up a closed one's slot.
-  // A waiter in acquire() wakes when has_capacity() turns true (absl::Mutex re-evaluates it).
   void release(Connection* c) {
-    absl::MutexLock lock(&mu_);
-    if (c != nullptr) {
-      idle_.push_back(c);
-    } else {
-      --open_;
+    {
+      std::lock_guard lock(mu_);
+      if (c != nullptr) {
+        idle_.push_back(c);
+      } else {
+        --open_;
+      }
     }
+    available_.notify_one();
   }
 
   // Opens a connection without blocking past connect_timeout, then sets the session's
@@ -269,9 +266,13 @@ class ConnectionPool {
   }
 
   const ConnectionOptions options_;
-  mutable absl::Mutex mu_;
-  std::vector<Connection*> idle_ ABSL_GUARDED_BY(mu_);
-  std::size_t open_ ABSL_GUARDED_BY(mu_) = 0;  // idle + leased
+  mutable std::mutex mu_;
+  std::condition_variable available_;  // signalled when a connection or a slot is released
+  // Guarded by mu_. std::mutex, not absl::Mutex: Debian's libabsl is not built with TSan, which
+  // then cannot see absl::Mutex's synchronization and reports false races (libstdc++'s std::mutex
+  // is intercepted). std::mutex carries no thread-safety annotations in libstdc++.
+  std::vector<Connection*> idle_;
+  std::size_t open_ = 0;  // idle + leased
 };
 
 inline void ConnectionPool::Lease::mark_broken() noexcept {
