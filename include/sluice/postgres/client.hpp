@@ -1,0 +1,152 @@
+// sluice/postgres/client.hpp — checks against limits whose state lives in PostgreSQL.
+//
+// A `Client` owns the connection pool and the key seed, and decides batches: every item of a
+// batch is decided in one call of the server-side function `sluice.check_v1` (one round trip, one
+// transaction) at one reading of the database clock, `pg_catalog.clock_timestamp()`. The
+// function locks the shards of the batch's keys in ascending order, decides, and stores.
+//
+//   auto client = sluice::postgres::Client::create({.connection = {.conninfo = "dbname=app"},
+//                                                    .key_seed = kFleetSeed});
+//   auto per_user = sluice::postgres::Limit::gcra({{.requests = 10, .period = 1s}}, "user");
+//   auto per_org = sluice::postgres::Limit::gcra({{.requests = 100, .period = 1s}}, "org");
+//   sluice::postgres::CheckItem items[] = {{user_id, &*per_user}, {org_id, &*per_org}};
+//   absl::StatusOr<std::vector<sluice::Decision>> d = (*client)->check_all(items);
+//
+// Batch modes: kAllOrNothing stores nothing unless every item is admitted (a denied batch
+// consumes nothing anywhere); kEachItem decides and stores each item on its own. Items repeating
+// a key see the earlier items' effect. Keys reach the database only as 16-byte digests (seeded
+// XXH3-128 over the limit's identity and the key).
+//
+// Errors (absl::Status), never a silent allow, never retried:
+//   InvalidArgument — a bad cost or batch; nothing was sent.
+//   Unavailable / DeadlineExceeded — the call did not run or was rolled back: nothing consumed
+//     (includes the server's statement timeout, a terminated backend, no free connection).
+//   Unknown — the acknowledgement of the call's commit was lost (connection broken or reply
+//     later than statement_timeout + reply_grace): it may or may not have consumed.
+//   FailedPrecondition — the schema is not installed (call migrate).
+//   Internal — a reply out of shape.
+// Thread-safety: thread-safe; share one Client between limiters and engine generations.
+#ifndef SLUICE_POSTGRES_CLIENT_HPP_
+#define SLUICE_POSTGRES_CLIENT_HPP_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sluice/decision.hpp"
+#include "sluice/key.hpp"
+#include "sluice/postgres/connection_pool.hpp"
+#include "sluice/postgres/detail/check_call.hpp"
+#include "sluice/postgres/limit.hpp"
+
+namespace sluice::postgres {
+
+struct ClientOptions {
+  ConnectionOptions connection{};
+  // Seeds the key digests. Every replica sharing limits must use the same seed; keep it secret so
+  // that clients cannot aim their keys at one shard.
+  std::uint64_t key_seed = 0;
+};
+
+// One key against one limit. `limit` must outlive the call.
+struct CheckItem {
+  std::string_view key{};
+  const Limit* limit = nullptr;
+};
+
+enum class BatchMode {
+  kAllOrNothing,  // stored only if every item is admitted
+  kEachItem,      // each item decided and stored on its own
+};
+
+class Client {
+ public:
+  // Connects lazily: creation succeeds while the database is down.
+  static absl::StatusOr<std::shared_ptr<Client>> create(ClientOptions options) {
+    absl::StatusOr<std::shared_ptr<ConnectionPool>> pool =
+        ConnectionPool::create(std::move(options.connection));
+    if (!pool.ok()) return pool.status();
+    return std::make_shared<Client>(*std::move(pool), options.key_seed);
+  }
+
+  Client(std::shared_ptr<ConnectionPool> pool, std::uint64_t key_seed)
+      : pool_(std::move(pool)), hasher_(key_seed) {}
+
+  // Decides every item for `cost` (0 peeks: nothing changes) in one round trip. All items must
+  // use limits of one algorithm. One decision per item, in order.
+  absl::StatusOr<std::vector<Decision>> check_all(std::span<const CheckItem> items,
+                                                  std::uint64_t cost = 1,
+                                                  BatchMode mode = BatchMode::kAllOrNothing) {
+    return call(items, cost, mode, std::nullopt);
+  }
+
+  // Testing hook: as check_all, deciding at `unix_time` (ns since the Unix epoch) instead of the
+  // database clock. Production code never calls it.
+  absl::StatusOr<std::vector<Decision>> check_all_at_for_testing(
+      std::span<const CheckItem> items, std::uint64_t cost, BatchMode mode,
+      std::chrono::nanoseconds unix_time) {
+    return call(items, cost, mode, unix_time);
+  }
+
+  // The digest stored for `key` under `limit` (for operators and tests).
+  KeyDigest digest(std::string_view key, const Limit& limit) const {
+    std::string bytes = limit.identity();
+    append_key_part(bytes, key);
+    return hasher_(bytes);
+  }
+
+  ConnectionPool& pool() const noexcept { return *pool_; }
+  const std::shared_ptr<ConnectionPool>& shared_pool() const noexcept { return pool_; }
+
+ private:
+  absl::StatusOr<std::vector<Decision>> call(std::span<const CheckItem> items, std::uint64_t cost,
+                                             BatchMode mode,
+                                             std::optional<std::chrono::nanoseconds> unix_time) {
+    if (items.empty()) return std::vector<Decision>{};
+    absl::InlinedVector<KeyDigest, 8> digests;
+    absl::InlinedVector<const Limit*, 8> limits;
+    for (const CheckItem& item : items) {
+      if (item.limit == nullptr || item.limit->algorithm() != items[0].limit->algorithm()) {
+        return absl::InvalidArgumentError(
+            "sluice::postgres: every item of a batch needs a limit, all of one algorithm");
+      }
+      if (cost > item.limit->max_cost()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sluice::postgres: cost ", cost, " exceeds the smallest burst ",
+                         item.limit->max_cost(), " and can never be admitted"));
+      }
+      digests.push_back(digest(item.key, *item.limit));
+      limits.push_back(item.limit);
+    }
+    const std::vector<Param> params =
+        detail::check_params(items[0].limit->algorithm(), digests, limits, cost,
+                             mode == BatchMode::kAllOrNothing, unix_time);
+    absl::StatusOr<ConnectionPool::Lease> lease = pool_->acquire();
+    if (!lease.ok()) return lease.status();
+    // A peek writes nothing, so a lost reply to it is plain Unavailable / DeadlineExceeded.
+    const detail::Effect effect = cost == 0 ? detail::Effect::kReadOnly : detail::Effect::kWrites;
+    absl::StatusOr<detail::ResultPtr> r =
+        lease->run(detail::kCheckStatement, detail::kCheckSql, params, effect);
+    if (!r.ok()) return r.status();
+    if (PQntuples(r->get()) != 1 || PQnfields(r->get()) != 1 || PQgetisnull(r->get(), 0, 0)) {
+      return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v1");
+    }
+    return detail::decode_check_reply(PQgetvalue(r->get(), 0, 0), limits);
+  }
+
+  std::shared_ptr<ConnectionPool> pool_;
+  KeyHasher hasher_;
+};
+
+}  // namespace sluice::postgres
+
+#endif  // SLUICE_POSTGRES_CLIENT_HPP_

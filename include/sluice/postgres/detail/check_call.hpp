@@ -1,0 +1,121 @@
+// Internal: the arguments of sluice.check_v1 and the decoding of its reply (untrusted input:
+// anything out of shape is an Internal error, never a decision).
+#ifndef SLUICE_POSTGRES_DETAIL_CHECK_CALL_HPP_
+#define SLUICE_POSTGRES_DETAIL_CHECK_CALL_HPP_
+
+#include <charconv>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/decision.hpp"
+#include "sluice/key.hpp"
+#include "sluice/postgres/connection_pool.hpp"
+#include "sluice/postgres/limit.hpp"
+
+namespace sluice::postgres::detail {
+
+inline constexpr const char* kCheckStatement = "sluice_check_v1";
+inline constexpr const char* kCheckSql =
+    "SELECT sluice.check_v1($1::integer, $2::bytea, $3::integer[], $4::bigint[], $5::bigint[], "
+    "$6::bigint[], $7::bigint, $8::boolean, $9::bigint)";
+
+// 16 bytes, high word first, big-endian: the database's shard is the first byte.
+inline void append_digest(std::string& out, const KeyDigest& d) {
+  for (std::uint64_t word : {d.high, d.low}) {
+    for (int shift = 56; shift >= 0; shift -= 8) {
+      out.push_back(static_cast<char>((word >> shift) & 0xff));
+    }
+  }
+}
+
+// The nine parameters of sluice.check_v1 for `limits[i]` checked at `digests[i]`.
+inline std::vector<Param> check_params(Algorithm algorithm, std::span<const KeyDigest> digests,
+                                       std::span<const Limit* const> limits, std::uint64_t cost,
+                                       bool all_or_nothing,
+                                       std::optional<std::chrono::nanoseconds> unix_time) {
+  std::vector<Param> p(9);
+  p[0].value = absl::StrCat(static_cast<int>(algorithm));
+  p[1].binary = true;
+  std::string windows = "{", a = "{", b = "{", c = "{";
+  for (std::size_t i = 0; i < digests.size(); ++i) {
+    append_digest(p[1].value, digests[i]);
+    absl::StrAppend(&windows, i == 0 ? "" : ",", limits[i]->parameters().size());
+    for (const auto& w : limits[i]->parameters()) {
+      const char* sep = a.size() == 1 ? "" : ",";
+      absl::StrAppend(&a, sep, w[0]);
+      absl::StrAppend(&b, sep, w[1]);
+      absl::StrAppend(&c, sep, w[2]);
+    }
+  }
+  p[2].value = windows + "}";
+  p[3].value = a + "}";
+  p[4].value = b + "}";
+  p[5].value = c + "}";
+  p[6].value = absl::StrCat(cost);
+  p[7].value = all_or_nothing ? "t" : "f";
+  if (unix_time) {
+    p[8].value = absl::StrCat(unix_time->count());
+  } else {
+    p[8].null = true;
+  }
+  return p;
+}
+
+// The integers of a bigint[] in text form ("{1,-2,3}").
+inline std::optional<std::vector<std::int64_t>> parse_bigint_array(std::string_view text) {
+  if (text.size() < 2 || text.front() != '{' || text.back() != '}') return std::nullopt;
+  std::vector<std::int64_t> out;
+  const char* p = text.data() + 1;
+  const char* end = text.data() + text.size() - 1;
+  while (p < end) {
+    std::int64_t v = 0;
+    auto [next, ec] = std::from_chars(p, end, v);
+    if (ec != std::errc{}) return std::nullopt;
+    out.push_back(v);
+    p = next;
+    if (p < end && *p++ != ',') return std::nullopt;
+  }
+  return out;
+}
+
+// Decodes the reply: now, then six integers per item (reason, limit, remaining, retry_after,
+// reset_after, binding window).
+inline absl::StatusOr<std::vector<Decision>> decode_check_reply(
+    std::string_view text, std::span<const Limit* const> limits) {
+  const auto malformed = [] {
+    return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v1");
+  };
+  std::optional<std::vector<std::int64_t>> v = parse_bigint_array(text);
+  if (!v || v->size() != 1 + 6 * limits.size()) return malformed();
+  std::vector<Decision> out;
+  for (std::size_t i = 0; i < limits.size(); ++i) {
+    const std::int64_t* f = v->data() + 1 + 6 * i;
+    const std::int64_t windows = static_cast<std::int64_t>(limits[i]->parameters().size());
+    if (f[0] < 0 || f[0] > 2 || f[1] < 1 || f[2] < 0 || f[3] < 0 || f[4] < 0 || f[5] < 0 ||
+        f[5] >= windows || (f[0] == 0 && f[3] != 0)) {
+      return malformed();
+    }
+    out.push_back(Decision{.reason = f[0] == 0   ? Reason::kAllowed
+                                     : f[0] == 1 ? Reason::kQuotaExceeded
+                                                 : Reason::kStoreFull,
+                           .limit = static_cast<std::uint64_t>(f[1]),
+                           .remaining = static_cast<std::uint64_t>(f[2]),
+                           .retry_after = std::chrono::nanoseconds{f[3]},
+                           .reset_after = std::chrono::nanoseconds{f[4]},
+                           .binding_window = static_cast<std::size_t>(f[5])});
+  }
+  return out;
+}
+
+}  // namespace sluice::postgres::detail
+
+#endif  // SLUICE_POSTGRES_DETAIL_CHECK_CALL_HPP_

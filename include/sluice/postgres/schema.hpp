@@ -1,0 +1,117 @@
+// sluice/postgres/schema.hpp — installing sluice's schema, and the bounded cleanup of idle rows.
+//
+// Call `migrate` before serving traffic (at deploy, or at every start: it is idempotent). It
+// installs schema `sluice` — versioned in `sluice.schema_version`; each version is applied once,
+// in one transaction, under an advisory lock, so concurrent replicas can all call it — and sets
+// the per-shard row capacity. Schedule `cleanup_expired` to delete idle rows (keys whose every
+// window is full again, which behave exactly like keys never seen).
+//
+//   auto pool = sluice::postgres::ConnectionPool::create({.conninfo = "dbname=app"});
+//   absl::StatusOr<int> version = sluice::postgres::migrate(**pool, {.rows_per_shard = 8192});
+//   ...
+//   // every few seconds, from one replica or all:
+//   absl::StatusOr<std::uint64_t> deleted = sluice::postgres::cleanup_expired(**pool, 1000);
+//
+// Capacity: 256 shards (the first byte of a key's digest) × rows_per_shard rows. A new key whose
+// shard is full is denied with Reason::kStoreFull (after the check itself reclaims up to 16 idle
+// rows of that shard); existing keys keep working, and live rows are never evicted.
+// Thread-safety: both functions may run concurrently with checks and with each other.
+#ifndef SLUICE_POSTGRES_SCHEMA_HPP_
+#define SLUICE_POSTGRES_SCHEMA_HPP_
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/postgres/connection_pool.hpp"
+#include "sluice/postgres/detail/schema_sql.hpp"
+
+namespace sluice::postgres {
+
+// The schema version this header installs and calls.
+inline constexpr int kSchemaVersion = 1;
+// Shards of the row bound: worst case rows = kShards × rows_per_shard.
+inline constexpr int kShards = 256;
+
+struct MigrationOptions {
+  std::uint32_t rows_per_shard = 4096;  // 1..2^31-1; applies to every replica (stored in the DB)
+  std::chrono::milliseconds timeout{30'000};  // for the whole migration transaction
+};
+
+// Installs every schema version up to kSchemaVersion not yet installed and sets the capacity.
+// Returns the installed version. Running it again changes nothing but the capacity.
+inline absl::StatusOr<int> migrate(ConnectionPool& pool, const MigrationOptions& options = {}) {
+  if (options.rows_per_shard < 1 || options.rows_per_shard > 0x7fffffffU) {
+    return absl::InvalidArgumentError("sluice::postgres: rows_per_shard must be in [1, 2^31-1]");
+  }
+  absl::StatusOr<ConnectionPool::Lease> lease = pool.acquire();
+  if (!lease.ok()) return lease.status();
+  const std::string sql = absl::StrCat(
+      "BEGIN;\n"
+      "SET LOCAL client_min_messages = warning;\n"
+      "SET LOCAL statement_timeout = ",
+      options.timeout.count(), ";\nSET LOCAL lock_timeout = ", options.timeout.count(),
+      ";\nSELECT pg_catalog.pg_advisory_xact_lock(", detail::kLockClass,
+      ", -1);\n"
+      "CREATE SCHEMA IF NOT EXISTS sluice;\n"
+      "CREATE TABLE IF NOT EXISTS sluice.schema_version (\n"
+      "  version integer PRIMARY KEY,\n"
+      "  applied_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp());\n"
+      "DO $migrate$ BEGIN\n"
+      "IF NOT EXISTS (SELECT 1 FROM sluice.schema_version WHERE version = 1) THEN\n",
+      detail::kSchemaV1,
+      "INSERT INTO sluice.schema_version (version) VALUES (1);\n"
+      "END IF;\n"
+      "END $migrate$;\n"
+      "UPDATE sluice.shards SET capacity = ",
+      options.rows_per_shard, " WHERE capacity <> ", options.rows_per_shard,
+      ";\n"
+      "COMMIT;\n"
+      "SELECT pg_catalog.max(version) FROM sluice.schema_version;\n");
+  absl::StatusOr<detail::ResultPtr> r =
+      lease->run_simple(sql, options.timeout + pool.options().reply_grace, detail::Effect::kWrites);
+  if (!r.ok()) return r.status();
+  int version = 0;
+  const char* text = PQntuples(r->get()) == 1 ? PQgetvalue(r->get(), 0, 0) : "";
+  const std::string_view value(text);
+  if (std::from_chars(value.data(), value.data() + value.size(), version).ec != std::errc{}) {
+    return absl::InternalError("sluice::postgres: migrate: malformed schema version");
+  }
+  return version;
+}
+
+// Deletes at most `max_rows` idle rows, visiting shards in ascending order and skipping any a
+// check holds at that moment; one round trip, bounded by the pool's statement timeout. Returns
+// how many rows it deleted. An unknown outcome (kUnknown) means rows may have been deleted; idle
+// rows are indistinguishable from absent ones, so calling it again is always safe.
+inline absl::StatusOr<std::uint64_t> cleanup_expired(
+    ConnectionPool& pool, std::uint32_t max_rows,
+    std::optional<std::chrono::nanoseconds> unix_time_for_testing = std::nullopt) {
+  absl::StatusOr<ConnectionPool::Lease> lease = pool.acquire();
+  if (!lease.ok()) return lease.status();
+  const Param params[] = {
+      Param{.value = absl::StrCat(std::min<std::uint32_t>(max_rows, 0x7fffffffU))},
+      unix_time_for_testing ? Param{.value = absl::StrCat(unix_time_for_testing->count())}
+                            : Param{.value = {}, .binary = false, .null = true}};
+  absl::StatusOr<detail::ResultPtr> r =
+      lease->run("sluice_cleanup_v1", "SELECT sluice.cleanup_v1($1::integer, $2::bigint)", params,
+                 detail::Effect::kWrites);
+  if (!r.ok()) return r.status();
+  std::uint64_t deleted = 0;
+  const std::string_view value(PQntuples(r->get()) == 1 ? PQgetvalue(r->get(), 0, 0) : "");
+  if (std::from_chars(value.data(), value.data() + value.size(), deleted).ec != std::errc{}) {
+    return absl::InternalError("sluice::postgres: cleanup: malformed reply");
+  }
+  return deleted;
+}
+
+}  // namespace sluice::postgres
+
+#endif  // SLUICE_POSTGRES_SCHEMA_HPP_

@@ -1,0 +1,493 @@
+// The PostgreSQL part (sluice::postgres) against one real PostgreSQL 15 that this binary starts
+// for all its cases (tests/support/postgres_server.hpp), in a temporary directory.
+//
+// Time: tests that need exact values hand the database function a time through the documented
+// testing hooks (check_at_for_testing, Options::time_for_testing) and compare with the in-memory
+// limiters on a ManualClock at the same instants. Tests on the database clock only assert what
+// sub-second timing cannot change. Each case uses its own limit names, so rows never collide.
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "catch.hpp"
+#include "postgres_server.hpp"
+#include "sluice/clock.hpp"
+#include "sluice/engine.hpp"
+#include "sluice/fixed_window.hpp"
+#include "sluice/gcra.hpp"
+#include "sluice/postgres.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using sluice::Decision;
+using sluice::Reason;
+using sluice::postgres::BatchMode;
+using sluice::postgres::Client;
+using sluice::postgres::PostgresFixedWindowLimiter;
+using sluice::postgres::PostgresGcraLimiter;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+
+constexpr nanoseconds kT0 = std::chrono::seconds(1'700'000'000);  // ns since the Unix epoch
+
+// The one server of this binary, started by the first case that needs it and stopped (by pid)
+// when the process exits.
+std::unique_ptr<sluice_test::PostgresServer> the_server;
+sluice_test::PostgresServer& server() {
+  if (the_server == nullptr) {
+    the_server = std::make_unique<sluice_test::PostgresServer>();
+    const std::string error = the_server->start();
+    INFO(error);
+    REQUIRE(error.empty());
+  }
+  return *the_server;
+}
+
+sluice::postgres::ConnectionOptions connection(milliseconds timeout = 1000ms) {
+  return {.conninfo = server().conninfo(),
+          .connect_timeout = timeout,
+          .acquire_timeout = timeout,
+          .statement_timeout = timeout,
+          .reply_grace = timeout,
+          .max_connections = 8};
+}
+
+std::shared_ptr<Client> client(milliseconds timeout = 1000ms) {
+  auto c = Client::create({.connection = connection(timeout), .key_seed = 42});
+  REQUIRE(c.ok());
+  auto version = sluice::postgres::migrate((*c)->pool());
+  INFO(version.status());
+  REQUIRE(version.ok());
+  return *c;
+}
+
+template <class L>
+L make(absl::StatusOr<L> limiter) {
+  INFO(limiter.status());
+  REQUIRE(limiter.ok());
+  return *std::move(limiter);
+}
+
+template <class L>
+Decision at(L& limiter, std::string_view key, nanoseconds t, std::uint64_t cost = 1) {
+  absl::StatusOr<Decision> d = limiter.check_at_for_testing(key, cost, t);
+  INFO(d.status());
+  REQUIRE(d.ok());
+  return *d;
+}
+
+std::string query(const std::string& sql) {
+  std::string value;
+  const std::string error = server().execute(sql, &value);
+  INFO(error);
+  REQUIRE(error.empty());
+  return value;
+}
+
+// The in-memory and database limiters on one scripted random sequence: every decision equal.
+template <class Memory, class Database>
+void expect_same_decisions(Memory& memory, sluice::ManualClock& clock, Database& database,
+                           std::uint64_t max_cost, nanoseconds max_step, std::uint32_t seed) {
+  std::mt19937_64 random(seed);
+  const std::vector<std::string> keys = {"alpha", "beta", "gamma"};
+  for (int step = 0; step < 300; ++step) {
+    clock.advance(nanoseconds(
+        static_cast<std::int64_t>(random() % static_cast<std::uint64_t>(max_step.count() + 1))));
+    const std::string& key = keys[random() % keys.size()];
+    const std::uint64_t cost = random() % (max_cost + 2);  // 0 peeks; max_cost + 1 is invalid
+    absl::StatusOr<Decision> expected = memory.check(key, cost);
+    absl::StatusOr<Decision> actual = database.check_at_for_testing(key, cost, kT0 + clock.now());
+    INFO("step " << step << " key " << key << " cost " << cost);
+    REQUIRE(expected.status().code() == actual.status().code());
+    if (expected.ok()) REQUIRE(*expected == *actual);
+  }
+}
+
+}  // namespace
+
+// --- schema ------------------------------------------------------------------------------------
+
+TEST_CASE("the migration installs version 1 and running it twice changes nothing") {
+  auto pool = sluice::postgres::ConnectionPool::create(connection());
+  REQUIRE(pool.ok());
+  auto first = sluice::postgres::migrate(**pool);
+  INFO(first.status());
+  REQUIRE(first.ok());
+  CHECK(*first == sluice::postgres::kSchemaVersion);
+  const std::string tables =
+      query("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'sluice'");
+  auto second = sluice::postgres::migrate(**pool);
+  REQUIRE(second.ok());
+  CHECK(*second == 1);
+  CHECK(query("SELECT count(*) FROM sluice.schema_version") == "1");
+  CHECK(query("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'sluice'") == tables);
+  CHECK(query("SELECT count(*) FROM sluice.shards") == "256");
+}
+
+TEST_CASE("a check before the migration is a failed precondition that names the cure") {
+  query("CREATE DATABASE fresh");
+  auto c = Client::create(
+      {.connection = {.conninfo = server().conninfo() + " dbname=fresh"}, .key_seed = 1});
+  REQUIRE(c.ok());
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 1, .period = 1s}}, *c, "x"));
+  absl::StatusOr<Decision> d = limiter.check("k");
+  CHECK(d.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(d.status().message()).find("migrate") != std::string::npos);
+}
+
+// --- parity with the in-memory limiters ---------------------------------------------------------
+
+TEST_CASE("three per second admits three at once then denies with the exact wait") {
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, client(), "3/s"));
+  CHECK(at(limiter, "k", kT0) ==
+        Decision{.limit = 3, .remaining = 2, .reset_after = 333'333'334ns});
+  CHECK(at(limiter, "k", kT0).remaining == 1);
+  CHECK(at(limiter, "k", kT0).remaining == 0);
+  CHECK(at(limiter, "k", kT0) == Decision{.reason = Reason::kQuotaExceeded,
+                                          .limit = 3,
+                                          .remaining = 0,
+                                          .retry_after = 333'333'334ns,
+                                          .reset_after = 1'000'000'000ns});
+  CHECK(at(limiter, "k", kT0 + 333'333'334ns).allowed());
+}
+
+TEST_CASE("database GCRA decides scripted sequences exactly as the in-memory limiter") {
+  const std::vector<sluice::GcraWindow> windows = {{.requests = 3, .period = 1s, .burst = 5},
+                                                   {.requests = 20, .period = 60s}};
+  sluice::ManualClock clock;
+  auto memory = make(sluice::GcraLimiter<sluice::ManualClock>::create(windows, {}, clock));
+  auto database = make(PostgresGcraLimiter::create(windows, client(), "parity-gcra"));
+  expect_same_decisions(memory, clock, database, 5, 700ms, 7);
+}
+
+TEST_CASE("database GCRA stays exact for an emission interval below a nanosecond") {
+  const std::vector<sluice::GcraWindow> windows = {
+      {.requests = 3'000'000'007, .period = 1s, .burst = 1000}};
+  sluice::ManualClock clock;
+  auto memory = make(sluice::GcraLimiter<sluice::ManualClock>::create(windows, {}, clock));
+  auto database = make(PostgresGcraLimiter::create(windows, client(), "parity-fine"));
+  expect_same_decisions(memory, clock, database, 1000, 200ns, 11);
+}
+
+TEST_CASE("database fixed windows decide scripted sequences exactly as the in-memory limiter") {
+  const std::vector<sluice::FixedWindow> windows = {{.limit = 4, .window = 1s},
+                                                    {.limit = 10, .window = 10s}};
+  sluice::ManualClock clock;
+  auto memory = make(sluice::FixedWindowLimiter<sluice::ManualClock>::create(windows, {}, clock));
+  auto database = make(PostgresFixedWindowLimiter::create(windows, client(), "parity-fixed"));
+  expect_same_decisions(memory, clock, database, 4, 400ms, 13);
+}
+
+TEST_CASE("a cost above the smallest burst is an invalid argument that sends nothing") {
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 2, .period = 1s}}, client(), "big"));
+  CHECK(limiter.check("k", 3).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(at(limiter, "k", kT0, 0) == Decision{.limit = 2, .remaining = 2});
+}
+
+TEST_CASE("the database clock decides when no time is given") {
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 2, .period = 1h}}, client(), "clock"));
+  CHECK(limiter.check("k").value().remaining == 1);
+  CHECK(limiter.check("k").value().remaining == 0);
+  const Decision denied = limiter.check("k").value();
+  CHECK(denied.reason == Reason::kQuotaExceeded);
+  CHECK(denied.retry_after > 1790s);  // half an hour minus the test's own time
+  CHECK(denied.retry_after <= 1800s);
+}
+
+TEST_CASE("the database holds digests only, never key bytes") {
+  auto c = client();
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 2, .period = 1s}}, c, "digest"));
+  at(limiter, "secret-identity-203.0.113.7", kT0);
+  const sluice::KeyDigest d = c->digest("secret-identity-203.0.113.7", limiter.limit());
+  std::string hex;
+  sluice::postgres::detail::append_digest(hex, d);
+  CHECK(query("SELECT count(*) FROM sluice.limit_state WHERE digest = '\\x" +
+              absl::BytesToHexString(hex) + "'") == "1");
+  CHECK(query("SELECT count(*) FROM sluice.limit_state WHERE position('secret'::bytea IN digest) "
+              "> 0") == "0");
+}
+
+// --- batches -----------------------------------------------------------------------------------
+
+TEST_CASE("a batch with one denied item reserves nothing in any item") {
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 2, .period = 1s}}, client(), "batch"));
+  at(limiter, "full", kT0, 2);
+  const std::vector<std::string_view> keys = {"a", "full", "b"};
+  auto d = limiter.client()->check_all_at_for_testing(
+      std::vector<sluice::postgres::CheckItem>{
+          {"a", &limiter.limit()}, {"full", &limiter.limit()}, {"b", &limiter.limit()}},
+      1, BatchMode::kAllOrNothing, kT0);
+  REQUIRE(d.ok());
+  CHECK((*d)[0].allowed());
+  CHECK((*d)[1].reason == Reason::kQuotaExceeded);
+  CHECK((*d)[2].allowed());
+  CHECK(at(limiter, "a", kT0, 0).remaining == 2);
+  CHECK(at(limiter, "b", kT0, 0).remaining == 2);
+}
+
+TEST_CASE("a batch whose items all pass reserves every item, and repeated keys see each other") {
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, client(), "batch2"));
+  const sluice::postgres::Limit& l = limiter.limit();
+  auto d = limiter.client()->check_all_at_for_testing(
+      std::vector<sluice::postgres::CheckItem>{{"a", &l}, {"b", &l}, {"a", &l}}, 1,
+      BatchMode::kAllOrNothing, kT0);
+  REQUIRE(d.ok());
+  CHECK((*d)[0].remaining == 2);
+  CHECK((*d)[1].remaining == 2);
+  CHECK((*d)[2].remaining == 1);
+  CHECK(at(limiter, "a", kT0, 0).remaining == 1);
+  CHECK(at(limiter, "b", kT0, 0).remaining == 2);
+}
+
+TEST_CASE("each-item batches store every admitted item even when another is denied") {
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 1, .period = 1s}}, client(), "each"));
+  const sluice::postgres::Limit& l = limiter.limit();
+  at(limiter, "full", kT0);
+  auto d = limiter.client()->check_all_at_for_testing(
+      std::vector<sluice::postgres::CheckItem>{{"a", &l}, {"full", &l}}, 1, BatchMode::kEachItem,
+      kT0);
+  REQUIRE(d.ok());
+  CHECK((*d)[0].allowed());
+  CHECK(!(*d)[1].allowed());
+  CHECK(at(limiter, "a", kT0, 0).remaining == 0);
+}
+
+// --- shared budget -----------------------------------------------------------------------------
+
+TEST_CASE("two clients with concurrent callers admit exactly the burst in total") {
+  constexpr std::uint64_t kBurst = 50;
+  auto first =
+      make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, client(), "shared"));
+  auto second =
+      make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, client(), "shared"));
+  std::atomic<int> admitted{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      auto& limiter = t % 2 == 0 ? first : second;
+      for (int i = 0; i < 20; ++i) {
+        absl::StatusOr<Decision> d = limiter.check_at_for_testing("one-key", 1, kT0);
+        if (!d.ok()) {
+          ++errors;
+        } else if (d->allowed()) {
+          ++admitted;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(errors.load() == 0);
+  CHECK(admitted.load() == static_cast<int>(kBurst));
+}
+
+// --- capacity and cleanup ------------------------------------------------------------------------
+
+TEST_CASE("a full shard denies a new key with a capacity denial and cleanup frees it") {
+  auto c = client();
+  query("TRUNCATE sluice.limit_state; UPDATE sluice.shards SET row_count = 0");
+  REQUIRE(sluice::postgres::migrate(c->pool(), {.rows_per_shard = 1}).ok());
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 1, .period = 10s}}, c, "cap"));
+  // Two keys in one shard: the shard is the first byte of the digest.
+  auto shard = [&](const std::string& key) { return c->digest(key, limiter.limit()).high >> 56; };
+  const std::string a = "key-0";
+  std::string b;
+  for (int i = 1; b.empty(); ++i) {
+    if (shard("key-" + std::to_string(i)) == shard(a)) b = "key-" + std::to_string(i);
+  }
+  CHECK(at(limiter, a, kT0).allowed());
+  CHECK(at(limiter, b, kT0 + 1s) ==
+        Decision{.reason = Reason::kStoreFull, .limit = 1, .retry_after = 9s});
+  CHECK(at(limiter, a, kT0 + 10s).allowed());  // existing keys keep working
+  CHECK(at(limiter, b, kT0 + 20s).allowed());  // a's row went idle: reclaimed inline
+  CHECK(query("SELECT sum(row_count) FROM sluice.shards") == "1");
+
+  REQUIRE(sluice::postgres::migrate(c->pool(), {.rows_per_shard = 4096}).ok());
+  for (int i = 0; i < 30; ++i) at(limiter, "spray-" + std::to_string(i), kT0 + 30s);
+  CHECK(query("SELECT sum(row_count) FROM sluice.shards") == "31");
+  // b's row is idle from kT0 + 30 s, the sprayed ones from kT0 + 40 s.
+  CHECK(sluice::postgres::cleanup_expired(c->pool(), 1000, kT0 + 39s).value() == 1);
+  CHECK(sluice::postgres::cleanup_expired(c->pool(), 10, kT0 + 40s).value() == 10);
+  CHECK(sluice::postgres::cleanup_expired(c->pool(), 1000, kT0 + 40s).value() == 20);
+  CHECK(query("SELECT count(*) FROM sluice.limit_state") == "0");
+  CHECK(query("SELECT sum(row_count) FROM sluice.shards") == "0");
+}
+
+// --- the engine --------------------------------------------------------------------------------
+
+TEST_CASE("the engine over PostgreSQL gives the in-memory engine's evaluations exactly") {
+  const sluice::PolicyConfig config{
+      .policies = {{.name = "api",
+                    .rate_limits = {{.name = "per-ip",
+                                     .selector = {sluice::Selector::kIp},
+                                     .requests_per = {.s = 2, .minute = 10},
+                                     .burst = 3},
+                                    {.name = "per-route",
+                                     .selector = {sluice::Selector::kRoute},
+                                     .requests_per = {.minute = 15}}}}},
+      .routes = {{.name = "r", .path_prefix = "/", .policies = {"api"}}}};
+  sluice::ManualClock clock;
+  auto memory =
+      make(sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>::create(
+          config, {.clock = clock}));
+  auto database = make(sluice::postgres::PostgresRateLimitEngine::create(
+      config, {.client = client(), .time_for_testing = [clock] { return kT0 + clock.now(); }}));
+  const sluice::WallTime wall{std::chrono::seconds(1'700'000'000)};
+  for (int i = 0; i < 40; ++i) {
+    clock.advance(150ms);
+    const std::string ip = i % 3 == 0 ? "198.51.100.1" : "198.51.100.2";
+    const sluice::RequestContext request{
+        .client_ip = ip, .route = "r", .path = "/x", .wall_time = wall};
+    const sluice::Evaluation expected = memory.evaluate(request);
+    const sluice::Evaluation actual = database.evaluate(request);
+    INFO("request " << i);
+    REQUIRE(actual.backend_error.ok());
+    CHECK(actual.allowed == expected.allowed);
+    CHECK(actual.binding == expected.binding);
+    CHECK(actual.fields == expected.fields);
+  }
+}
+
+// --- faults ------------------------------------------------------------------------------------
+
+TEST_CASE("a statement held past its timeout is DeadlineExceeded and consumes nothing") {
+  auto c = client(300ms);
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 5, .period = 1s}}, c, "slow"));
+  const int shard = static_cast<int>(c->digest("k", limiter.limit()).high >> 56);
+  // Another session holds the key's shard lock, so the check waits until its timeout.
+  PGconn* holder = PQconnectdb(server().conninfo().c_str());
+  REQUIRE(PQstatus(holder) == CONNECTION_OK);
+  PQclear(PQexec(holder,
+                 ("SELECT pg_advisory_lock(1936483173, " + std::to_string(shard) + ")").c_str()));
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<Decision> d = limiter.check_at_for_testing("k", 1, kT0);
+  const auto took = std::chrono::steady_clock::now() - start;
+  PQfinish(holder);
+  CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took < 1s);
+  CHECK(at(limiter, "k", kT0, 0).remaining == 5);
+}
+
+TEST_CASE("a reply later than the deadline is an unknown outcome, never retried") {
+  auto c = client(300ms);
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 5, .period = 1s}}, c, "frozen"));
+  CHECK(at(limiter, "k", kT0).allowed());  // opens the pooled connection
+  const std::string backend = query(
+      "SELECT pid FROM pg_catalog.pg_stat_activity WHERE application_name = 'sluice' LIMIT 1");
+  ::kill(std::stoi(backend), SIGSTOP);  // the backend freezes with the connection open
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<Decision> d = limiter.check_at_for_testing("k", 1, kT0);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ::kill(std::stoi(backend), SIGCONT);
+  CHECK(d.status().code() == absl::StatusCode::kUnknown);
+  CHECK(std::string(d.status().message()).find("outcome unknown") != std::string::npos);
+  CHECK(took >= 600ms);
+  CHECK(took < 2s);
+  CHECK(limiter.check_at_for_testing("k", 0, kT0)
+            .ok());  // the frozen connection was dropped, a new one works
+}
+
+TEST_CASE("backends terminated mid-run give errors that never overstate what was consumed") {
+  constexpr std::uint64_t kBurst = 1000;
+  auto c = client();
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, c, "kill"));
+  std::atomic<bool> done{false};
+  std::atomic<int> admitted{0}, unknown{0}, unavailable{0}, other{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < 30; ++i) {
+        absl::StatusOr<Decision> d = limiter.check_at_for_testing("one", 1, kT0);
+        if (d.ok()) {
+          admitted += d->allowed() ? 1 : 0;
+        } else if (d.status().code() == absl::StatusCode::kUnknown) {
+          ++unknown;
+        } else if (d.status().code() == absl::StatusCode::kUnavailable) {
+          ++unavailable;
+        } else {
+          ++other;
+          UNSCOPED_INFO(d.status());
+        }
+      }
+    });
+  }
+  std::thread killer([&] {
+    while (!done.load()) {
+      server().execute(
+          "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity "
+          "WHERE application_name = 'sluice'");
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  for (auto& t : callers) t.join();
+  done = true;
+  killer.join();
+  INFO("admitted " << admitted << ", unavailable " << unavailable << ", unknown " << unknown);
+  CHECK(other.load() == 0);
+  CHECK(unavailable.load() + unknown.load() > 0);
+  // The last terminations may still be landing: a read-only peek may need a fresh connection.
+  absl::StatusOr<Decision> after = limiter.check_at_for_testing("one", 0, kT0);
+  for (int i = 0; i < 10 && !after.ok(); ++i) after = limiter.check_at_for_testing("one", 0, kT0);
+  REQUIRE(after.ok());
+  const auto consumed = static_cast<int>(kBurst - after->remaining);
+  CHECK(consumed >= admitted.load());
+  CHECK(consumed <= admitted.load() + unknown.load());
+}
+
+TEST_CASE("a stopped server is Unavailable within the timeout and a restart recovers") {
+  auto c = client(300ms);
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 5, .period = 1s}}, c, "down"));
+  CHECK(at(limiter, "k", kT0).allowed());
+  server().stop();
+  for (int i = 0; i < 3; ++i) {  // a pooled connection, then fresh connection attempts
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<Decision> d = limiter.check_at_for_testing("k", 1, kT0);
+    const auto took = std::chrono::steady_clock::now() - start;
+    CHECK(d.status().code() == absl::StatusCode::kUnavailable);
+    CHECK(took < 700ms);
+  }
+  REQUIRE(server().start().empty());
+  CHECK(at(limiter, "k", kT0, 0) == Decision{.limit = 5, .remaining = 4, .reset_after = 200ms});
+}
+
+TEST_CASE("TCP connections on 127.0.0.1 work like unix socket ones") {
+  client();  // the schema is installed
+  auto c = Client::create(
+      {.connection = {.conninfo = server().tcp_conninfo(), .max_connections = 2}, .key_seed = 42});
+  REQUIRE(c.ok());
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 2, .period = 1s}}, *c, "tcp"));
+  CHECK(at(limiter, "k", kT0) == Decision{.limit = 2, .remaining = 1, .reset_after = 500ms});
+}
+
+TEST_CASE("the pool never opens more than max connections and a wait for one is bounded") {
+  auto pool = sluice::postgres::ConnectionPool::create(
+      {.conninfo = server().conninfo(), .acquire_timeout = 100ms, .max_connections = 2});
+  REQUIRE(pool.ok());
+  auto first = (*pool)->acquire();
+  auto second = (*pool)->acquire();
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  const auto start = std::chrono::steady_clock::now();
+  auto third = (*pool)->acquire();
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(third.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took >= 100ms);
+  CHECK(took < 1s);
+  CHECK((*pool)->open_connections() == 2);
+}
