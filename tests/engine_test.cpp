@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
@@ -78,13 +79,13 @@ TEST_CASE("a global limit and a route limit layer additively") {
                     .rate_limits = {rule("route", {Selector::kIp, Selector::kRoute}, {.s = 10})}}},
       .gateway = {.global_policies = {"global"}}};
   for (int r = 0; r < 12; ++r) {
-    config.routes.push_back({.name = "r" + std::to_string(r), .policies = {"per-route"}});
+    config.routes.push_back({.name = absl::StrCat("r", r), .policies = {"per-route"}});
   }
   Engine engine = make(config, clock);
   CHECK(admitted(engine, on_route("10.0.0.1", "r0"), 15) == 10);  // held at 10/s on one route
   int total = 10;
   for (int r = 1; r < 12; ++r) {
-    total += admitted(engine, on_route("10.0.0.1", "r" + std::to_string(r)), 15);
+    total += admitted(engine, on_route("10.0.0.1", absl::StrCat("r", r)), 15);
   }
   CHECK(total == 100);  // all routes together held at 100/s
 }
@@ -398,7 +399,7 @@ TEST_CASE(
   Engine engine = make(per_credential_10_per_minute(), clock);
   int allowed = 0;
   for (int i = 0; i < 14; ++i) {
-    const std::string token = "random-token-" + std::to_string(i * 7919);
+    const std::string token = absl::StrCat("random-token-", i * 7919);
     allowed +=
         engine.evaluate({.client_ip = "198.51.100.9", .credential = token, .path = "/"}).allowed;
   }
