@@ -513,3 +513,67 @@ TEST_CASE("whatever validates compiles: the largest supported rule runs in the e
   REQUIRE(engine.ok());
   CHECK(engine->evaluate({.client_ip = "10.0.0.1", .path = "/"}).allowed);
 }
+
+TEST_CASE("an IPv6 client rotating addresses inside its /64 is held to one bucket") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "p", .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 10})}}},
+      .gateway = {.global_policies = {"p"}}};
+  Engine engine = make(config, clock);
+  int allowed = 0;
+  for (int i = 0; i < 50; ++i) {
+    const std::string address = absl::StrCat("2001:db8:1:2:", i, ":", i * 31, "::", i + 1);
+    allowed += engine.evaluate({.client_ip = address, .path = "/"}).allowed;
+  }
+  CHECK(allowed == 10);
+  CHECK(engine.evaluate({.client_ip = "2001:db8:1:3::1", .path = "/"}).allowed);  // next /64
+}
+
+TEST_CASE("address prefixes are configurable per gateway and per rule") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "p",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 1}),
+                                    {.name = "per-subnet",
+                                     .selector = {Selector::kIp},
+                                     .requests_per = {.minute = 3},
+                                     .address_prefixes = sluice::AddressPrefixes{.ipv4 = 16}}}}},
+      .gateway = {.global_policies = {"p"}, .address_prefixes = {.ipv4 = 24, .ipv6 = 48}}};
+  Engine engine = make(config, clock);
+  CHECK(engine.rule(0).compiled.address_prefixes == sluice::AddressPrefixes{24, 48});
+  CHECK(engine.rule(1).compiled.address_prefixes == sluice::AddressPrefixes{16, 64});
+  CHECK(engine.evaluate({.client_ip = "192.0.2.1", .path = "/"}).allowed);
+  CHECK_FALSE(engine.evaluate({.client_ip = "192.0.2.200", .path = "/"}).allowed);  // same /24
+  CHECK(engine.evaluate({.client_ip = "192.0.3.1", .path = "/"}).allowed);          // next /24
+  CHECK(engine.evaluate({.client_ip = "192.0.4.1", .path = "/"}).allowed);  // 3rd in the /16
+  sluice::Evaluation fifth = engine.evaluate({.client_ip = "192.0.5.1", .path = "/"});
+  CHECK_FALSE(fifth.allowed);  // the /16 rule's 3 are spent (the denied 2nd consumed nothing)
+  CHECK(engine.rule(fifth.binding->rule).compiled.label == "p/per-subnet");
+}
+
+TEST_CASE("unparsable client addresses share one bucket instead of one each") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "p", .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 3})}}},
+      .gateway = {.global_policies = {"p"}}};
+  Engine engine = make(config, clock);
+  int allowed = 0;
+  for (int i = 0; i < 20; ++i) {
+    allowed += engine.evaluate({.client_ip = absl::StrCat("not-an-ip-", i), .path = "/"}).allowed;
+  }
+  CHECK(allowed == 3);
+}
+
+TEST_CASE("bad address prefixes and trusted proxies are rejected naming their path") {
+  sluice::PolicyConfig config = documented_example();
+  config.gateway.address_prefixes.ipv6 = 129;
+  CHECK(sluice::validate(config).message() ==
+        "gateway.address_prefixes.ipv6 must be in [0, 128], got 129");
+  config.gateway.address_prefixes = {};
+  config.policies[0].rate_limits[0].address_prefixes = sluice::AddressPrefixes{.ipv4 = 33};
+  CHECK(sluice::validate(config).message() ==
+        "policies[0].rate_limits[0].address_prefixes.ipv4 must be in [0, 32], got 33");
+  config.policies[0].rate_limits[0].address_prefixes.reset();
+  config.gateway.trusted_proxies = {"10.0.0.0/8", "not-a-network"};
+  CHECK(sluice::validate(config).message().substr(0, 28) == "gateway.trusted_proxies[1]: ");
+}

@@ -24,9 +24,11 @@
 // reported in `dry_denied`; they never deny and never add fields.
 //
 // Keys: a rule's key is its identity plus its selected attributes in the canonical order ip,
-// credential, route. `credential` falls back to the client ip (tagged, so a credential equal to
-// an ip string is still a different key) until the request carries one; an unrouted request has a
-// route component that no route name can produce.
+// credential, route. `ip` is the client address's network under the rule's address prefixes
+// (IPv4 /32 and IPv6 /64 by default; unparsable addresses share one key). `credential` falls back
+// to the client address (tagged, so a credential equal to an address is still a different key)
+// until the request carries an authenticated credential (with its consumer); an unrouted request
+// has a route component that no route name can produce.
 //
 // Consumption (EngineOptions::consumption): kAllOrNothing (default) decides all of a request's
 // rules under all their locks and commits only if every rule admits, so a denied request consumes
@@ -57,6 +59,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/client_address.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/detail/limiter_common.hpp"
@@ -287,8 +290,9 @@ class BasicRateLimitEngine {
     thread_local std::string buffer;
     buffer.clear();
     absl::InlinedVector<std::pair<std::size_t, std::size_t>, 16> spans;
-    for (std::uint32_t r : live) spans.push_back(append_key(buffer, r, *request));
-    for (std::uint32_t r : dry) spans.push_back(append_key(buffer, r, *request));
+    const ClientAddress address = ClientAddress::parse(request->client_ip);
+    for (std::uint32_t r : live) spans.push_back(append_key(buffer, r, *request, address));
+    for (std::uint32_t r : dry) spans.push_back(append_key(buffer, r, *request, address));
     absl::InlinedVector<RuleKey, 16> keys;
     for (std::size_t i = 0; i < spans.size(); ++i) {
       keys.push_back({i < live.size() ? live[i] : dry[i - live.size()],
@@ -486,20 +490,24 @@ class BasicRateLimitEngine {
   }
 
   // Appends rule `r`'s key for `request`; returns its (offset, size) in `out`.
+  // An address is keyed by its network under the rule's prefixes; every unparsable address
+  // shares one "invalid" key, so no text a client writes becomes a key of its own.
   std::pair<std::size_t, std::size_t> append_key(std::string& out, std::uint32_t r,
-                                                 const RequestContext& request) const {
+                                                 const RequestContext& request,
+                                                 const ClientAddress& address) const {
     const std::size_t start = out.size();
+    const CompiledRule& rule = rules_[r].compiled;
     out.append(rules_[r].key_prefix);
-    for (Selector selector : rules_[r].compiled.selector) {
+    for (Selector selector : rule.selector) {
       switch (selector) {
         case Selector::kIp:
-          append_key_part(out, 'i', request.client_ip);
+          append_key_part(out, 'i', network_key(address, rule.address_prefixes).bytes());
           break;
         case Selector::kCredential:
           if (request.credential && request.consumer) {  // authenticated
             append_key_part(out, 'c', *request.credential);
           } else {
-            append_key_part(out, 'i', request.client_ip);
+            append_key_part(out, 'i', network_key(address, rule.address_prefixes).bytes());
           }
           break;
         case Selector::kRoute:

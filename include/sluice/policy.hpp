@@ -51,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/client_address.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/key.hpp"
 #include "sluice/window.hpp"
@@ -103,6 +104,9 @@ struct Rule {
   std::vector<Selector> selector{};      // non-empty, no duplicates
   RequestsPer requests_per{};            // at least one window
   std::optional<std::uint64_t> burst{};  // bucket of the shortest window; default: its requests
+  // How much of the client address keys `ip` (and the address fallback of `credential`); default:
+  // the gateway's address_prefixes.
+  std::optional<AddressPrefixes> address_prefixes{};
 
   friend bool operator==(const Rule&, const Rule&) = default;
 };
@@ -169,6 +173,12 @@ struct Gateway {
   std::vector<std::string> global_policies{};  // bundles applied to every non-exempt request
   // Request paths (exact match) that no rule applies to and that get no rate-limit fields.
   std::vector<std::string> exempt_paths = {"/healthz", "/readyz", "/metrics"};
+  // The default network prefix that identifies a client: an IPv4 address by /32, an IPv6 client
+  // by its /64 (one host usually holds a whole /64). Rules may override it.
+  AddressPrefixes address_prefixes{};
+  // Proxies (CIDR, e.g. "10.0.0.0/8") whose Forwarded / X-Forwarded-For headers the gateway
+  // believes; empty: every client is its peer. Used by the gateway's ClientAddressResolver.
+  std::vector<std::string> trusted_proxies{};
 
   friend bool operator==(const Gateway&, const Gateway&) = default;
 };
@@ -280,9 +290,10 @@ struct CompiledRule {
   // For logs, metrics and header policy names: "<bundle>/<name>", "<bundle>/rate_limits[<index>]"
   // when unnamed, "<bundle>/rate_limit" for the legacy rule.
   std::string label{};
-  std::vector<Selector> selector{};   // canonical order ip, credential, route; no duplicates
-  std::vector<GcraWindow> windows{};  // shortest first, burst explicit; only windows[0] has the
-                                      // rule's burst, every other window its requests
+  std::vector<Selector> selector{};    // canonical order ip, credential, route; no duplicates
+  AddressPrefixes address_prefixes{};  // the rule's, or else the gateway's
+  std::vector<GcraWindow> windows{};   // shortest first, burst explicit; only windows[0] has the
+                                       // rule's burst, every other window its requests
   // Identity for reload: equal fingerprints mean the engine may keep the rule's state. Covers the
   // bundle name, the rule's name (its position when unnamed; "legacy" for rate_limit), the
   // selector and every window with its burst; not dry_run (a rule moved from dry-run to enforcing
@@ -433,6 +444,17 @@ inline constexpr std::array<WindowSpec, 3> kWindowSpecs{{
     {"hour", 3600, &RequestsPer::hour},
 }};
 
+// `path` names the prefixes, e.g. "gateway.address_prefixes".
+inline absl::Status check_prefixes(const AddressPrefixes& prefixes, const std::string& path) {
+  if (prefixes.ipv4 < 0 || prefixes.ipv4 > 32) {
+    return invalid(path, ".ipv4 must be in [0, 32], got ", prefixes.ipv4);
+  }
+  if (prefixes.ipv6 < 0 || prefixes.ipv6 > 128) {
+    return invalid(path, ".ipv6 must be in [0, 128], got ", prefixes.ipv6);
+  }
+  return absl::OkStatus();
+}
+
 inline absl::Status validate_rule(const Rule& rule, const std::string& path) {
   if (absl::Status s = check_name(rule.name, path + ".name", /*required=*/false); !s.ok()) {
     return s;
@@ -467,9 +489,13 @@ inline absl::Status validate_rule(const Rule& rule, const std::string& path) {
     std::uint64_t limit =
         max_burst(*(rule.requests_per.*shortest->requests), shortest->period_seconds);
     if (*rule.burst > limit) {
-      return invalid(path, ".burst must be <= ",
-                     std::to_string(limit) + " (a full bucket must refill within 365 days)");
+      return invalid(path, ".burst must be <= ", limit,
+                     limit == kMaxBurst ? " (the largest supported burst)"
+                                        : " (a full bucket must refill within 365 days)");
     }
+  }
+  if (rule.address_prefixes.has_value()) {
+    return check_prefixes(*rule.address_prefixes, path + ".address_prefixes");
   }
   return absl::OkStatus();
 }
@@ -485,7 +511,7 @@ inline absl::Status validate_legacy(const LegacyRateLimit& legacy, const std::st
 // Assumes `rule_windows` and `selector` are valid; canonicalizes and fingerprints.
 inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_t index,
                               bool legacy, std::vector<Selector> selector,
-                              std::vector<GcraWindow> windows) {
+                              std::vector<GcraWindow> windows, AddressPrefixes prefixes) {
   std::sort(selector.begin(), selector.end());
   std::sort(windows.begin(), windows.end(),
             [](const GcraWindow& a, const GcraWindow& b) { return a.period < b.period; });
@@ -525,7 +551,14 @@ inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_
     f += std::to_string(windows[i].requests) + "/" + std::to_string(windows[i].period.count()) +
          "ns/" + std::to_string(windows[i].burst);
   }
+  // Address prefixes change what a key means: a rule keyed on addresses starts fresh when they
+  // change. The default adds nothing, so default fingerprints read as before prefixes existed.
+  const bool keys_addresses = selector.front() != Selector::kRoute;  // has ip or credential
+  if (keys_addresses && prefixes != AddressPrefixes{}) {
+    absl::StrAppend(&f, ";prefixes=", prefixes.ipv4, "/", prefixes.ipv6);
+  }
 
+  rule.address_prefixes = prefixes;
   rule.name = std::move(name);
   rule.selector = std::move(selector);
   rule.windows = std::move(windows);
@@ -533,7 +566,7 @@ inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_
 }
 
 // Assumes `bundle` passed validate_bundle.
-inline CompiledBundle compile_valid_bundle(const Bundle& bundle) {
+inline CompiledBundle compile_valid_bundle(const Bundle& bundle, const AddressPrefixes& defaults) {
   CompiledBundle out{.name = bundle.name, .dry_run = bundle.dry_run, .rules = {}};
   out.rules.reserve(bundle.rate_limits.size() + (bundle.rate_limit.has_value() ? 1 : 0));
   for (std::size_t i = 0; i < bundle.rate_limits.size(); ++i) {
@@ -548,8 +581,8 @@ inline CompiledBundle compile_valid_bundle(const Bundle& bundle) {
     }
     // kWindowSpecs is shortest first, so windows[0] is the shortest: it alone takes the burst.
     if (rule.burst.has_value()) windows.front().burst = *rule.burst;
-    out.rules.push_back(
-        make_rule(bundle, rule.name, i, /*legacy=*/false, rule.selector, std::move(windows)));
+    out.rules.push_back(make_rule(bundle, rule.name, i, /*legacy=*/false, rule.selector,
+                                  std::move(windows), rule.address_prefixes.value_or(defaults)));
   }
   if (bundle.rate_limit.has_value()) {
     const LegacyRateLimit& legacy = *bundle.rate_limit;
@@ -558,7 +591,7 @@ inline CompiledBundle compile_valid_bundle(const Bundle& bundle) {
                    .period = std::chrono::seconds(legacy.window_seconds),
                    .burst = legacy.requests}};
     out.rules.push_back(make_rule(bundle, "", bundle.rate_limits.size(), /*legacy=*/true,
-                                  {Selector::kRoute}, std::move(windows)));
+                                  {Selector::kRoute}, std::move(windows), defaults));
   }
   return out;
 }
@@ -763,6 +796,22 @@ inline absl::Status validate_gateway(const Gateway& gateway, const NameIndex& bu
                              detail::quoted(exempt), " must start with '/'");
     }
   }
+  if (absl::Status s = check_prefixes(gateway.address_prefixes, "gateway.address_prefixes");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = check_size(gateway.trusted_proxies, "gateway.trusted_proxies",
+                                  ClientAddressResolver::kMaxTrustedNetworks, "trusted proxies");
+      !s.ok()) {
+    return s;
+  }
+  for (std::size_t i = 0; i < gateway.trusted_proxies.size(); ++i) {
+    absl::StatusOr<Cidr> cidr = Cidr::parse(gateway.trusted_proxies[i]);
+    if (!cidr.ok()) {
+      return detail::invalid(detail::element("gateway", "trusted_proxies", i), ": ",
+                             cidr.status().message());
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -810,7 +859,7 @@ inline absl::Status validate(const PolicyConfig& config) {
 inline absl::StatusOr<CompiledBundle> compile_bundle(const Bundle& bundle,
                                                      std::string_view path = "bundle") {
   if (absl::Status s = validate_bundle(bundle, path); !s.ok()) return s;
-  return detail::compile_valid_bundle(bundle);
+  return detail::compile_valid_bundle(bundle, AddressPrefixes{});
 }
 
 // Validates the whole config, then compiles every bundle, in declaration order.
@@ -819,7 +868,7 @@ inline absl::StatusOr<std::vector<CompiledBundle>> compile_policies(const Policy
   std::vector<CompiledBundle> out;
   out.reserve(config.policies.size());
   for (const Bundle& bundle : config.policies) {
-    out.push_back(detail::compile_valid_bundle(bundle));
+    out.push_back(detail::compile_valid_bundle(bundle, config.gateway.address_prefixes));
   }
   return out;
 }
