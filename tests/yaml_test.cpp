@@ -403,10 +403,15 @@ TEST_CASE("an alias bomb is stopped by the node budget") {
         std::string::npos);
 }
 
-TEST_CASE("deep nesting is a syntax error and not a stack overflow") {
-  std::string text = "policies: " + std::string(100000, '[') + std::string(100000, ']') + "\n";
-  const std::string message = error_of(text);
-  CHECK(message.find(": invalid YAML: ") != std::string::npos);
+TEST_CASE("nesting deeper than the documented limit is an error that names the limit") {
+  const std::string flow = "policies: " + std::string(100000, '[') + std::string(100000, ']');
+  CHECK(error_of(flow) == "1:74: (root): the config nests deeper than 64 levels");
+  std::string block = "policies:\n";
+  for (int i = 1; i <= 100; ++i) block += std::string(static_cast<std::size_t>(i), ' ') + "- \n";
+  CHECK(error_of(block) == "64:64: (root): the config nests deeper than 64 levels");
+  // Within the limit, nesting is yaml-cpp's and the schema's business, not a nesting error.
+  const std::string shallow = "policies: " + std::string(60, '[') + std::string(60, ']');
+  CHECK(error_of(shallow).find("nests deeper") == std::string::npos);
 }
 
 // --- files
@@ -442,4 +447,31 @@ TEST_CASE("a file over the size limit is rejected without reading all of it") {
   std::remove(path.c_str());
   CHECK(config.status().message() ==
         "yaml_test_big_config.yaml:1:1: (root): the config is more than 2097152 bytes");
+}
+
+TEST_CASE("address prefixes and trusted proxies load per gateway and per rule") {
+  auto config = sluice::yaml::load_config(R"(
+policies:
+  - name: p
+    rate_limits:
+      - selector: [ip]
+        requests_per: { minute: 5 }
+        address_prefixes: { ipv4: 24, ipv6: 48 }
+gateway:
+  global_policies: [p]
+  address_prefixes: { ipv6: 56 }
+  trusted_proxies: [10.0.0.0/8, "2001:db8::/32"]
+)");
+  REQUIRE(config.ok());
+  CHECK(config->policies[0].rate_limits[0].address_prefixes ==
+        sluice::AddressPrefixes{.ipv4 = 24, .ipv6 = 48});
+  CHECK(config->gateway.address_prefixes == sluice::AddressPrefixes{.ipv4 = 32, .ipv6 = 56});
+  CHECK(config->gateway.trusted_proxies == std::vector<std::string>{"10.0.0.0/8", "2001:db8::/32"});
+}
+
+TEST_CASE("a bad prefix or proxy network is reported at its line and path") {
+  CHECK(error_of("gateway:\n  address_prefixes: { ipv4: 40 }\n") ==
+        "2:29: gateway.address_prefixes.ipv4: must be in [0, 32], got 40");
+  CHECK(error_of("gateway:\n  trusted_proxies: [10.0.0.1/8]\n")
+            .starts_with("2:21: gateway.trusted_proxies[0]: "));
 }

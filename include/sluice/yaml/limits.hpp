@@ -1,8 +1,9 @@
 // sluice/yaml/limits.hpp — how much untrusted config text the YAML loader reads.
 //
 // A config is at most kMaxConfigBytes, and at most kMaxConfigNodes nodes are read from it (each
-// use of an alias counts, so an alias bomb is rejected early). yaml-cpp itself rejects nesting
-// deeper than its DepthGuard limit (2000) with a syntax error.
+// use of an alias counts, so an alias bomb is rejected early), and it nests at most
+// kMaxNestingDepth levels (checked on the text before parsing, so that no parser recursion runs
+// deep).
 // Thread-safety: constants only.
 #ifndef SLUICE_YAML_LIMITS_HPP_
 #define SLUICE_YAML_LIMITS_HPP_
@@ -15,6 +16,9 @@ namespace sluice::yaml {
 inline constexpr std::size_t kMaxConfigBytes = std::size_t{2} << 20;  // 2 MiB
 // The most YAML nodes the loader reads from one config (each use of an alias counts).
 inline constexpr std::size_t kMaxConfigNodes = 250'000;
+// The deepest nesting accepted: block indentation steps, `- ` sequence entries and open `[` / `{`
+// together. A gateway config nests about 6 levels.
+inline constexpr std::size_t kMaxNestingDepth = 64;
 
 }  // namespace sluice::yaml
 

@@ -3,7 +3,9 @@
 #ifndef SLUICE_YAML_DETAIL_CONFIG_READER_HPP_
 #define SLUICE_YAML_DETAIL_CONFIG_READER_HPP_
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -13,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "sluice/policy.hpp"
 #include "sluice/yaml/detail/error.hpp"
+#include "sluice/yaml/detail/nesting.hpp"
 #include "sluice/yaml/detail/node_reader.hpp"
 #include "sluice/yaml/detail/one_document.hpp"
 #include "yaml-cpp/yaml.h"
@@ -70,9 +73,22 @@ class ConfigReader final : public NodeReader {
     return requests_per;
   }
 
+  // {ipv4: bits, ipv6: bits}; each defaults as in AddressPrefixes. validate() checks the ranges
+  // (a count past any range is kept as the largest int, which validate() then reports).
+  AddressPrefixes read_prefixes(const YAML::Node& node, const std::string& path) {
+    AddressPrefixes prefixes;
+    for (const Field& f : fields(node, path, {"ipv4", "ipv6"})) {
+      const auto bits = static_cast<int>(
+          std::min<std::uint64_t>(read_count(f.value, f.path), std::numeric_limits<int>::max()));
+      (f.key == "ipv4" ? prefixes.ipv4 : prefixes.ipv6) = bits;
+    }
+    return prefixes;
+  }
+
   Rule read_rule(const YAML::Node& node, const std::string& path) {
     Rule rule;
-    const std::vector<Field> fs = fields(node, path, {"name", "selector", "requests_per", "burst"});
+    const std::vector<Field> fs =
+        fields(node, path, {"name", "selector", "requests_per", "burst", "address_prefixes"});
     require(node, path, fs, "selector");
     require(node, path, fs, "requests_per");
     for (const Field& f : fs) {
@@ -82,8 +98,10 @@ class ConfigReader final : public NodeReader {
         rule.selector = read_list<Selector>(f.value, f.path, &ConfigReader::read_selector);
       } else if (f.key == "requests_per") {
         rule.requests_per = read_requests_per(f.value, f.path);
-      } else {
+      } else if (f.key == "burst") {
         rule.burst = read_count(f.value, f.path);
+      } else {
+        rule.address_prefixes = read_prefixes(f.value, f.path);
       }
     }
     return rule;
@@ -207,9 +225,16 @@ class ConfigReader final : public NodeReader {
 
   Gateway read_gateway(const YAML::Node& node, const std::string& path) {
     Gateway gateway;
-    for (const Field& f : fields(node, path, {"global_policies", "exempt_paths"})) {
-      (f.key == "global_policies" ? gateway.global_policies : gateway.exempt_paths) =
-          read_strings(f.value, f.path);
+    for (const Field& f :
+         fields(node, path,
+                {"global_policies", "exempt_paths", "address_prefixes", "trusted_proxies"})) {
+      if (f.key == "address_prefixes") {
+        gateway.address_prefixes = read_prefixes(f.value, f.path);
+      } else {
+        (f.key == "global_policies" ? gateway.global_policies
+         : f.key == "exempt_paths"  ? gateway.exempt_paths
+                                    : gateway.trusted_proxies) = read_strings(f.value, f.path);
+      }
     }
     return gateway;
   }
@@ -235,6 +260,7 @@ class ConfigReader final : public NodeReader {
 // error comes back as InvalidArgument "<line>:<column>: <path>: <what>". Throws LoadError for a
 // document that does not fit the schema and YAML::Exception for a syntax error.
 inline absl::StatusOr<PolicyConfig> read_and_validate(const std::string& text) {
+  check_nesting(text);
   expect_one_document(text);
   ConfigReader reader;
   PolicyConfig config = reader.load(YAML::Load(text));
