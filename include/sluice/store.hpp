@@ -496,7 +496,8 @@ class ShardedStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     const Slot* old_slots = shard.slots;
     const std::size_t old_capacity = shard.capacity;
-    std::vector<IdleEntry>& heap = shard.idle_index;
+    std::vector<IdleEntry> heap;  // filled outside the guarded member, then swapped in
+    heap.swap(shard.idle_index);
     heap.clear();
     if (rejects()) heap.reserve(std::min(capacity * 3 / 4, options_.max_keys_per_shard));
     rebuild(shard, capacity, [&](auto&& keep) {
@@ -508,6 +509,7 @@ class ShardedStore {
       }
     });
     std::make_heap(heap.begin(), heap.end(), later);
+    shard.idle_index.swap(heap);
   }
 
   // kEvict at a full shard: drops idle cells, then evicts live cells down to cap/2 in ascending
