@@ -2,15 +2,17 @@
 // sluice::RateLimitEngine compiled from a YAML config (examples/gateway/gateway.yaml).
 //
 //   sluice_gateway examples/gateway/gateway.yaml [--port 8080] [--listener public]
-//                  [--trust-forwarded-for]
+//                  [--trusted-proxy CIDR]...
 //
 // It binds 127.0.0.1 only; `--port 0` (the default) picks a free port. The first line on stdout is
 // "sluice_gateway: listening on http://127.0.0.1:<port> ...". Per request:
 // - route: the longest `path_prefix` among the listener's routes (engine.match_route);
 // - consumer: `Authorization: Bearer <token>` looked up among the consumers' credentials; an
 //   unknown token is limited like an anonymous caller, then answered 401;
-// - client ip: the peer address, or the first entry of X-Forwarded-For with
-//   --trust-forwarded-for (only behind a proxy you run; tests use it to play many clients).
+// - client address: sluice::ClientAddressResolver over the peer address and the Forwarded /
+//   X-Forwarded-For headers, trusting only the proxies of `gateway.trusted_proxies` in the config
+//   and of --trusted-proxy (repeatable): the client is the rightmost address that is not a trusted
+//   proxy, so an entry a client writes itself never picks its bucket. No trusted proxy: the peer.
 // Answers: 429 with Retry-After, X-RateLimit-*, RateLimit and RateLimit-Policy when denied;
 // otherwise 200 JSON (404 for unrouted paths) with the same fields except Retry-After. Exempt
 // paths get no fields: /healthz, /readyz, and /metrics (Prometheus text, per-rule counters).
@@ -36,6 +38,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "sluice/client_address.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
 #include "sluice/yaml.hpp"
@@ -46,11 +49,11 @@ struct Options {
   std::string config_path;
   int port = 0;
   std::optional<std::string> listener;
-  bool trust_forwarded_for = false;
+  std::vector<std::string> trusted_proxies;  // CIDRs, besides the config's
 };
 
 constexpr std::string_view kUsage =
-    "usage: sluice_gateway CONFIG.yaml [--port N] [--listener NAME] [--trust-forwarded-for]\n";
+    "usage: sluice_gateway CONFIG.yaml [--port N] [--listener NAME] [--trusted-proxy CIDR]...\n";
 
 // A port number, 0 ... 65535, and nothing else.
 std::optional<int> parse_port(std::string_view text) {
@@ -71,8 +74,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       options.port = *port;
     } else if (arg == "--listener" && i + 1 < argc) {
       options.listener = argv[++i];
-    } else if (arg == "--trust-forwarded-for") {
-      options.trust_forwarded_for = true;
+    } else if (arg == "--trusted-proxy" && i + 1 < argc) {
+      options.trusted_proxies.emplace_back(argv[++i]);
     } else if (!arg.starts_with("-") && options.config_path.empty()) {
       options.config_path = arg;
     } else {
@@ -171,15 +174,15 @@ std::optional<std::string> bearer_token(const httplib::Request& request) {
   return value.substr(kScheme.size());
 }
 
-std::string client_ip(const httplib::Request& request, bool trust_forwarded_for) {
-  if (trust_forwarded_for && request.has_header("X-Forwarded-For")) {
-    std::string first = request.get_header_value("X-Forwarded-For");
-    first = first.substr(0, first.find(','));
-    const auto begin = first.find_first_not_of(' ');
-    const auto end = first.find_last_not_of(' ');
-    if (begin != std::string::npos) return first.substr(begin, end - begin + 1);
+// Every value of header `name`, joined with ", " as if it were one line.
+std::string joined_header(const httplib::Request& request, const std::string& name) {
+  std::string out;
+  const std::size_t count = request.get_header_value_count(name);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (i > 0) out += ", ";
+    out += request.get_header_value(name, i);
   }
-  return request.remote_addr;
+  return out;
 }
 
 void respond_json(httplib::Response& response, int status, std::string_view body) {
@@ -198,8 +201,9 @@ struct Caller {
 
 class Gateway {
  public:
-  Gateway(sluice::RateLimitEngine engine, Options options)
+  Gateway(sluice::RateLimitEngine engine, sluice::ClientAddressResolver resolver, Options options)
       : engine_(std::move(engine)),
+        resolver_(std::move(resolver)),
         options_(std::move(options)),
         listener_(options_.listener.value_or("")) {}
 
@@ -229,8 +233,10 @@ class Gateway {
 
  private:
   Caller identify(const httplib::Request& request) const {
-    Caller caller{.ip = client_ip(request, options_.trust_forwarded_for),
-                  .token = bearer_token(request)};
+    const sluice::ClientAddress client =
+        resolver_.resolve(request.remote_addr, joined_header(request, "Forwarded"),
+                          joined_header(request, "X-Forwarded-For"));
+    Caller caller{.ip = client.to_string(), .token = bearer_token(request)};
     if (caller.token) caller.consumer = engine_.consumer_for(*caller.token);
     return caller;
   }
@@ -293,27 +299,36 @@ class Gateway {
   }
 
   sluice::RateLimitEngine engine_;
+  sluice::ClientAddressResolver resolver_;
   Options options_;
   std::string listener_;  // the listener's name, or "" for none
 };
 
-// The engine for the config at `options.config_path`; the first listener of the config becomes
-// `options.listener` when none was given. An error is printed to stderr.
-std::optional<sluice::RateLimitEngine> load_engine(Options& options) {
-  absl::StatusOr<sluice::PolicyConfig> config = sluice::yaml::load_config_file(options.config_path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "sluice_gateway: %s\n", std::string(config.status().message()).c_str());
+// The engine and the client address resolver for the config at `options.config_path`; the first
+// listener of the config becomes `options.listener` when none was given. An error is printed to
+// stderr.
+struct Loaded {
+  sluice::RateLimitEngine engine;
+  sluice::ClientAddressResolver resolver;
+};
+std::optional<Loaded> load(Options& options) {
+  auto fail = [](const absl::Status& status) {
+    std::fprintf(stderr, "sluice_gateway: %s\n", std::string(status.message()).c_str());
     return std::nullopt;
-  }
+  };
+  absl::StatusOr<sluice::PolicyConfig> config = sluice::yaml::load_config_file(options.config_path);
+  if (!config.ok()) return fail(config.status());
   if (!options.listener && !config->listeners.empty()) {
     options.listener = config->listeners.front().name;
   }
   absl::StatusOr<sluice::RateLimitEngine> engine = sluice::RateLimitEngine::create(*config);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "sluice_gateway: %s\n", std::string(engine.status().message()).c_str());
-    return std::nullopt;
-  }
-  return *std::move(engine);
+  if (!engine.ok()) return fail(engine.status());
+  std::vector<std::string> trusted = config->gateway.trusted_proxies;
+  trusted.insert(trusted.end(), options.trusted_proxies.begin(), options.trusted_proxies.end());
+  absl::StatusOr<sluice::ClientAddressResolver> resolver =
+      sluice::ClientAddressResolver::create(trusted);
+  if (!resolver.ok()) return fail(resolver.status());
+  return Loaded{*std::move(engine), *std::move(resolver)};
 }
 
 // Binds 127.0.0.1 on `port` (0: any free port); the bound port, or -1.
@@ -346,8 +361,8 @@ int main(int argc, char** argv) {
     std::fputs(kUsage.data(), stderr);
     return 2;
   }
-  std::optional<sluice::RateLimitEngine> engine = load_engine(*options);
-  if (!engine) return 2;
+  std::optional<Loaded> loaded = load(*options);
+  if (!loaded) return 2;
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -355,8 +370,8 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const std::size_t rules = engine->rule_count();
-  const Gateway gateway(*std::move(engine), *options);
+  const std::size_t rules = loaded->engine.rule_count();
+  const Gateway gateway(std::move(loaded->engine), std::move(loaded->resolver), *options);
   httplib::Server server;
   server.set_pre_routing_handler([&](const httplib::Request& request, httplib::Response& response) {
     gateway.handle(request, response);

@@ -24,7 +24,7 @@ fail() {
 }
 
 # --- the server ---------------------------------------------------------------------------------
-"$gateway" "$config" --port 0 --trust-forwarded-for >"$work/stdout" 2>"$work/stderr" &
+"$gateway" "$config" --port 0 --trusted-proxy 127.0.0.1/32 >"$work/stdout" 2>"$work/stderr" &
 server_pid=$!
 port=""
 for _ in $(seq 100); do
@@ -171,6 +171,21 @@ for line in \
   '# TYPE sluice_rule_denied_total counter'; do
   grep -qxF "$line" "$work/metrics.b" || fail "metrics lack: $line"
 done
+
+# --- a spoofed X-Forwarded-For entry never picks the bucket ---------------------------------------
+# curl plays a client behind the trusted proxy 127.0.0.1: the proxy appended the client's real
+# address (198.51.100.77); the client wrote a fresh fake entry in front of it on every request.
+# /v1/items allows 30 per minute per client: the attacker is held to about 30, not 300.
+admitted=0
+for i in $(seq 300); do
+  code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' \
+    -H "X-Forwarded-For: 10.$((i / 250)).$((i % 250)).1, 198.51.100.77" "$base/v1/items")
+  [ "$code" == 200 ] && admitted=$((admitted + 1))
+done
+# 30, plus at most what 30/min replenishes while the 300 requests run (a few seconds).
+if [ "$admitted" -lt 30 ] || [ "$admitted" -gt 36 ]; then
+  fail "spoofed X-Forwarded-For: $admitted of 300 admitted, expected 30 (the real client's budget)"
+fi
 
 if [ "$failures" -ne 0 ]; then
   echo "--- gateway stderr" >&2
