@@ -14,27 +14,17 @@ using namespace std::chrono_literals;
 using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
 using sluice::Selector;
 using sluice::testing::documented_example;
+using sluice::testing::field;
+using sluice::testing::kWall;
+using sluice::testing::on_route;
 using sluice::testing::rule;
 
 namespace {
-
-const sluice::WallTime kWall{std::chrono::seconds(1'700'000'000)};
 
 Engine make(const sluice::PolicyConfig& config, sluice::ManualClock clock) {
   auto engine = Engine::create(config, {.store = {.seed = 1}, .clock = clock});
   REQUIRE(engine.ok());
   return *std::move(engine);
-}
-
-sluice::RequestContext on_route(std::string_view ip, std::string_view route) {
-  return {.client_ip = ip, .route = route, .path = "/v1/items", .wall_time = kWall};
-}
-
-std::string field(const sluice::Evaluation& e, std::string_view name) {
-  for (const auto& f : e.fields) {
-    if (f.name == name) return f.value;
-  }
-  return "<absent>";
 }
 
 int admitted(const Engine& engine, const sluice::RequestContext& request, int n) {

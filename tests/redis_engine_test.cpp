@@ -34,13 +34,14 @@ using sluice::Selector;
 using sluice::redis::RedisEngineBackend;
 using sluice::redis::RedisRateLimitEngine;
 using sluice::testing::documented_example;
+using sluice::testing::field;
+using sluice::testing::kWall;
+using sluice::testing::on_route;
 using sluice::testing::rule;
 using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
 
 constexpr nanoseconds kT0 = std::chrono::seconds(1'700'000'000);  // server time, ns since epoch
-const sluice::WallTime kWall{std::chrono::seconds(1'700'000'000)};
-
 // A private redis-server (sluice_test::RedisFixture) and the engine tests' own probes of it.
 struct Server : sluice_test::RedisFixture {
   // A client whose script keeps every key an hour longer than its windows need. The testing time
@@ -121,17 +122,6 @@ sluice::PolicyConfig tight_and_loose(sluice::ConsumptionMode mode) {
           .routes = {{.name = "both", .policies = {"tight", "loose"}},
                      {.name = "loose-only", .policies = {"loose"}}},
           .engine = {.consumption = mode}};
-}
-
-sluice::RequestContext on_route(std::string_view ip, std::string_view route) {
-  return {.client_ip = ip, .route = route, .path = "/v1/items", .wall_time = kWall};
-}
-
-std::string field(const sluice::Evaluation& e, std::string_view name) {
-  for (const auto& f : e.fields) {
-    if (f.name == name) return f.value;
-  }
-  return "<absent>";
 }
 
 RedisRateLimitEngine make(const sluice::PolicyConfig& config, RedisEngineBackend::Options options) {

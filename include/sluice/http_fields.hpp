@@ -53,6 +53,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "sluice/decision.hpp"
+#include "sluice/detail/text.hpp"
 
 namespace sluice {
 
@@ -141,17 +142,7 @@ inline void append_structured_integer(std::string& out, std::uint64_t value) {
 // printable ASCII (0x20-0x7E) is replaced by `?` since sf-string cannot carry it.
 inline void append_structured_string(std::string& out, std::string_view value) {
   out.push_back('"');
-  for (char c : value) {
-    auto byte = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(c);
-    } else if (byte >= 0x20 && byte <= 0x7e) {
-      out.push_back(c);
-    } else {
-      out.push_back('?');
-    }
-  }
+  detail::append_escaped(out, value, [](std::string& to, unsigned char) { to.push_back('?'); });
   out.push_back('"');
 }
 

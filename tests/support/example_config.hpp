@@ -2,12 +2,15 @@
 #ifndef SLUICE_TESTS_SUPPORT_EXAMPLE_CONFIG_HPP_
 #define SLUICE_TESTS_SUPPORT_EXAMPLE_CONFIG_HPP_
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "sluice/engine.hpp"
 #include "sluice/policy.hpp"
 
 namespace sluice::testing {
@@ -30,6 +33,22 @@ inline PolicyConfig documented_example() {
                                     rule("per-route-flood", {Selector::kIp, Selector::kRoute},
                                          {.minute = 2000})}}},
       .routes = {{.name = "public", .path_prefix = "/v1", .policies = {"public-api-limits"}}}};
+}
+
+// A fixed wall clock for X-RateLimit-Reset: 2023-11-14T22:13:20Z.
+inline const WallTime kWall{std::chrono::seconds(1'700'000'000)};
+
+// A request from `ip` on `route`, at kWall.
+inline RequestContext on_route(std::string_view ip, std::string_view route) {
+  return {.client_ip = ip, .route = route, .path = "/v1/items", .wall_time = kWall};
+}
+
+// The value of field `name` in `e`, or "<absent>".
+inline std::string field(const Evaluation& e, std::string_view name) {
+  for (const auto& f : e.fields) {
+    if (f.name == name) return f.value;
+  }
+  return "<absent>";
 }
 
 }  // namespace sluice::testing

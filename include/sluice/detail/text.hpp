@@ -7,12 +7,10 @@
 
 namespace sluice::detail {
 
-// `text` with `"` and `\` escaped and every byte outside printable ASCII (0x20-0x7E) written as
-// \xNN, so that untrusted text can neither forge nor break a message.
-// (absl::CHexEscape writes \n and \t instead, which error messages here never use: one form.)
-inline std::string escaped(std::string_view text) {
-  constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
+// Appends `text` with `"` and `\` backslash-escaped; `other(out, byte)` writes each byte outside
+// printable ASCII (0x20-0x7E). The one escaper behind error messages and RFC 9651 strings.
+template <class Other>
+void append_escaped(std::string& out, std::string_view text, Other other) {
   for (char c : text) {
     const auto byte = static_cast<unsigned char>(c);
     if (c == '"' || c == '\\') {
@@ -21,11 +19,22 @@ inline std::string escaped(std::string_view text) {
     } else if (byte >= 0x20 && byte <= 0x7e) {
       out.push_back(c);
     } else {
-      out.append("\\x");
-      out.push_back(kHex[byte >> 4]);
-      out.push_back(kHex[byte & 0xf]);
+      other(out, byte);
     }
   }
+}
+
+// `text` with `"` and `\` escaped and every byte outside printable ASCII written as \xNN, so that
+// untrusted text can neither forge nor break a message.
+// (absl::CHexEscape writes \n and \t instead, which error messages here never use: one form.)
+inline std::string escaped(std::string_view text) {
+  std::string out;
+  append_escaped(out, text, [](std::string& to, unsigned char byte) {
+    constexpr char kHex[] = "0123456789abcdef";
+    to.append("\\x");
+    to.push_back(kHex[byte >> 4]);
+    to.push_back(kHex[byte & 0xf]);
+  });
   return out;
 }
 
