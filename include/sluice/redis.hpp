@@ -7,6 +7,7 @@
 //   limiter.hpp         RedisGcraLimiter: a sluice::RateLimiter whose state lives in Redis
 //   engine_backend.hpp  RedisEngineBackend, RedisRateLimitEngine: the policy engine over Redis
 //   script.hpp          kGcraScript: the Lua script every check runs
+//   attempt_limiter.hpp RedisAttemptLimiter: login throttling (sluice/attempt.hpp) over Redis
 // Internals are in sluice/redis/detail/ (sluice::redis::detail) and are not for direct use.
 //
 //   #include "sluice/redis.hpp"
@@ -23,11 +24,12 @@
 #ifndef SLUICE_REDIS_HPP_
 #define SLUICE_REDIS_HPP_
 
-#include "sluice/redis/client.hpp"          // IWYU pragma: export
-#include "sluice/redis/engine_backend.hpp"  // IWYU pragma: export
-#include "sluice/redis/limit.hpp"           // IWYU pragma: export
-#include "sluice/redis/limiter.hpp"         // IWYU pragma: export
-#include "sluice/redis/options.hpp"         // IWYU pragma: export
-#include "sluice/redis/script.hpp"          // IWYU pragma: export
+#include "sluice/redis/attempt_limiter.hpp"  // IWYU pragma: export
+#include "sluice/redis/client.hpp"           // IWYU pragma: export
+#include "sluice/redis/engine_backend.hpp"   // IWYU pragma: export
+#include "sluice/redis/limit.hpp"            // IWYU pragma: export
+#include "sluice/redis/limiter.hpp"          // IWYU pragma: export
+#include "sluice/redis/options.hpp"          // IWYU pragma: export
+#include "sluice/redis/script.hpp"           // IWYU pragma: export
 
 #endif  // SLUICE_REDIS_HPP_
