@@ -381,7 +381,7 @@ class ShardedStore {
   // When `cell` goes idle, if it is not idle at `now` (> now, saturated).
   static std::int64_t idle_at(const Cell& cell, std::int64_t now) {
     const std::int64_t wait = std::max<std::int64_t>(cell.time_until_fresh(now), 1);
-    return wait > std::numeric_limits<std::int64_t>::max() - now
+    return now > 0 && wait > std::numeric_limits<std::int64_t>::max() - now
                ? std::numeric_limits<std::int64_t>::max()
                : now + wait;
   }
