@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "redis_fixture.hpp"
 #include "redis_server.hpp"
 #include "sluice/attempt.hpp"
 #include "sluice/clock.hpp"
@@ -31,23 +32,7 @@ constexpr microseconds kT0 = 1'700'000'000s;  // a server time, µs since the Un
 constexpr sluice::AttemptPolicy kPolicy{
     .initial_delay = 1s, .delay_cap = 8s, .quiet_period = 1min, .lease = 5s};
 
-struct Server {
-  sluice_test::RedisServer redis;
-  Server() {
-    const std::string error = redis.start();
-    INFO(error);
-    REQUIRE(error.empty());
-  }
-  sluice::redis::ClientOptions options(std::chrono::milliseconds timeout = 1000ms) const {
-    sluice::redis::ClientOptions o;
-    o.connection.unix_socket = redis.unix_socket();
-    o.connection.connect_timeout = timeout;
-    o.connection.command_timeout = timeout;
-    o.key_prefix = "test:";
-    o.key_seed = 42;
-    return o;
-  }
-};
+using Server = sluice_test::RedisFixture;  // one redis-server per test case
 
 RedisAttemptLimiter make(const Server& server, sluice::AttemptPolicy policy = kPolicy) {
   auto limiter = RedisAttemptLimiter::create(policy, server.options());
