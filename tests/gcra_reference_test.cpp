@@ -453,7 +453,13 @@ TEST_CASE("stacked GCRA windows decide atomically and bind as S5 says") {
           // After retry_after every window admits.
           {2s, 1, allow(2, 0, 2s, 0)},
       });
-  run(limiter, clock, "b",
+  // A fresh limiter and clock: a shard clamps readings earlier than the latest it has seen, and
+  // "a" and "b" may share a shard.
+  sluice::ManualClock clock_b;
+  Gcra limiter_b = make_gcra(
+      {{.requests = 1, .period = 1s, .burst = 2}, {.requests = 20, .period = 2s, .burst = 1}},
+      clock_b);
+  run(limiter_b, clock_b, "b",
       {
           {0ms, 1, allow(1, 0, 100ms, 1)},
           // W0 TAT 2 s (1.05 s ahead, remaining 0), W1 TAT 1.05 s: tie → W0.
