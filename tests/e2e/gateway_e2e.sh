@@ -177,14 +177,18 @@ done
 # address (198.51.100.77); the client wrote a fresh fake entry in front of it on every request.
 # /v1/items allows 30 per minute per client: the attacker is held to about 30, not 300.
 admitted=0
+started=$(date +%s)
 for i in $(seq 300); do
   code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' \
     -H "X-Forwarded-For: 10.$((i / 250)).$((i % 250)).1, 198.51.100.77" "$base/v1/items")
   [ "$code" == 200 ] && admitted=$((admitted + 1))
 done
-# 30, plus at most what 30/min replenishes while the 300 requests run (a few seconds).
-if [ "$admitted" -lt 30 ] || [ "$admitted" -gt 36 ]; then
-  fail "spoofed X-Forwarded-For: $admitted of 300 admitted, expected 30 (the real client's budget)"
+# 30, plus what 30/min replenishes (one per 2 s) while the 300 requests ran: a few seconds on a
+# quiet machine, longer on a loaded one, so the bound follows the measured time.
+elapsed=$(($(date +%s) - started + 1))
+most=$((30 + elapsed / 2 + 1))
+if [ "$admitted" -lt 30 ] || [ "$admitted" -gt "$most" ]; then
+  fail "spoofed X-Forwarded-For: $admitted of 300 admitted in ${elapsed} s, expected 30 to $most (the real client's budget)"
 fi
 
 if [ "$failures" -ne 0 ]; then
