@@ -1,7 +1,10 @@
 // The engine with adaptive rules: a rule's limit follows the factor its upstream drives.
 #include <atomic>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -203,4 +206,60 @@ TEST_CASE("threads evaluating while others feed responses never exceed the bucke
   for (std::thread& t : threads) t.join();
   CHECK(count >= 1);   // at least the minimum factor's share of the bucket
   CHECK(count <= 10);  // never more than the full bucket
+}
+
+// The scenario docs/adaptive.md plots: a client sends 50 requests per second through a 20 per
+// second rule for 60 s; the upstream answers in 20 ms, except from 10 s to 20 s (400 ms) and one
+// 503 with Retry-After: 5 early in second 30. With SLUICE_ADAPTIVE_TRAJECTORY set, the per-second
+// trajectory is written there as CSV (second,factor_permille,admitted) for
+// scripts/plot_adaptive.py.
+TEST_CASE("a slow-down, a 503 and the recovery move the admitted rate as the control law says") {
+  sluice::ManualClock clock;
+  sluice::Rule limited = rule("per-ip", {Selector::kIp}, {.s = 20});
+  limited.adaptive = sluice::AdaptivePolicy{.target_latency = 100ms};
+  Engine engine = make({.policies = {{.name = "upstream", .rate_limits = {limited}}},
+                        .routes = {{.name = "api", .policies = {"upstream"}}}},
+                       clock);
+  const sluice::RequestContext request = on_route("203.0.113.7", "api");
+  std::vector<std::pair<std::uint32_t, int>> seconds;  // factor at the second's start, admitted
+  for (int second = 0; second < 60; ++second) {
+    const std::uint32_t factor_now = factor(engine);
+    int count = 0;
+    for (int i = 0; i < 50; ++i) {  // the upstream's first answer in second 30 is the 503
+      if (!engine.evaluate(request).allowed) {
+        clock.advance(20ms);
+        continue;
+      }
+      ++count;
+      sluice::UpstreamResponse response{.latency = 20ms};
+      if (second >= 10 && second < 20) response.latency = 400ms;
+      if (second == 30 && count == 1) response = {.latency = 5ms, .status = 503, .retry_after = 5s};
+      REQUIRE(engine.record_upstream(request, response).ok());
+      clock.advance(20ms);
+    }
+    seconds.emplace_back(factor_now, count);
+  }
+  if (const char* out = std::getenv("SLUICE_ADAPTIVE_TRAJECTORY")) {
+    std::ofstream csv(out);
+    csv << "second,factor_permille,admitted\n";
+    for (std::size_t s = 0; s < seconds.size(); ++s) {
+      csv << s << ',' << seconds[s].first << ',' << seconds[s].second << '\n';
+    }
+  }
+  CHECK(seconds[1] == std::pair<std::uint32_t, int>{1000, 20});  // the burst was spent in second 0
+  CHECK(seconds[10].first == 1000);
+  CHECK(seconds[11].first == 500);  // the first slow interval halves the factor
+  CHECK(seconds[14].first == 100);  // 1000 → 500 → 250 → 125 → the floor
+  CHECK(seconds[19] == std::pair<std::uint32_t, int>{100, 2});  // 20/s × 0.1
+  CHECK(seconds[26].first == 200);  // the average fell under the target: recovery
+  CHECK(seconds[30].first == 600);
+  CHECK(seconds[31].first == 100);  // the 503 dropped it to the floor at once
+  CHECK(seconds[35].first == 100);  // held through its Retry-After
+  CHECK(seconds[36].first == 200);  // then recovery, 100‰ per healthy second
+  CHECK(seconds[44].first == 1000);
+  CHECK(seconds[59] == std::pair<std::uint32_t, int>{1000, 20});
+  for (std::size_t s = 1; s < seconds.size(); ++s) {
+    // Never more than the factor's share of 20 per second, plus one for a partly refilled request.
+    CHECK(static_cast<std::uint64_t>(seconds[s].second) <= 20 * seconds[s].first / 1000 + 1);
+  }
 }
