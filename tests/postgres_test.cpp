@@ -364,6 +364,20 @@ TEST_CASE("the engine over PostgreSQL gives the in-memory engine's evaluations e
   }
 }
 
+TEST_CASE("an adaptive rule is refused by the engine over PostgreSQL, naming the rule") {
+  sluice::PolicyConfig config{
+      .policies = {{.name = "api",
+                    .rate_limits = {{.name = "per-ip",
+                                     .selector = {sluice::Selector::kIp},
+                                     .requests_per = {.s = 2},
+                                     .adaptive = sluice::AdaptivePolicy{.target_latency = 1s}}}}},
+      .routes = {{.name = "r", .path_prefix = "/", .policies = {"api"}}}};
+  auto engine = sluice::postgres::PostgresRateLimitEngine::create(config, {.client = client()});
+  CHECK(engine.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(engine.status().message() ==
+        "api/per-ip: adaptive rules are not supported by the PostgreSQL backend");
+}
+
 // --- faults ------------------------------------------------------------------------------------
 
 TEST_CASE("a statement held past its timeout is DeadlineExceeded and consumes nothing") {

@@ -475,3 +475,47 @@ TEST_CASE("a bad prefix or proxy network is reported at its line and path") {
   CHECK(error_of("gateway:\n  trusted_proxies: [10.0.0.1/8]\n")
             .starts_with("2:21: gateway.trusted_proxies[0]: "));
 }
+
+TEST_CASE("an adaptive block loads with defaults for everything but the target latency") {
+  auto config = sluice::yaml::load_config(R"(
+policies:
+  - name: p
+    rate_limits:
+      - selector: [ip]
+        requests_per: { minute: 60 }
+        adaptive: { target_latency_ms: 250, decrease_permille: 700, max_hold_seconds: 30 }
+)");
+  REQUIRE(config.ok());
+  using namespace std::chrono_literals;
+  CHECK(config->policies[0].rate_limits[0].adaptive ==
+        sluice::AdaptivePolicy{.target_latency = 250ms, .decrease_permille = 700, .max_hold = 30s});
+}
+
+TEST_CASE("an adaptive block without a target latency is an error at the block") {
+  CHECK(error_of(R"(policies:
+  - name: p
+    rate_limits:
+      - selector: [ip]
+        requests_per: { minute: 60 }
+        adaptive: { interval_ms: 500 }
+)") == "6:19: policies[0].rate_limits[0].adaptive: missing required key \"target_latency_ms\"");
+}
+
+TEST_CASE("an adaptive value out of range is reported at its line") {
+  CHECK(error_of(R"(policies:
+  - name: p
+    rate_limits:
+      - selector: [ip]
+        requests_per: { minute: 60 }
+        adaptive:
+          target_latency_ms: 99999999999999999
+)") == "7:30: policies[0].rate_limits[0].adaptive.target_latency: must be more than 0 and at "
+       "most 24 hours");
+  CHECK(error_of(R"(policies:
+  - name: p
+    rate_limits:
+      - selector: [ip]
+        requests_per: { minute: 60 }
+        adaptive: { target_latency_ms: 100, minimum_factor_permille: 5000000000 }
+)") == "6:70: policies[0].rate_limits[0].adaptive.minimum_factor_permille: must be 1 ... 1000");
+}

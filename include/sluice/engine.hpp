@@ -46,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -59,6 +60,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/adaptive.hpp"
 #include "sluice/client_address.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
@@ -124,28 +126,32 @@ struct Evaluation {
 struct RuleStats {
   std::string label{};
   bool dry_run = false;
-  std::uint64_t admitted = 0;    // requests admitted while the rule applied
-  std::uint64_t denied = 0;      // requests this (live) rule denied
-  std::uint64_t dry_denied = 0;  // would-be denials of a dry-run rule
-  StoreStats store{};            // keys, evictions, capacity denials
+  std::uint64_t admitted = 0;               // requests admitted while the rule applied
+  std::uint64_t denied = 0;                 // requests this (live) rule denied
+  std::uint64_t dry_denied = 0;             // would-be denials of a dry-run rule
+  StoreStats store{};                       // keys, evictions, capacity denials
+  std::optional<AdaptiveState> adaptive{};  // an adaptive rule's controller, now
 };
 
-// A rule and the key a request selects for it; `rule` indexes the compiled rules.
+// A rule, the key a request selects for it and the cost to take in the rule's limiter windows
+// (`limiter_windows`: the request's cost, or for an adaptive rule its `adaptive_units`); `rule`
+// indexes the compiled rules.
 struct RuleKey {
   std::size_t rule = 0;
   std::string_view key{};
+  std::uint64_t cost = 1;
 };
 
-// What the engine needs from a limiter backend: decide a request's rules (in `mode`), writing one
-// decision per key; and per-rule store counters. Constructed per generation by
-// `B::create(std::span<const CompiledRule>, const B* previous, const B::Options&)`, keeping the
-// state of every rule whose fingerprint `previous` also has.
+// What the engine needs from a limiter backend: decide a request's rules (in `mode`), each key at
+// its own cost, writing one decision per key; and per-rule store counters. Constructed per
+// generation by `B::create(std::span<const CompiledRule>, const B* previous, const B::Options&)`,
+// keeping the state of every rule whose fingerprint `previous` also has.
 template <class B>
 concept EngineBackend = requires(B& backend, const B& const_backend, std::span<const RuleKey> keys,
-                                 std::uint64_t cost, ConsumptionMode mode, std::span<Decision> out,
+                                 ConsumptionMode mode, std::span<Decision> out,
                                  std::span<const CompiledRule> rules,
                                  const typename B::Options& options) {
-  { backend.check_rules(keys, cost, mode, out) } -> std::same_as<absl::Status>;
+  { backend.check_rules(keys, mode, out) } -> std::same_as<absl::Status>;
   { const_backend.rule_store_stats(std::size_t{}) } -> std::same_as<StoreStats>;
   { B::create(rules, &const_backend, options) } -> std::same_as<absl::StatusOr<B>>;
 };
@@ -171,7 +177,8 @@ class InMemoryBackend {
       std::shared_ptr<GcraLimiter<ClockT>> limiter =
           previous != nullptr ? previous->find(rule.fingerprint) : nullptr;
       if (limiter == nullptr) {
-        auto created = GcraLimiter<ClockT>::create(rule.windows, options.store, options.clock);
+        auto created =
+            GcraLimiter<ClockT>::create(limiter_windows(rule), options.store, options.clock);
         if (!created.ok()) {
           return absl::InvalidArgumentError(
               absl::StrCat(rule.label, ": ", created.status().message()));
@@ -184,14 +191,14 @@ class InMemoryBackend {
     return backend;
   }
 
-  absl::Status check_rules(std::span<const RuleKey> keys, std::uint64_t cost, ConsumptionMode mode,
+  absl::Status check_rules(std::span<const RuleKey> keys, ConsumptionMode mode,
                            std::span<Decision> out) {
     for (const RuleKey& k : keys) {
-      if (absl::Status s = limiters_[k.rule]->validate_cost(cost); !s.ok()) return s;
+      if (absl::Status s = limiters_[k.rule]->validate_cost(k.cost); !s.ok()) return s;
     }
     if (mode == ConsumptionMode::kEveryRule) {
       for (std::size_t i = 0; i < keys.size(); ++i) {
-        out[i] = *limiters_[keys[i].rule]->check(keys[i].key, cost);
+        out[i] = *limiters_[keys[i].rule]->check(keys[i].key, keys[i].cost);
       }
       return absl::OkStatus();
     }
@@ -201,7 +208,7 @@ class InMemoryBackend {
       digests.push_back(limiters_[k.rule]->digest(k.key));
       limiters_[k.rule]->add_lock(locks, digests.back());
     }
-    commit_all(HeldShardLocks(locks), keys, digests, cost, out);
+    commit_all(HeldShardLocks(locks), keys, digests, out);
     return absl::OkStatus();
   }
 
@@ -217,16 +224,17 @@ class InMemoryBackend {
 
   // Decides every key under `held` (all their shard locks); commits only if all admit.
   void commit_all(const HeldShardLocks& held, std::span<const RuleKey> keys,
-                  std::span<const KeyDigest> digests, std::uint64_t cost, std::span<Decision> out) {
+                  std::span<const KeyDigest> digests, std::span<Decision> out) {
     const std::int64_t now = detail::saturate_time(clock_.now().count());
     bool all = true;
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      out[i] = limiters_[keys[i].rule]->decide_locked(held, digests[i], now, cost, false);
+      out[i] = limiters_[keys[i].rule]->decide_locked(held, digests[i], now, keys[i].cost, false);
       all = all && out[i].allowed();
     }
-    if (all && cost != 0) {
+    if (all) {
       for (std::size_t i = 0; i < keys.size(); ++i) {
-        limiters_[keys[i].rule]->admit_locked(held, digests[i], now, cost);
+        if (keys[i].cost == 0) continue;
+        limiters_[keys[i].rule]->admit_locked(held, digests[i], now, keys[i].cost);
       }
     }
   }
@@ -251,6 +259,9 @@ class BasicRateLimitEngine {
     std::vector<std::string> limit_prefixes{};  // per window: the RateLimit value up to `r=`
     std::string policy_value{};                 // the RateLimit-Policy value for all its windows
     std::string key_prefix{};  // the rule's identity in its keys (fingerprint hash)
+    // An adaptive rule's bucket in limiter units (its smallest burst × 1000): a request whose
+    // scaled cost exceeds it takes the whole bucket instead. 0 for other rules.
+    std::uint64_t adaptive_max_units = 0;
   };
 
   // Validates and compiles `config` (InvalidArgument naming the path of a bad value).
@@ -295,17 +306,24 @@ class BasicRateLimitEngine {
     for (std::uint32_t r : dry) spans.push_back(append_key(buffer, r, *request, address));
     absl::InlinedVector<RuleKey, 16> keys;
     for (std::size_t i = 0; i < spans.size(); ++i) {
-      keys.push_back({i < live.size() ? live[i] : dry[i - live.size()],
-                      std::string_view(buffer).substr(spans[i].first, spans[i].second)});
+      keys.push_back({.rule = i < live.size() ? live[i] : dry[i - live.size()],
+                      .key = std::string_view(buffer).substr(spans[i].first, spans[i].second),
+                      .cost = request->cost});
     }
+    // Adaptive rules take their cost in thousandths of a request, scaled by the factor.
+    absl::InlinedVector<std::uint32_t, 16> factors;  // per key; 0 for a fixed rule
+    if (adaptive_rules_ != 0) apply_factors(keys, factors);
     absl::InlinedVector<Decision, 16> decisions(keys.size());
     const auto live_keys = std::span<const RuleKey>(keys.data(), live.size());
     const auto dry_keys = std::span<const RuleKey>(keys.data() + live.size(), dry.size());
 
     e.live_rules = live.size();
     if (!live.empty()) {
-      absl::Status status = backend_->check_rules(live_keys, request->cost, options_mode_,
-                                                  std::span(decisions.data(), live.size()));
+      absl::Status status =
+          backend_->check_rules(live_keys, options_mode_, std::span(decisions.data(), live.size()));
+      if (status.ok() && !factors.empty()) {
+        in_requests(factors, 0, std::span(decisions.data(), live.size()));
+      }
       if (!status.ok()) {
         e.backend_error = std::move(status);
         e.allowed = e.backend_error.code() != absl::StatusCode::kInvalidArgument &&
@@ -316,7 +334,7 @@ class BasicRateLimitEngine {
     }
     bool dry_decided = false;
     if (!dry.empty()) {
-      dry_decided = evaluate_dry(e, dry, dry_keys, request->cost,
+      dry_decided = evaluate_dry(e, dry, dry_keys, factors,
                                  std::span(decisions.data() + live.size(), dry.size()));
     }
     if (e.allowed && e.backend_error.ok() && request->cost != 0) {
@@ -327,6 +345,25 @@ class BasicRateLimitEngine {
     }
     if (observer_) observer_(e);
     return e;
+  }
+
+  // Feeds one upstream response to the controller of every adaptive rule that applies to
+  // `request` (as `evaluate` selects them: live and dry-run). InvalidArgument, and nothing fed, if
+  // the request names another service than its route's. Call it once per upstream answer
+  // (latency, status, Retry-After); a request that never reached the upstream feeds nothing.
+  absl::Status record_upstream(const RequestContext& raw, const UpstreamResponse& response) const {
+    if (adaptive_rules_ == 0 || exempt(raw.path)) return absl::OkStatus();
+    absl::StatusOr<RequestContext> request = normalize(raw);
+    if (!request.ok()) return request.status();
+    RuleGroup live, dry;
+    select_rules(*request, live, dry);
+    const std::chrono::nanoseconds at = now();
+    for (const RuleGroup* group : {&live, &dry}) {
+      for (std::uint32_t r : *group) {
+        if (controllers_[r] != nullptr) controllers_[r]->record(at, response);
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Request routing helpers for gateways that resolve routes and consumers from the config.
@@ -363,7 +400,9 @@ class BasicRateLimitEngine {
                      .admitted = counters_[i]->admitted.load(std::memory_order_relaxed),
                      .denied = counters_[i]->denied.load(std::memory_order_relaxed),
                      .dry_denied = counters_[i]->dry_denied.load(std::memory_order_relaxed),
-                     .store = backend_->rule_store_stats(i)});
+                     .store = backend_->rule_store_stats(i),
+                     .adaptive = {}});
+      if (controllers_[i] != nullptr) out.back().adaptive = controllers_[i]->state(now());
     }
     return out;
   }
@@ -407,6 +446,8 @@ class BasicRateLimitEngine {
       std::shared_ptr<RuleCounters> counters =
           previous ? previous->counters_for(compiled[i].fingerprint) : nullptr;
       engine.counters_.push_back(counters ? counters : std::make_shared<RuleCounters>());
+      engine.controllers_.push_back(engine.controller_for(compiled[i], previous));
+      if (compiled[i].adaptive) ++engine.adaptive_rules_;
       engine.by_fingerprint_.emplace(compiled[i].fingerprint, i);
     }
 
@@ -460,6 +501,12 @@ class BasicRateLimitEngine {
       prefix.append(";r=");
       info.limit_prefixes.push_back(std::move(prefix));
     }
+    if (info.compiled.adaptive) {
+      info.adaptive_max_units = std::numeric_limits<std::uint64_t>::max();
+      for (const GcraWindow& w : limiter_windows(info.compiled)) {
+        info.adaptive_max_units = std::min(info.adaptive_max_units, w.burst);
+      }
+    }
     const std::uint64_t id =
         XXH3_64bits(info.compiled.fingerprint.data(), info.compiled.fingerprint.size());
     append_key_part(info.key_prefix,
@@ -472,6 +519,63 @@ class BasicRateLimitEngine {
     if (period == std::chrono::minutes(1)) return "minute";
     if (period == std::chrono::hours(1)) return "hour";
     return absl::StrCat(std::chrono::duration_cast<std::chrono::seconds>(period).count(), "s");
+  }
+
+  // The engine's clock: the backend's, where its options carry one; else the steady clock.
+  std::chrono::nanoseconds now() const {
+    if constexpr (requires { options_.clock.now(); }) {
+      return options_.clock.now();
+    } else {
+      return SteadyClock{}.now();
+    }
+  }
+
+  // The previous generation's controller for an unchanged adaptive rule with the same adaptive
+  // policy (so the factor carries over a reload); a fresh one for any other adaptive rule.
+  std::shared_ptr<AdaptiveController> controller_for(const CompiledRule& rule,
+                                                     const BasicRateLimitEngine* previous) const {
+    if (!rule.adaptive) return nullptr;
+    if (previous != nullptr) {
+      auto it = previous->by_fingerprint_.find(rule.fingerprint);
+      if (it != previous->by_fingerprint_.end()) {
+        const std::shared_ptr<AdaptiveController>& kept = previous->controllers_[it->second];
+        if (kept != nullptr && kept->policy() == *rule.adaptive) return kept;
+      }
+    }
+    return std::make_shared<AdaptiveController>(*rule.adaptive, now());
+  }
+
+  // Sets each adaptive rule's key cost to its scaled units at the rule's current factor, capped
+  // at the rule's bucket (a request too big for the reduced bucket needs all of it); records the
+  // factors (0 for fixed rules) for `in_requests`.
+  void apply_factors(std::span<RuleKey> keys,
+                     absl::InlinedVector<std::uint32_t, 16>& factors) const {
+    const std::chrono::nanoseconds at = now();
+    for (RuleKey& k : keys) {
+      const std::shared_ptr<AdaptiveController>& controller = controllers_[k.rule];
+      if (controller == nullptr) {
+        factors.push_back(0);
+        continue;
+      }
+      const std::uint32_t factor = controller->factor(at);
+      factors.push_back(factor);
+      const std::uint64_t bucket = rules_[k.rule].adaptive_max_units;
+      const std::uint64_t full = adaptive_units(k.cost, 1000);  // the cost at factor 1
+      k.cost = full > bucket ? full : std::min(adaptive_units(k.cost, factor), bucket);
+    }
+  }
+
+  // Converts the decisions of adaptive rules (keys from `first` on) from limiter units back to
+  // requests at the factor they were decided with: limit and remaining round down.
+  static void in_requests(std::span<const std::uint32_t> factors, std::size_t first,
+                          std::span<Decision> decisions) {
+    for (std::size_t i = 0; i < decisions.size(); ++i) {
+      const std::uint32_t factor = factors[first + i];
+      if (factor == 0) continue;
+      const std::uint64_t per_request = adaptive_units(1, factor);
+      decisions[i].limit /= per_request;
+      decisions[i].remaining /= per_request;
+    }
   }
 
   std::shared_ptr<RuleCounters> counters_for(const std::string& fingerprint) const {
@@ -544,9 +648,10 @@ class BasicRateLimitEngine {
   // Dry-run rules: decided (and consuming) as their own group; never deny, never add fields.
   // False if the backend failed (nothing is counted then).
   bool evaluate_dry(Evaluation& e, std::span<const std::uint32_t> dry,
-                    std::span<const RuleKey> keys, std::uint64_t cost,
+                    std::span<const RuleKey> keys, std::span<const std::uint32_t> factors,
                     std::span<Decision> out) const {
-    if (!backend_->check_rules(keys, cost, options_mode_, out).ok()) return false;
+    if (!backend_->check_rules(keys, options_mode_, out).ok()) return false;
+    if (!factors.empty()) in_requests(factors, factors.size() - keys.size(), out);
     for (std::size_t i = 0; i < dry.size(); ++i) {
       if (out[i].allowed()) continue;
       counters_[dry[i]]->dry_denied.fetch_add(1, std::memory_order_relaxed);
@@ -621,6 +726,8 @@ class BasicRateLimitEngine {
   FailureMode on_backend_error_ = FailureMode::kFailOpen;
   std::vector<RuleInfo> rules_;
   std::vector<std::shared_ptr<RuleCounters>> counters_;
+  std::vector<std::shared_ptr<AdaptiveController>> controllers_;  // per rule; null unless adaptive
+  std::size_t adaptive_rules_ = 0;
   std::unique_ptr<Backend> backend_;
   ScopeMap consumer_rules_, route_rules_, service_rules_, listener_rules_;
   RuleList global_rules_;

@@ -51,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/adaptive.hpp"
 #include "sluice/client_address.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/key.hpp"
@@ -107,6 +108,9 @@ struct Rule {
   // How much of the client address keys `ip` (and the address fallback of `credential`); default:
   // the gateway's address_prefixes.
   std::optional<AddressPrefixes> address_prefixes{};
+  // Scales the rule's limit with its upstream's health (sluice/adaptive.hpp); the engine feeds it
+  // through `record_upstream`. Requests per window and burst are then at most kMaxAdaptiveCount.
+  std::optional<AdaptivePolicy> adaptive{};
 
   friend bool operator==(const Rule&, const Rule&) = default;
 };
@@ -251,6 +255,9 @@ struct PolicyConfig {
 inline constexpr std::uint64_t kMaxRequestsPerWindow = std::uint64_t{1} << 32;
 inline constexpr std::uint64_t kMaxWindowSeconds = std::uint64_t{365} * 24 * 3600;  // 31536000
 inline constexpr std::uint64_t kMaxBurst = std::uint64_t{1} << 32;
+// An adaptive rule's limiter counts thousandths of a request, so its counts stay 1000 times
+// below the limiters' range.
+inline constexpr std::uint64_t kMaxAdaptiveCount = kMaxRequestsPerWindow / 1000;  // 4294967
 
 // The largest burst for a window of `requests` per `period_seconds`: what it replenishes in
 // kMaxWindowSeconds, and at most kMaxBurst. Requires 1 <= requests <= kMaxRequestsPerWindow and
@@ -294,11 +301,13 @@ struct CompiledRule {
   AddressPrefixes address_prefixes{};  // the rule's, or else the gateway's
   std::vector<GcraWindow> windows{};   // shortest first, burst explicit; only windows[0] has the
                                        // rule's burst, every other window its requests
+  std::optional<AdaptivePolicy> adaptive{};  // see Rule::adaptive
   // Identity for reload: equal fingerprints mean the engine may keep the rule's state. Covers the
   // bundle name, the rule's name (its position when unnamed; "legacy" for rate_limit), the
-  // selector and every window with its burst; not dry_run (a rule moved from dry-run to enforcing
-  // keeps the buckets it has been filling). Names are encoded with append_key_part
-  // (sluice/key.hpp), so it is unambiguous for any names.
+  // selector, every window with its burst and whether the rule is adaptive (its limiter counts in
+  // thousandths of a request then), not the adaptive parameters; not dry_run (a rule moved from
+  // dry-run to enforcing keeps the buckets it has been filling). Names are encoded with
+  // append_key_part (sluice/key.hpp), so it is unambiguous for any names.
   std::string fingerprint{};
 
   friend bool operator==(const CompiledRule&, const CompiledRule&) = default;
@@ -478,7 +487,8 @@ inline absl::Status validate_rule(const Rule& rule, const std::string& path) {
     const std::optional<std::uint64_t>& requests = rule.requests_per.*spec.requests;
     if (!requests.has_value()) continue;
     std::string at = path + ".requests_per." + std::string(spec.field);
-    if (absl::Status s = check_count(*requests, at, kMaxRequestsPerWindow); !s.ok()) return s;
+    const std::uint64_t most = rule.adaptive ? kMaxAdaptiveCount : kMaxRequestsPerWindow;
+    if (absl::Status s = check_count(*requests, at, most); !s.ok()) return s;
     if (shortest == nullptr) shortest = &spec;
   }
   if (shortest == nullptr) {
@@ -493,6 +503,12 @@ inline absl::Status validate_rule(const Rule& rule, const std::string& path) {
                      limit == kMaxBurst ? " (the largest supported burst)"
                                         : " (a full bucket must refill within 365 days)");
     }
+    if (rule.adaptive && *rule.burst > kMaxAdaptiveCount) {
+      return invalid(path, ".burst must be <= ", kMaxAdaptiveCount, " in an adaptive rule");
+    }
+  }
+  if (rule.adaptive) {
+    if (absl::Status s = rule.adaptive->validate(path + ".adaptive."); !s.ok()) return s;
   }
   if (rule.address_prefixes.has_value()) {
     return check_prefixes(*rule.address_prefixes, path + ".address_prefixes");
@@ -511,7 +527,8 @@ inline absl::Status validate_legacy(const LegacyRateLimit& legacy, const std::st
 // Assumes `rule_windows` and `selector` are valid; canonicalizes and fingerprints.
 inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_t index,
                               bool legacy, std::vector<Selector> selector,
-                              std::vector<GcraWindow> windows, AddressPrefixes prefixes) {
+                              std::vector<GcraWindow> windows, AddressPrefixes prefixes,
+                              std::optional<AdaptivePolicy> adaptive = std::nullopt) {
   std::sort(selector.begin(), selector.end());
   std::sort(windows.begin(), windows.end(),
             [](const GcraWindow& a, const GcraWindow& b) { return a.period < b.period; });
@@ -557,6 +574,8 @@ inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_
   if (keys_addresses && prefixes != AddressPrefixes{}) {
     absl::StrAppend(&f, ";prefixes=", prefixes.ipv4, "/", prefixes.ipv6);
   }
+  if (adaptive) f += ";adaptive";
+  rule.adaptive = std::move(adaptive);
 
   rule.address_prefixes = prefixes;
   rule.name = std::move(name);
@@ -582,7 +601,8 @@ inline CompiledBundle compile_valid_bundle(const Bundle& bundle, const AddressPr
     // kWindowSpecs is shortest first, so windows[0] is the shortest: it alone takes the burst.
     if (rule.burst.has_value()) windows.front().burst = *rule.burst;
     out.rules.push_back(make_rule(bundle, rule.name, i, /*legacy=*/false, rule.selector,
-                                  std::move(windows), rule.address_prefixes.value_or(defaults)));
+                                  std::move(windows), rule.address_prefixes.value_or(defaults),
+                                  rule.adaptive));
   }
   if (bundle.rate_limit.has_value()) {
     const LegacyRateLimit& legacy = *bundle.rate_limit;
@@ -871,6 +891,20 @@ inline absl::StatusOr<std::vector<CompiledBundle>> compile_policies(const Policy
     out.push_back(detail::compile_valid_bundle(bundle, config.gateway.address_prefixes));
   }
   return out;
+}
+
+// The windows a limiter keeps for `rule`: its own, or for an adaptive rule the same windows
+// counted in thousandths of a request (requests and burst × 1000), so that the engine can take
+// `adaptive_units(cost, factor)` per request and change the factor without touching any state.
+inline std::vector<GcraWindow> limiter_windows(const CompiledRule& rule) {
+  std::vector<GcraWindow> windows = rule.windows;
+  if (rule.adaptive) {
+    for (GcraWindow& w : windows) {
+      w.burst = (w.burst == 0 ? w.requests : w.burst) * 1000;
+      w.requests *= 1000;
+    }
+  }
+  return windows;
 }
 
 }  // namespace sluice

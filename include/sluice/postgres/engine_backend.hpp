@@ -57,8 +57,8 @@ class PostgresEngineBackend {
     std::function<std::chrono::nanoseconds()> time_for_testing{};
   };
 
-  // InvalidArgument naming the rule's label for a rule outside the supported ranges, or when
-  // `options.client` is null. Connects lazily.
+  // InvalidArgument naming the rule's label for a rule outside the supported ranges or an adaptive
+  // rule, or when `options.client` is null. Connects lazily.
   static absl::StatusOr<PostgresEngineBackend> create(std::span<const CompiledRule> rules,
                                                       const PostgresEngineBackend* /*previous*/,
                                                       const Options& options) {
@@ -67,6 +67,10 @@ class PostgresEngineBackend {
     }
     PostgresEngineBackend backend(options);
     for (const CompiledRule& rule : rules) {
+      if (rule.adaptive) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            rule.label, ": adaptive rules are not supported by the PostgreSQL backend"));
+      }
       absl::StatusOr<Limit> limit = Limit::gcra(rule.windows);
       if (!limit.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(rule.label, ": ", limit.status().message()));
@@ -76,9 +80,11 @@ class PostgresEngineBackend {
     return backend;
   }
 
-  absl::Status check_rules(std::span<const RuleKey> keys, std::uint64_t cost, ConsumptionMode mode,
+  // Every key of a request has the request's cost here (no adaptive rules: see create).
+  absl::Status check_rules(std::span<const RuleKey> keys, ConsumptionMode mode,
                            std::span<Decision> out) {
     if (keys.empty()) return absl::OkStatus();
+    const std::uint64_t cost = keys.front().cost;
     absl::InlinedVector<CheckItem, 8> items;
     for (const RuleKey& k : keys) items.push_back({k.key, &limits_[k.rule]});
     const BatchMode batch =

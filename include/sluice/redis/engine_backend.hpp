@@ -75,7 +75,7 @@ class RedisEngineBackend {
     RedisEngineBackend backend(options);
     backend.limits_.reserve(rules.size());
     for (const CompiledRule& rule : rules) {
-      absl::StatusOr<Limit> limit = Limit::create(rule.windows);
+      absl::StatusOr<Limit> limit = Limit::create(limiter_windows(rule));
       if (!limit.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(rule.label, ": ", limit.status().message()));
       }
@@ -85,8 +85,8 @@ class RedisEngineBackend {
     return backend;
   }
 
-  // Decides `cost` for every key (one rule each) into `out` (same size), in one round trip.
-  absl::Status check_rules(std::span<const RuleKey> keys, std::uint64_t cost, ConsumptionMode mode,
+  // Decides every key (one rule each, its own cost) into `out` (same size), in one round trip.
+  absl::Status check_rules(std::span<const RuleKey> keys, ConsumptionMode mode,
                            std::span<Decision> out) {
     if (keys.empty()) {
       return absl::OkStatus();
@@ -94,11 +94,11 @@ class RedisEngineBackend {
     absl::InlinedVector<CheckItem, 8> items;
     for (const RuleKey& k : keys) {
       const Limit& limit = limits_[k.rule];
-      if (cost > limit.max_cost()) {  // before anything is sent: no rule consumes
+      if (k.cost > limit.max_cost()) {  // before anything is sent: no rule consumes
         return absl::InvalidArgumentError(
             absl::StrCat(labels_[k.rule], ": cost exceeds the smallest burst and can never pass"));
       }
-      items.push_back({.key = k.key, .limit = &limit, .cost = cost});
+      items.push_back({.key = k.key, .limit = &limit, .cost = k.cost});
     }
     const std::optional<std::chrono::nanoseconds> time =
         options_.time_for_testing ? std::optional(options_.time_for_testing()) : std::nullopt;
@@ -118,7 +118,7 @@ class RedisEngineBackend {
   // Zeros: the keys live in Redis (see the class comment).
   StoreStats rule_store_stats(std::size_t /*rule*/) const { return {}; }
 
-  // Rule `rule`'s limit (windows as compiled, shortest first).
+  // Rule `rule`'s limit (its limiter_windows, shortest first).
   const Limit& limit(std::size_t rule) const { return limits_[rule]; }
   // The Redis key holding rule `rule`'s state for the engine key `key` (for operators and tests).
   std::string redis_key(std::size_t rule, std::string_view key) const {

@@ -4,6 +4,7 @@
 #define SLUICE_YAML_DETAIL_CONFIG_READER_HPP_
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -85,10 +86,52 @@ class ConfigReader final : public NodeReader {
     return prefixes;
   }
 
+  // {target_latency_ms, error_ratio_permille, minimum_factor_permille, decrease_permille,
+  // recovery_permille, interval_ms, max_hold_seconds}; only target_latency_ms is required.
+  // validate() checks the ranges against the struct's member names, so each value is also
+  // remembered under its member's path (…adaptive.target_latency) for the error's position.
+  AdaptivePolicy read_adaptive(const YAML::Node& node, const std::string& path) {
+    AdaptivePolicy adaptive;
+    const std::vector<Field> fs =
+        fields(node, path,
+               {"target_latency_ms", "error_ratio_permille", "minimum_factor_permille",
+                "decrease_permille", "recovery_permille", "interval_ms", "max_hold_seconds"});
+    require(node, path, fs, "target_latency_ms");
+    // Past any valid value, kept small enough that converting it to ns cannot overflow.
+    constexpr std::uint64_t kTooLongMs = std::uint64_t{1} << 40;
+    for (const Field& f : fs) {
+      const std::uint64_t n = read_count(f.value, f.path);
+      const auto permille = static_cast<std::uint32_t>(
+          std::min<std::uint64_t>(n, std::numeric_limits<std::uint32_t>::max()));
+      const std::chrono::milliseconds ms(std::min(n, kTooLongMs));
+      std::string member = f.key;
+      if (f.key == "target_latency_ms") {
+        adaptive.target_latency = ms;
+        member = "target_latency";
+      } else if (f.key == "error_ratio_permille") {
+        adaptive.error_ratio_permille = permille;
+      } else if (f.key == "minimum_factor_permille") {
+        adaptive.minimum_factor_permille = permille;
+      } else if (f.key == "decrease_permille") {
+        adaptive.decrease_permille = permille;
+      } else if (f.key == "recovery_permille") {
+        adaptive.recovery_permille = permille;
+      } else if (f.key == "interval_ms") {
+        adaptive.interval = ms;
+        member = "interval";
+      } else {
+        adaptive.max_hold = std::chrono::seconds(std::min(n, kTooLongMs));
+        member = "max_hold";
+      }
+      remember(path + "." + member, f.value.Mark());
+    }
+    return adaptive;
+  }
+
   Rule read_rule(const YAML::Node& node, const std::string& path) {
     Rule rule;
-    const std::vector<Field> fs =
-        fields(node, path, {"name", "selector", "requests_per", "burst", "address_prefixes"});
+    const std::vector<Field> fs = fields(
+        node, path, {"name", "selector", "requests_per", "burst", "address_prefixes", "adaptive"});
     require(node, path, fs, "selector");
     require(node, path, fs, "requests_per");
     for (const Field& f : fs) {
@@ -100,6 +143,8 @@ class ConfigReader final : public NodeReader {
         rule.requests_per = read_requests_per(f.value, f.path);
       } else if (f.key == "burst") {
         rule.burst = read_count(f.value, f.path);
+      } else if (f.key == "adaptive") {
+        rule.adaptive = read_adaptive(f.value, f.path);
       } else {
         rule.address_prefixes = read_prefixes(f.value, f.path);
       }

@@ -1,0 +1,250 @@
+// sluice/adaptive.hpp — a limit factor driven by how the upstream behind a limit is doing.
+//
+// An `AdaptiveController` turns upstream responses (latency, status, Retry-After) into a limit
+// factor in [minimum, 1], kept in permille (1000 = the configured limit). Once per `interval` it
+// judges the interval that ended: the upstream is overloaded if the interval saw responses and
+// either the latency EWMA is above `target_latency` or more than `error_ratio_permille` of them
+// were errors; then the factor is multiplied by `decrease_permille`/1000 (never below the
+// minimum). A healthy interval (no responses counts as healthy) adds `recovery_permille` (never
+// above 1000). An upstream 429 or 503 drops the factor to the minimum at once and holds it there
+// for the response's Retry-After (the interval if it has none, at most `max_hold`): no recovery
+// while the hold lasts.
+//
+//   sluice::AdaptivePolicy policy{.target_latency = 200ms};
+//   sluice::AdaptiveController controller(policy, clock.now());
+//   controller.record(clock.now(), {.latency = 350ms, .status = 200});
+//   std::uint32_t permille = controller.factor(clock.now());  // 1000 until an interval ends
+//
+// The policy engine (sluice/engine.hpp) keeps one controller per rule that has an `adaptive`
+// policy and applies its factor to the rule's windows; see `adaptive_units` for the rounding.
+//
+// Arithmetic: integer nanoseconds and permille only; the EWMA moves 1/8 of the way to each sample
+// (`ewma += (sample − ewma) / 8`, truncated). Intervals that ended while no one called are
+// applied lazily, in O(1), when the controller is next used. A clock reading earlier than one
+// already seen is clamped to it.
+//
+// Thread-safety: every member function may be called concurrently. `factor` reads two atomics
+// unless an interval has ended since the last update; `record` takes a mutex. O(1) per call.
+#ifndef SLUICE_ADAPTIVE_HPP_
+#define SLUICE_ADAPTIVE_HPP_
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/numeric/int128.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/detail/mutex.hpp"
+
+namespace sluice {
+
+// How a rule's limit follows its upstream. Durations are nanoseconds; ratios and factors are in
+// permille (parts per thousand).
+struct AdaptivePolicy {
+  std::chrono::nanoseconds target_latency{0};   // the latency EWMA above which the limit shrinks
+  std::uint32_t error_ratio_permille = 100;     // errors (5xx, or no answer) above this share
+  std::uint32_t minimum_factor_permille = 100;  // the floor of the factor, 1 ... 1000
+  std::uint32_t decrease_permille = 500;        // factor × this / 1000 per overloaded interval
+  std::uint32_t recovery_permille = 100;        // factor + this per healthy interval
+  std::chrono::nanoseconds interval = std::chrono::seconds(1);  // how often the factor moves
+  std::chrono::nanoseconds max_hold = std::chrono::minutes(5);  // cap on a 429/503's hold
+
+  // OK, or InvalidArgument naming the bad field under `prefix` (e.g. "bundles[0].rules[1].").
+  absl::Status validate(const std::string& prefix = {}) const {
+    auto bad = [&](const char* field, const char* must) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, field, " must be ", must));
+    };
+    constexpr std::chrono::nanoseconds kMaxDuration = std::chrono::hours(24);
+    if (target_latency <= std::chrono::nanoseconds(0) || target_latency > kMaxDuration) {
+      return bad("target_latency", "more than 0 and at most 24 hours");
+    }
+    if (error_ratio_permille > 1000) return bad("error_ratio_permille", "at most 1000");
+    if (minimum_factor_permille < 1 || minimum_factor_permille > 1000) {
+      return bad("minimum_factor_permille", "1 ... 1000");
+    }
+    if (decrease_permille < 1 || decrease_permille > 999) {
+      return bad("decrease_permille", "1 ... 999");
+    }
+    if (recovery_permille < 1 || recovery_permille > 1000) {
+      return bad("recovery_permille", "1 ... 1000");
+    }
+    if (interval < std::chrono::milliseconds(1) || interval > kMaxDuration) {
+      return bad("interval", "1 ms ... 24 hours");
+    }
+    if (max_hold < std::chrono::nanoseconds(0) || max_hold > kMaxDuration) {
+      return bad("max_hold", "0 ... 24 hours");
+    }
+    return absl::OkStatus();
+  }
+
+  friend bool operator==(const AdaptivePolicy&, const AdaptivePolicy&) = default;
+};
+
+// One answer of the upstream. `status` 0 means no answer (refused, reset or timed out).
+struct UpstreamResponse {
+  std::chrono::nanoseconds latency{0};
+  int status = 200;
+  std::chrono::nanoseconds retry_after{0};  // the upstream's Retry-After, 0 if none
+};
+
+// A snapshot of a controller, for metrics and tests.
+struct AdaptiveState {
+  std::uint32_t factor_permille = 1000;
+  std::chrono::nanoseconds latency_ewma{0};  // 0 before the first response
+  std::uint64_t responses = 0;               // in the current interval
+  std::uint64_t errors = 0;                  // in the current interval
+  std::chrono::nanoseconds hold_remaining{0};
+  std::uint64_t decreases = 0;  // overloaded intervals and 429/503 drops, ever
+  friend bool operator==(const AdaptiveState&, const AdaptiveState&) = default;
+};
+
+// Units a request of `cost` takes from a window scaled by 1000 (sluice counts adaptive windows in
+// thousandths of a request): ⌈cost·10⁶ / factor⌉, so at factor 1000 a request takes exactly 1000
+// units and at 500 it takes 2000. Rounding up never admits more than the factor allows.
+// Requires 1 ≤ factor_permille ≤ 1000.
+inline std::uint64_t adaptive_units(std::uint64_t cost, std::uint32_t factor_permille) {
+  const absl::uint128 scaled = absl::uint128(cost) * 1000000u;
+  const absl::uint128 units = (scaled + factor_permille - 1) / factor_permille;
+  return units > std::numeric_limits<std::uint64_t>::max()
+             ? std::numeric_limits<std::uint64_t>::max()
+             : static_cast<std::uint64_t>(units);
+}
+
+// See the file comment.
+class AdaptiveController {
+ public:
+  // `policy` must be valid (AdaptivePolicy::validate); the first interval starts at `start`.
+  AdaptiveController(const AdaptivePolicy& policy, std::chrono::nanoseconds start)
+      : policy_(policy),
+        latest_(start.count()),
+        interval_end_(saturating_add(start.count(), policy.interval.count())),
+        hold_until_(start.count()),
+        next_boundary_(interval_end_) {}
+
+  AdaptiveController(const AdaptiveController&) = delete;
+  AdaptiveController& operator=(const AdaptiveController&) = delete;
+
+  const AdaptivePolicy& policy() const noexcept { return policy_; }
+
+  // The factor in permille at `now`, after applying every interval that has ended by then.
+  std::uint32_t factor(std::chrono::nanoseconds now) {
+    if (now.count() < next_boundary_.load(std::memory_order_acquire)) {
+      return factor_.load(std::memory_order_relaxed);
+    }
+    detail::MutexLock lock(mutex_);
+    advance(now.count());
+    return factor_.load(std::memory_order_relaxed);
+  }
+
+  // Feeds one upstream response observed at `now`.
+  void record(std::chrono::nanoseconds now, const UpstreamResponse& response) {
+    detail::MutexLock lock(mutex_);
+    const std::int64_t at = advance(now.count());
+    const std::int64_t latency = std::clamp<std::int64_t>(response.latency.count(), 0, kMaxLatency);
+    ewma_ = have_ewma_ ? ewma_ + (latency - ewma_) / 8 : latency;
+    have_ewma_ = true;
+    ++responses_;
+    if (response.status == 0 || response.status >= 500) ++errors_;
+    if (response.status == 429 || response.status == 503) {
+      const std::int64_t wait = response.retry_after > std::chrono::nanoseconds(0)
+                                    ? response.retry_after.count()
+                                    : policy_.interval.count();
+      hold_until_ =
+          std::max(hold_until_, saturating_add(at, std::min(wait, policy_.max_hold.count())));
+      if (factor_.load(std::memory_order_relaxed) != policy_.minimum_factor_permille) {
+        ++decreases_;
+      }
+      factor_.store(policy_.minimum_factor_permille, std::memory_order_relaxed);
+    }
+  }
+
+  AdaptiveState state(std::chrono::nanoseconds now) {
+    detail::MutexLock lock(mutex_);
+    const std::int64_t at = advance(now.count());
+    return {.factor_permille = factor_.load(std::memory_order_relaxed),
+            .latency_ewma = std::chrono::nanoseconds(ewma_),
+            .responses = responses_,
+            .errors = errors_,
+            .hold_remaining = std::chrono::nanoseconds(std::max<std::int64_t>(hold_until_ - at, 0)),
+            .decreases = decreases_};
+  }
+
+ private:
+  static constexpr std::int64_t kMaxLatency = std::int64_t{1} << 50;  // ≈ 13 days
+  static constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max();
+
+  static std::int64_t saturating_add(std::int64_t a, std::int64_t b) {
+    std::int64_t sum = 0;
+    return __builtin_add_overflow(a, b, &sum) ? kNever : sum;
+  }
+
+  // Clamps `now` to the latest reading, applies every interval that ended by then, and returns
+  // the clamped reading.
+  std::int64_t advance(std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    latest_ = std::max(latest_, now);
+    // An interval that would end past the clock's range never ends.
+    if (latest_ < interval_end_ || interval_end_ == kNever) return latest_;
+    std::uint32_t factor = factor_.load(std::memory_order_relaxed);
+    const bool overloaded =
+        responses_ != 0 &&
+        (ewma_ > policy_.target_latency.count() ||
+         absl::uint128(errors_) * 1000 > absl::uint128(policy_.error_ratio_permille) * responses_);
+    if (overloaded) {
+      factor = std::max(
+          policy_.minimum_factor_permille,
+          static_cast<std::uint32_t>(std::uint64_t{factor} * policy_.decrease_permille / 1000));
+      ++decreases_;
+    }
+    // Intervals ending at interval_end_ + j·interval for j = 0 ... later; the first was judged
+    // above, every later one saw no response and is healthy. Each recovers if it ended at or
+    // after hold_until_.
+    const std::int64_t period = policy_.interval.count();
+    const std::uint64_t later =
+        static_cast<std::uint64_t>(latest_ - interval_end_) / static_cast<std::uint64_t>(period);
+    std::uint64_t first_free = 0;  // the first j whose end is not under a hold
+    if (hold_until_ > interval_end_) {
+      const std::uint64_t held = static_cast<std::uint64_t>(hold_until_ - interval_end_);
+      first_free =
+          (held + static_cast<std::uint64_t>(period) - 1) / static_cast<std::uint64_t>(period);
+    }
+    std::uint64_t recoveries = 0;
+    if (first_free <= later) recoveries = later - first_free + 1;
+    if (overloaded && first_free == 0) --recoveries;  // the judged interval did not recover
+    if (recoveries != 0) {
+      const std::uint64_t gain =
+          std::min<std::uint64_t>(recoveries, 1000) * policy_.recovery_permille;
+      factor = static_cast<std::uint32_t>(std::min<std::uint64_t>(1000, factor + gain));
+    }
+    factor_.store(factor, std::memory_order_relaxed);
+    interval_end_ = saturating_add(
+        interval_end_, static_cast<std::int64_t>(std::min<absl::uint128>(
+                           absl::uint128(later + 1) * static_cast<std::uint64_t>(period),
+                           static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))));
+    responses_ = 0;
+    errors_ = 0;
+    next_boundary_.store(interval_end_, std::memory_order_release);
+    return latest_;
+  }
+
+  const AdaptivePolicy policy_;
+  detail::Mutex mutex_;
+  std::int64_t latest_ ABSL_GUARDED_BY(mutex_);        // ns, the latest clock reading seen
+  std::int64_t interval_end_ ABSL_GUARDED_BY(mutex_);  // ns, when the current interval ends
+  std::int64_t hold_until_ ABSL_GUARDED_BY(mutex_);    // ns, no recovery before this
+  std::int64_t ewma_ ABSL_GUARDED_BY(mutex_) = 0;      // ns
+  bool have_ewma_ ABSL_GUARDED_BY(mutex_) = false;
+  std::uint64_t responses_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::uint64_t errors_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::uint64_t decreases_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::atomic<std::uint32_t> factor_{1000};  // written under mutex_, read without it
+  std::atomic<std::int64_t> next_boundary_;  // a copy of interval_end_ for the lock-free read
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_ADAPTIVE_HPP_

@@ -1,0 +1,196 @@
+#include "sluice/adaptive.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+
+using namespace std::chrono_literals;
+using sluice::AdaptiveController;
+using sluice::AdaptivePolicy;
+using sluice::UpstreamResponse;
+
+namespace {
+
+// target 100 ms, 10% errors, floor 100‰, ×0.5 per bad interval, +100‰ per good one, 1 s steps.
+AdaptivePolicy policy() { return {.target_latency = 100ms}; }
+
+UpstreamResponse ok(std::chrono::nanoseconds latency) { return {.latency = latency}; }
+
+}  // namespace
+
+TEST_CASE("a new controller runs at the full limit") {
+  AdaptiveController c(policy(), 0s);
+  CHECK(c.factor(0s) == 1000);
+  CHECK(c.factor(10s) == 1000);
+  CHECK(c.state(10s).decreases == 0);
+}
+
+TEST_CASE("a slow upstream halves the factor once per interval down to the minimum") {
+  AdaptiveController c(policy(), 0s);
+  std::vector<std::uint32_t> trajectory;
+  for (int second = 0; second < 6; ++second) {
+    c.record(std::chrono::seconds(second) + 500ms, ok(300ms));
+    trajectory.push_back(c.factor(std::chrono::seconds(second + 1)));
+  }
+  CHECK(trajectory == std::vector<std::uint32_t>{500, 250, 125, 100, 100, 100});
+}
+
+TEST_CASE("latency at the target is healthy, one nanosecond above it is not") {
+  AdaptiveController at(policy(), 0s);
+  at.record(500ms, ok(100ms));
+  CHECK(at.factor(1s) == 1000);
+
+  AdaptiveController above(policy(), 0s);
+  above.record(500ms, ok(100ms + 1ns));
+  CHECK(above.factor(1s) == 500);
+}
+
+TEST_CASE("the latency average moves an eighth of the way to each sample") {
+  AdaptiveController c(policy(), 0s);
+  c.record(1ms, ok(80ms));
+  CHECK(c.state(1ms).latency_ewma == 80ms);
+  c.record(2ms, ok(160ms));
+  CHECK(c.state(2ms).latency_ewma == 90ms);  // 80 + (160 − 80) / 8
+  c.record(3ms, ok(0ms));
+  CHECK(c.state(3ms).latency_ewma == 78750us);  // 90 − 90 / 8
+}
+
+TEST_CASE("an error ratio above the threshold shrinks the factor, at the threshold it does not") {
+  AdaptiveController at(policy(), 0s);  // 1 error in 10 = 100‰: not above
+  for (int i = 0; i < 9; ++i) at.record(100ms, ok(10ms));
+  at.record(100ms, {.latency = 10ms, .status = 502});
+  CHECK(at.factor(1s) == 1000);
+
+  AdaptiveController above(policy(), 0s);  // 2 in 10 (one of them no answer at all)
+  for (int i = 0; i < 8; ++i) above.record(100ms, ok(10ms));
+  above.record(100ms, {.latency = 10ms, .status = 500});
+  above.record(100ms, {.latency = 10ms, .status = 0});
+  CHECK(above.state(900ms).errors == 2);
+  CHECK(above.factor(1s) == 500);
+  CHECK(above.state(1s).errors == 0);  // counts start over with each interval
+}
+
+TEST_CASE("a healthy upstream recovers the factor additively up to the full limit") {
+  AdaptiveController c(policy(), 0s);
+  c.record(500ms, ok(1s));
+  c.record(1500ms, ok(1s));
+  c.record(2500ms, ok(1s));
+  REQUIRE(c.factor(3s) == 125);
+  std::vector<std::uint32_t> trajectory;
+  for (int second = 3; second < 13; ++second) {
+    for (int i = 0; i < 20; ++i) {  // pulls the average under the target within one interval
+      c.record(std::chrono::seconds(second) + std::chrono::milliseconds(500 + i), ok(1ms));
+    }
+    trajectory.push_back(c.factor(std::chrono::seconds(second + 1)));
+  }
+  CHECK(trajectory.front() == 225);
+  CHECK(trajectory.back() == 1000);
+  for (std::size_t i = 1; i < trajectory.size(); ++i) {
+    CHECK(trajectory[i] >= trajectory[i - 1]);
+    CHECK(trajectory[i] - trajectory[i - 1] <= 100);
+  }
+}
+
+TEST_CASE("idle intervals count as healthy and are applied lazily all at once") {
+  AdaptiveController c(policy(), 0s);
+  c.record(500ms, ok(1s));
+  c.record(1500ms, ok(1s));
+  REQUIRE(c.factor(2s) == 250);
+  // Nothing for 5 s: intervals ending at 3 s ... 7 s recover 100‰ each.
+  CHECK(c.factor(7s) == 750);
+  CHECK(c.factor(1000s) == 1000);
+}
+
+TEST_CASE("a 503 drops to the minimum at once and holds it for its Retry-After") {
+  AdaptiveController c(policy(), 0s);
+  c.record(200ms, {.latency = 5ms, .status = 503, .retry_after = 3s});
+  CHECK(c.factor(200ms) == 100);
+  CHECK(c.state(200ms).hold_remaining == 3s);
+  CHECK(c.factor(3s) == 100);  // boundaries at 1, 2, 3 s fall inside the hold (until 3.2 s)
+  CHECK(c.factor(4s) == 200);  // the interval ending at 4 s is the first to recover
+  CHECK(c.factor(12s) == 1000);
+}
+
+TEST_CASE("a 429 without Retry-After holds for one interval and the hold is capped") {
+  AdaptiveController c(policy(), 0s);
+  c.record(0s, {.latency = 1ms, .status = 429});
+  CHECK(c.factor(999ms) == 100);
+  CHECK(c.factor(1s) == 200);  // held until 1 s: the interval ending at 1 s recovers
+  AdaptiveController capped({.target_latency = 100ms, .max_hold = 10s}, 0s);
+  capped.record(0s, {.latency = 1ms, .status = 429, .retry_after = 24h});
+  CHECK(capped.state(0s).hold_remaining == 10s);
+  CHECK(capped.factor(9s) == 100);
+  CHECK(capped.factor(10s) == 200);
+}
+
+TEST_CASE("a clock reading earlier than one already seen is clamped") {
+  AdaptiveController c(policy(), 10s);
+  c.record(10500ms, ok(1s));
+  CHECK(c.factor(11s) == 500);
+  c.record(1s, ok(1s));  // clamped to 11 s: counts in the interval ending at 12 s
+  CHECK(c.factor(5s) == 500);
+  CHECK(c.factor(12s) == 250);
+}
+
+TEST_CASE("extreme readings and latencies neither overflow nor wrap") {
+  AdaptiveController c(policy(),
+                       std::chrono::nanoseconds(std::numeric_limits<std::int64_t>::max() - 1000));
+  c.record(std::chrono::nanoseconds::max(), {.latency = std::chrono::nanoseconds::max()});
+  CHECK(c.state(std::chrono::nanoseconds::max()).latency_ewma ==
+        std::chrono::nanoseconds(1LL << 50));
+  CHECK(c.factor(std::chrono::nanoseconds::max()) == 1000);  // no interval ends past the range
+
+  AdaptiveController negative(policy(), -5s);
+  negative.record(-4500ms, {.latency = -1s});  // a negative latency counts as 0
+  CHECK(negative.state(-4500ms).latency_ewma == 0ns);
+  CHECK(negative.factor(-4s) == 1000);
+}
+
+TEST_CASE("invalid policies are refused with the field named") {
+  CHECK(AdaptivePolicy{}.validate("r.").message() ==
+        "r.target_latency must be more than 0 and at most 24 hours");
+  CHECK(AdaptivePolicy{.target_latency = 1ms, .minimum_factor_permille = 0}.validate().message() ==
+        "minimum_factor_permille must be 1 ... 1000");
+  CHECK(!AdaptivePolicy{.target_latency = 1ms, .decrease_permille = 1000}.validate().ok());
+  CHECK(!AdaptivePolicy{.target_latency = 1ms, .recovery_permille = 0}.validate().ok());
+  CHECK(!AdaptivePolicy{.target_latency = 1ms, .error_ratio_permille = 1001}.validate().ok());
+  CHECK(!AdaptivePolicy{.target_latency = 1ms, .interval = 0s}.validate().ok());
+  CHECK(!AdaptivePolicy{.target_latency = 1ms, .max_hold = -1s}.validate().ok());
+  CHECK(policy().validate().ok());
+}
+
+TEST_CASE("adaptive units round the scaled cost up") {
+  CHECK(sluice::adaptive_units(1, 1000) == 1000);
+  CHECK(sluice::adaptive_units(1, 500) == 2000);
+  CHECK(sluice::adaptive_units(1, 300) == 3334);  // ⌈10⁶ / 300⌉
+  CHECK(sluice::adaptive_units(7, 1) == 7000000);
+  CHECK(sluice::adaptive_units(std::numeric_limits<std::uint64_t>::max(), 1) ==
+        std::numeric_limits<std::uint64_t>::max());
+}
+
+TEST_CASE("concurrent records and reads keep the factor within its bounds") {
+  AdaptiveController c(policy(), 0s);
+  std::atomic<bool> out_of_bounds{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2000; ++i) {
+        const auto now = std::chrono::milliseconds(i * 5);
+        if (t % 2 == 0) {
+          c.record(now, {.latency = (i / 200) % 2 == 0 ? 500ms : 1ms,
+                         .status = i % 97 == 0 ? 503 : 200});
+        }
+        const std::uint32_t f = c.factor(now);
+        if (f < 100 || f > 1000) out_of_bounds = true;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(!out_of_bounds);
+  CHECK(c.state(100s).decreases > 0);
+}
