@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,9 +31,10 @@ constexpr const char* kShout = "/sluice.test.Echo/Shout";
 using Metadata = std::vector<std::pair<std::string, std::string>>;
 
 // The service under test: each method checks first, then counts that its work ran.
+template <class EngineT>
 class EchoService final : public sluice::test::Echo::Service {
  public:
-  EchoService(const Engine& engine, sluice::GrpcRateLimiter limiter)
+  EchoService(const EngineT& engine, sluice::GrpcRateLimiter limiter)
       : engine_(engine), limiter_(std::move(limiter)) {}
 
   grpc::Status Say(grpc::ServerContext* context, const sluice::test::EchoRequest* request,
@@ -64,7 +66,7 @@ class EchoService final : public sluice::test::Echo::Service {
     return grpc::Status::OK;
   }
 
-  const Engine& engine_;
+  const EngineT& engine_;
   const sluice::GrpcRateLimiter limiter_;
   std::atomic<int> handled_{0};
   mutable std::mutex mutex_;
@@ -86,9 +88,10 @@ struct Reply {
 };
 
 // A real gRPC server on an ephemeral port of `host` and a client channel to it.
+template <class EngineT>
 class EchoServer {
  public:
-  EchoServer(const Engine& engine, sluice::GrpcRateLimiter limiter,
+  EchoServer(const EngineT& engine, sluice::GrpcRateLimiter limiter,
              const std::string& host = "127.0.0.1")
       : service_(engine, std::move(limiter)) {
     grpc::ServerBuilder builder;
@@ -108,7 +111,7 @@ class EchoServer {
   }
 
   bool started() const { return stub_ != nullptr; }
-  const EchoService& service() const { return service_; }
+  const EchoService<EngineT>& service() const { return service_; }
 
   Reply call(const Metadata& metadata = {}, const char* method = kSay) {
     grpc::ClientContext context;
@@ -129,7 +132,7 @@ class EchoServer {
   }
 
  private:
-  EchoService service_;
+  EchoService<EngineT> service_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<sluice::test::Echo::Stub> stub_;
@@ -174,6 +177,20 @@ sluice::PolicyConfig per_credential() {
       .gateway = {.global_policies = {"key-limits"}},
   };
 }
+
+// A backend whose every call fails, to show the failure modes.
+struct FailingBackend {
+  struct Options {};
+  static absl::StatusOr<FailingBackend> create(std::span<const sluice::CompiledRule>,
+                                               const FailingBackend*, const Options&) {
+    return FailingBackend{};
+  }
+  absl::Status check_rules(std::span<const sluice::RuleKey>, std::uint64_t, sluice::ConsumptionMode,
+                           std::span<sluice::Decision>) {
+    return absl::UnavailableError("backend at 10.1.2.3:6379 is down");
+  }
+  sluice::StoreStats rule_store_stats(std::size_t) const { return {}; }
+};
 
 std::int64_t unix_seconds_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -365,4 +382,45 @@ TEST_CASE("a gRPC call over IPv6 loopback is keyed by the peer's IPv6 address") 
   CHECK(server.call().code == grpc::StatusCode::OK);
   INFO(server.service().last_peer());  // "ipv6:%5B::1%5D:<port>" from gRPC 1.51
   CHECK(sluice::grpc_peer_address(server.service().last_peer()).to_string() == "::1");
+}
+
+TEST_CASE("an exempt method gets no rule and no fields") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = per_credential();  // a global rule: every call
+  config.gateway.exempt_paths = {kShout};
+  const Engine engine = make(config, clock);
+  EchoServer server(engine, limiter());
+  REQUIRE(server.started());
+  REQUIRE(server.call().code == grpc::StatusCode::OK);
+  REQUIRE(server.call().code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  const Reply shout = server.call({}, kShout);
+  CHECK(shout.code == grpc::StatusCode::OK);
+  CHECK(shout.trailers.empty());
+}
+
+TEST_CASE("a failing backend ends the call with UNAVAILABLE when the engine fails closed") {
+  using FailingEngine = sluice::BasicRateLimitEngine<FailingBackend>;
+  sluice::PolicyConfig config = per_ip_on_echo();
+
+  SECTION("fail closed: UNAVAILABLE, without the backend's error text; the handler does not run") {
+    config.engine.on_backend_error = sluice::FailureMode::kFailClosed;
+    auto engine = FailingEngine::create(config);
+    REQUIRE(engine.ok());
+    EchoServer server(*engine, limiter());
+    REQUIRE(server.started());
+    const Reply reply = server.call();
+    CHECK(reply.code == grpc::StatusCode::UNAVAILABLE);
+    CHECK(reply.message == "rate limiter unavailable");
+    CHECK(reply.trailers.empty());
+    CHECK(server.service().handled() == 0);
+  }
+  SECTION("fail open: the call is admitted") {
+    auto engine = FailingEngine::create(config);
+    REQUIRE(engine.ok());
+    EchoServer server(*engine, limiter());
+    REQUIRE(server.started());
+    CHECK(server.call().code == grpc::StatusCode::OK);
+    CHECK(server.service().handled() == 1);
+  }
 }
