@@ -138,7 +138,7 @@ class EchoServer {
   std::unique_ptr<sluice::test::Echo::Stub> stub_;
 };
 
-Engine make(const sluice::PolicyConfig& config, sluice::ManualClock clock) {
+Engine make(const sluice::PolicyConfig& config, const sluice::ManualClock& clock) {
   auto engine = Engine::create(config, {.store = {.seed = 1}, .clock = clock});
   REQUIRE(engine.ok());
   return *std::move(engine);

@@ -123,11 +123,12 @@ std::optional<std::string_view> percent_decode(std::string_view text,
 // invalid address. O(peer size); no allocation.
 inline ClientAddress grpc_peer_address(std::string_view peer) noexcept {
   constexpr std::string_view kIpv4 = "ipv4:";
-  constexpr std::string_view kIpv6 = "ipv6:";
+  constexpr std::string_view kIpv6 = "ipv6:";  // as long as kIpv4
   const bool v4 = peer.starts_with(kIpv4);
   if (!v4 && !peer.starts_with(kIpv6)) return {};
-  std::array<char, 96> buffer;  // the longest address with zone id and port fits
-  const std::optional<std::string_view> rest = detail::percent_decode(peer.substr(5), buffer);
+  std::array<char, 96> buffer{};  // the longest address with zone id and port fits
+  const std::optional<std::string_view> rest =
+      detail::percent_decode(peer.substr(kIpv4.size()), buffer);
   if (!rest) return {};
   if (v4) {
     const ClientAddress address = ClientAddress::parse(*rest);
@@ -212,7 +213,7 @@ class GrpcRateLimiter {
  private:
   explicit GrpcRateLimiter(GrpcLimiterOptions options) : options_(std::move(options)) {}
 
-  static std::string_view view(::grpc::string_ref text) noexcept {
+  static std::string_view view(const ::grpc::string_ref& text) noexcept {
     return std::string_view(text.data(), text.size());
   }
 
