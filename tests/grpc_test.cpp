@@ -73,6 +73,35 @@ class EchoService final : public sluice::test::Echo::Service {
   std::string last_peer_;
 };
 
+// The same for a callback service: the denial finishes the reactor. Say only.
+template <class EngineT>
+class CallbackEchoService final : public sluice::test::Echo::CallbackService {
+ public:
+  CallbackEchoService(const EngineT& engine, sluice::GrpcRateLimiter limiter)
+      : engine_(engine), limiter_(std::move(limiter)) {}
+
+  grpc::ServerUnaryReactor* Say(grpc::CallbackServerContext* context,
+                                const sluice::test::EchoRequest* request,
+                                sluice::test::EchoReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (auto denied = limiter_.check(engine_, *context, kSay)) {
+      reactor->Finish(*denied);
+      return reactor;
+    }
+    handled_.fetch_add(1);
+    reply->set_text(request->text());
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  int handled() const { return handled_.load(); }
+
+ private:
+  const EngineT& engine_;
+  const sluice::GrpcRateLimiter limiter_;
+  std::atomic<int> handled_{0};
+};
+
 // What the client saw of one call.
 struct Reply {
   grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
@@ -88,7 +117,7 @@ struct Reply {
 };
 
 // A real gRPC server on an ephemeral port of `host` and a client channel to it.
-template <class EngineT>
+template <class EngineT, template <class> class ServiceT = EchoService>
 class EchoServer {
  public:
   EchoServer(const EngineT& engine, sluice::GrpcRateLimiter limiter,
@@ -111,7 +140,7 @@ class EchoServer {
   }
 
   bool started() const { return stub_ != nullptr; }
-  const EchoService<EngineT>& service() const { return service_; }
+  const ServiceT<EngineT>& service() const { return service_; }
 
   Reply call(const Metadata& metadata = {}, const char* method = kSay) {
     grpc::ClientContext context;
@@ -132,7 +161,7 @@ class EchoServer {
   }
 
  private:
-  EchoService<EngineT> service_;
+  ServiceT<EngineT> service_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<sluice::test::Echo::Stub> stub_;
@@ -423,4 +452,20 @@ TEST_CASE("a failing backend ends the call with UNAVAILABLE when the engine fail
     CHECK(server.call().code == grpc::StatusCode::OK);
     CHECK(server.service().handled() == 1);
   }
+}
+
+TEST_CASE("a callback service finishes a denied call with RESOURCE_EXHAUSTED and the fields") {
+  sluice::ManualClock clock;
+  const Engine engine = make(per_ip_on_echo(), clock);
+  EchoServer<Engine, CallbackEchoService> server(engine, limiter());
+  REQUIRE(server.started());
+  REQUIRE(server.call().code == grpc::StatusCode::OK);
+  REQUIRE(server.call().code == grpc::StatusCode::OK);
+
+  const Reply denied = server.call();
+  CHECK(denied.code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(denied.at("retry-after") == "1");
+  CHECK(denied.at("x-ratelimit-remaining") == "0");
+  CHECK(denied.at("ratelimit") == "\"echo-limits/per-ip/s\";r=0;t=1");
+  CHECK(server.service().handled() == 2);
 }
