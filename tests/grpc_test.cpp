@@ -10,6 +10,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -107,7 +108,7 @@ struct Reply {
   grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
   std::string message{};
   std::string text{};
-  std::map<std::string, std::string> trailers{};  // one value per key in these tests
+  std::map<std::string, std::string> trailers{};  // a repeated key's values joined by ", "
 
   bool has(const std::string& key) const { return trailers.count(key) != 0; }
   std::string at(const std::string& key) const {
@@ -154,8 +155,9 @@ class EchoServer {
                                     : stub_->Shout(&context, request, &reply);
     Reply out{.code = status.error_code(), .message = status.error_message(), .text = reply.text()};
     for (const auto& [key, value] : context.GetServerTrailingMetadata()) {
-      out.trailers.emplace(std::string(key.data(), key.size()),
-                           std::string(value.data(), value.size()));
+      auto [it, inserted] = out.trailers.emplace(std::string(key.data(), key.size()),
+                                                 std::string(value.data(), value.size()));
+      if (!inserted) absl::StrAppend(&it->second, ", ", std::string(value.data(), value.size()));
     }
     return out;
   }
