@@ -79,4 +79,4 @@ endfunction()
 install_and_use(package)
 
 # 5. The same with the core only: what a machine with Abseil and xxHash alone installs.
-install_and_use(package-core -DSLUICE_REDIS=OFF -DSLUICE_YAML=OFF)
+install_and_use(package-core -DSLUICE_REDIS=OFF -DSLUICE_YAML=OFF -DSLUICE_GRPC=OFF)

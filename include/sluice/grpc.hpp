@@ -1,0 +1,258 @@
+// sluice/grpc.hpp — rate-limit the calls of a gRPC C++ server through a sluice engine.
+//
+// `GrpcRateLimiter::check` evaluates one call and, when the engine denies it, returns the status
+// the handler must finish the call with: RESOURCE_EXHAUSTED, with the wait and the rate-limit
+// fields in the call's trailing metadata. The service calls it first, before any work:
+//
+//   auto limiter = sluice::GrpcRateLimiter::create({.credential_metadata = "x-api-key",
+//                                                   .credential_prefix = ""});
+//   // a synchronous service (grpc::ServerContext):
+//   grpc::Status Say(grpc::ServerContext* context, const EchoRequest* request,
+//                    EchoReply* reply) override {
+//     if (auto denied = limiter_.check(engine_, *context, "/sluice.test.Echo/Say")) return *denied;
+//     ...  // the handler's work runs only for admitted calls
+//   }
+//   // a callback service (grpc::CallbackServerContext):
+//   grpc::ServerUnaryReactor* Say(grpc::CallbackServerContext* context, ...) override {
+//     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+//     if (auto denied = limiter_.check(engine_, *context, "/sluice.test.Echo/Say")) {
+//       reactor->Finish(*denied);
+//       return reactor;
+//     }
+//     ...
+//   }
+//
+// What the engine sees of a call:
+// - path: the full method name ("/pkg.Service/Method"), so a route's `path_prefix` matches
+//   methods: "/pkg.Service/" covers a service, "/pkg.Service/Method" one method; the route is the
+//   one `engine.match_route(listener, method)` finds (none: unrouted), and exempt paths name
+//   methods too (e.g. "/grpc.health.v1.Health/Check").
+// - client: the peer address (`grpc_peer_address`: "ipv4:203.0.113.7:5000",
+//   "ipv6:[2001:db8::7]:5000"); behind trusted proxies (`client_addresses`) the `forwarded` and
+//   `x-forwarded-for` metadata are walked as for HTTP (sluice/client_address.hpp). A unix-socket
+//   peer has no address: all such callers share the one "invalid" address bucket.
+// - credential: the value of the metadata entry `credential_metadata` after
+//   `credential_prefix` ("authorization: Bearer <token>" by default). It keys `credential` rules
+//   only when it belongs to a consumer of the config (`engine.consumer_for`); an unknown token, a
+//   missing prefix or an entry sent more than once counts as no credential, so the call is keyed
+//   by its client address: a client cannot mint a fresh bucket per call.
+//
+// What the client receives:
+// - denied: status RESOURCE_EXHAUSTED ("rate limited; retry after <n> s") and trailing metadata
+//   `retry-after` (whole seconds, at least 1), `x-ratelimit-limit`, `x-ratelimit-remaining`,
+//   `x-ratelimit-reset`, `ratelimit-policy` and `ratelimit`: the HTTP fields of
+//   sluice/http_fields.hpp under lowercase keys (gRPC metadata keys are lowercase).
+// - admitted: the same fields except `retry-after` in the trailing metadata, then whatever the
+//   handler answers. Exempt methods and calls no rule applies to get no fields.
+// - the engine's backend failed and it fails closed: status UNAVAILABLE ("rate limiter
+//   unavailable"), without the backend's error text. Failing open admits the call.
+//
+// Why a call the service makes, and not an interceptor. In gRPC 1.51 a server interceptor
+// (grpc::experimental::Interceptor) cannot end a call with a status of its choosing: `Hijack` is
+// for client calls only, so the handler runs whatever the interceptor decides, and `TryCancel`
+// ends the call as CANCELLED without metadata. The handler's context does not carry the method
+// name either, so the service passes it. The limit: a method whose handler does not call `check`
+// is not limited. Streaming methods call it once, at the start: a stream counts as one call.
+//
+// Thread-safety: `check` is const and may be called concurrently from any number of handlers; it
+// writes only to the call's own context. Complexity: one engine evaluation plus O(metadata
+// entries) to find the credential. Allocates the metadata it adds. No exceptions.
+#ifndef SLUICE_GRPC_HPP_
+#define SLUICE_GRPC_HPP_
+
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/status.h>
+
+#include <array>
+#include <cstddef>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "sluice/client_address.hpp"
+#include "sluice/detail/text.hpp"
+#include "sluice/engine.hpp"
+#include "sluice/http_fields.hpp"
+
+namespace sluice {
+
+namespace detail {
+
+// `text` with each "%HH" replaced by its byte, written to `buffer`; nullopt when a '%' is not
+// followed by two hex digits or the result does not fit.
+template <std::size_t N>
+std::optional<std::string_view> percent_decode(std::string_view text,
+                                               std::array<char, N>& buffer) noexcept {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::size_t size = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (size == N) return std::nullopt;
+    char c = text[i];
+    if (c == '%') {
+      if (text.size() - i < 3) return std::nullopt;
+      const int high = hex(text[i + 1]);
+      const int low = hex(text[i + 2]);
+      if (high < 0 || low < 0) return std::nullopt;
+      c = static_cast<char>(high * 16 + low);
+      i += 2;
+    }
+    buffer[size++] = c;
+  }
+  return std::string_view(buffer.data(), size);
+}
+
+}  // namespace detail
+
+// The address in a gRPC peer string, a URI: "ipv4:<dotted quad>:<port>" or
+// "ipv6:%5B<address>%5D:<port>" (gRPC 1.51 percent-encodes the brackets and a zone id's '%';
+// "ipv6:[<address>]:<port>", as older versions write it, is accepted too; a zone id is dropped).
+// Anything else ("unix:/run/app.sock", a string without scheme, a malformed escape) is an
+// invalid address. O(peer size); no allocation.
+inline ClientAddress grpc_peer_address(std::string_view peer) noexcept {
+  constexpr std::string_view kIpv4 = "ipv4:";
+  constexpr std::string_view kIpv6 = "ipv6:";  // as long as kIpv4
+  const bool v4 = peer.starts_with(kIpv4);
+  if (!v4 && !peer.starts_with(kIpv6)) return {};
+  std::array<char, 96> buffer{};  // the longest address with zone id and port fits
+  const std::optional<std::string_view> rest =
+      detail::percent_decode(peer.substr(kIpv4.size()), buffer);
+  if (!rest) return {};
+  if (v4) {
+    const ClientAddress address = ClientAddress::parse(*rest);
+    return address.is_ipv4() ? address : ClientAddress{};
+  }
+  // Only the bracketed form with a port (an IPv4-mapped peer comes out as IPv4).
+  if (!rest->starts_with('[') || rest->find("]:") == std::string_view::npos) return {};
+  return ClientAddress::parse(*rest);
+}
+
+// How a server's calls map onto the engine's request context.
+struct GrpcLimiterOptions {
+  // The metadata key of the credential: lowercase letters, digits, '-', '_' and '.'; empty: calls
+  // carry no credential. gRPC delivers `-bin` entries decoded.
+  std::string credential_metadata = "authorization";
+  // What the entry's value must start with (compared ignoring ASCII case); the rest is the
+  // credential. Empty: the whole value.
+  std::string credential_prefix = "Bearer ";
+  // The listener the server's calls arrive on (routes and bundles may name one); empty: none.
+  std::string listener{};
+  // Which proxies' `forwarded` / `x-forwarded-for` metadata to believe; the default believes
+  // none: the client is the peer.
+  ClientAddressResolver client_addresses{};
+};
+
+// Evaluates gRPC calls through an engine (see the header comment). Immutable after `create`.
+class GrpcRateLimiter {
+ public:
+  // InvalidArgument when `credential_metadata` is not a legal gRPC metadata key.
+  static absl::StatusOr<GrpcRateLimiter> create(GrpcLimiterOptions options = {}) {
+    const std::string& key = options.credential_metadata;
+    for (const char c : key) {
+      if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.')) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "credential_metadata ", detail::quoted(key),
+            ": a gRPC metadata key has only lowercase letters, digits, '-', '_' and '.'"));
+      }
+    }
+    if (key.starts_with("grpc-")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("credential_metadata ", detail::quoted(key), ": grpc- keys are gRPC's own"));
+    }
+    return GrpcRateLimiter(std::move(options));
+  }
+
+  // Evaluates the call `method` ("/pkg.Service/Method") that `context` serves. Denied: adds the
+  // fields to the trailing metadata and returns the status to finish the call with. Admitted:
+  // adds the fields and returns nullopt; the handler goes on.
+  template <EngineBackend Backend>
+  std::optional<::grpc::Status> check(const BasicRateLimitEngine<Backend>& engine,
+                                      ::grpc::ServerContextBase& context,
+                                      std::string_view method) const {
+    const std::string client = client_address(context).to_string();
+    RequestContext request{.client_ip = client, .path = method};
+    if (const std::optional<std::string_view> credential = credential_of(context)) {
+      if (const std::optional<std::string_view> consumer = engine.consumer_for(*credential)) {
+        request.credential = credential;
+        request.consumer = consumer;
+      }
+    }
+    if (!options_.listener.empty()) request.listener = options_.listener;
+    const auto route = engine.match_route(options_.listener, method);
+    if (route) request.route = route->route;
+
+    const Evaluation e = engine.evaluate(request);
+    for (const HttpField& field : e.fields) {
+      context.AddTrailingMetadata(
+          absl::AsciiStrToLower(absl::string_view(field.name.data(), field.name.size())),
+          field.value);
+    }
+    if (e.allowed) return std::nullopt;
+    if (!e.backend_error.ok()) {
+      return ::grpc::Status(::grpc::StatusCode::UNAVAILABLE, "rate limiter unavailable");
+    }
+    return ::grpc::Status(
+        ::grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("rate limited; retry after ", retry_after_seconds(e.retry_after), " s"));
+  }
+
+  const GrpcLimiterOptions& options() const noexcept { return options_; }
+
+ private:
+  explicit GrpcRateLimiter(GrpcLimiterOptions options) : options_(std::move(options)) {}
+
+  static std::string_view view(const ::grpc::string_ref& text) noexcept {
+    return std::string_view(text.data(), text.size());
+  }
+
+  // Every value of metadata entry `key`, joined with ", " as if it were one header line.
+  static std::string joined(const ::grpc::ServerContextBase& context, const std::string& key) {
+    std::string out;
+    const auto [first, last] = context.client_metadata().equal_range(key);
+    for (auto it = first; it != last; ++it) {
+      if (!out.empty()) out.append(", ");
+      out.append(view(it->second));
+    }
+    return out;
+  }
+
+  ClientAddress client_address(const ::grpc::ServerContextBase& context) const {
+    const ClientAddress peer = grpc_peer_address(context.peer());
+    if (options_.client_addresses.trusted_networks().empty()) return peer;
+    return options_.client_addresses.resolve(peer, joined(context, "forwarded"),
+                                             joined(context, "x-forwarded-for"));
+  }
+
+  // The credential of the call: the one entry `credential_metadata` after the prefix, if any.
+  std::optional<std::string_view> credential_of(const ::grpc::ServerContextBase& context) const {
+    if (options_.credential_metadata.empty()) return std::nullopt;
+    const auto [first, last] = context.client_metadata().equal_range(options_.credential_metadata);
+    if (first == last || std::next(first) != last) return std::nullopt;  // absent or repeated
+    const std::string_view value = view(first->second);
+    const std::string_view prefix = options_.credential_prefix;
+    if (value.size() <= prefix.size() ||
+        !absl::StartsWithIgnoreCase(absl::string_view(value.data(), prefix.size()),
+                                    absl::string_view(prefix.data(), prefix.size()))) {
+      return std::nullopt;
+    }
+    return value.substr(prefix.size());
+  }
+
+  GrpcLimiterOptions options_;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_GRPC_HPP_

@@ -1,0 +1,473 @@
+#include "sluice/grpc.hpp"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "catch.hpp"
+#include "echo.grpc.pb.h"
+#include "sluice/clock.hpp"
+#include "sluice/engine.hpp"
+
+using namespace std::chrono_literals;
+using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using sluice::Selector;
+
+namespace {
+
+constexpr const char* kSay = "/sluice.test.Echo/Say";
+constexpr const char* kShout = "/sluice.test.Echo/Shout";
+
+using Metadata = std::vector<std::pair<std::string, std::string>>;
+
+// The service under test: each method checks first, then counts that its work ran.
+template <class EngineT>
+class EchoService final : public sluice::test::Echo::Service {
+ public:
+  EchoService(const EngineT& engine, sluice::GrpcRateLimiter limiter)
+      : engine_(engine), limiter_(std::move(limiter)) {}
+
+  grpc::Status Say(grpc::ServerContext* context, const sluice::test::EchoRequest* request,
+                   sluice::test::EchoReply* reply) override {
+    if (auto denied = limiter_.check(engine_, *context, kSay)) return *denied;
+    return work(*context, *request, *reply);
+  }
+  grpc::Status Shout(grpc::ServerContext* context, const sluice::test::EchoRequest* request,
+                     sluice::test::EchoReply* reply) override {
+    if (auto denied = limiter_.check(engine_, *context, kShout)) return *denied;
+    return work(*context, *request, *reply);
+  }
+
+  int handled() const { return handled_.load(); }
+  std::string last_peer() const {
+    std::lock_guard lock(mutex_);
+    return last_peer_;
+  }
+
+ private:
+  grpc::Status work(grpc::ServerContext& context, const sluice::test::EchoRequest& request,
+                    sluice::test::EchoReply& reply) {
+    handled_.fetch_add(1);
+    {
+      std::lock_guard lock(mutex_);
+      last_peer_ = context.peer();
+    }
+    reply.set_text(request.text());
+    return grpc::Status::OK;
+  }
+
+  const EngineT& engine_;
+  const sluice::GrpcRateLimiter limiter_;
+  std::atomic<int> handled_{0};
+  mutable std::mutex mutex_;
+  std::string last_peer_;
+};
+
+// The same for a callback service: the denial finishes the reactor. Say only.
+template <class EngineT>
+class CallbackEchoService final : public sluice::test::Echo::CallbackService {
+ public:
+  CallbackEchoService(const EngineT& engine, sluice::GrpcRateLimiter limiter)
+      : engine_(engine), limiter_(std::move(limiter)) {}
+
+  grpc::ServerUnaryReactor* Say(grpc::CallbackServerContext* context,
+                                const sluice::test::EchoRequest* request,
+                                sluice::test::EchoReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (auto denied = limiter_.check(engine_, *context, kSay)) {
+      reactor->Finish(*denied);
+      return reactor;
+    }
+    handled_.fetch_add(1);
+    reply->set_text(request->text());
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  int handled() const { return handled_.load(); }
+
+ private:
+  const EngineT& engine_;
+  const sluice::GrpcRateLimiter limiter_;
+  std::atomic<int> handled_{0};
+};
+
+// What the client saw of one call.
+struct Reply {
+  grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
+  std::string message{};
+  std::string text{};
+  std::map<std::string, std::string> trailers{};  // a repeated key's values joined by ", "
+
+  bool has(const std::string& key) const { return trailers.count(key) != 0; }
+  std::string at(const std::string& key) const {
+    auto it = trailers.find(key);
+    return it == trailers.end() ? "<absent>" : it->second;
+  }
+};
+
+// A real gRPC server on an ephemeral port of `host` and a client channel to it.
+template <class EngineT, template <class> class ServiceT = EchoService>
+class EchoServer {
+ public:
+  EchoServer(const EngineT& engine, sluice::GrpcRateLimiter limiter,
+             const std::string& host = "127.0.0.1")
+      : service_(engine, std::move(limiter)) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(absl::StrCat(host, ":0"), grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port_ == 0) return;
+    const std::string target = host.starts_with('[') ? absl::StrCat("ipv6:", host, ":", port_)
+                                                     : absl::StrCat(host, ":", port_);
+    stub_ = sluice::test::Echo::NewStub(
+        grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  }
+  EchoServer(const EchoServer&) = delete;
+  EchoServer& operator=(const EchoServer&) = delete;
+  ~EchoServer() {
+    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + 5s);
+  }
+
+  bool started() const { return stub_ != nullptr; }
+  const ServiceT<EngineT>& service() const { return service_; }
+
+  Reply call(const Metadata& metadata = {}, const char* method = kSay) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 20s);
+    for (const auto& [key, value] : metadata) context.AddMetadata(key, value);
+    sluice::test::EchoRequest request;
+    request.set_text("hello");
+    sluice::test::EchoReply reply;
+    const grpc::Status status = std::string_view(method) == kSay
+                                    ? stub_->Say(&context, request, &reply)
+                                    : stub_->Shout(&context, request, &reply);
+    Reply out{.code = status.error_code(), .message = status.error_message(), .text = reply.text()};
+    for (const auto& [key, value] : context.GetServerTrailingMetadata()) {
+      auto [it, inserted] = out.trailers.emplace(std::string(key.data(), key.size()),
+                                                 std::string(value.data(), value.size()));
+      if (!inserted) absl::StrAppend(&it->second, ", ", std::string(value.data(), value.size()));
+    }
+    return out;
+  }
+
+ private:
+  ServiceT<EngineT> service_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<sluice::test::Echo::Stub> stub_;
+};
+
+Engine make(const sluice::PolicyConfig& config, const sluice::ManualClock& clock) {
+  auto engine = Engine::create(config, {.store = {.seed = 1}, .clock = clock});
+  REQUIRE(engine.ok());
+  return *std::move(engine);
+}
+
+sluice::GrpcRateLimiter limiter(sluice::GrpcLimiterOptions options = {}) {
+  auto created = sluice::GrpcRateLimiter::create(std::move(options));
+  REQUIRE(created.ok());
+  return *std::move(created);
+}
+
+// "per-ip": 1 call per second per client address, bursts of 2, on every method of Echo.
+sluice::PolicyConfig per_ip_on_echo() {
+  return {
+      .policies = {{.name = "echo-limits",
+                    .rate_limits = {{.name = "per-ip",
+                                     .selector = {Selector::kIp},
+                                     .requests_per = {.s = 1},
+                                     .burst = 2}}}},
+      .routes = {{.name = "echo",
+                  .path_prefix = "/sluice.test.Echo/",
+                  .policies = {"echo-limits"}}},
+  };
+}
+
+// "per-key": 1 call per second per credential, no burst, on every call; two consumers.
+sluice::PolicyConfig per_credential() {
+  return {
+      .policies = {{.name = "key-limits",
+                    .rate_limits = {{.name = "per-key",
+                                     .selector = {Selector::kCredential},
+                                     .requests_per = {.s = 1},
+                                     .burst = 1}}}},
+      .consumers = {{.name = "alice", .credentials = {"alice-token"}},
+                    {.name = "bob", .credentials = {"bob-token"}}},
+      .gateway = {.global_policies = {"key-limits"}},
+  };
+}
+
+// A backend whose every call fails, to show the failure modes.
+struct FailingBackend {
+  struct Options {};
+  static absl::StatusOr<FailingBackend> create(std::span<const sluice::CompiledRule>,
+                                               const FailingBackend*, const Options&) {
+    return FailingBackend{};
+  }
+  absl::Status check_rules(std::span<const sluice::RuleKey>, std::uint64_t, sluice::ConsumptionMode,
+                           std::span<sluice::Decision>) {
+    return absl::UnavailableError("backend at 10.1.2.3:6379 is down");
+  }
+  sluice::StoreStats rule_store_stats(std::size_t) const { return {}; }
+};
+
+std::int64_t unix_seconds_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+TEST_CASE("a gRPC peer string gives the peer's address, and nothing else does") {
+  CHECK(sluice::grpc_peer_address("ipv4:127.0.0.1:5000").to_string() == "127.0.0.1");
+  // gRPC 1.51 writes a URI: brackets and a zone id's '%' percent-encoded.
+  CHECK(sluice::grpc_peer_address("ipv6:%5B2001:db8::7%5D:443").to_string() == "2001:db8::7");
+  CHECK(sluice::grpc_peer_address("ipv6:%5Bfe80::1%2512%5D:443").to_string() == "fe80::1");
+  CHECK(sluice::grpc_peer_address("ipv6:%5b::1%5d:443").to_string() == "::1");
+  CHECK(sluice::grpc_peer_address("ipv6:[2001:db8::7]:443").to_string() == "2001:db8::7");
+  CHECK(sluice::grpc_peer_address("ipv6:[::ffff:192.0.2.1]:443").to_string() == "192.0.2.1");
+  CHECK(sluice::grpc_peer_address("ipv6:[fe80::1%2512]:443").to_string() == "fe80::1");
+  CHECK_FALSE(sluice::grpc_peer_address("unix:/run/app.sock").valid());
+  CHECK_FALSE(sluice::grpc_peer_address("unix-abstract:app").valid());
+  CHECK_FALSE(sluice::grpc_peer_address("127.0.0.1:5000").valid());  // no scheme
+  CHECK_FALSE(sluice::grpc_peer_address("").valid());
+  // The scheme must match the address: no IPv6 text in an ipv4 peer, no bare IPv6.
+  CHECK_FALSE(sluice::grpc_peer_address("ipv4:[::1]:5000").valid());
+  CHECK_FALSE(sluice::grpc_peer_address("ipv6:127.0.0.1:5000").valid());
+  CHECK_FALSE(sluice::grpc_peer_address("ipv6:::1").valid());
+  CHECK_FALSE(sluice::grpc_peer_address("ipv4:010.0.0.1:5000").valid());
+  // Malformed escapes and overlong input are invalid, not cut short.
+  CHECK_FALSE(sluice::grpc_peer_address("ipv6:%5B::1%5D:44%").valid());
+  CHECK_FALSE(sluice::grpc_peer_address("ipv6:%5B::1%5D:4%4").valid());
+  CHECK_FALSE(sluice::grpc_peer_address("ipv6:%5B::1%zz:443").valid());
+  CHECK_FALSE(sluice::grpc_peer_address("ipv4:%31%32%37.0.0.1:5000%00").valid());
+  CHECK_FALSE(
+      sluice::grpc_peer_address(absl::StrCat("ipv4:127.0.0.1:", std::string(200, '1'))).valid());
+}
+
+TEST_CASE("a credential metadata key that gRPC would not carry is refused") {
+  CHECK(sluice::GrpcRateLimiter::create({.credential_metadata = "Authorization"}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(sluice::GrpcRateLimiter::create({.credential_metadata = "x api key"}).status().message() ==
+        "credential_metadata \"x api key\": a gRPC metadata key has only lowercase letters, "
+        "digits, '-', '_' and '.'");
+  CHECK(sluice::GrpcRateLimiter::create({.credential_metadata = "grpc-timeout"}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(sluice::GrpcRateLimiter::create({.credential_metadata = "x-api-key"}).ok());
+  CHECK(sluice::GrpcRateLimiter::create({.credential_metadata = ""}).ok());  // no credential
+}
+
+TEST_CASE("admitted gRPC calls reach the handler with the rate-limit fields in trailing metadata") {
+  sluice::ManualClock clock;
+  const Engine engine = make(per_ip_on_echo(), clock);
+  EchoServer server(engine, limiter());
+  REQUIRE(server.started());
+
+  const Reply first = server.call();
+  CHECK(first.code == grpc::StatusCode::OK);
+  CHECK(first.text == "hello");
+  CHECK(first.at("x-ratelimit-limit") == "2");
+  CHECK(first.at("x-ratelimit-remaining") == "1");
+  CHECK(first.at("ratelimit-policy") == "\"echo-limits/per-ip/s\";q=1;w=1");
+  CHECK(first.at("ratelimit") == "\"echo-limits/per-ip/s\";r=1;t=1");
+  CHECK_FALSE(first.has("retry-after"));
+  const Reply second = server.call({}, kShout);  // the route covers every method of Echo
+  CHECK(second.code == grpc::StatusCode::OK);
+  CHECK(second.at("x-ratelimit-remaining") == "0");
+  CHECK(server.service().handled() == 2);
+  CHECK(sluice::grpc_peer_address(server.service().last_peer()).to_string() == "127.0.0.1");
+}
+
+TEST_CASE("a denied gRPC call ends with RESOURCE_EXHAUSTED and the wait before its handler runs") {
+  sluice::ManualClock clock;
+  const Engine engine = make(per_ip_on_echo(), clock);
+  EchoServer server(engine, limiter());
+  REQUIRE(server.started());
+  REQUIRE(server.call().code == grpc::StatusCode::OK);
+  REQUIRE(server.call().code == grpc::StatusCode::OK);
+
+  const std::int64_t before = unix_seconds_now();
+  const Reply denied = server.call();
+  const std::int64_t after = unix_seconds_now();
+  CHECK(denied.code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(denied.message == "rate limited; retry after 1 s");
+  CHECK(denied.text.empty());
+  CHECK(denied.at("retry-after") == "1");
+  CHECK(denied.at("x-ratelimit-limit") == "2");
+  CHECK(denied.at("x-ratelimit-remaining") == "0");
+  const std::int64_t reset = std::stoll(denied.at("x-ratelimit-reset"));
+  CHECK(reset >= before + 2);  // the bucket of 2 is full again 2 s after the denial, rounded up
+  CHECK(reset <= after + 3);
+  CHECK(denied.at("ratelimit-policy") == "\"echo-limits/per-ip/s\";q=1;w=1");
+  CHECK(denied.at("ratelimit") == "\"echo-limits/per-ip/s\";r=0;t=1");
+  CHECK(server.service().handled() == 2);  // the denied call's work never ran
+
+  clock.advance(1s);  // one call's worth of the bucket is back
+  CHECK(server.call().code == grpc::StatusCode::OK);
+  CHECK(server.call().code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(server.service().handled() == 3);
+}
+
+TEST_CASE("the credential metadata entry keys the bucket of an authenticated caller") {
+  sluice::ManualClock clock;
+  const Engine engine = make(per_credential(), clock);
+  EchoServer server(engine, limiter({.credential_metadata = "x-api-key", .credential_prefix = ""}));
+  REQUIRE(server.started());
+  const Metadata alice{{"x-api-key", "alice-token"}};
+  const Metadata bob{{"x-api-key", "bob-token"}};
+
+  CHECK(server.call(alice).code == grpc::StatusCode::OK);
+  CHECK(server.call(alice).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Same client address, another credential: its own bucket.
+  CHECK(server.call(bob).code == grpc::StatusCode::OK);
+  // No credential: keyed by the client address, which neither token's bucket used.
+  CHECK(server.call().code == grpc::StatusCode::OK);
+  CHECK(server.call().code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(server.service().handled() == 3);
+}
+
+TEST_CASE("a made-up, unprefixed or repeated credential is keyed by the client address") {
+  sluice::ManualClock clock;
+  const Engine engine = make(per_credential(), clock);
+  EchoServer server(engine, limiter());  // authorization: Bearer <token>
+  REQUIRE(server.started());
+  REQUIRE(server.call().code == grpc::StatusCode::OK);  // the address's one call this second
+
+  // Each attempt at a fresh bucket lands in the address's, which is empty.
+  CHECK(server.call({{"authorization", "Bearer forged-1"}}).code ==
+        grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(server.call({{"authorization", "Bearer forged-2"}}).code ==
+        grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(server.call({{"authorization", "alice-token"}}).code ==  // no "Bearer " prefix
+        grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(
+      server.call({{"authorization", "Bearer alice-token"}, {"authorization", "Bearer x"}}).code ==
+      grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(server.call({{"x-api-key", "alice-token"}}).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // The real credential, with the scheme in any case, has its own bucket.
+  CHECK(server.call({{"authorization", "bearer alice-token"}}).code == grpc::StatusCode::OK);
+  CHECK(server.service().handled() == 2);
+}
+
+TEST_CASE("x-forwarded-for metadata picks the client only behind a trusted proxy") {
+  sluice::ManualClock clock;
+  const Engine engine = make(per_credential(), clock);  // anonymous calls: 1 per address
+  const Metadata first{{"x-forwarded-for", "203.0.113.7"}};
+  const Metadata second{{"x-forwarded-for", "203.0.113.8"}};
+
+  SECTION("untrusted peer: the header is the client's own text and is ignored") {
+    EchoServer server(engine, limiter());
+    REQUIRE(server.started());
+    CHECK(server.call(first).code == grpc::StatusCode::OK);
+    CHECK(server.call(second).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  SECTION("trusted peer: each forwarded client has its own bucket") {
+    auto resolver = sluice::ClientAddressResolver::create({"127.0.0.0/8"});
+    REQUIRE(resolver.ok());
+    EchoServer server(engine, limiter({.client_addresses = *resolver}));
+    REQUIRE(server.started());
+    CHECK(server.call(first).code == grpc::StatusCode::OK);
+    CHECK(server.call(second).code == grpc::StatusCode::OK);
+    CHECK(server.call(first).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+}
+
+TEST_CASE("a route's path prefix selects methods by their full name") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = per_ip_on_echo();
+  config.routes[0].path_prefix = kSay;  // Say only; Shout is unrouted and no rule applies to it
+  const Engine engine = make(config, clock);
+  EchoServer server(engine, limiter());
+  REQUIRE(server.started());
+  REQUIRE(server.call().code == grpc::StatusCode::OK);
+  REQUIRE(server.call().code == grpc::StatusCode::OK);
+  CHECK(server.call().code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  const Reply shout = server.call({}, kShout);
+  CHECK(shout.code == grpc::StatusCode::OK);
+  CHECK_FALSE(shout.has("x-ratelimit-limit"));
+  CHECK(server.service().handled() == 3);
+}
+
+TEST_CASE("a gRPC call over IPv6 loopback is keyed by the peer's IPv6 address") {
+  sluice::ManualClock clock;
+  const Engine engine = make(per_ip_on_echo(), clock);
+  EchoServer server(engine, limiter(), "[::1]");
+  if (!server.started()) {
+    WARN("no IPv6 loopback on this machine: nothing to check");
+    return;
+  }
+  CHECK(server.call().code == grpc::StatusCode::OK);
+  INFO(server.service().last_peer());  // "ipv6:%5B::1%5D:<port>" from gRPC 1.51
+  CHECK(sluice::grpc_peer_address(server.service().last_peer()).to_string() == "::1");
+}
+
+TEST_CASE("an exempt method gets no rule and no fields") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = per_credential();  // a global rule: every call
+  config.gateway.exempt_paths = {kShout};
+  const Engine engine = make(config, clock);
+  EchoServer server(engine, limiter());
+  REQUIRE(server.started());
+  REQUIRE(server.call().code == grpc::StatusCode::OK);
+  REQUIRE(server.call().code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  const Reply shout = server.call({}, kShout);
+  CHECK(shout.code == grpc::StatusCode::OK);
+  CHECK(shout.trailers.empty());
+}
+
+TEST_CASE("a failing backend ends the call with UNAVAILABLE when the engine fails closed") {
+  using FailingEngine = sluice::BasicRateLimitEngine<FailingBackend>;
+  sluice::PolicyConfig config = per_ip_on_echo();
+
+  SECTION("fail closed: UNAVAILABLE, without the backend's error text; the handler does not run") {
+    config.engine.on_backend_error = sluice::FailureMode::kFailClosed;
+    auto engine = FailingEngine::create(config);
+    REQUIRE(engine.ok());
+    EchoServer server(*engine, limiter());
+    REQUIRE(server.started());
+    const Reply reply = server.call();
+    CHECK(reply.code == grpc::StatusCode::UNAVAILABLE);
+    CHECK(reply.message == "rate limiter unavailable");
+    CHECK(reply.trailers.empty());
+    CHECK(server.service().handled() == 0);
+  }
+  SECTION("fail open: the call is admitted") {
+    auto engine = FailingEngine::create(config);
+    REQUIRE(engine.ok());
+    EchoServer server(*engine, limiter());
+    REQUIRE(server.started());
+    CHECK(server.call().code == grpc::StatusCode::OK);
+    CHECK(server.service().handled() == 1);
+  }
+}
+
+TEST_CASE("a callback service finishes a denied call with RESOURCE_EXHAUSTED and the fields") {
+  sluice::ManualClock clock;
+  const Engine engine = make(per_ip_on_echo(), clock);
+  EchoServer<Engine, CallbackEchoService> server(engine, limiter());
+  REQUIRE(server.started());
+  REQUIRE(server.call().code == grpc::StatusCode::OK);
+  REQUIRE(server.call().code == grpc::StatusCode::OK);
+
+  const Reply denied = server.call();
+  CHECK(denied.code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(denied.at("retry-after") == "1");
+  CHECK(denied.at("x-ratelimit-remaining") == "0");
+  CHECK(denied.at("ratelimit") == "\"echo-limits/per-ip/s\";r=0;t=1");
+  CHECK(server.service().handled() == 2);
+}
