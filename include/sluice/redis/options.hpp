@@ -25,9 +25,11 @@ struct ConnectionOptions {
   std::string host = "127.0.0.1";
   int port = 6379;
   std::string unix_socket;                         // non-empty: connect here, not to host:port
-  std::chrono::milliseconds connect_timeout{200};  // per new connection
-  std::chrono::milliseconds command_timeout{200};  // per reply; also the wait for a free connection
-  std::size_t max_connections = 16;                // open at once, idle or in use
+  std::chrono::milliseconds connect_timeout{200};  // caps each new connection's connect
+  // One deadline per check, from its start: the wait for a free connection, a connect, the write
+  // and every read all end by it, however slowly a peer trickles bytes.
+  std::chrono::milliseconds command_timeout{200};
+  std::size_t max_connections = 16;  // open at once, idle or in use
 };
 
 struct ClientOptions {
