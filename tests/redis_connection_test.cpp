@@ -47,12 +47,19 @@ milliseconds since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
 }
 
+// Options for the fake peer, which answers no CONFIG GET.
+sluice::redis::ClientOptions peer_options(int port, milliseconds timeout) {
+  sluice::redis::ClientOptions o = tcp_options(port, timeout);
+  o.connection.memory_check = sluice::redis::MemoryCheck::kSkip;
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("a peer that answers one byte every 80 ms cannot stretch a check past its deadline") {
   sluice_test::TricklePeer peer(milliseconds(80));
   REQUIRE(peer.start().empty());
-  auto limiter = make_limiter(tcp_options(peer.port(), milliseconds(300)));
+  auto limiter = make_limiter(peer_options(peer.port(), milliseconds(300)));
 
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<Decision> d = limiter.check("k");
@@ -69,7 +76,7 @@ TEST_CASE("a peer that answers one byte every 80 ms cannot stretch a check past 
 TEST_CASE("the wait for a free connection counts against the same deadline as the reply") {
   sluice_test::TricklePeer peer(milliseconds(80));
   REQUIRE(peer.start().empty());
-  auto options = tcp_options(peer.port(), milliseconds(300));
+  auto options = peer_options(peer.port(), milliseconds(300));
   options.connection.max_connections = 1;
   auto limiter = make_limiter(options);
   auto held = limiter.client()->pool_for_testing().acquire();

@@ -34,23 +34,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sluice/detail/mutex.hpp"
+#include "sluice/redis/detail/io.hpp"
+#include "sluice/redis/detail/memory_check.hpp"
 #include "sluice/redis/detail/status.hpp"
 #include "sluice/redis/options.hpp"
 
 namespace sluice::redis::detail {
-
-// When a check must have its answer (steady clock).
-using Deadline = std::chrono::steady_clock::time_point;
-
-inline timeval to_timeval(std::chrono::microseconds d) {
-  const auto us = d.count();
-  return timeval{static_cast<time_t>(us / 1'000'000), static_cast<suseconds_t>(us % 1'000'000)};
-}
-
-// The time left before `deadline`, rounded up to whole microseconds; ≤ 0 once it has passed.
-inline std::chrono::microseconds time_left(Deadline deadline) {
-  return std::chrono::ceil<std::chrono::microseconds>(deadline - std::chrono::steady_clock::now());
-}
 
 class ConnectionPool {
  public:
@@ -195,6 +184,11 @@ class ConnectionPool {
     }
     if (context->err != 0) {
       absl::Status status = io_status(*context, saved_errno, "connect");
+      redisFree(context);
+      return status;
+    }
+    if (absl::Status status = check_memory_settings(context, deadline, options_.memory_check);
+        !status.ok()) {
       redisFree(context);
       return status;
     }
