@@ -35,7 +35,8 @@ fail() {
 backend=()
 if [ -n "$redis_server" ]; then
   "$redis_server" --port 0 --unixsocket "$work/redis.sock" --unixsocketperm 700 --save '' \
-    --appendonly no --dir "$work" --logfile "$work/redis.log" --daemonize no &
+    --appendonly no --dir "$work" --logfile "$work/redis.log" --daemonize no \
+    --maxmemory 64mb --maxmemory-policy volatile-ttl &
   redis_pid=$!
   for _ in $(seq 100); do
     [ -S "$work/redis.sock" ] && break

@@ -2,9 +2,10 @@
 //
 // Starts `redis-server` from PATH in a fresh mkdtemp directory, listening on a unix socket there
 // and on a free TCP port of 127.0.0.1, with persistence off; waits until it answers PING; kills
-// it and removes the directory on destruction; it also dies with the test process. Tests use
-// kill()/restart(), stop()/resume() to inject faults. A missing redis-server is an error (`start()`
-// returns it), never a skip.
+// it and removes the directory on destruction; bounded memory (`maxmemory 64mb`, policy
+// `volatile-ttl`, what the client requires by default) unless `extra_args` override it; it also
+// dies with the test process. Tests use kill()/restart(), stop()/resume() to inject faults. A
+// missing redis-server is an error (`start()` returns it), never a skip.
 //
 //   sluice_test::RedisServer server;
 //   REQUIRE(server.start().empty());   // empty = started; else the reason
@@ -33,6 +34,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace sluice_test {
@@ -82,6 +84,10 @@ class RedisServer {
   }
   void stop() { ::kill(pid_, SIGSTOP); }  // the process freezes; the kernel still accepts
   void resume() { ::kill(pid_, SIGCONT); }
+
+  // More command-line settings for the next start() or restart(), e.g. {"--maxmemory", "0"};
+  // later settings win over the defaults.
+  void set_extra_args(std::vector<std::string> args) { extra_args_ = std::move(args); }
 
   const std::string& unix_socket() const { return socket_; }
   int port() const { return port_; }
@@ -161,11 +167,30 @@ class RedisServer {
     socket_ = dir_ + "/redis.sock";
     const std::string port = std::to_string(port_);
     const std::string log = dir_ + "/redis.log";
-    std::vector<std::string> args = {binary,      "--port",       port,    "--bind",
-                                     "127.0.0.1", "--unixsocket", socket_, "--unixsocketperm",
-                                     "700",       "--save",       "",      "--appendonly",
-                                     "no",        "--dir",        dir_,    "--logfile",
-                                     log,         "--daemonize",  "no"};
+    std::vector<std::string> args = {binary,
+                                     "--port",
+                                     port,
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--unixsocket",
+                                     socket_,
+                                     "--unixsocketperm",
+                                     "700",
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--dir",
+                                     dir_,
+                                     "--logfile",
+                                     log,
+                                     "--daemonize",
+                                     "no",
+                                     "--maxmemory",
+                                     "64mb",
+                                     "--maxmemory-policy",
+                                     "volatile-ttl"};
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -208,6 +233,7 @@ class RedisServer {
 
   std::string dir_;
   std::string socket_;
+  std::vector<std::string> extra_args_;
   int port_ = 0;
   pid_t pid_ = 0;
 };

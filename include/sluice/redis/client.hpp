@@ -16,7 +16,8 @@
 // seeded XXH3-128 digest + "}" (a Cluster hash tag), never the key itself.
 // Errors: InvalidArgument (bad cost), Unavailable (connection refused or lost, server busy,
 // loading or read-only), DeadlineExceeded (no reply within the command timeout, or no free
-// connection), Internal (a reply of the wrong shape). Never a silent allow; no retries.
+// connection), Internal (a reply of the wrong shape). Never a silent allow; a command that may
+// have reached the server is never sent again.
 // Thread-safety: thread-safe, except `replace_script_for_testing`.
 #ifndef SLUICE_REDIS_CLIENT_HPP_
 #define SLUICE_REDIS_CLIENT_HPP_

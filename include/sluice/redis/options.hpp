@@ -20,14 +20,33 @@
 
 namespace sluice::redis {
 
+// What a new connection requires of the server's memory settings (read with CONFIG GET). Every
+// limited identity is a key until its windows refill; a spray of identities grows the key set
+// without bound unless the server has `maxmemory`, and only `volatile-ttl` evicts the keys closest
+// to fresh first (a spent budget's key is among the last to go). Other eviction policies can
+// evict a spent budget's key: the next check then admits again, unnoticed. A refused server
+// makes every check FailedPrecondition, saying which setting and how to opt out.
+enum class MemoryCheck {
+  kRequireBounded,  // maxmemory > 0 and maxmemory-policy volatile-ttl (the default)
+  // Also accepts maxmemory 0 (memory grows with the identities seen) and noeviction (writes fail
+  // with OOM: errors, never a silent allow). Still refuses policies that evict other keys.
+  kAllowUnbounded,
+  // Sends no CONFIG GET: for servers where CONFIG is renamed or denied by an ACL. The operator
+  // vouches for the settings.
+  kSkip,
+};
+
 // Where and how to connect.
 struct ConnectionOptions {
   std::string host = "127.0.0.1";
   int port = 6379;
   std::string unix_socket;                         // non-empty: connect here, not to host:port
-  std::chrono::milliseconds connect_timeout{200};  // per new connection
-  std::chrono::milliseconds command_timeout{200};  // per reply; also the wait for a free connection
-  std::size_t max_connections = 16;                // open at once, idle or in use
+  std::chrono::milliseconds connect_timeout{200};  // caps each new connection's connect
+  // One deadline per check, from its start: the wait for a free connection, a connect, the write
+  // and every read all end by it, however slowly a peer trickles bytes.
+  std::chrono::milliseconds command_timeout{200};
+  std::size_t max_connections = 16;                         // open at once, idle or in use
+  MemoryCheck memory_check = MemoryCheck::kRequireBounded;  // on every new connection
 };
 
 struct ClientOptions {

@@ -2,7 +2,12 @@
 // Internal: `Client` owns one (tests and benchmarks reach it through `pool_for_testing`).
 //
 // A connection that failed is closed, never reused; the next acquire opens a fresh one (that is
-// the reconnect). Connections open lazily, so a pool exists while Redis is down.
+// the reconnect). An idle connection is probed before it is handed out (one poll(2), no I/O): one
+// the server closed meanwhile (a restart) is replaced before any command is written to it.
+// Connections open lazily, so a pool exists while Redis is down.
+//
+// Every lease carries the deadline of the one check it serves: the wait for a connection, the
+// connect, and every write and read of `exchange` (command.hpp) end by it.
 //
 //   sluice::redis::detail::ConnectionPool pool({.unix_socket = "/run/redis/redis.sock"});
 //   absl::StatusOr<sluice::redis::detail::ConnectionPool::Lease> lease = pool.acquire();
@@ -16,8 +21,10 @@
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <utility>
@@ -27,15 +34,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sluice/detail/mutex.hpp"
+#include "sluice/redis/detail/io.hpp"
+#include "sluice/redis/detail/memory_check.hpp"
 #include "sluice/redis/detail/status.hpp"
 #include "sluice/redis/options.hpp"
 
 namespace sluice::redis::detail {
-
-inline timeval to_timeval(std::chrono::milliseconds d) {
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();  // exact
-  return timeval{static_cast<time_t>(us / 1'000'000), static_cast<suseconds_t>(us % 1'000'000)};
-}
 
 class ConnectionPool {
  public:
@@ -44,7 +48,8 @@ class ConnectionPool {
    public:
     Lease(Lease&& other) noexcept
         : pool_(std::exchange(other.pool_, nullptr)),
-          context_(std::exchange(other.context_, nullptr)) {}
+          context_(std::exchange(other.context_, nullptr)),
+          deadline_(other.deadline_) {}
     Lease& operator=(Lease&&) = delete;
     ~Lease() {
       if (pool_ != nullptr) {
@@ -54,6 +59,8 @@ class ConnectionPool {
 
     // The connection; nullptr once marked broken.
     redisContext* get() const noexcept { return context_; }
+    // When the check this lease serves must be answered.
+    Deadline deadline() const noexcept { return deadline_; }
     // The connection failed: close it instead of returning it to the pool.
     void mark_broken() noexcept {
       if (context_ != nullptr) {
@@ -64,10 +71,12 @@ class ConnectionPool {
 
    private:
     friend class ConnectionPool;
-    Lease(ConnectionPool* pool, redisContext* context) : pool_(pool), context_(context) {}
+    Lease(ConnectionPool* pool, redisContext* context, Deadline deadline)
+        : pool_(pool), context_(context), deadline_(deadline) {}
 
     ConnectionPool* pool_;
     redisContext* context_;
+    Deadline deadline_;
   };
 
   explicit ConnectionPool(ConnectionOptions options) : options_(std::move(options)) {}
@@ -81,32 +90,49 @@ class ConnectionPool {
 
   const ConnectionOptions& options() const noexcept { return options_; }
 
-  // An idle connection, or a new one while fewer than max_connections are open; waits at most
-  // command_timeout for one to come back.
+  // An idle connection, or a new one while fewer than max_connections are open, for one check
+  // that must end by `deadline` (default: command_timeout from now). Waits until the deadline at
+  // most for one to come back; a new connection's connect ends by it too.
   absl::StatusOr<Lease> acquire() {
-    {
-      sluice::detail::MutexLock lock(mu_);
-      const bool ready =
-          mu_.wait_for(options_.command_timeout, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return has_capacity();  // called by wait_for with mu_ held
-          });
-      if (!ready) {
-        return absl::DeadlineExceededError(
-            "sluice::redis: no free connection within the command timeout");
+    return acquire(std::chrono::steady_clock::now() + options_.command_timeout);
+  }
+  absl::StatusOr<Lease> acquire(Deadline deadline) {
+    // Each pass takes an idle connection or opens one; a dead idle one is closed and replaced, so
+    // the passes end when the idle list is exhausted at the latest.
+    for (;;) {
+      redisContext* idle = nullptr;
+      {
+        sluice::detail::MutexLock lock(mu_);
+        const bool ready = mu_.wait_for(
+            deadline - std::chrono::steady_clock::now(),
+            [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // called by wait_for with mu_ held
+              return has_capacity();
+            });
+        if (!ready) {
+          return absl::DeadlineExceededError(
+              "sluice::redis: no free connection within the command timeout");
+        }
+        if (!idle_.empty()) {
+          idle = idle_.back();
+          idle_.pop_back();
+        } else {
+          ++open_;
+        }
       }
-      if (!idle_.empty()) {
-        redisContext* context = idle_.back();
-        idle_.pop_back();
-        return Lease(this, context);
+      if (idle == nullptr) {
+        absl::StatusOr<redisContext*> context = connect(deadline);
+        if (!context.ok()) {
+          release(nullptr);
+          return context.status();
+        }
+        return Lease(this, *context, deadline);
       }
-      ++open_;
-    }
-    absl::StatusOr<redisContext*> context = connect();
-    if (!context.ok()) {
+      if (is_alive(*idle)) {
+        return Lease(this, idle, deadline);
+      }
+      redisFree(idle);
       release(nullptr);
-      return context.status();
     }
-    return Lease(this, *context);
   }
 
   // Connections open now, idle or leased.
@@ -134,8 +160,20 @@ class ConnectionPool {
     mu_.notify_all();
   }
 
-  absl::StatusOr<redisContext*> connect() const {
-    const timeval connect_timeout = to_timeval(options_.connect_timeout);
+  // An idle connection has nothing to read: readable means the server closed it (end of file),
+  // reset it, or sent something unasked; any of them makes it unusable.
+  static bool is_alive(const redisContext& context) {
+    pollfd probe{.fd = context.fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+    return context.err == 0 && poll(&probe, 1, 0) == 0;
+  }
+
+  absl::StatusOr<redisContext*> connect(Deadline deadline) const {
+    const std::chrono::microseconds left = time_left(deadline);
+    if (left <= std::chrono::microseconds::zero()) {
+      return absl::DeadlineExceededError("sluice::redis: no time left to connect");
+    }
+    const timeval connect_timeout = to_timeval(std::min<std::chrono::microseconds>(
+        left, std::chrono::duration_cast<std::chrono::microseconds>(options_.connect_timeout)));
     redisContext* context =
         options_.unix_socket.empty()
             ? redisConnectWithTimeout(options_.host.c_str(), options_.port, connect_timeout)
@@ -149,8 +187,8 @@ class ConnectionPool {
       redisFree(context);
       return status;
     }
-    if (redisSetTimeout(context, to_timeval(options_.command_timeout)) != REDIS_OK) {
-      absl::Status status = io_status(*context, errno, "set timeout");
+    if (absl::Status status = check_memory_settings(context, deadline, options_.memory_check);
+        !status.ok()) {
       redisFree(context);
       return status;
     }

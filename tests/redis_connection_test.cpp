@@ -1,0 +1,144 @@
+// sluice::redis connections: one deadline per check, and no spurious failure after a restart.
+//
+// The deadline tests talk to a fake peer (tests/support/trickle_peer.hpp) that trickles a reply
+// one byte at a time; the restart tests run against a real redis-server the test starts. Sleeps
+// here only inject faults (a lease held for a while); no rate is measured by sleeping.
+#include <chrono>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "catch.hpp"
+#include "redis_fixture.hpp"
+#include "redis_server.hpp"
+#include "sluice/redis.hpp"
+#include "trickle_peer.hpp"
+
+namespace {
+
+using sluice::Decision;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+using std::chrono::seconds;
+
+constexpr nanoseconds kT0 = seconds(1'700'000'000);  // a server time, ns since the Unix epoch
+
+sluice::redis::RedisGcraLimiter make_limiter(sluice::redis::ClientOptions options) {
+  auto limiter = sluice::redis::RedisGcraLimiter::create(
+      {{.requests = 10, .period = seconds(3600)}}, std::move(options));
+  INFO(limiter.status());
+  REQUIRE(limiter.ok());
+  return *std::move(limiter);
+}
+
+// Options for a TCP peer on 127.0.0.1 with one deadline of `timeout` per check.
+sluice::redis::ClientOptions tcp_options(int port, milliseconds timeout) {
+  sluice::redis::ClientOptions o;
+  o.connection.host = "127.0.0.1";
+  o.connection.port = port;
+  o.connection.connect_timeout = timeout;
+  o.connection.command_timeout = timeout;
+  o.key_prefix = "test:";
+  o.key_seed = 42;
+  return o;
+}
+
+milliseconds since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+}
+
+// Options for the fake peer, which answers no CONFIG GET.
+sluice::redis::ClientOptions peer_options(int port, milliseconds timeout) {
+  sluice::redis::ClientOptions o = tcp_options(port, timeout);
+  o.connection.memory_check = sluice::redis::MemoryCheck::kSkip;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a peer that answers one byte every 80 ms cannot stretch a check past its deadline") {
+  sluice_test::TricklePeer peer(milliseconds(80));
+  REQUIRE(peer.start().empty());
+  auto limiter = make_limiter(peer_options(peer.port(), milliseconds(300)));
+
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<Decision> d = limiter.check("k");
+  const milliseconds elapsed = since(start);
+
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(elapsed >= milliseconds(290));
+  CHECK(elapsed < milliseconds(300 + 100));
+  // Bytes kept arriving well within any per-read timeout: only the total deadline ended it.
+  CHECK(peer.bytes_sent() >= 3);
+}
+
+TEST_CASE("the wait for a free connection counts against the same deadline as the reply") {
+  sluice_test::TricklePeer peer(milliseconds(80));
+  REQUIRE(peer.start().empty());
+  auto options = peer_options(peer.port(), milliseconds(300));
+  options.connection.max_connections = 1;
+  auto limiter = make_limiter(options);
+  auto held = limiter.client()->pool_for_testing().acquire();
+  REQUIRE(held.ok());
+
+  const auto start = std::chrono::steady_clock::now();
+  std::thread releaser([lease = *std::move(held)]() mutable {
+    std::this_thread::sleep_for(milliseconds(200));  // then the lease ends: the connection is free
+  });
+  absl::StatusOr<Decision> d = limiter.check("k");
+  const milliseconds elapsed = since(start);
+  releaser.join();
+
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(elapsed >= milliseconds(290));
+  CHECK(elapsed < milliseconds(300 + 100));
+  CHECK(peer.bytes_sent() >= 1);  // the check got the connection and sent its command
+}
+
+TEST_CASE("a server restarted while connections sat idle in the pool fails no check") {
+  sluice_test::RedisFixture s;
+  const bool tcp = GENERATE(false, true);
+  INFO((tcp ? "TCP" : "unix socket"));
+  auto options = s.options();
+  if (tcp) {
+    options = tcp_options(s.redis.port(), milliseconds(1000));
+  }
+  auto limiter = make_limiter(options);
+  {
+    // Three connections open and go idle.
+    auto a = limiter.client()->pool_for_testing().acquire();
+    auto b = limiter.client()->pool_for_testing().acquire();
+    auto c = limiter.client()->pool_for_testing().acquire();
+    REQUIRE((a.ok() && b.ok() && c.ok()));
+  }
+  REQUIRE(limiter.client()->pool_for_testing().open_connections() == 3);
+  REQUIRE(limiter.check("k").ok());
+
+  REQUIRE(s.redis.restart().empty());  // same port and socket; every idle connection is dead
+
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<Decision> d = limiter.check("k");
+    INFO(d.status());
+    CHECK((d.ok() && d->allowed()));
+  }
+  CHECK(limiter.client()->pool_for_testing().open_connections() == 1);
+}
+
+TEST_CASE("a command written before its deadline passed is never sent again") {
+  sluice_test::RedisFixture s;
+  auto limiter = make_limiter(s.options(milliseconds(300)));
+  REQUIRE(limiter.check_at_for_testing("k", 0, kT0).ok());  // a connection is open and idle
+
+  s.redis.stop();  // the command is written but the server runs it only after it resumes
+  absl::StatusOr<Decision> d = limiter.check_at_for_testing("k", 1, kT0);
+  s.redis.resume();
+  CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+
+  // The server ran that check exactly once: one of ten is spent.
+  absl::StatusOr<Decision> peek = limiter.check_at_for_testing("k", 0, kT0);
+  INFO(peek.status());
+  REQUIRE(peek.ok());
+  CHECK(peek->remaining == 9);
+}
