@@ -20,6 +20,10 @@
 
 namespace {
 
+// Batches of 500 pipelined checks share one deadline: generous, so that a slow machine (or a
+// sanitizer build) measures what the server answers rather than the deadline.
+constexpr std::chrono::milliseconds kSprayTimeout{10'000};
+
 using sluice::Decision;
 using sluice::redis::MemoryCheck;
 using std::chrono::seconds;
@@ -93,7 +97,7 @@ void spray(sluice::redis::Client& client, const sluice::redis::Limit& limit, int
 // Bytes one sprayed identity adds to used_memory (measured over `n` keys on an unbounded server).
 std::uint64_t bytes_per_key(sluice_test::RedisFixture& s, int n) {
   config_set(s.redis, "maxmemory", "0");
-  auto options = s.options();
+  auto options = s.options(kSprayTimeout);
   options.connection.memory_check = MemoryCheck::kAllowUnbounded;
   auto limiter = make_limiter(options);
   REQUIRE(limiter.check("warm-up").ok());  // the connection and the script are loaded
@@ -111,7 +115,7 @@ std::uint64_t bytes_per_key(sluice_test::RedisFixture& s, int n) {
 TEST_CASE("a server without a memory bound is refused before any key is written") {
   sluice_test::RedisFixture s;
   config_set(s.redis, "maxmemory", "0");
-  auto limiter = make_limiter(s.options());
+  auto limiter = make_limiter(s.options(kSprayTimeout));
   absl::StatusOr<Decision> d = limiter.check("k");
   INFO(d.status());
   CHECK(d.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -124,7 +128,7 @@ TEST_CASE("an eviction policy other than volatile-ttl is refused, naming the pol
   const std::string policy =
       GENERATE("allkeys-lru", "volatile-lru", "allkeys-random", "volatile-lfu", "noeviction");
   config_set(s.redis, "maxmemory-policy", policy);
-  auto limiter = make_limiter(s.options());
+  auto limiter = make_limiter(s.options(kSprayTimeout));
   absl::StatusOr<Decision> d = limiter.check("k");
   INFO(d.status());
   CHECK(d.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -134,7 +138,7 @@ TEST_CASE("an eviction policy other than volatile-ttl is refused, naming the pol
 
 TEST_CASE("opting out of the bound accepts unbounded memory and noeviction but no other policy") {
   sluice_test::RedisFixture s;
-  auto options = s.options();
+  auto options = s.options(kSprayTimeout);
   options.connection.memory_check = MemoryCheck::kAllowUnbounded;
   config_set(s.redis, "maxmemory", "0");
   CHECK(make_limiter(options).check("a").ok());
@@ -147,7 +151,7 @@ TEST_CASE("opting out of the bound accepts unbounded memory and noeviction but n
 
 TEST_CASE("settings are read on every new connection so a reconfigured server is refused") {
   sluice_test::RedisFixture s;
-  auto limiter = make_limiter(s.options());
+  auto limiter = make_limiter(s.options(kSprayTimeout));
   REQUIRE(limiter.check("k").ok());
   s.redis.set_extra_args({"--maxmemory-policy", "allkeys-lru"});
   REQUIRE(s.redis.restart().empty());
@@ -158,7 +162,7 @@ TEST_CASE("a server with CONFIG renamed is refused unless the check is skipped")
   sluice_test::RedisFixture s;
   s.redis.set_extra_args({"--rename-command", "CONFIG", ""});
   REQUIRE(s.redis.restart().empty());
-  auto options = s.options();
+  auto options = s.options(kSprayTimeout);
   absl::StatusOr<Decision> refused = make_limiter(options).check("k");
   INFO(refused.status());
   CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -186,7 +190,7 @@ TEST_CASE("under a 2 MB bound a spray of fifty times what fits never frees a spe
   const int fit = static_cast<int>((2 * 1024 * 1024 - used) / per_key);
   CAPTURE(per_key, used, fit);
 
-  auto limiter = make_limiter(s.options());
+  auto limiter = make_limiter(s.options(kSprayTimeout));
   for (std::uint64_t i = 0; i < kPerHour; ++i) {
     REQUIRE(limiter.check("spent").value().allowed());
   }
@@ -232,7 +236,7 @@ TEST_CASE("under noeviction a full server answers OOM as an error and admits not
   config_set(s.redis, "maxmemory-policy", "noeviction");
   const std::uint64_t used = info_field(s.redis, "memory", "used_memory");
   const int fit = static_cast<int>((2 * 1024 * 1024 - used) / per_key);
-  auto options = s.options();
+  auto options = s.options(kSprayTimeout);
   options.connection.memory_check = MemoryCheck::kAllowUnbounded;
   auto limiter = make_limiter(options);
   for (std::uint64_t i = 0; i < kPerHour; ++i) {
