@@ -221,7 +221,7 @@ class InMemoryBackend {
     const std::int64_t now = detail::saturate_time(clock_.now().count());
     bool all = true;
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      out[i] = limiters_[keys[i].rule]->decide_locked(held, digests[i], now, cost, false);
+      limiters_[keys[i].rule]->decide_locked(held, digests[i], now, cost, false, out[i]);
       all = all && out[i].allowed();
     }
     if (all && cost != 0) {
