@@ -13,6 +13,7 @@
 //   if (!e.allowed) respond(429, e.fields);   // Retry-After, X-RateLimit-*, RateLimit(-Policy)
 //   if (e.dry_denied) log_would_deny(engine->rule(e.dry_denied->rule).label);
 //   auto next = engine->reload(new_config);  // unchanged rules keep their state
+//   engine->evaluate(request, reused);        // into a kept Evaluation: no allocation
 //
 // What applies: every bundle attached at a scope the request has — consumer, route, service,
 // listener, global — in that precedence order (declaration order inside a scope); a rule attached
