@@ -92,6 +92,29 @@ void BM_Gcra_ThreeWindows_HotKey(benchmark::State& state) {
 }
 BENCHMARK(BM_Gcra_ThreeWindows_HotKey)->UseRealTime();
 
+// A frozen clock (the time never moves): every check admits, against buckets of 2^32, so one and
+// three stacked windows are compared on the same admitted path without replenishment.
+void BM_Gcra_OneWindow_HotKey_FrozenClock(benchmark::State& state) {
+  static Gcra limiter =
+      must(Gcra::create({{.requests = 1'000'000, .period = 1s, .burst = 1ULL << 32}}, {.seed = 1}));
+  bench::KeyMaker key;
+  std::string_view k = key(42);
+  for (auto _ : state) benchmark::DoNotOptimize(limiter.check(k));
+}
+BENCHMARK(BM_Gcra_OneWindow_HotKey_FrozenClock)->UseRealTime();
+
+void BM_Gcra_ThreeWindows_HotKey_FrozenClock(benchmark::State& state) {
+  static Gcra limiter =
+      must(Gcra::create({{.requests = 1'000'000, .period = 1s, .burst = 1ULL << 32},
+                         {.requests = 60'000'000, .period = 1min, .burst = 1ULL << 32},
+                         {.requests = 3'600'000'000, .period = 1h, .burst = 1ULL << 32}},
+                        {.seed = 1}));
+  bench::KeyMaker key;
+  std::string_view k = key(42);
+  for (auto _ : state) benchmark::DoNotOptimize(limiter.check(k));
+}
+BENCHMARK(BM_Gcra_ThreeWindows_HotKey_FrozenClock)->UseRealTime();
+
 void BM_FixedWindow_OneWindow_HotKey(benchmark::State& state) {
   static Fixed limiter = must(Fixed::create({{.limit = 1'000'000, .window = 1s}}, {.seed = 1}));
   bench::KeyMaker key;

@@ -13,6 +13,7 @@
 //   if (!e.allowed) respond(429, e.fields);   // Retry-After, X-RateLimit-*, RateLimit(-Policy)
 //   if (e.dry_denied) log_would_deny(engine->rule(e.dry_denied->rule).label);
 //   auto next = engine->reload(new_config);  // unchanged rules keep their state
+//   engine->evaluate(request, reused);        // into a kept Evaluation: no allocation
 //
 // What applies: every bundle attached at a scope the request has — consumer, route, service,
 // listener, global — in that precedence order (declaration order inside a scope); a rule attached
@@ -228,7 +229,7 @@ class InMemoryBackend {
     const std::int64_t now = detail::saturate_time(clock_.now().count());
     bool all = true;
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      out[i] = limiters_[keys[i].rule]->decide_locked(held, digests[i], now, keys[i].cost, false);
+      limiters_[keys[i].rule]->decide_locked(held, digests[i], now, keys[i].cost, false, out[i]);
       all = all && out[i].allowed();
     }
     if (all) {
@@ -283,16 +284,26 @@ class BasicRateLimitEngine {
 
   Evaluation evaluate(const RequestContext& raw) const {
     Evaluation e;
+    evaluate(raw, e);
+    return e;
+  }
+
+  // The same evaluation, written into `e` (whatever it held before is replaced). The field
+  // values reuse the strings `e` already holds, so a caller that keeps one Evaluation per thread
+  // and evaluates into it allocates nothing once it has held the longest values.
+  void evaluate(const RequestContext& raw, Evaluation& e) const {
+    HttpFields recycled = std::move(e.fields);
+    e = Evaluation{};
     if (exempt(raw.path)) {
       e.exempt = true;
-      return e;
+      return;
     }
     absl::StatusOr<RequestContext> request = normalize(raw);
     if (!request.ok()) {
       e.allowed = false;
       e.backend_error = std::move(request).status();
       if (observer_) observer_(e);
-      return e;
+      return;
     }
     RuleGroup live, dry;
     select_rules(*request, live, dry);
@@ -329,7 +340,8 @@ class BasicRateLimitEngine {
         e.allowed = e.backend_error.code() != absl::StatusCode::kInvalidArgument &&
                     on_backend_error_ == FailureMode::kFailOpen;
       } else {
-        decide_live(e, live, std::span<const Decision>(decisions.data(), live.size()), *request);
+        decide_live(e, live, std::span<const Decision>(decisions.data(), live.size()), *request,
+                    recycled);
       }
     }
     bool dry_decided = false;
@@ -344,7 +356,6 @@ class BasicRateLimitEngine {
       }
     }
     if (observer_) observer_(e);
-    return e;
   }
 
   // Feeds one upstream response to the controller of every adaptive rule that applies to
@@ -682,8 +693,22 @@ class BasicRateLimitEngine {
     return r;
   }
 
+  // The string of `from` with the largest capacity (moved out), or an empty one.
+  static std::string take_largest(HttpFields& from) {
+    HttpField* largest = nullptr;
+    for (HttpField& f : from) {
+      if (largest == nullptr || f.value.capacity() > largest->value.capacity()) largest = &f;
+    }
+    std::string out = largest != nullptr ? std::move(largest->value) : std::string();
+    out.clear();
+    return out;
+  }
+
+  // Writes the live outcome and its fields; the two long field values (RateLimit-Policy, then
+  // RateLimit) are written into the largest strings of `recycled`.
   void decide_live(Evaluation& e, std::span<const std::uint32_t> live,
-                   std::span<const Decision> decisions, const RequestContext& request) const {
+                   std::span<const Decision> decisions, const RequestContext& request,
+                   HttpFields& recycled) const {
     std::optional<std::size_t> binding;  // index into live
     for (std::size_t i = 0; i < live.size(); ++i) {
       if (decisions[i].allowed()) continue;
@@ -709,11 +734,15 @@ class BasicRateLimitEngine {
                                   : std::chrono::time_point_cast<std::chrono::nanoseconds>(
                                         std::chrono::system_clock::now()));
     const RuleInfo& info = rules_[rule];
-    e.fields.push_back({kRateLimitPolicyField, info.policy_value});
+    HttpField& policy =
+        e.fields.emplace_back(HttpField{kRateLimitPolicyField, take_largest(recycled)});
+    policy.value.append(info.policy_value);
     // RateLimit: the precomputed `"<name>";r=` and the two numbers, as ratelimit_field writes it.
     const ServiceLimit limit = service_limit({}, d);
-    HttpField& field =
-        e.fields.emplace_back(HttpField{kRateLimitField, info.limit_prefixes[d.binding_window]});
+    HttpField& field = e.fields.emplace_back(HttpField{kRateLimitField, take_largest(recycled)});
+    const std::string& prefix = info.limit_prefixes[d.binding_window];
+    field.value.reserve(prefix.size() + 2 * 15 + 3);  // two sf-integers and ";t=": one allocation
+    field.value.append(prefix);
     append_structured_integer(field.value, limit.available);
     field.value.append(";t=");
     append_structured_integer(field.value,

@@ -91,23 +91,25 @@ struct GcraParams {
       interval_whole;  // T = period / requests = interval_whole + interval_fraction/requests
   std::uint64_t interval_fraction;
   absl::uint128 tolerance;  // burst·T scaled by requests = burst·period
-  Divider by_period;        // divides by period without a hardware division
-  Divider by_requests;      // divides by requests likewise
+  // burst·T = tolerance_whole + tolerance_fraction/requests ns: a TAT at most this far ahead of
+  // now admits, compared without multiplying.
+  std::int64_t tolerance_whole;
+  std::uint64_t tolerance_fraction;
+  Divider by_period;  // divides by period without a hardware division
 };
 
-// The scaled distance (new_tat − now)·requests of a TAT at or after now.
-inline absl::uint128 scaled_ahead(const GcraTat& t, std::int64_t now, std::uint64_t requests) {
-  return absl::uint128(static_cast<std::uint64_t>(t.whole - now)) * requests + t.fraction;
-}
-
-// floor(a / b) and ceil(a / b), by multiplication when `a` fits 64 bits (the common case).
+// floor(a / b), by multiplication when `a` fits 64 bits (the common case).
 inline std::uint64_t div_floor(absl::uint128 a, const Divider& b) {
   if (absl::Uint128High64(a) == 0) return b.divide(absl::Uint128Low64(a));
   return absl::Uint128Low64(a / b.divisor());
 }
-inline std::uint64_t div_ceil(absl::uint128 a, const Divider& b) {
-  if (absl::Uint128High64(a) == 0) return b.divide_up(absl::Uint128Low64(a));
-  return absl::Uint128Low64((a + (b.divisor() - 1)) / b.divisor());
+
+// The requests a window has left when its TAT is `ahead` + `fraction`/requests ns after now
+// (ahead ≥ 0, within the tolerance): floor((burst·period − scaled distance) / period).
+inline std::uint64_t remaining(const GcraParams& p, std::int64_t ahead, std::uint64_t fraction) {
+  const absl::uint128 scaled =
+      absl::uint128(static_cast<std::uint64_t>(ahead)) * p.requests + fraction;
+  return div_floor(p.tolerance - scaled, p.by_period);
 }
 
 }  // namespace detail
@@ -146,16 +148,30 @@ class GcraLimiter {
   // Admits a request of `cost` units for `key` if every window has room, reserving it; `cost` 0
   // only reports. InvalidArgument (state untouched) if cost exceeds a window's burst.
   absl::StatusOr<Decision> check(std::string_view key, std::uint64_t cost = 1) {
-    if (cost > max_cost_) return cost_error(cost);
+    // One named result on every path, so that it is constructed in the caller's slot (NRVO) and
+    // the decision is written there field by field, never copied.
+    absl::StatusOr<Decision> result(absl::in_place);
+    if (cost > max_cost_) {
+      result = cost_error(cost);
+      return result;
+    }
     const std::int64_t at = now();
-    return std::visit(
+    Decision& out = *result;
+    std::visit(
         [&](auto& store) {
-          return store.update(
+          store.update(
               store.digest(key), at,
-              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, cost, true); },
-              [&](const StoreFull& full) { return store_full(full); });
+              [&](auto& cell, std::int64_t clamped) {
+                decide(cell, clamped, cost, true, out);
+                return true;
+              },
+              [&](const StoreFull& full) {
+                store_full(full, out);
+                return false;
+              });
         },
         store_);
+    return result;
   }
 
   StoreStats stats() const {
@@ -201,15 +217,21 @@ class GcraLimiter {
         },
         store_);
   }
-  // The decision for `cost` at `now`; reserves it iff `commit` and admitted.
-  Decision decide_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
-                         std::uint64_t cost, bool commit) {
-    return std::visit(
+  // Writes the decision for `cost` at `now` into `out`; reserves it iff `commit` and admitted.
+  void decide_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
+                     std::uint64_t cost, bool commit, Decision& out) {
+    std::visit(
         [&](auto& store) {
-          return store.update_locked(
+          store.update_locked(
               held, d, now,
-              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, cost, commit); },
-              [&](const StoreFull& full) { return store_full(full); });
+              [&](auto& cell, std::int64_t clamped) {
+                decide(cell, clamped, cost, commit, out);
+                return true;
+              },
+              [&](const StoreFull& full) {
+                store_full(full, out);
+                return false;
+              });
         },
         store_);
   }
@@ -245,14 +267,16 @@ class GcraLimiter {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ".burst × period / requests must be at most 2^60 ns"));
     }
-    return detail::GcraParams{.requests = w.requests,
-                              .period = w.period.count(),
-                              .burst = burst,
-                              .interval_whole = static_cast<std::int64_t>(period / w.requests),
-                              .interval_fraction = period % w.requests,
-                              .tolerance = tolerance,
-                              .by_period = detail::Divider(period),
-                              .by_requests = detail::Divider(w.requests)};
+    return detail::GcraParams{
+        .requests = w.requests,
+        .period = w.period.count(),
+        .burst = burst,
+        .interval_whole = static_cast<std::int64_t>(period / w.requests),
+        .interval_fraction = period % w.requests,
+        .tolerance = tolerance,
+        .tolerance_whole = static_cast<std::int64_t>(absl::Uint128Low64(tolerance / w.requests)),
+        .tolerance_fraction = absl::Uint128Low64(tolerance % w.requests),
+        .by_period = detail::Divider(period)};
   }
 
   absl::Status cost_error(std::uint64_t cost) const {
@@ -261,102 +285,122 @@ class GcraLimiter {
     return detail::cost_error(cost, params_[window].burst, window);
   }
 
-  Decision store_full(const StoreFull& full) const {
-    Decision d = detail::store_full_decision(full);
-    d.limit = params_[0].burst;
-    return d;
+  void store_full(const StoreFull& full, Decision& out) const {
+    out = detail::store_full_decision(full);
+    out.limit = params_[0].burst;
   }
 
   // TAT + cost·T, exact: whole and fraction parts with carry.
-  static detail::GcraTat advance(detail::GcraTat base, const detail::GcraParams& p,
-                                 std::uint64_t cost) {
+  static void advance(std::int64_t& whole, std::uint64_t& fraction, const detail::GcraParams& p,
+                      std::uint64_t cost) {
     if (cost == 1) {
-      base.whole += p.interval_whole;
-      base.fraction += p.interval_fraction;
+      whole += p.interval_whole;
+      fraction += p.interval_fraction;
     } else {
       const absl::uint128 scaled = absl::uint128(cost) * static_cast<std::uint64_t>(p.period);
-      base.whole += static_cast<std::int64_t>(absl::Uint128Low64(scaled / p.requests));
-      base.fraction += absl::Uint128Low64(scaled % p.requests);
+      whole += static_cast<std::int64_t>(absl::Uint128Low64(scaled / p.requests));
+      fraction += absl::Uint128Low64(scaled % p.requests);
     }
-    if (base.fraction >= p.requests) {
-      base.fraction -= p.requests;
-      ++base.whole;
+    if (fraction >= p.requests) {
+      fraction -= p.requests;
+      ++whole;
     }
-    return base;
   }
 
-  // The decision for `cell` at `now`; the cell advances in every window iff all admit.
+  // Every window's TAT if `cost` is admitted at `now`, and the first window that denies it.
+  // Kept as separate arrays of scalars (not TAT pairs) so that compilers keep them in registers
+  // instead of copying 16-byte pairs through memory.
   // Invariant: for every window, TAT − now ≤ burst·T at all times after an admission, so a peek
   // (cost 0) is always admitted.
   template <std::size_t N>
   struct Step {
-    std::array<detail::GcraTat, N> next{};  // every window's TAT if admitted
-    std::array<absl::uint128, N> ahead{};   // (next TAT − now)·requests per window
-    std::size_t first_denied = N;           // N: every window admits
+    std::array<std::int64_t, N> ahead{};      // next TAT − now, whole ns (≥ 0)
+    std::array<std::uint64_t, N> fraction{};  // next TAT's fraction, in 1/requests ns
+    std::size_t first_denied = N;             // N: every window admits
   };
   template <std::size_t N>
   Step<N> step(const detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost) const {
     Step<N> s;
     for (std::size_t i = 0; i < N; ++i) {
       const detail::GcraParams& p = params_[i];
-      detail::GcraTat base = cell.tat[i];
-      if (base.whole < now || (base.whole == now && base.fraction == 0)) base = {now, 0};
-      s.next[i] = advance(base, p, cost);
-      s.ahead[i] = detail::scaled_ahead(s.next[i], now, p.requests);
-      if (s.ahead[i] > p.tolerance && s.first_denied == N) s.first_denied = i;
+      std::int64_t whole = cell.tat[i].whole;
+      std::uint64_t fraction = cell.tat[i].fraction;
+      if (whole < now || (whole == now && fraction == 0)) {
+        whole = now;
+        fraction = 0;
+      }
+      advance(whole, fraction, p, cost);
+      s.ahead[i] = whole - now;
+      s.fraction[i] = fraction;
+      // (ahead·requests + fraction ≤ burst·period), both fractions being below requests.
+      const bool admits = s.ahead[i] < p.tolerance_whole ||
+                          (s.ahead[i] == p.tolerance_whole && fraction <= p.tolerance_fraction);
+      if (!admits && s.first_denied == N) s.first_denied = i;
     }
     return s;
+  }
+
+  template <std::size_t N>
+  static void commit(detail::GcraCell<N>& cell, const Step<N>& s, std::int64_t now) {
+    for (std::size_t i = 0; i < N; ++i) {
+      cell.tat[i].whole = now + s.ahead[i];
+      cell.tat[i].fraction = s.fraction[i];
+    }
   }
 
   // Reserves `cost` iff every window admits it; no decision fields.
   template <std::size_t N>
   bool admit(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost) const {
-    Step<N> s = step(cell, now, cost);
+    const Step<N> s = step(cell, now, cost);
     if (s.first_denied != N) return false;
-    cell.tat = s.next;
+    commit(cell, s, now);
     return true;
   }
 
+  // Writes the decision for `cell` at `now` into `out`, field by field (no Decision temporary is
+  // copied); the cell advances in every window iff all admit and `commit_admitted`.
   template <std::size_t N>
-  Decision decide(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost,
-                  bool commit) const {
+  void decide(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost, bool commit_admitted,
+              Decision& out) const {
     const Step<N> s = step(cell, now, cost);
-    const auto& next = s.next;
-    const auto& ahead = s.ahead;
-    const std::size_t first_denied = s.first_denied;
-
-    if (first_denied == N) {
-      if (commit && cost != 0) cell.tat = next;
+    if (s.first_denied == N) {
+      if (commit_admitted && cost != 0) commit(cell, s, now);
       const auto [binding, least] = detail::least_remaining(N, [&](std::size_t i) {
-        return detail::div_floor(params_[i].tolerance - ahead[i], params_[i].by_period);
+        return detail::remaining(params_[i], s.ahead[i], s.fraction[i]);
       });
-      return Decision{.reason = Reason::kAllowed,
-                      .limit = params_[binding].burst,
-                      .remaining = least,
-                      .reset_after = std::chrono::nanoseconds{static_cast<std::int64_t>(
-                          detail::div_ceil(ahead[binding], params_[binding].by_requests))},
-                      .binding_window = binding};
+      out.reason = Reason::kAllowed;
+      out.limit = params_[binding].burst;
+      out.remaining = least;
+      out.retry_after = std::chrono::nanoseconds{0};
+      // ceil(scaled distance / requests): the fraction is below one request's share.
+      out.reset_after =
+          std::chrono::nanoseconds{s.ahead[binding] + (s.fraction[binding] != 0 ? 1 : 0)};
+      out.binding_window = binding;
+      return;
     }
 
-    // Denied: nothing changes. Wait until every denying window admits this cost.
-    std::uint64_t wait = 0;
-    for (std::size_t i = first_denied; i < N; ++i) {
-      if (ahead[i] > params_[i].tolerance) {
-        wait = std::max(wait,
-                        detail::div_ceil(ahead[i] - params_[i].tolerance, params_[i].by_requests));
+    // Denied: nothing changes. Wait until every denying window admits this cost: for window i,
+    // ceil((scaled distance − tolerance) / requests).
+    std::int64_t wait = 0;
+    for (std::size_t i = s.first_denied; i < N; ++i) {
+      const detail::GcraParams& p = params_[i];
+      const std::int64_t over = s.ahead[i] - p.tolerance_whole;
+      if (over > 0 || (over == 0 && s.fraction[i] > p.tolerance_fraction)) {
+        wait = std::max(wait, over + (s.fraction[i] > p.tolerance_fraction ? 1 : 0));
       }
     }
-    const detail::GcraParams& p = params_[first_denied];
-    const absl::uint128 held = detail::scaled_ahead(
-        cell.tat[first_denied].whole >= now ? cell.tat[first_denied] : detail::GcraTat{now, 0}, now,
-        p.requests);
-    return Decision{.reason = Reason::kQuotaExceeded,
-                    .limit = p.burst,
-                    .remaining = detail::div_floor(p.tolerance - held, p.by_period),
-                    .retry_after = std::chrono::nanoseconds{static_cast<std::int64_t>(wait)},
-                    .reset_after = std::chrono::nanoseconds{static_cast<std::int64_t>(
-                        detail::div_ceil(held, p.by_requests))},
-                    .binding_window = first_denied};
+    // The binding window's state as it stands: its TAT's distance ahead of now (0 if past).
+    const std::size_t b = s.first_denied;
+    const detail::GcraTat& tat = cell.tat[b];
+    const bool ahead_of_now = tat.whole >= now;
+    const std::int64_t held = ahead_of_now ? tat.whole - now : 0;
+    const std::uint64_t held_fraction = ahead_of_now ? tat.fraction : 0;
+    out.reason = Reason::kQuotaExceeded;
+    out.limit = params_[b].burst;
+    out.remaining = detail::remaining(params_[b], held, held_fraction);
+    out.retry_after = std::chrono::nanoseconds{wait};
+    out.reset_after = std::chrono::nanoseconds{held + (held_fraction != 0 ? 1 : 0)};
+    out.binding_window = b;
   }
 
   ClockT clock_;

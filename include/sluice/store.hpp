@@ -62,6 +62,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/numeric/int128.h"
@@ -210,8 +211,8 @@ class ShardedStore {
   // refuses the new key (kRejectNewKeys, shard full of live cells), returns `on_full(StoreFull)`
   // instead and nothing changes.
   template <class Fn, class OnFull>
-  std::invoke_result_t<Fn&, Cell&, std::int64_t> update(const KeyDigest& d, std::int64_t now,
-                                                        Fn&& fn, OnFull&& on_full) {
+  std::invoke_result_t<Fn&, Cell&, std::int64_t> update(KeyDigest d, std::int64_t now, Fn&& fn,
+                                                        OnFull&& on_full) {
     Shard& shard = shards_[shard_index(d)];
     detail::SpinLockHolder hold(shard.lock);
     return update_in(shard, d, now, fn, on_full);
@@ -387,15 +388,24 @@ class ShardedStore {
   }
 
   template <class Fn, class OnFull>
-  std::invoke_result_t<Fn&, Cell&, std::int64_t> update_in(Shard& shard, const KeyDigest& d,
+  std::invoke_result_t<Fn&, Cell&, std::int64_t> update_in(Shard& shard, KeyDigest d,
                                                            std::int64_t now, Fn& fn,
                                                            OnFull& on_full)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     now = shard.clamp(now);
-    std::size_t index = shard.probe(d);
+    const std::size_t index = shard.probe(d);
     Slot& slot = shard.slots[index];
     if (!slot.digest.empty()) return fn(slot.cell, now);
+    return update_new(shard, d, now, fn, on_full, index);
+  }
 
+  // update_in for an absent key whose probe ended at empty slot `index`. Out of line, so that the
+  // existing-key path above keeps the digest in registers (copying it for this path made GCC move
+  // it through a 16-byte stack slot on every check, a store-forwarding stall).
+  template <class Fn, class OnFull>
+  ABSL_ATTRIBUTE_NOINLINE std::invoke_result_t<Fn&, Cell&, std::int64_t> update_new(
+      Shard& shard, KeyDigest d, std::int64_t now, Fn& fn, OnFull& on_full, std::size_t index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     Cell cell{};
     auto result = fn(cell, now);
     if (cell.idle(now)) return result;

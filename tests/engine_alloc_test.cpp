@@ -1,0 +1,143 @@
+// The engine's steady state allocates nothing: every global operator new of this executable is
+// counted, and evaluating the documented example after a warm-up must not call it.
+#include <atomic>
+#include <cstddef>
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+#include "example_config.hpp"
+#include "sluice/clock.hpp"
+#include "sluice/engine.hpp"
+
+namespace {
+
+std::atomic<std::size_t> allocations{0};
+
+void* counted(std::size_t size, std::size_t alignment) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (size == 0) size = 1;
+  void* p = alignment <= alignof(std::max_align_t)
+                ? std::malloc(size)
+                : std::aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+}  // namespace
+
+// Every replaceable allocation function of the executable, counted.
+void* operator new(std::size_t size) { return counted(size, 0); }
+void* operator new[](std::size_t size) { return counted(size, 0); }
+void* operator new(std::size_t size, std::align_val_t a) {
+  return counted(size, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t size, std::align_val_t a) {
+  return counted(size, static_cast<std::size_t>(a));
+}
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return counted(size, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return counted(size, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace {
+
+using namespace std::chrono_literals;
+using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using sluice::testing::documented_example;
+using sluice::testing::on_route;
+
+Engine make(sluice::ManualClock clock) {
+  auto engine = Engine::create(documented_example(), {.store = {.seed = 1}, .clock = clock});
+  REQUIRE(engine.ok());
+  return *std::move(engine);
+}
+
+std::vector<std::string> client_ips(int n) {
+  std::vector<std::string> ips;
+  for (int i = 0; i < n; ++i) ips.push_back("10.0.0." + std::to_string(i));
+  return ips;
+}
+
+// Request i of a run: 8 clients, each sending bursts that the per-ip rule (10/s, burst 20)
+// partly denies, so admissions and denials (5 and 6 fields) alternate.
+sluice::RequestContext request(const std::vector<std::string>& ips, int i) {
+  return on_route(ips[static_cast<std::size_t>(i) % ips.size()], "public");
+}
+
+}  // namespace
+
+TEST_CASE("the replaced operator new counts allocations") {
+  const std::size_t before = allocations.load();
+  auto* p = new std::string(100, 'x');
+  delete p;
+  CHECK(allocations.load() - before == 2);  // the string object and its buffer
+}
+
+TEST_CASE("evaluating the documented example into a reused evaluation allocates nothing") {
+  sluice::ManualClock clock;
+  const Engine engine = make(clock);
+  const std::vector<std::string> ips = client_ips(8);
+  sluice::Evaluation e;
+  // Warm-up: every client's keys are stored, and the evaluation has held both long field values.
+  for (int i = 0; i < 400; ++i) {
+    engine.evaluate(request(ips, i), e);
+    clock.advance(1ms);
+  }
+  int denied = 0;
+  const std::size_t before = allocations.load();
+  for (int i = 0; i < 4000; ++i) {
+    engine.evaluate(request(ips, i), e);
+    denied += e.allowed ? 0 : 1;
+    clock.advance(1ms);
+  }
+  const std::size_t allocated = allocations.load() - before;
+  CHECK(allocated == 0);
+  CHECK(denied > 0);     // both outcomes were exercised
+  CHECK(denied < 4000);  // 8 clients × 10/s over 4 s admit about 320
+}
+
+TEST_CASE("evaluating into a reused evaluation decides and writes what a fresh evaluation does") {
+  sluice::ManualClock clock_a, clock_b;
+  const Engine reused = make(clock_a);
+  const Engine fresh = make(clock_b);
+  const std::vector<std::string> ips = client_ips(3);
+  sluice::Evaluation e;
+  for (int i = 0; i < 300; ++i) {
+    sluice::RequestContext r = request(ips, i);
+    if (i % 7 == 0) r.route = std::nullopt;  // some unrouted requests: no rule, no fields
+    if (i % 11 == 0) r.path = "/healthz";    // some exempt ones
+    reused.evaluate(r, e);
+    const sluice::Evaluation expected = fresh.evaluate(r);
+    REQUIRE(e.exempt == expected.exempt);
+    REQUIRE(e.allowed == expected.allowed);
+    REQUIRE(e.live_rules == expected.live_rules);
+    REQUIRE(e.binding == expected.binding);
+    REQUIRE(e.retry_after == expected.retry_after);
+    REQUIRE(e.fields == expected.fields);
+    REQUIRE(e.dry_denied == expected.dry_denied);
+    REQUIRE(e.backend_error == expected.backend_error);
+    clock_a.advance(5ms);
+    clock_b.advance(5ms);
+  }
+}
