@@ -316,3 +316,14 @@ TEST_CASE("eight threads never hold more than max_in_flight permits of one key a
   CHECK(granted.load() > 0);
   CHECK(limiter.stats().size == 0);  // every permit was given back
 }
+
+TEST_CASE("keys whose permits come and go keep the tables at their smallest size") {
+  sluice::ManualClock clock;
+  Limiter limiter = make({.max_in_flight = 1, .lease = 10s}, clock);
+  for (int i = 0; i < 100'000; ++i) {
+    ConcurrencyPermit p = limiter.acquire(absl::StrCat("churn-", i));
+    REQUIRE(p.held());
+  }
+  // 8 slots per shard (the initial size), each a 16-byte digest and 4 slots of 16 bytes.
+  CHECK(limiter.memory_bytes() == sluice::kStoreShards * 8 * (16 + 4 * 16));
+}

@@ -479,7 +479,12 @@ class ShardedStore {
     }
     const std::size_t used = shard.count + shard.removed + 1;
     if (used <= shard.capacity * 3 / 4) return index;
-    if (shard.capacity < max_capacity()) {
+    if (shard.capacity < max_capacity() && shard.count + 1 <= shard.capacity / 2) {
+      // Markers, not keys, fill the table (keys removed as fast as they come): rebuild it at the
+      // same size rather than grow it, after at least capacity/4 − 1 removals.
+      Shard::bump(shard.examined, shard.capacity);
+      rebuild_keys(shard, shard.capacity, now);
+    } else if (shard.capacity < max_capacity()) {
       grow(shard, now);
     } else if (used > shard.capacity / 8 * 7) {  // only markers take it past 3/4; one stays empty
       Shard::bump(shard.examined, shard.capacity);
