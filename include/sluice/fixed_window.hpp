@@ -17,8 +17,11 @@
 // Supported range: 1 ≤ limit ≤ 2^62, 1 ns ≤ window ≤ 2^60 ns, at most kMaxWindows windows.
 // Clock readings are saturated to ±2^62 ns and clamped to the latest reading seen.
 //
-// Thread-safety: `check` and `stats` may be called concurrently from any threads; each check
-// takes one shard lock. Complexity: O(windows) per check, O(1) expected store work.
+// Operators: `inspect(key)` reports a key's state without consuming (as a cost-0 peek);
+// `reset(key)` forgets it.
+//
+// Thread-safety: `check`, `inspect`, `reset` and `stats` may be called concurrently from any
+// threads; each takes one shard lock. Complexity: O(windows) per call, O(1) expected store work.
 #ifndef SLUICE_FIXED_WINDOW_HPP_
 #define SLUICE_FIXED_WINDOW_HPP_
 
@@ -125,6 +128,41 @@ class FixedWindowLimiter {
 
   StoreStats stats() const {
     return std::visit([](const auto& s) { return s.stats(); }, store_);
+  }
+
+  // --- Operators: inspect and reset one key.
+
+  // The key's state without consuming anything: exactly what `check(key, 0)` reports (cost 0
+  // always fits, so reason is kAllowed; remaining = units left in the window with the least left;
+  // reset_after = until that window ends, 0 if it has counted nothing; retry_after 0). Stores
+  // nothing; clamps the shard's clock like any check.
+  Decision inspect(std::string_view key) {
+    const std::int64_t now = detail::saturate_time(clock_.now().count());
+    return std::visit(
+        [&](auto& store) {
+          return store.update(
+              store.digest(key), now,
+              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, 0); },
+              [&](const StoreFull& full) { return detail::store_full_decision(full); });
+        },
+        store_);
+  }
+
+  // Forgets the key: its next admitted request opens new windows, as for a key never seen, and
+  // its room in the store is free at once. O(1).
+  void reset(std::string_view key) {
+    const std::int64_t now = detail::saturate_time(clock_.now().count());
+    std::visit(
+        [&](auto& store) {
+          store.update_removing_idle(
+              store.digest(key), now,
+              [](auto& cell, std::int64_t) {
+                cell = {};
+                return true;
+              },
+              [](const StoreFull&) { return false; });
+        },
+        store_);
   }
 
   // Bytes held by the key tables (grows with keys, bounded by the store cap). Lock-free.

@@ -178,6 +178,43 @@ class GcraLimiter {
     return std::visit([](const auto& s) { return s.stats(); }, store_);
   }
 
+  // --- Operators: inspect and reset one key. Both may be called concurrently with `check`;
+  // each takes one shard lock, O(windows).
+
+  // The key's state without consuming anything: exactly what `check(key, 0)` reports (cost 0
+  // always fits, so reason is kAllowed; remaining = units a request could take now from the
+  // window with the least left, i.e. a request of cost c passes iff c ≤ remaining of every
+  // window; reset_after = until that window is full again; retry_after 0). A key never seen, or
+  // idle, reports every window full. Stores nothing; clamps the shard's clock like any check.
+  Decision inspect(std::string_view key) {
+    const std::int64_t at = now();
+    return std::visit(
+        [&](auto& store) {
+          return store.update(
+              store.digest(key), at,
+              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, 0, false); },
+              [&](const StoreFull& full) { return store_full(full); });  // unreachable: stays idle
+        },
+        store_);
+  }
+
+  // Forgets the key: its next request sees every window full, as for a key never seen, and its
+  // room in the store is free at once. O(1).
+  void reset(std::string_view key) {
+    const std::int64_t at = now();
+    std::visit(
+        [&](auto& store) {
+          store.update_removing_idle(
+              store.digest(key), at,
+              [](auto& cell, std::int64_t) {
+                cell = {};
+                return true;
+              },
+              [](const StoreFull&) { return false; });
+        },
+        store_);
+  }
+
   // Bytes held by the key tables (grows with keys, bounded by the store cap). Lock-free.
   std::size_t memory_bytes() const {
     return std::visit([](const auto& s) { return s.table_bytes(); }, store_);

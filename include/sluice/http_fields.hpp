@@ -252,6 +252,45 @@ inline HttpField ratelimit_field(const ServiceLimit& limit) {
   return ratelimit_field(std::span<const ServiceLimit>(&limit, 1));
 }
 
+// --- concurrency limits (sluice/concurrency.hpp): the draft's `concurrent-requests` quota unit
+// ----------------------------------------------------------------------------------------------
+
+// The draft's quota unit for a cap on requests in flight (parameter `qu`).
+inline constexpr std::string_view kConcurrentRequestsUnit = "concurrent-requests";
+
+// The RateLimit-Policy value of a concurrency limit: `"<name>";q=<max in flight>;qu="concurrent-
+// requests"`, without `w` (a concurrency quota has no time window).
+inline std::string concurrency_policy_value(std::string_view name, std::uint64_t max_in_flight) {
+  std::string out;
+  append_structured_string(out, name);
+  out.append(";q=");
+  append_structured_integer(out, max_in_flight);
+  out.append(";qu=");
+  append_structured_string(out, kConcurrentRequestsUnit);
+  return out;
+}
+inline HttpField concurrency_policy_field(std::string_view name, std::uint64_t max_in_flight) {
+  return HttpField{kRateLimitPolicyField, concurrency_policy_value(name, max_in_flight)};
+}
+
+// The RateLimit value of a concurrency decision: `"<name>";r=<free slots>`; a denial adds
+// `;t=<seconds>`, the Retry-After value (until the earliest lease of the key runs out).
+inline std::string concurrency_value(std::string_view name, const Decision& decision) {
+  std::string out;
+  append_structured_string(out, name);
+  out.append(";r=");
+  append_structured_integer(out, decision.remaining);
+  if (!decision.allowed()) {
+    out.append(";t=");
+    append_structured_integer(
+        out, static_cast<std::uint64_t>(retry_after_seconds(decision.retry_after)));
+  }
+  return out;
+}
+inline HttpField concurrency_field(std::string_view name, const Decision& decision) {
+  return HttpField{kRateLimitField, concurrency_value(name, decision)};
+}
+
 }  // namespace sluice
 
 #endif  // SLUICE_HTTP_FIELDS_HPP_

@@ -10,6 +10,7 @@
 #define SLUICE_SLUICE_HPP_
 
 #include "sluice/clock.hpp"
+#include "sluice/concurrency.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/fixed_window.hpp"
 #include "sluice/gcra.hpp"

@@ -30,6 +30,9 @@
 //      slots examined per insert (one index entry plus at most 8/3 of a rebuild), one per denial,
 //      plus one per cell updated since its entry was made.
 //
+// Removal: `update_removing_idle` removes a key whose update left its cell idle (a reset, the
+// last concurrency permit given back), so its room is free at once.
+//
 // Time: integer nanoseconds since the clock's epoch, in [-2^62, 2^62). Each shard remembers the
 // latest time it has seen and clamps earlier readings to it, so a clock that steps back never
 // replenishes anything.
@@ -129,6 +132,9 @@ struct StoreFull {
 // The store relies on: a cell left alone stays idle once idle, it is idle at
 // now + time_until_fresh(now), and an update never makes it go idle sooner (the limiters' cells
 // only move forward). An update that breaks the last rule only delays reclaiming that cell.
+// Under kRejectNewKeys a lower bound suffices (the idle index orders cells by it and then asks the
+// cell itself); a cell whose updates can make it idle early (concurrency permits given back) is
+// updated with update_removing_idle and reports the earliest time it could go idle.
 template <class C>
 concept StoreCell = std::is_trivially_copyable_v<C> && std::default_initializable<C> &&
     requires(const C& cell, std::int64_t now) {
@@ -216,6 +222,26 @@ class ShardedStore {
     Shard& shard = shards_[shard_index(d)];
     detail::SpinLockHolder hold(shard.lock);
     return update_in(shard, d, now, fn, on_full);
+  }
+
+  // As `update`, and then, if the key was tracked and `fn` left its cell idle, the key is removed
+  // at once, so its room is free for a new key without waiting for a sweep (a reset, or the last
+  // permit of a concurrency limit given back). Same cost as `update`, plus O(1) for a removal;
+  // under kRejectNewKeys a removal leaves a stale idle-index entry, and the index is rebuilt
+  // without them (O(capacity)) after at least cap/4 of them.
+  template <class Fn, class OnFull>
+  std::invoke_result_t<Fn&, Cell&, std::int64_t> update_removing_idle(const KeyDigest& d,
+                                                                      std::int64_t now, Fn&& fn,
+                                                                      OnFull&& on_full) {
+    Shard& shard = shards_[shard_index(d)];
+    detail::SpinLockHolder hold(shard.lock);
+    now = shard.clamp(now);
+    const std::size_t index = shard.probe(d);
+    Slot& slot = shard.slots[index];
+    if (slot.digest.empty()) return update_in(shard, d, now, fn, on_full);
+    auto result = fn(slot.cell, now);
+    if (slot.cell.idle(now)) remove(shard, index);
+    return result;
   }
 
   // Multi-key transactions (the policy engine decides several keys, possibly of several stores,
@@ -436,6 +462,12 @@ class ShardedStore {
     if (rejects()) {
       shard.idle_index.push_back({idle_at(cell, now), index});
       std::push_heap(shard.idle_index.begin(), shard.idle_index.end(), later);
+      // Stale entries left by removals (at most one each) past cap/4: rebuild the index.
+      const std::size_t cap = options_.max_keys_per_shard;
+      if (shard.idle_index.size() > cap + cap / 4) {
+        Shard::bump(shard.examined, shard.capacity);
+        rebuild_keys(shard, shard.capacity, now);
+      }
     }
     return std::nullopt;
   }
@@ -457,7 +489,12 @@ class ShardedStore {
     }
     const std::size_t used = shard.count + shard.removed + 1;
     if (used <= shard.capacity * 3 / 4) return index;
-    if (shard.capacity < max_capacity()) {
+    if (shard.capacity < max_capacity() && shard.count + 1 <= shard.capacity / 2) {
+      // Markers, not keys, fill the table (keys removed as fast as they come): rebuild it at the
+      // same size rather than grow it, after at least capacity/4 − 1 removals.
+      Shard::bump(shard.examined, shard.capacity);
+      rebuild_keys(shard, shard.capacity, now);
+    } else if (shard.capacity < max_capacity()) {
       grow(shard, now);
     } else if (used > shard.capacity / 8 * 7) {  // only markers take it past 3/4; one stays empty
       Shard::bump(shard.examined, shard.capacity);
@@ -466,6 +503,15 @@ class ShardedStore {
       return index;
     }
     return shard.probe(d);
+  }
+
+  // Removes the key at `index` (its slot becomes a removed marker). Under kRejectNewKeys its
+  // idle-index entry stays behind, stale; remove_idle skips it.
+  void remove(Shard& shard, std::size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    shard.slots[index] = Slot{kRemoved, Cell{}};
+    --shard.count;
+    ++shard.removed;
+    shard.size.store(shard.count, std::memory_order_relaxed);
   }
 
   // kRejectNewKeys at a full shard: removes one idle cell, or returns the exact wait until the
@@ -480,6 +526,10 @@ class ShardedStore {
       Slot& slot = shard.slots[top.index];
       Shard::bump(shard.examined, 1);
       std::pop_heap(heap.begin(), heap.end(), later);
+      if (!holds_key(slot)) {  // stale: its key was removed by update_removing_idle
+        heap.pop_back();
+        continue;
+      }
       if (slot.cell.idle(now)) {
         heap.pop_back();
         slot = Slot{kRemoved, Cell{}};
@@ -534,7 +584,7 @@ class ShardedStore {
     std::uint64_t idle = 0;
     for (std::size_t i = 0; i < shard.capacity; ++i) {
       const Slot& slot = shard.slots[i];
-      if (slot.digest.empty()) continue;
+      if (!holds_key(slot)) continue;
       if (slot.cell.idle(now)) {
         ++idle;
       } else {

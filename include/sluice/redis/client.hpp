@@ -88,6 +88,36 @@ class Client {
     return run_pipelined(items, std::nullopt);
   }
 
+  // Deletes `key`'s state under `limit` with one DEL (one round trip): its next check sees every
+  // window full, as for a key never seen. OK whether or not the key had state; Unavailable or
+  // DeadlineExceeded as a check; a server error reply becomes its status.
+  absl::Status reset(std::string_view key, const Limit& limit) {
+    const std::string name = redis_key(key, limit);
+    detail::Command del;
+    del.add("DEL");
+    del.add(name);
+    absl::StatusOr<detail::ConnectionPool::Lease> lease = pool_.acquire();
+    if (!lease.ok()) {
+      return lease.status();
+    }
+    absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
+        detail::exchange(*lease, std::span<const detail::Command>(&del, 1));
+    if (!replies.ok()) {
+      return replies.status();
+    }
+    const redisReply& reply = *(*replies)[0];
+    if (needs_new_connection(reply)) {
+      lease->mark_broken();
+    }
+    if (reply.type == REDIS_REPLY_ERROR) {
+      return detail::server_error_status(std::string_view(reply.str, reply.len));
+    }
+    if (reply.type != REDIS_REPLY_INTEGER) {
+      return absl::InternalError("sluice::redis: DEL returned an unexpected reply");
+    }
+    return absl::OkStatus();
+  }
+
   // The Redis key holding `key`'s state under `limit` (for operators; contains no raw key bytes).
   std::string redis_key(std::string_view key, const Limit& limit) const {
     unsigned char fingerprint[8];  // little-endian: seeds the digest with the limit's windows

@@ -78,6 +78,19 @@ class RedisGcraLimiter {
     return (*d)[0];
   }
 
+  // The key's state without consuming anything: exactly what check(key, 0) reports (see
+  // GcraLimiter::inspect), decided at the server's TIME. One round trip; creates no state.
+  absl::StatusOr<Decision> inspect(std::string_view key) { return check(key, 0); }
+
+  // Forgets the key (one DEL, one round trip): its next check sees every window full.
+  absl::Status reset(std::string_view key) { return client_->reset(key, limit_); }
+
+  // Testing hook: as inspect(), at `unix_time` (ns since the Unix epoch) instead of TIME.
+  absl::StatusOr<Decision> inspect_at_for_testing(std::string_view key,
+                                                  std::chrono::nanoseconds unix_time) {
+    return check_at_for_testing(key, 0, unix_time);
+  }
+
   // Testing hook: as check(), with the server's clock replaced by `unix_time` (ns since the
   // Unix epoch). Production code never calls it.
   absl::StatusOr<Decision> check_at_for_testing(std::string_view key, std::uint64_t cost,
