@@ -269,10 +269,11 @@ class DirectGcraLimiter {
     for (;;) {
       const std::uint64_t version = stable_version();
       std::array<std::int64_t, kMaxWindows> tat{};
+      // Acquire loads: the version check below cannot move before them, and a TAT stored by a
+      // writer carries that writer's odd version with it.
       for (std::size_t i = 0; i < count_; ++i) {
-        tat[i] = state_.tat[i].load(std::memory_order_relaxed);
+        tat[i] = state_.tat[i].load(std::memory_order_acquire);
       }
-      std::atomic_thread_fence(std::memory_order_acquire);
       if (state_.version.load(std::memory_order_relaxed) != version) continue;
       const std::int64_t now = clamp(now_ns);
 
@@ -291,9 +292,8 @@ class DirectGcraLimiter {
                                                     std::memory_order_acquire)) {
           continue;
         }
-        std::atomic_thread_fence(std::memory_order_release);
         for (std::size_t i = 0; i < count_; ++i) {
-          state_.tat[i].store(now * params_[i].units + ahead[i], std::memory_order_relaxed);
+          state_.tat[i].store(now * params_[i].units + ahead[i], std::memory_order_release);
         }
         state_.version.store(version + 2, std::memory_order_release);
       }
