@@ -306,6 +306,7 @@ TEST_CASE("direct: eight threads with a frozen clock admit exactly the burst") {
     Direct limiter = make(limit, clock);
     std::atomic<int> admitted{0};
     std::vector<std::thread> threads;
+    threads.reserve(8);
     for (int t = 0; t < 8; ++t) {
       threads.emplace_back([&] {
         for (int i = 0; i < 500; ++i) {
@@ -328,6 +329,7 @@ TEST_CASE("direct: threads racing a moving clock admit no more than the rate all
       make({{.requests = 100, .period = 10ms}, {.requests = 1000, .period = 1s}}, clock);
   std::atomic<int> admitted{0};
   std::vector<std::thread> threads;
+  threads.reserve(8);
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 2000; ++i) {
