@@ -3,11 +3,14 @@
 // says SteadyClock (what a service pays end to end on this VM: ~26 ns per clock read).
 #include <benchmark/benchmark.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 
 #include "bench_support.hpp"
+#include "sluice/clock.hpp"
+#include "sluice/direct_gcra.hpp"
 #include "sluice/fixed_window.hpp"
 #include "sluice/gcra.hpp"
 
@@ -214,6 +217,114 @@ void BM_PointerChase_StoreTables1M(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_PointerChase_StoreTables1M)->UseRealTime();
+
+// --- unkeyed: DirectGcraLimiter beside the CAS loop a user would write ------------------------
+// "Frozen" uses a ManualClock that never moves (what the comparable Rust direct-limiter numbers
+// use): the limiter's own cost plus one atomic load for the clock. With a frozen clock the burst
+// drains and every later check is a denial (…_Deny), unless the burst is 2^32 so that every
+// check is an admission, one CAS each (…_Admit). "Tick" advances the thread's TickClock 1 µs per
+// check at 10^6 per second: every check admits.
+
+using DirectFrozen = sluice::DirectGcraLimiter<sluice::ManualClock>;
+using DirectTick = sluice::DirectGcraLimiter<bench::TickClock>;
+
+// The baseline: governor-style single-atomic GCRA, one window, whole-ns interval, bool answer.
+class AtomicGcra {
+ public:
+  AtomicGcra(std::int64_t interval, std::int64_t tolerance)
+      : interval_(interval), tolerance_(tolerance) {}
+  bool check(std::int64_t now) {
+    std::int64_t tat = tat_.load(std::memory_order_acquire);
+    for (;;) {
+      const std::int64_t next = std::max(tat, now) + interval_;
+      if (next - now > tolerance_) return false;
+      if (tat_.compare_exchange_weak(tat, next, std::memory_order_acq_rel)) return true;
+    }
+  }
+
+ private:
+  std::atomic<std::int64_t> tat_{0};
+  std::int64_t interval_, tolerance_;
+};
+
+constexpr std::uint64_t kHugeBurst = std::uint64_t{1} << 32;
+
+void BM_Direct_OneWindow_Frozen_Deny(benchmark::State& state) {
+  static DirectFrozen limiter =
+      must(DirectFrozen::create({{.requests = 1000, .period = 1s}}, sluice::ManualClock()));
+  for (auto _ : state) benchmark::DoNotOptimize(limiter.check());
+}
+BENCHMARK(BM_Direct_OneWindow_Frozen_Deny)->UseRealTime();
+
+void BM_Direct_OneWindow_Frozen_Admit(benchmark::State& state) {
+  static DirectFrozen limiter = must(DirectFrozen::create(
+      {{.requests = kHugeBurst, .period = std::chrono::nanoseconds(kHugeBurst)}},
+      sluice::ManualClock()));
+  for (auto _ : state) benchmark::DoNotOptimize(limiter.check());
+}
+BENCHMARK(BM_Direct_OneWindow_Frozen_Admit)->UseRealTime();
+
+void BM_Direct_OneWindow_Tick(benchmark::State& state) {
+  static DirectTick limiter = must(DirectTick::create({{.requests = 1'000'000, .period = 1s}}));
+  for (auto _ : state) {
+    bench::tick += kStep;
+    benchmark::DoNotOptimize(limiter.check());
+  }
+}
+BENCHMARK(BM_Direct_OneWindow_Tick)->Threads(1)->Threads(2)->UseRealTime();
+
+void BM_Direct_ThreeWindows_Frozen_Deny(benchmark::State& state) {
+  static DirectFrozen limiter = must(DirectFrozen::create({{.requests = 1000, .period = 1s},
+                                                           {.requests = 60'000, .period = 1min},
+                                                           {.requests = 3'600'000, .period = 1h}},
+                                                          sluice::ManualClock()));
+  for (auto _ : state) benchmark::DoNotOptimize(limiter.check());
+}
+BENCHMARK(BM_Direct_ThreeWindows_Frozen_Deny)->UseRealTime();
+
+void BM_Direct_ThreeWindows_Frozen_Admit(benchmark::State& state) {
+  static DirectFrozen limiter = must(DirectFrozen::create(
+      {{.requests = kHugeBurst, .period = std::chrono::nanoseconds(kHugeBurst)},
+       {.requests = kHugeBurst, .period = std::chrono::nanoseconds(2 * kHugeBurst)},
+       {.requests = kHugeBurst, .period = std::chrono::nanoseconds(4 * kHugeBurst)}},
+      sluice::ManualClock()));
+  for (auto _ : state) benchmark::DoNotOptimize(limiter.check());
+}
+BENCHMARK(BM_Direct_ThreeWindows_Frozen_Admit)->UseRealTime();
+
+void BM_Direct_ThreeWindows_Tick(benchmark::State& state) {
+  static DirectTick limiter = must(DirectTick::create({{.requests = 1'000'000, .period = 1s},
+                                                       {.requests = 60'000'000, .period = 1min},
+                                                       {.requests = 3'600'000'000, .period = 1h}}));
+  for (auto _ : state) {
+    bench::tick += kStep;
+    benchmark::DoNotOptimize(limiter.check());
+  }
+}
+BENCHMARK(BM_Direct_ThreeWindows_Tick)->Threads(1)->Threads(2)->UseRealTime();
+
+void BM_AtomicGcraBaseline_Frozen_Deny(benchmark::State& state) {
+  static AtomicGcra limiter(1'000'000, 1'000'000'000);  // 1000 per second, burst 1000
+  const sluice::ManualClock clock;
+  for (auto _ : state) benchmark::DoNotOptimize(limiter.check(clock.now().count()));
+}
+BENCHMARK(BM_AtomicGcraBaseline_Frozen_Deny)->UseRealTime();
+
+void BM_AtomicGcraBaseline_Frozen_Admit(benchmark::State& state) {
+  static AtomicGcra limiter(1, std::int64_t{1} << 32);  // burst 2^32
+  const sluice::ManualClock clock;
+  for (auto _ : state) benchmark::DoNotOptimize(limiter.check(clock.now().count()));
+}
+BENCHMARK(BM_AtomicGcraBaseline_Frozen_Admit)->UseRealTime();
+
+void BM_AtomicGcraBaseline_Tick(benchmark::State& state) {
+  static AtomicGcra limiter(kStep, 1'000'000'000);
+  for (auto _ : state) {
+    bench::tick += kStep;
+    benchmark::DoNotOptimize(limiter.check(bench::tick));
+  }
+}
+BENCHMARK(BM_AtomicGcraBaseline_Tick)->Threads(1)->Threads(2)->UseRealTime();
 
 }  // namespace
 

@@ -47,6 +47,7 @@
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/detail/divider.hpp"
+#include "sluice/detail/gcra_math.hpp"
 #include "sluice/detail/limiter_common.hpp"
 #include "sluice/rate_limiter.hpp"
 #include "sluice/store.hpp"
@@ -277,33 +278,10 @@ class GcraLimiter {
       : clock_(std::move(clock)), store_(detail::make_store<detail::GcraCell>(windows, options)) {}
 
   static absl::StatusOr<detail::GcraParams> validate(const GcraWindow& w, const std::string& path) {
-    constexpr std::uint64_t kMaxRequests = std::uint64_t{1} << 32;
-    constexpr std::int64_t kMaxPeriod = std::int64_t{1} << 55;
-    constexpr std::uint64_t kMaxBurst = std::uint64_t{1} << 32;
-    constexpr std::uint64_t kMaxTolerance = std::uint64_t{1} << 60;
-    if (w.requests < 1 || w.requests > kMaxRequests) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ".requests must be in [1, 2^32], got ", w.requests));
-    }
-    if (w.period.count() <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ".period must be > 0, got ", w.period.count(), "ns"));
-    }
-    if (w.period.count() > kMaxPeriod) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ".period must be at most 2^55 ns, got ", w.period.count(), "ns"));
-    }
+    if (absl::Status s = detail::check_gcra_window(w, path); !s.ok()) return s;
     const std::uint64_t burst = w.burst == 0 ? w.requests : w.burst;
-    if (burst > kMaxBurst) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ".burst must be in [1, 2^32], got ", burst));
-    }
     const auto period = static_cast<std::uint64_t>(w.period.count());
     const absl::uint128 tolerance = absl::uint128(burst) * period;
-    if (tolerance / w.requests > kMaxTolerance) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ".burst × period / requests must be at most 2^60 ns"));
-    }
     return detail::GcraParams{
         .requests = w.requests,
         .period = w.period.count(),
