@@ -34,6 +34,11 @@
 // rules under all their locks and commits only if every rule admits, so a denied request consumes
 // nothing anywhere; kEveryRule lets each admitting rule consume even when another denies.
 //
+// Counters and events: stats() per rule and engine_stats() for the engine, kept across reloads
+// (sluice/prometheus.hpp writes them for Prometheus); an EngineEventHook passed to create()
+// receives dry-run denials, backend errors, evictions and reloads (sluice/engine_events.hpp).
+// Neither carries a key. To follow a config file, see sluice/yaml/reloading_engine.hpp.
+//
 // Thread-safety: every const member function may be called concurrently; `evaluate` takes the
 // shard locks of the request's rules (in one global order) for O(rules) work.
 #ifndef SLUICE_ENGINE_HPP_
