@@ -81,8 +81,11 @@ struct ReloadLog {
 
 std::unique_ptr<Holder> make(const std::string& path, sluice::ManualClock clock,
                              const ReloadLog& log = {}) {
-  auto holder = Holder::create(
-      path, {.backend = {.store = {.seed = 1}, .clock = clock}, .on_event = log.hook()});
+  Holder::Options options;         // assigned member-wise: GCC 12 -O2 reports a false
+  options.backend.store.seed = 1;  // maybe-uninitialized for nested designated initializers
+  options.backend.clock = clock;
+  options.on_event = log.hook();
+  auto holder = Holder::create(path, std::move(options));
   REQUIRE(holder.ok());
   return *std::move(holder);
 }
