@@ -35,6 +35,11 @@
 // rules under all their locks and commits only if every rule admits, so a denied request consumes
 // nothing anywhere; kEveryRule lets each admitting rule consume even when another denies.
 //
+// Counters and events: stats() per rule and engine_stats() for the engine, kept across reloads
+// (sluice/prometheus.hpp writes them for Prometheus); an EngineEventHook passed to create()
+// receives dry-run denials, backend errors, evictions and reloads (sluice/engine_events.hpp).
+// Neither carries a key. To follow a config file, see sluice/yaml/reloading_engine.hpp.
+//
 // Thread-safety: every const member function may be called concurrently; `evaluate` takes the
 // shard locks of the request's rules (in one global order) for O(rules) work.
 #ifndef SLUICE_ENGINE_HPP_
@@ -68,6 +73,7 @@
 #include "sluice/detail/limiter_common.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/detail/xxhash.hpp"
+#include "sluice/engine_events.hpp"
 #include "sluice/gcra.hpp"
 #include "sluice/http_fields.hpp"
 #include "sluice/key.hpp"
@@ -132,6 +138,24 @@ struct RuleStats {
   std::uint64_t dry_denied = 0;             // would-be denials of a dry-run rule
   StoreStats store{};                       // keys, evictions, capacity denials
   std::optional<AdaptiveState> adaptive{};  // an adaptive rule's controller, now
+};
+
+// The counters of RuleStats without the label: reading them allocates nothing.
+struct RuleCounts {
+  std::uint64_t admitted = 0;
+  std::uint64_t denied = 0;
+  std::uint64_t dry_denied = 0;
+  StoreStats store{};
+};
+
+// Engine-wide counters. Every generation reloaded from an engine shares them with it, so they
+// count over the engine's whole life, like the counters of unchanged rules.
+struct EngineStats {
+  std::uint64_t evaluations = 0;     // evaluate calls on non-exempt paths
+  std::uint64_t backend_errors = 0;  // evaluations during which the backend failed (not a bad cost)
+  std::uint64_t reloads = 0;         // successful reloads
+  std::uint64_t failed_reloads = 0;  // reloads that kept the previous generation
+  friend bool operator==(const EngineStats&, const EngineStats&) = default;
 };
 
 // A rule, the key a request selects for it and the cost to take in the rule's limiter windows
@@ -215,6 +239,9 @@ class InMemoryBackend {
 
   StoreStats rule_store_stats(std::size_t rule) const { return limiters_[rule]->stats(); }
 
+  // The backend's clock: the engine's time for rate-limiting eviction events.
+  std::chrono::nanoseconds now() const { return clock_.now(); }
+
  private:
   explicit InMemoryBackend(ClockT clock) : clock_(std::move(clock)) {}
 
@@ -266,20 +293,47 @@ class BasicRateLimitEngine {
   };
 
   // Validates and compiles `config` (InvalidArgument naming the path of a bad value).
+  // `on_event` receives dry-run denials, backend errors, evictions and reloads
+  // (sluice/engine_events.hpp); every generation reloaded from this one keeps it.
   static absl::StatusOr<BasicRateLimitEngine> create(const PolicyConfig& config,
                                                      BackendOptions options = {},
-                                                     const Observer& observer = {}) {
+                                                     const Observer& observer = {},
+                                                     const EngineEventHook& on_event = {}) {
     auto engine = compile(config, std::move(options), nullptr);
-    if (engine.ok()) engine->observer_ = observer;
+    if (engine.ok()) {
+      engine->observer_ = observer;
+      engine->on_event_ = on_event;
+    }
     return engine;
   }
 
   // The next generation: rules whose fingerprint is unchanged keep their state and counters,
-  // so a reload never lets extra traffic through them; changed rules start fresh.
+  // so a reload never lets extra traffic through them; changed rules start fresh. Counts the
+  // reload (EngineStats) and reports a ReloadEvent, success or failure.
   absl::StatusOr<BasicRateLimitEngine> reload(const PolicyConfig& config) const {
     auto engine = compile(config, options_, this);
-    if (engine.ok()) engine->observer_ = observer_;
+    if (!engine.ok()) {
+      report_failed_reload(engine.status());
+      return engine;
+    }
+    engine->observer_ = observer_;
+    engine->on_event_ = on_event_;
+    totals_->reloads.fetch_add(1, std::memory_order_relaxed);
+    if (on_event_) {
+      std::size_t kept = 0;
+      for (const RuleInfo& info : engine->rules_) {
+        kept += by_fingerprint_.contains(info.compiled.fingerprint) ? 1 : 0;
+      }
+      on_event_(ReloadEvent{.rules = engine->rules_.size(), .rules_kept = kept});
+    }
     return engine;
+  }
+
+  // Records a reload that failed before it reached `reload` (an unreadable or invalid config
+  // file): counts it in EngineStats::failed_reloads and reports a ReloadEvent with `status`.
+  void report_failed_reload(const absl::Status& status) const {
+    totals_->failed_reloads.fetch_add(1, std::memory_order_relaxed);
+    if (on_event_) on_event_(ReloadEvent{.status = status});
   }
 
   Evaluation evaluate(const RequestContext& raw) const {
@@ -298,6 +352,7 @@ class BasicRateLimitEngine {
       e.exempt = true;
       return;
     }
+    totals_->evaluations.fetch_add(1, std::memory_order_relaxed);
     absl::StatusOr<RequestContext> request = normalize(raw);
     if (!request.ok()) {
       e.allowed = false;
@@ -336,6 +391,7 @@ class BasicRateLimitEngine {
         in_requests(factors, 0, std::span(decisions.data(), live.size()));
       }
       if (!status.ok()) {
+        report_backend_error(status);
         e.backend_error = std::move(status);
         e.allowed = e.backend_error.code() != absl::StatusCode::kInvalidArgument &&
                     on_backend_error_ == FailureMode::kFailOpen;
@@ -346,14 +402,20 @@ class BasicRateLimitEngine {
     }
     bool dry_decided = false;
     if (!dry.empty()) {
-      dry_decided = evaluate_dry(e, dry, dry_keys, factors,
-                                 std::span(decisions.data() + live.size(), dry.size()));
+      absl::Status status = evaluate_dry(e, dry, dry_keys, factors,
+                                         std::span(decisions.data() + live.size(), dry.size()));
+      dry_decided = status.ok();
+      if (!dry_decided && e.backend_error.ok()) report_backend_error(status);
     }
     if (e.allowed && e.backend_error.ok() && request->cost != 0) {
       for (std::uint32_t r : live) counters_[r]->admitted.fetch_add(1, std::memory_order_relaxed);
       if (dry_decided) {
         for (std::uint32_t r : dry) counters_[r]->admitted.fetch_add(1, std::memory_order_relaxed);
       }
+    }
+    if (on_event_) {
+      report_evictions(live);
+      report_evictions(dry);
     }
     if (observer_) observer_(e);
   }
@@ -406,16 +468,30 @@ class BasicRateLimitEngine {
   std::vector<RuleStats> stats() const {
     std::vector<RuleStats> out;
     for (std::size_t i = 0; i < rules_.size(); ++i) {
+      const RuleCounts counts = rule_counts(i);
       out.push_back({.label = rules_[i].compiled.label,
                      .dry_run = rules_[i].compiled.dry_run,
-                     .admitted = counters_[i]->admitted.load(std::memory_order_relaxed),
-                     .denied = counters_[i]->denied.load(std::memory_order_relaxed),
-                     .dry_denied = counters_[i]->dry_denied.load(std::memory_order_relaxed),
-                     .store = backend_->rule_store_stats(i),
+                     .admitted = counts.admitted,
+                     .denied = counts.denied,
+                     .dry_denied = counts.dry_denied,
+                     .store = counts.store,
                      .adaptive = {}});
       if (controllers_[i] != nullptr) out.back().adaptive = controllers_[i]->state(now());
     }
     return out;
+  }
+  // Rule `index`'s counters (as in stats()), without copying its label. Lock-free.
+  RuleCounts rule_counts(std::size_t index) const {
+    return {.admitted = counters_[index]->admitted.load(std::memory_order_relaxed),
+            .denied = counters_[index]->denied.load(std::memory_order_relaxed),
+            .dry_denied = counters_[index]->dry_denied.load(std::memory_order_relaxed),
+            .store = backend_->rule_store_stats(index)};
+  }
+  EngineStats engine_stats() const {
+    return {.evaluations = totals_->evaluations.load(std::memory_order_relaxed),
+            .backend_errors = totals_->backend_errors.load(std::memory_order_relaxed),
+            .reloads = totals_->reloads.load(std::memory_order_relaxed),
+            .failed_reloads = totals_->failed_reloads.load(std::memory_order_relaxed)};
   }
 
  private:
@@ -423,6 +499,16 @@ class BasicRateLimitEngine {
     std::atomic<std::uint64_t> admitted{0};
     std::atomic<std::uint64_t> denied{0};
     std::atomic<std::uint64_t> dry_denied{0};
+    // Eviction events: the engine time (ns) of the next look at the store's eviction counter,
+    // and the counter's value at the last event.
+    std::atomic<std::int64_t> eviction_check_due{std::numeric_limits<std::int64_t>::min()};
+    std::atomic<std::uint64_t> evictions_reported{0};
+  };
+  struct EngineCounters {
+    std::atomic<std::uint64_t> evaluations{0};
+    std::atomic<std::uint64_t> backend_errors{0};
+    std::atomic<std::uint64_t> reloads{0};
+    std::atomic<std::uint64_t> failed_reloads{0};
   };
   using RuleList = std::vector<std::uint32_t>;
   using ScopeMap = absl::flat_hash_map<std::string, RuleList>;
@@ -436,6 +522,7 @@ class BasicRateLimitEngine {
     if (!bundles.ok()) return bundles.status();
     BasicRateLimitEngine engine;
     engine.options_ = options;
+    engine.totals_ = previous ? previous->totals_ : std::make_shared<EngineCounters>();
     engine.options_mode_ = config.engine.consumption;
     engine.on_backend_error_ = config.engine.on_backend_error;
 
@@ -532,10 +619,13 @@ class BasicRateLimitEngine {
     return absl::StrCat(std::chrono::duration_cast<std::chrono::seconds>(period).count(), "s");
   }
 
-  // The engine's clock: the backend's, where its options carry one; else the steady clock.
+  // The engine's time for adaptive controllers and event rate limits: the backend's clock if it
+  // has one (the in-memory backend's), else the steady clock.
   std::chrono::nanoseconds now() const {
-    if constexpr (requires { options_.clock.now(); }) {
-      return options_.clock.now();
+    if constexpr (requires(const Backend& b) {
+                    { b.now() } -> std::same_as<std::chrono::nanoseconds>;
+                  }) {
+      return backend_->now();
     } else {
       return SteadyClock{}.now();
     }
@@ -657,18 +747,59 @@ class BasicRateLimitEngine {
   }
 
   // Dry-run rules: decided (and consuming) as their own group; never deny, never add fields.
-  // False if the backend failed (nothing is counted then).
-  bool evaluate_dry(Evaluation& e, std::span<const std::uint32_t> dry,
-                    std::span<const RuleKey> keys, std::span<const std::uint32_t> factors,
-                    std::span<Decision> out) const {
-    if (!backend_->check_rules(keys, options_mode_, out).ok()) return false;
+  // The backend's error if it failed (nothing is counted then).
+  absl::Status evaluate_dry(Evaluation& e, std::span<const std::uint32_t> dry,
+                            std::span<const RuleKey> keys, std::span<const std::uint32_t> factors,
+                            std::span<Decision> out) const {
+    if (absl::Status s = backend_->check_rules(keys, options_mode_, out); !s.ok()) return s;
     if (!factors.empty()) in_requests(factors, factors.size() - keys.size(), out);
     for (std::size_t i = 0; i < dry.size(); ++i) {
       if (out[i].allowed()) continue;
       counters_[dry[i]]->dry_denied.fetch_add(1, std::memory_order_relaxed);
       if (!e.dry_denied) e.dry_denied = RuleDecision{dry[i], out[i]};
+      if (on_event_) {
+        on_event_(DryRunDenialEvent{
+            .rule_label = rules_[dry[i]].compiled.label, .rule = dry[i], .decision = out[i]});
+      }
     }
-    return true;
+    return absl::OkStatus();
+  }
+
+  // Counts and reports a failed backend call; InvalidArgument (a bad cost) is the request's
+  // fault, not the backend's.
+  void report_backend_error(const absl::Status& status) const {
+    if (status.code() == absl::StatusCode::kInvalidArgument) return;
+    totals_->backend_errors.fetch_add(1, std::memory_order_relaxed);
+    if (on_event_) on_event_(BackendErrorEvent{.status = status});
+  }
+
+  std::int64_t event_time() const { return now().count(); }
+
+  // Reports new evictions of `rules`, looking at each rule's store at most once per second of
+  // engine time (one thread wins the look); the counter's growth since the last event is the
+  // event's count, so no eviction goes unreported.
+  void report_evictions(std::span<const std::uint32_t> rules) const {
+    constexpr std::int64_t kInterval = std::chrono::nanoseconds(std::chrono::seconds(1)).count();
+    if (rules.empty()) return;
+    const std::int64_t now = event_time();
+    for (std::uint32_t r : rules) {
+      RuleCounters& c = *counters_[r];
+      std::int64_t due = c.eviction_check_due.load(std::memory_order_relaxed);
+      if (now < due ||
+          !c.eviction_check_due.compare_exchange_strong(due, detail::saturate_time(now) + kInterval,
+                                                        std::memory_order_relaxed)) {
+        continue;
+      }
+      const std::uint64_t evicted = backend_->rule_store_stats(r).live_evicted;
+      std::uint64_t reported = c.evictions_reported.load(std::memory_order_relaxed);
+      while (evicted > reported && !c.evictions_reported.compare_exchange_weak(
+                                       reported, evicted, std::memory_order_relaxed)) {
+      }
+      if (evicted > reported) {
+        on_event_(EvictionEvent{
+            .rule_label = rules_[r].compiled.label, .rule = r, .evicted = evicted - reported});
+      }
+    }
   }
 
   // `raw` with empty strings made absent, and the route's service filled in; InvalidArgument if
@@ -751,6 +882,8 @@ class BasicRateLimitEngine {
 
   BackendOptions options_{};
   Observer observer_{};
+  EngineEventHook on_event_{};
+  std::shared_ptr<EngineCounters> totals_;  // shared with every generation reloaded from this one
   ConsumptionMode options_mode_ = ConsumptionMode::kAllOrNothing;
   FailureMode on_backend_error_ = FailureMode::kFailOpen;
   std::vector<RuleInfo> rules_;

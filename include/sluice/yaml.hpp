@@ -7,6 +7,7 @@
 //
 // sluice/yaml/load_config.hpp  load_config, load_config_file: the loader and its error format
 // sluice/yaml/limits.hpp       kMaxConfigBytes, kMaxConfigNodes: bounds on untrusted input
+// sluice/yaml/reloading_engine.hpp  ReloadingEngine: an engine that follows its config file
 //
 // The core (sluice/sluice.hpp, sluice/engine.hpp) never includes this header. The layout of a
 // config is described in docs/configuration.md.
@@ -15,5 +16,6 @@
 
 #include "sluice/yaml/limits.hpp"
 #include "sluice/yaml/load_config.hpp"
+#include "sluice/yaml/reloading_engine.hpp"
 
 #endif  // SLUICE_YAML_HPP_

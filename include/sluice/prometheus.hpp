@@ -1,0 +1,151 @@
+// sluice/prometheus.hpp — an engine's counters in the Prometheus text exposition format 0.0.4.
+//
+// Serve the text at a metrics endpoint with the content type `kPrometheusContentType`:
+//
+//   std::string body;
+//   sluice::append_prometheus_text(body, engine);   // or holder.current() of a reloading holder
+//   respond(200, sluice::kPrometheusContentType, body);
+//
+// Families (each with HELP and TYPE lines), every name prefixed `sluice_`:
+//   sluice_engine_evaluations_total, sluice_engine_backend_errors_total,
+//   sluice_engine_reloads_total, sluice_engine_failed_reloads_total       (counters, no labels)
+//   sluice_rule_allowed_total, sluice_rule_denied_total, sluice_rule_dry_denied_total,
+//   sluice_rule_evictions_total, sluice_rule_idle_reclaimed_total,
+//   sluice_rule_capacity_denials_total                                     (counters)
+//   sluice_rule_keys                                                       (gauge)
+// Rule families carry the labels `rule` (the rule's label, "<bundle>/<rule>") and `dry_run`
+// ("true"/"false"). Their meaning is that of sluice::EngineStats and sluice::RuleStats. Label
+// values are escaped as the format requires (backslash, double quote, line feed), so no name in a
+// config can break a line or forge a sample. No key or other client-chosen text is written.
+//
+// Counters survive reloads: a generation compiled by `reload` shares the engine counters and the
+// counters of its unchanged rules with the previous one.
+//
+// Thread-safety: reads the engine's counters without locks; call it from any thread, at any time.
+// Complexity: O(rules × kStoreShards) atomic loads; allocates nothing but `out`'s growth and one
+// buffer of counts per call.
+#ifndef SLUICE_PROMETHEUS_HPP_
+#define SLUICE_PROMETHEUS_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/detail/text.hpp"
+#include "sluice/engine.hpp"
+
+namespace sluice {
+
+// The Content-Type of the text this header writes.
+inline constexpr std::string_view kPrometheusContentType =
+    "text/plain; version=0.0.4; charset=utf-8";
+
+namespace detail {
+
+// Appends `text` as the inside of a Prometheus label value: `\`, `"` and line feed escaped, every
+// other byte as it is.
+inline void append_prometheus_label_value(std::string& out, std::string_view text) {
+  append_escaped(out, text, [](std::string& to, unsigned char byte) {
+    if (byte == '\n') {
+      to.append("\\n");
+    } else {
+      to.push_back(static_cast<char>(byte));
+    }
+  });
+}
+
+struct PrometheusFamily {
+  std::string_view name;
+  std::string_view type;
+  std::string_view help;
+};
+
+inline void append_prometheus_header(std::string& out, const PrometheusFamily& family) {
+  for (std::string_view part : {std::string_view("# HELP "), family.name, std::string_view(" "),
+                                family.help, std::string_view("\n# TYPE "), family.name,
+                                std::string_view(" "), family.type, std::string_view("\n")}) {
+    out.append(part);
+  }
+}
+
+}  // namespace detail
+
+// Appends every counter of `engine` (a BasicRateLimitEngine) to `out`.
+template <class Engine>
+void append_prometheus_text(std::string& out, const Engine& engine) {
+  using Family = detail::PrometheusFamily;
+  const EngineStats totals = engine.engine_stats();
+  const struct {
+    Family family;
+    std::uint64_t value;
+  } engine_families[] = {
+      {{"sluice_engine_evaluations_total", "counter",
+        "Requests the engine evaluated (exempt paths excluded)."},
+       totals.evaluations},
+      {{"sluice_engine_backend_errors_total", "counter",
+        "Evaluations during which the limiter backend failed."},
+       totals.backend_errors},
+      {{"sluice_engine_reloads_total", "counter", "Successful config reloads."}, totals.reloads},
+      {{"sluice_engine_failed_reloads_total", "counter",
+        "Config reloads that failed and kept the previous config."},
+       totals.failed_reloads},
+  };
+  for (const auto& f : engine_families) {
+    detail::append_prometheus_header(out, f.family);
+    out.append(f.family.name);
+    absl::StrAppend(&out, " ", f.value, "\n");
+  }
+
+  absl::InlinedVector<RuleCounts, 16> counts;
+  for (std::size_t i = 0; i < engine.rule_count(); ++i) counts.push_back(engine.rule_counts(i));
+  const struct {
+    Family family;
+    std::uint64_t (*value)(const RuleCounts&);
+  } rule_families[] = {
+      {{"sluice_rule_allowed_total", "counter",
+        "Admitted requests the rule applied to (for a dry-run rule, also those it would deny)."},
+       [](const RuleCounts& c) { return c.admitted; }},
+      {{"sluice_rule_denied_total", "counter", "Requests the rule denied (live rules)."},
+       [](const RuleCounts& c) { return c.denied; }},
+      {{"sluice_rule_dry_denied_total", "counter",
+        "Requests the rule would have denied (dry-run rules)."},
+       [](const RuleCounts& c) { return c.dry_denied; }},
+      {{"sluice_rule_evictions_total", "counter",
+        "Live keys evicted from the rule's full store (each got a fresh bucket)."},
+       [](const RuleCounts& c) { return c.store.live_evicted; }},
+      {{"sluice_rule_idle_reclaimed_total", "counter",
+        "Idle keys dropped from the rule's full store."},
+       [](const RuleCounts& c) { return c.store.idle_reclaimed; }},
+      {{"sluice_rule_capacity_denials_total", "counter",
+        "New keys denied because the rule's store was full."},
+       [](const RuleCounts& c) { return c.store.capacity_denials; }},
+      {{"sluice_rule_keys", "gauge", "Keys the rule's store holds."},
+       [](const RuleCounts& c) { return c.store.size; }},
+  };
+  for (const auto& f : rule_families) {
+    detail::append_prometheus_header(out, f.family);
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      const CompiledRule& rule = engine.rule(i).compiled;
+      out.append(f.family.name);
+      out.append("{rule=\"");
+      detail::append_prometheus_label_value(out, rule.label);
+      absl::StrAppend(&out, "\",dry_run=\"", rule.dry_run ? "true" : "false", "\"} ",
+                      f.value(counts[i]), "\n");
+    }
+  }
+}
+
+// The text of append_prometheus_text in a new string.
+template <class Engine>
+std::string prometheus_text(const Engine& engine) {
+  std::string out;
+  append_prometheus_text(out, engine);
+  return out;
+}
+
+}  // namespace sluice
+
+#endif  // SLUICE_PROMETHEUS_HPP_

@@ -1,0 +1,165 @@
+// sluice/yaml/reloading_engine.hpp — an engine that follows its YAML config file: reloads when the
+// file changes (poll) or when told to (reload), keeps serving the last good generation when the
+// new file is invalid, and keeps the state of every unchanged rule.
+//
+//   auto holder = sluice::yaml::ReloadingEngine<>::create("gateway.yaml");
+//   if (!holder.ok()) return holder.status();            // the first load must succeed
+//   // request threads:
+//   std::shared_ptr<const sluice::RateLimitEngine> engine = (*holder)->current();
+//   auto route = engine->match_route(listener, path);     // views into *engine's config
+//   sluice::Evaluation e = engine->evaluate({... .route = route->route ...});
+//   // a timer thread, or on SIGHUP (handled outside the signal handler):
+//   if (absl::Status s = (*holder)->poll().status(); !s.ok()) log(s);   // or reload()
+//
+// Lifetimes: `current()` returns a shared_ptr to one immutable generation. Everything an engine
+// hands out by view (match_route's route and service, consumer_for's name, rule labels) points
+// into that generation, so hold the shared_ptr for the whole request and take every view from
+// it: a reload publishes a new generation but the one a request holds lives until its last
+// holder lets go. Never keep a view past the shared_ptr it came from.
+//
+// Reload: the file is read once (at most kMaxConfigBytes) and loaded with load_config; the new
+// generation is compiled with `engine->reload(config)`, so rules whose fingerprint is unchanged
+// keep their buckets and counters (a spent budget stays spent), and changed rules start fresh.
+// When the file cannot be read or is invalid, the current generation keeps serving, the error is
+// returned, counted in EngineStats::failed_reloads and reported to the event hook (ReloadEvent).
+// `poll()` reloads only when the file's content (its size and 128-bit hash) differs from the last
+// content loaded or rejected, so a broken file is reported once, not on every poll, and touching
+// a file without changing it reloads nothing. A file that cannot be read (e.g. missing) is
+// reported on every poll until it can.
+//
+// Thread-safety: `current()` may be called from any thread at any time and never waits for a
+// reload: a reload reads and compiles off to the side and publishes with one atomic store.
+// (std::atomic<std::shared_ptr> in libstdc++ 12 guards the pointer with a spin bit held for a few
+// instructions around the reference count; it takes no mutex and makes no system call.)
+// `reload()` and `poll()` may be called from any thread; they are serialized by a mutex that the
+// request path never takes. Complexity: a reload is linear in the file and the config.
+#ifndef SLUICE_YAML_RELOADING_ENGINE_HPP_
+#define SLUICE_YAML_RELOADING_ENGINE_HPP_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/detail/mutex.hpp"
+#include "sluice/detail/xxhash.hpp"
+#include "sluice/engine.hpp"
+#include "sluice/engine_events.hpp"
+#include "sluice/yaml/detail/config_file.hpp"
+#include "sluice/yaml/load_config.hpp"
+
+namespace sluice::yaml {
+
+template <class Engine = RateLimitEngine>
+class ReloadingEngine {
+ public:
+  struct Options {
+    typename Engine::BackendOptions backend{};
+    typename Engine::Observer observer{};
+    EngineEventHook on_event{};  // also receives every reload's outcome
+  };
+
+  // Loads `path` and compiles the first generation; its errors are load_config_file's or the
+  // engine's (nothing is served without a first good config).
+  static absl::StatusOr<std::unique_ptr<ReloadingEngine>> create(std::string path,
+                                                                 Options options = {}) {
+    absl::StatusOr<std::string> text = detail::read_config_file(path);
+    if (!text.ok()) return text.status();
+    absl::StatusOr<PolicyConfig> config = load(path, *text);
+    if (!config.ok()) return config.status();
+    auto engine =
+        Engine::create(*config, std::move(options.backend), options.observer, options.on_event);
+    if (!engine.ok()) return engine.status();
+    return std::unique_ptr<ReloadingEngine>(new ReloadingEngine(
+        std::move(path), std::make_shared<const Engine>(*std::move(engine)), version_of(*text)));
+  }
+
+  ReloadingEngine(const ReloadingEngine&) = delete;
+  ReloadingEngine& operator=(const ReloadingEngine&) = delete;
+
+  // The generation serving now; hold it for the whole request (see Lifetimes above).
+  std::shared_ptr<const Engine> current() const noexcept {
+    return current_.load(std::memory_order_acquire);
+  }
+
+  // Reads the file and publishes a new generation from it, whether or not it changed. On error
+  // the current generation keeps serving and the error is returned, counted and reported.
+  absl::Status reload() {
+    sluice::detail::MutexLock lock(reload_mutex_);
+    absl::StatusOr<std::string> text = detail::read_config_file(path_);
+    if (!text.ok()) return fail(text.status());
+    return reload_from(*text);
+  }
+
+  // Reloads if the file's content changed since the last load (or rejected load): true if a new
+  // generation was published, false if nothing changed, the error if the changed file was bad
+  // (reported once per content).
+  absl::StatusOr<bool> poll() {
+    sluice::detail::MutexLock lock(reload_mutex_);
+    absl::StatusOr<std::string> text = detail::read_config_file(path_);
+    if (!text.ok()) return fail(text.status());
+    if (version_of(*text) == seen_) return false;
+    absl::Status status = reload_from(*text);
+    if (!status.ok()) return status;
+    return true;
+  }
+
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  // What poll compares: the content's size and 128-bit hash.
+  struct Version {
+    std::uint64_t size = 0;
+    std::uint64_t hash_low = 0;
+    std::uint64_t hash_high = 0;
+    friend bool operator==(const Version&, const Version&) = default;
+  };
+
+  ReloadingEngine(std::string path, std::shared_ptr<const Engine> first, Version version)
+      : path_(std::move(path)), current_(std::move(first)), seen_(version) {}
+
+  static Version version_of(const std::string& text) {
+    const XXH128_hash_t hash = XXH3_128bits(text.data(), text.size());
+    return {.size = text.size(), .hash_low = hash.low64, .hash_high = hash.high64};
+  }
+
+  // load_config with the file name in front of its positions, as load_config_file writes them.
+  static absl::StatusOr<PolicyConfig> load(const std::string& path, const std::string& text) {
+    absl::StatusOr<PolicyConfig> config = load_config(text);
+    if (!config.ok() && config.status().code() == absl::StatusCode::kInvalidArgument) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", config.status().message()));
+    }
+    return config;
+  }
+
+  absl::Status reload_from(const std::string& text) ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mutex_) {
+    seen_ = version_of(text);
+    absl::StatusOr<PolicyConfig> config = load(path_, text);
+    if (!config.ok()) return fail(config.status());
+    // Engine::reload counts and reports its own outcome.
+    absl::StatusOr<Engine> next = current()->reload(*config);
+    if (!next.ok()) return next.status();
+    current_.store(std::make_shared<const Engine>(*std::move(next)), std::memory_order_release);
+    return absl::OkStatus();
+  }
+
+  absl::Status fail(absl::Status status) {
+    current()->report_failed_reload(status);
+    return status;
+  }
+
+  const std::string path_;
+  std::atomic<std::shared_ptr<const Engine>> current_;
+  sluice::detail::Mutex reload_mutex_;  // serializes reload and poll; never taken by current()
+  Version seen_ ABSL_GUARDED_BY(reload_mutex_);  // the content last loaded or rejected
+};
+
+}  // namespace sluice::yaml
+
+#endif  // SLUICE_YAML_RELOADING_ENGINE_HPP_
