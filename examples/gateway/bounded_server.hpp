@@ -33,11 +33,14 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <system_error>
 
 namespace gateway {
 
@@ -53,6 +56,20 @@ class BoundedServer : public httplib::Server {
   explicit BoundedServer(ServerLimits limits) : limits_(limits) {
     new_task_queue = [workers = limits.workers] { return new httplib::ThreadPool(workers); };
     set_payload_max_length(limits.max_body_bytes);
+    // A client that asks before sending a body (Expect: 100-continue, as curl does for large
+    // ones) is refused before it sends a byte of a body over the limit.
+    set_expect_100_continue_handler([max = limits.max_body_bytes](const httplib::Request& request,
+                                                                  httplib::Response& response) {
+      const std::string length = request.get_header_value("Content-Length");
+      std::uint64_t value = 0;
+      const auto [parsed_to, error] =
+          std::from_chars(length.data(), length.data() + length.size(), value);
+      const bool too_large =
+          error == std::errc::result_out_of_range || (error == std::errc() && value > max);
+      if (!too_large) return 100;
+      response.status = 413;
+      return 413;
+    });
   }
 
  private:
@@ -69,6 +86,9 @@ class BoundedServer : public httplib::Server {
       deadline_ = deadline;
       budget_ = budget;
     }
+    // True once a read was refused (deadline or budget): cpp-httplib may still answer 400 or
+    // 413, but the connection must close, or the rest of the request would be read as the next.
+    bool cut_off() const { return cut_off_; }
 
     bool is_readable() const override { return begin_ < end_ || wait(POLLIN, remaining()); }
     bool is_writable() const override { return wait(POLLOUT, write_timeout_); }
@@ -76,7 +96,10 @@ class BoundedServer : public httplib::Server {
     ssize_t read(char* ptr, std::size_t size) override {
       if (begin_ == end_) {
         const std::size_t want = std::min(buffer_.size(), budget_);
-        if (want == 0 || !wait(POLLIN, remaining())) return -1;
+        if (want == 0 || !wait(POLLIN, remaining())) {
+          cut_off_ = true;
+          return -1;
+        }
         const ssize_t n = ::recv(sock_, buffer_.data(), want, 0);
         if (n <= 0) return n;
         begin_ = 0;
@@ -136,6 +159,7 @@ class BoundedServer : public httplib::Server {
     std::array<char, 4096> buffer_{};
     std::size_t begin_ = 0;
     std::size_t end_ = 0;
+    bool cut_off_ = false;
   };
 
   // Replaces cpp-httplib's connection loop (same keep-alive rules) to use DeadlineStream.
@@ -149,7 +173,7 @@ class BoundedServer : public httplib::Server {
                            limits_.max_header_bytes + payload_max_length_);
       bool connection_closed = false;
       ok = process_request(stream, left == 1, connection_closed, nullptr);
-      if (!ok || connection_closed) break;
+      if (!ok || connection_closed || stream.cut_off()) break;
     }
     ::shutdown(sock, SHUT_RDWR);
     ::close(sock);
