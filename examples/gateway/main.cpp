@@ -5,7 +5,8 @@
 //                  [--trusted-proxy CIDR]...
 //
 // It binds 127.0.0.1 only; `--port 0` (the default) picks a free port. The first line on stdout is
-// "sluice_gateway: listening on http://127.0.0.1:<port> ...". Per request:
+// "sluice_gateway: listening on http://127.0.0.1:<port> ...". The limiting is sluice's cpp-httplib
+// adapter (sluice/httplib.hpp), a pre-routing handler; per request it resolves:
 // - route: the longest `path_prefix` among the listener's routes (engine.match_route);
 // - consumer: `Authorization: Bearer <token>` looked up among the consumers' credentials; an
 //   unknown token is limited like an anonymous caller, then answered 401;
@@ -18,6 +19,16 @@
 // paths get no fields: /healthz, /readyz, and /metrics (Prometheus text, per-rule counters).
 // Dry-run denials are logged to stderr with the rule's label; credentials are never logged.
 // SIGINT or SIGTERM stops the server.
+//
+// Cheap attacks it bounds (bounded_server.hpp, kLimits below):
+// - slow clients: a request's line, headers and body must arrive within 10 s of the first byte
+//   being awaited, whatever the pace (a slowloris client is cut off then), idle keep-alive
+//   connections are closed after 5 s, and 64 workers serve connections, so that a few slow
+//   clients cannot take every worker from the health checks;
+// - large requests: a body over 64 KiB is refused with 413 before it is read into memory; at
+//   most 64 KiB of request line and headers are read. Memory stays bounded: the end-to-end test
+//   (tests/e2e/gateway_e2e.sh) checks that the resident size stays under 64 MiB after large
+//   bodies and slow clients.
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
@@ -38,9 +49,11 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "bounded_server.hpp"
 #include "sluice/client_address.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
+#include "sluice/httplib.hpp"
 #include "sluice/yaml.hpp"
 
 namespace {
@@ -54,6 +67,12 @@ struct Options {
 
 constexpr std::string_view kUsage =
     "usage: sluice_gateway CONFIG.yaml [--port N] [--listener NAME] [--trusted-proxy CIDR]...\n";
+
+// What one connection may cost (see the top comment and bounded_server.hpp).
+constexpr gateway::ServerLimits kLimits{.workers = 64,
+                                        .request_read_timeout = std::chrono::seconds(10),
+                                        .max_header_bytes = 64 * 1024,
+                                        .max_body_bytes = 64 * 1024};
 
 // A port number, 0 ... 65535, and nothing else.
 std::optional<int> parse_port(std::string_view text) {
@@ -164,144 +183,62 @@ std::string metrics_text(const sluice::RateLimitEngine& engine) {
   return out;
 }
 
-std::optional<std::string> bearer_token(const httplib::Request& request) {
-  constexpr std::string_view kScheme = "Bearer ";
-  if (!request.has_header("Authorization")) return std::nullopt;
-  std::string value = request.get_header_value("Authorization");
-  if (value.size() <= kScheme.size() || !std::string_view(value).starts_with(kScheme)) {
-    return std::nullopt;
-  }
-  return value.substr(kScheme.size());
-}
-
-// Every value of header `name`, joined with ", " as if it were one line.
-std::string joined_header(const httplib::Request& request, const std::string& name) {
-  std::string out;
-  const std::size_t count = request.get_header_value_count(name);
-  for (std::size_t i = 0; i < count; ++i) {
-    if (i > 0) out += ", ";
-    out += request.get_header_value(name, i);
-  }
-  return out;
-}
-
 void respond_json(httplib::Response& response, int status, std::string_view body) {
   response.status = status;
   response.set_content(absl::StrCat(absl::string_view(body.data(), body.size()), "\n"),
                        "application/json");
 }
 
-// Who sent a request. Only a token that belongs to a consumer is a credential; an unknown token
-// is limited like an anonymous caller, then answered 401.
-struct Caller {
-  std::string ip;
-  std::optional<std::string> token{};
-  std::optional<std::string_view> consumer{};  // into the engine's config
-};
+using Limiter = sluice::HttplibLimiter<sluice::RateLimitEngine>;
+using LimitedRequest = Limiter::LimitedRequest;
 
+// What the gateway adds to the adapter: the log lines, and the answers to admitted requests.
 class Gateway {
  public:
-  Gateway(sluice::RateLimitEngine engine, sluice::ClientAddressResolver resolver, Options options)
-      : engine_(std::move(engine)),
-        resolver_(std::move(resolver)),
-        options_(std::move(options)),
-        listener_(options_.listener.value_or("")) {}
-
-  // Limits the request, then answers it: 429 when denied, else by its path.
-  void handle(const httplib::Request& request, httplib::Response& response) const {
-    const Caller caller = identify(request);
-    const std::optional<sluice::RateLimitEngine::RouteMatch> route =
-        engine_.match_route(listener_, request.path);
-    const sluice::Evaluation e = engine_.evaluate(context_for(request, caller, route));
-    if (e.dry_denied) log_dry_run_denial(request, caller, *e.dry_denied);
-    for (const sluice::HttpField& field : e.fields) {
-      response.set_header(std::string(field.name), field.value);
+  // Logs a dry-run rule's would-be denial (with the rule's label, never a credential) and a
+  // limiter error.
+  static void log(const httplib::Request& request, const LimitedRequest& limited) {
+    const sluice::Evaluation& e = limited.evaluation;
+    if (e.dry_denied) {
+      const std::string& label = limited.engine->rule(e.dry_denied->rule).compiled.label;
+      std::fprintf(
+          stderr,
+          "sluice_gateway: dry-run denial: rule \"%s\" would deny %s %s from %s "
+          "(retry after %lld s)\n",
+          label.c_str(), loggable(request.method).c_str(), loggable(request.path).c_str(),
+          loggable(limited.client.to_string()).c_str(),
+          static_cast<long long>(sluice::retry_after_seconds(e.dry_denied->decision.retry_after)));
     }
     if (!e.backend_error.ok()) {
       std::fprintf(stderr, "sluice_gateway: limiter error: %s\n",
                    std::string(e.backend_error.message()).c_str());
     }
-    if (!e.allowed) {
-      const std::int64_t retry = sluice::retry_after_seconds(e.retry_after);
-      respond_json(
-          response, 429,
-          absl::StrCat("{\"error\":\"rate limited\",\"retry_after_seconds\":", retry, "}"));
-      return;
-    }
-    answer(request, caller, route, response);
   }
 
- private:
-  Caller identify(const httplib::Request& request) const {
-    const sluice::ClientAddress client =
-        resolver_.resolve(request.remote_addr, joined_header(request, "Forwarded"),
-                          joined_header(request, "X-Forwarded-For"));
-    Caller caller{.ip = client.to_string(), .token = bearer_token(request)};
-    if (caller.token) caller.consumer = engine_.consumer_for(*caller.token);
-    return caller;
-  }
-
-  // What the engine sees of the request; views into `request`, `caller` and `route`.
-  sluice::RequestContext context_for(
-      const httplib::Request& request, const Caller& caller,
-      const std::optional<sluice::RateLimitEngine::RouteMatch>& route) const {
-    sluice::RequestContext context{
-        .client_ip = caller.ip,
-        .path = request.path,
-        .wall_time = std::chrono::system_clock::now(),
-    };
-    if (caller.consumer) {
-      context.credential = *caller.token;
-      context.consumer = caller.consumer;
-    }
-    if (route) {
-      context.route = route->route;
-      context.service = route->service;
-    }
-    if (options_.listener) context.listener = listener_;
-    return context;
-  }
-
-  // A dry-run rule would have denied: logged with the rule's label, never with a credential.
-  void log_dry_run_denial(const httplib::Request& request, const Caller& caller,
-                          const sluice::RuleDecision& denial) const {
-    const std::string& label = engine_.rule(denial.rule).compiled.label;
-    std::fprintf(stderr,
-                 "sluice_gateway: dry-run denial: rule \"%s\" would deny %s %s from %s "
-                 "(retry after %lld s)\n",
-                 label.c_str(), loggable(request.method).c_str(), loggable(request.path).c_str(),
-                 loggable(caller.ip).c_str(),
-                 static_cast<long long>(sluice::retry_after_seconds(denial.decision.retry_after)));
-  }
-
-  // The answer to an admitted request: health and metrics, 401, 404, or the route as JSON.
-  void answer(const httplib::Request& request, const Caller& caller,
-              const std::optional<sluice::RateLimitEngine::RouteMatch>& route,
-              httplib::Response& response) const {
-    if (request.path == "/healthz" || request.path == "/readyz") {
-      response.status = 200;
-      response.set_content("ok\n", "text/plain");
-    } else if (request.path == "/metrics") {
-      response.status = 200;
-      response.set_content(metrics_text(engine_), "text/plain; version=0.0.4");
-    } else if (caller.token && !caller.consumer) {
+  // The answer to an admitted request: 401, 404, or the route as JSON. Exempt paths go on to
+  // the server's handlers (/healthz, /readyz, /metrics).
+  static Limiter::HandlerResponse answer(const httplib::Request& request,
+                                         httplib::Response& response,
+                                         const LimitedRequest& limited) {
+    if (limited.evaluation.exempt) return Limiter::HandlerResponse::Unhandled;
+    if (limited.credential && !limited.consumer) {
       respond_json(response, 401, "{\"error\":\"unknown bearer token\"}");
-    } else if (!route) {
+    } else if (!limited.route) {
       respond_json(response, 404,
                    absl::StrCat("{\"error\":\"no route\",\"path\":",
                                 json_string(loggable(request.path)), "}"));
     } else {
-      std::string body = absl::StrCat("{\"route\":", json_string(route->route));
-      if (route->service) absl::StrAppend(&body, ",\"service\":", json_string(*route->service));
-      if (caller.consumer) absl::StrAppend(&body, ",\"consumer\":", json_string(*caller.consumer));
+      std::string body = absl::StrCat("{\"route\":", json_string(limited.route->route));
+      if (limited.route->service) {
+        absl::StrAppend(&body, ",\"service\":", json_string(*limited.route->service));
+      }
+      if (limited.consumer) {
+        absl::StrAppend(&body, ",\"consumer\":", json_string(*limited.consumer));
+      }
       respond_json(response, 200, absl::StrCat(body, "}"));
     }
+    return Limiter::HandlerResponse::Handled;
   }
-
-  sluice::RateLimitEngine engine_;
-  sluice::ClientAddressResolver resolver_;
-  Options options_;
-  std::string listener_;  // the listener's name, or "" for none
 };
 
 // The engine and the client address resolver for the config at `options.config_path`; the first
@@ -371,11 +308,23 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const std::size_t rules = loaded->engine.rule_count();
-  const Gateway gateway(std::move(loaded->engine), std::move(loaded->resolver), *options);
-  httplib::Server server;
-  server.set_pre_routing_handler([&](const httplib::Request& request, httplib::Response& response) {
-    gateway.handle(request, response);
-    return httplib::Server::HandlerResponse::Handled;
+  const auto engine = std::make_shared<const sluice::RateLimitEngine>(std::move(loaded->engine));
+  gateway::BoundedServer server(kLimits);
+  server.set_keep_alive_timeout(5);
+  server.set_read_timeout(5);
+  server.set_write_timeout(5);
+  Limiter(engine, {.listener = options->listener.value_or(""),
+                   .resolver = std::move(loaded->resolver),
+                   .on_evaluated = &Gateway::log,
+                   .on_admitted = &Gateway::answer})
+      .install(server);
+  const auto ok = [](const httplib::Request&, httplib::Response& response) {
+    response.set_content("ok\n", "text/plain");
+  };
+  server.Get("/healthz", ok);
+  server.Get("/readyz", ok);
+  server.Get("/metrics", [&engine](const httplib::Request&, httplib::Response& response) {
+    response.set_content(metrics_text(*engine), "text/plain; version=0.0.4");
   });
   const int port = bind_loopback(server, options->port);
   if (port < 0) {

@@ -191,6 +191,75 @@ if [ "$admitted" -lt 30 ] || [ "$admitted" -gt "$most" ]; then
   fail "spoofed X-Forwarded-For: $admitted of 300 admitted in ${elapsed} s, expected 30 to $most (the real client's budget)"
 fi
 
+# --- slow clients cannot starve the health checks ----------------------------------------------------
+# Twelve slowloris connections (more than cpp-httplib's default 8 workers) each send a request line,
+# then one header byte per second, for at most 20 s. The gateway gives a request 10 s to arrive:
+# each connection must be cut off within 10 s (+ 5 s of slack for a loaded machine), and a health
+# check every second must answer 200 within 2 s throughout.
+rss_kib() { sed -n 's/^VmRSS:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$server_pid/status"; }
+slow_client() {  # slow_client N: writes $work/slow.N with the seconds until it was cut off
+  trap '' PIPE
+  local fd second start=$SECONDS
+  exec {fd}<>"/dev/tcp/127.0.0.1/$port" || { echo "no-connect" >"$work/slow.$1"; return; }
+  printf 'GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ' >&"$fd" 2>/dev/null
+  for second in $(seq 20); do
+    sleep 1
+    if ! printf 'a' >&"$fd" 2>/dev/null; then
+      echo "$((SECONDS - start))" >"$work/slow.$1"
+      exec {fd}>&-
+      return
+    fi
+  done
+  echo "never" >"$work/slow.$1"
+  exec {fd}>&-
+}
+slow_pids=()
+for i in $(seq 12); do
+  slow_client "$i" &
+  slow_pids+=($!)
+done
+sleep 1
+health_failures=0
+for i in $(seq 12); do
+  code=$(curl -s --max-time 2 -o /dev/null -w '%{http_code}' "$base/healthz" || true)
+  [ "$code" == 200 ] || health_failures=$((health_failures + 1))
+  sleep 1
+done
+wait "${slow_pids[@]}" 2>/dev/null || true
+expect "health checks failed during slowloris" "$health_failures" 0
+for i in $(seq 12); do
+  cut_after=$(cat "$work/slow.$i" 2>/dev/null || echo missing)
+  if ! [[ "$cut_after" =~ ^[0-9]+$ ]] || [ "$cut_after" -gt 15 ]; then
+    fail "slow client $i: expected to be cut off within 15 s, got '$cut_after'"
+  fi
+done
+
+# --- large bodies are refused before they are read; memory stays bounded ---------------------------
+# Four 64 MiB bodies to /healthz: 413 (the gateway reads at most 64 KiB of body), and the
+# gateway's resident size stays under 64 MiB (the bound documented in examples/gateway/main.cpp).
+head -c $((64 * 1024 * 1024)) /dev/zero >"$work/big.bin"
+for i in 1 2 3 4; do
+  code=$(curl -s --max-time 20 -o /dev/null -w '%{http_code}' --data-binary @"$work/big.bin" \
+    "$base/healthz" || true)
+  expect "64 MiB body $i status" "$code" 413
+done
+# Without Expect: 100-continue the body is on its way: 413 if the answer gets there before the
+# gateway closes the connection after 64 KiB, else no status (000).
+code=$(curl -s --max-time 20 -o /dev/null -w '%{http_code}' -H 'Expect:' \
+  --data-binary @"$work/big.bin" "$base/healthz" || true)
+[ "$code" == 413 ] || [ "$code" == 000 ] || fail "64 MiB body without Expect: got $code"
+code=$(curl -s --max-time 20 -o /dev/null -w '%{http_code}' -H 'Transfer-Encoding: chunked' \
+  --data-binary @"$work/big.bin" "$base/healthz" || true)
+[ "$code" == 413 ] || [ "$code" == 400 ] || fail "64 MiB chunked body: expected 413 or 400, got $code"
+rm -f "$work/big.bin"
+rss=$(rss_kib)
+echo "gateway_e2e: gateway VmRSS after slow clients and large bodies: ${rss} kB"
+if ! [[ "$rss" =~ ^[0-9]+$ ]] || [ "$rss" -gt $((64 * 1024)) ]; then
+  fail "gateway VmRSS: expected under 65536 kB, got '$rss' kB"
+fi
+request healthz_after /healthz
+expect "healthz after the attacks" "${status[healthz_after]}" 200
+
 if [ "$failures" -ne 0 ]; then
   echo "--- gateway stderr" >&2
   cat "$work/stderr" >&2

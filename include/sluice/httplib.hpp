@@ -1,0 +1,206 @@
+// sluice/httplib.hpp — rate limiting for a cpp-httplib server, as a pre-routing handler.
+//
+// `HttplibLimiter` evaluates every request through a `RateLimitEngine` before the server routes
+// it: it resolves the client address (trusted proxies only, sluice/client_address.hpp), the route
+// (`match_route` on the request path) and the consumer (`consumer_for` on the request's
+// credential), evaluates, writes the rate-limit fields into every response, and answers a denied
+// request itself: 429 with Retry-After, the fields and a small JSON body
+// (`{"error":"rate limited","retry_after_seconds":12}`). An admitted request goes on to the
+// server's own handlers, or to `Options::on_admitted`.
+//
+//   auto engine = sluice::RateLimitEngine::create(config);
+//   if (!engine.ok()) return engine.status();
+//   auto shared = std::make_shared<const sluice::RateLimitEngine>(*std::move(engine));
+//   httplib::Server server;
+//   sluice::HttplibLimiter<>(shared, {.listener = "public"}).install(server);
+//   server.Get("/v1/items", [](const httplib::Request&, httplib::Response& res) { ... });
+//
+// The engine source. The limiter asks a callable for the engine generation to use, once per
+// request: `std::function<std::shared_ptr<const Engine>()>`. A reloading holder plugs in as
+// `[&holder] { return holder.current(); }`; a fixed engine as a `shared_ptr` or a reference (the
+// caller keeps it alive while the server runs). The request holds the generation it got until it
+// has been answered or handed on, so every view a callback sees (route, service, consumer: into
+// the engine) stays valid for the whole callback even if another thread reloads meanwhile; a
+// callback that keeps a view longer keeps a copy of `LimitedRequest::engine` with it. No engine
+// (the source returned null): 503, nothing evaluated.
+//
+// What a client controls, and what it cannot pick:
+// - Client address: the peer address, and `Forwarded` / `X-Forwarded-For` only when the peer is
+//   in `Options::resolver`'s trusted networks (by default none: headers are ignored).
+// - Credential: by default the token of `Authorization: Bearer <token>` (scheme in any case). It
+//   counts for `credential` rules only when it belongs to a consumer; an unknown token is limited
+//   like an anonymous caller (by address), and `LimitedRequest::consumer` stays empty so that a
+//   handler can answer 401.
+// - Route: the longest `path_prefix` that starts the path; the body is never read here, so a
+//   denied or pre-answered request costs no body bytes.
+// - Backend errors: with `on_backend_error: fail_open` the request passes (the error is seen by
+//   `on_evaluated`); a request the engine denies for an error is answered 503, not 429.
+//
+// Thread-safety: `operator()` is const and may run on all the server's threads at once when the
+// source and the callbacks may. Cost per request: one resolve (O(header bytes)), one route match
+// (O(routes)), one credential lookup, one `evaluate`. No floating point, no exceptions thrown.
+#ifndef SLUICE_HTTPLIB_HPP_
+#define SLUICE_HTTPLIB_HPP_
+
+#include <httplib.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "sluice/client_address.hpp"
+#include "sluice/engine.hpp"
+#include "sluice/http_fields.hpp"
+
+namespace sluice {
+
+template <class Engine = RateLimitEngine>
+class HttplibLimiter {
+ public:
+  using EngineSource = std::function<std::shared_ptr<const Engine>()>;
+  using HandlerResponse = httplib::Server::HandlerResponse;
+
+  // One evaluated request. `route`, `consumer` and the evaluation's rule indices refer to
+  // `*engine`; `credential` views the request's header. Valid while the callback runs.
+  struct LimitedRequest {
+    std::shared_ptr<const Engine> engine{};
+    ClientAddress client{};
+    std::optional<typename Engine::RouteMatch> route{};
+    std::optional<std::string_view> credential{};  // as presented, known or not
+    std::optional<std::string_view> consumer{};    // set iff the credential is a consumer's
+    Evaluation evaluation{};
+  };
+
+  struct Options {
+    std::string listener{};  // the listener's name for match_route and the rules; "" for none
+    ClientAddressResolver resolver{};  // trusted proxies; default: the peer is the client
+    // The credential a request presents (a view into the request); default: bearer_token.
+    std::function<std::optional<std::string_view>(const httplib::Request&)> credential{};
+    // Sees every evaluated request (exempt paths excluded) before it is answered: the place to
+    // log dry-run denials and backend errors. Runs on the request's thread.
+    std::function<void(const httplib::Request&, const LimitedRequest&)> on_evaluated{};
+    // Answers an admitted (or exempt) request while its engine generation is held. Returning
+    // Unhandled lets the server route it. Default: every request is routed by the server.
+    std::function<HandlerResponse(const httplib::Request&, httplib::Response&,
+                                  const LimitedRequest&)>
+        on_admitted{};
+    // Wall clock for X-RateLimit-Reset; default: the engine reads the system clock.
+    std::function<WallTime()> wall_clock{};
+  };
+
+  HttplibLimiter(EngineSource source, Options options = {})
+      : source_(std::move(source)), options_(std::move(options)) {}
+  // A fixed generation, shared.
+  HttplibLimiter(std::shared_ptr<const Engine> engine, Options options = {})
+      : HttplibLimiter([engine = std::move(engine)] { return engine; }, std::move(options)) {}
+  // A fixed engine the caller keeps alive for as long as the server may call the handler.
+  HttplibLimiter(const Engine& engine, Options options = {})
+      : HttplibLimiter(std::shared_ptr<const Engine>(std::shared_ptr<const Engine>(), &engine),
+                       std::move(options)) {}
+
+  // Makes a copy of this limiter the server's pre-routing handler (replacing any other).
+  void install(httplib::Server& server) const {
+    server.set_pre_routing_handler(
+        [limiter = *this](const httplib::Request& request, httplib::Response& response) {
+          return limiter(request, response);
+        });
+  }
+
+  // The pre-routing handler: Handled when it answered (429, 503, or on_admitted did).
+  HandlerResponse operator()(const httplib::Request& request, httplib::Response& response) const {
+    LimitedRequest limited{.engine = source_ ? source_() : nullptr};
+    if (!limited.engine) {
+      respond_json(response, 503, R"({"error":"rate limiter unavailable"})");
+      return HandlerResponse::Handled;
+    }
+    evaluate(request, limited);
+    for (const HttpField& field : limited.evaluation.fields) {
+      response.set_header(std::string(field.name), field.value);
+    }
+    if (!limited.evaluation.exempt && options_.on_evaluated)
+      options_.on_evaluated(request, limited);
+    if (!limited.evaluation.allowed) {
+      deny(limited.evaluation, response);
+      return HandlerResponse::Handled;
+    }
+    if (options_.on_admitted) return options_.on_admitted(request, response, limited);
+    return HandlerResponse::Unhandled;
+  }
+
+  // The token of `Authorization: Bearer <token>` (scheme case-insensitive), a view into
+  // `request`; none when the header is absent, has another scheme or an empty token.
+  static std::optional<std::string_view> bearer_token(const httplib::Request& request) {
+    constexpr absl::string_view kScheme = "Bearer ";
+    const auto it = request.headers.find("Authorization");
+    if (it == request.headers.end()) return std::nullopt;
+    const std::string& value = it->second;
+    if (value.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(value, kScheme)) {
+      return std::nullopt;
+    }
+    return std::string_view(value).substr(kScheme.size());
+  }
+
+ private:
+  void evaluate(const httplib::Request& request, LimitedRequest& limited) const {
+    const Engine& engine = *limited.engine;
+    limited.client = options_.resolver.resolve(request.remote_addr, joined(request, "Forwarded"),
+                                               joined(request, "X-Forwarded-For"));
+    limited.route = engine.match_route(options_.listener, request.path);
+    limited.credential = options_.credential ? options_.credential(request) : bearer_token(request);
+    if (limited.credential) limited.consumer = engine.consumer_for(*limited.credential);
+
+    const std::string client_ip = limited.client.to_string();
+    RequestContext context{.client_ip = client_ip, .path = request.path};
+    if (limited.consumer) {
+      context.credential = limited.credential;
+      context.consumer = limited.consumer;
+    }
+    if (limited.route) {
+      context.route = limited.route->route;
+      context.service = limited.route->service;
+    }
+    if (!options_.listener.empty()) context.listener = options_.listener;
+    if (options_.wall_clock) context.wall_time = options_.wall_clock();
+    limited.evaluation = engine.evaluate(context);
+  }
+
+  // A rule denied: 429 (its fields are written already). The engine denied for an error: 503.
+  static void deny(const Evaluation& e, httplib::Response& response) {
+    if (!e.binding || e.binding->decision.allowed()) {
+      respond_json(response, 503, R"({"error":"rate limiter unavailable"})");
+      return;
+    }
+    respond_json(response, 429,
+                 absl::StrCat(R"({"error":"rate limited","retry_after_seconds":)",
+                              retry_after_seconds(e.retry_after), "}"));
+  }
+
+  static void respond_json(httplib::Response& response, int status, std::string_view body) {
+    response.status = status;
+    response.set_content(absl::StrCat(absl::string_view(body.data(), body.size()), "\n"),
+                         "application/json");
+  }
+
+  // Every line of header `name`, joined by ", " as if it were one (an empty string if absent).
+  static std::string joined(const httplib::Request& request, const char* name) {
+    std::string out;
+    const auto [first, last] = request.headers.equal_range(name);
+    for (auto it = first; it != last; ++it) {
+      absl::StrAppend(&out, it == first ? "" : ", ", it->second);
+    }
+    return out;
+  }
+
+  EngineSource source_;
+  Options options_;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_HTTPLIB_HPP_

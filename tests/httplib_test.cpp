@@ -1,0 +1,229 @@
+#include "sluice/httplib.hpp"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "catch.hpp"
+#include "example_config.hpp"
+#include "sluice/clock.hpp"
+
+using namespace std::chrono_literals;
+using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using Limiter = sluice::HttplibLimiter<Engine>;
+using sluice::Selector;
+using sluice::testing::kWall;
+using sluice::testing::rule;
+
+namespace {
+
+// Route `items` (/v1/items): 2 per minute per client address, and 2 per minute per consumer
+// credential; consumer `acme` authenticates with token "acme-token".
+sluice::PolicyConfig items_config() {
+  return {
+      .policies = {{.name = "items-per-ip",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 2})}},
+                   {.name = "acme-tier",
+                    .rate_limits = {rule("per-credential", {Selector::kCredential},
+                                         {.minute = 2})}}},
+      .routes = {{.name = "items", .path_prefix = "/v1/items", .policies = {"items-per-ip"}}},
+      .consumers = {{.name = "acme", .credentials = {"acme-token"}, .policies = {"acme-tier"}}}};
+}
+
+std::shared_ptr<const Engine> make_engine(const sluice::PolicyConfig& config,
+                                          sluice::ManualClock clock) {
+  auto engine = Engine::create(config, {.store = {.seed = 1}, .clock = clock});
+  REQUIRE(engine.ok());
+  return std::make_shared<const Engine>(*std::move(engine));
+}
+
+Limiter::Options options_with(sluice::ClientAddressResolver resolver = {}) {
+  return {.resolver = std::move(resolver), .wall_clock = [] { return kWall; }};
+}
+
+// An httplib::Server with `limiter` installed and one handler (GET /v1/items and /healthz answer
+// "ok"), serving on 127.0.0.1 at a free port from a background thread; stopped on destruction.
+class TestServer {
+ public:
+  explicit TestServer(const Limiter& limiter) {
+    limiter.install(server_);
+    server_.Get("/v1/items", [](const httplib::Request&, httplib::Response& response) {
+      response.set_content("ok", "text/plain");
+    });
+    server_.Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
+      response.set_content("ok", "text/plain");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    REQUIRE(port_ > 0);
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    for (int i = 0; i < 1000 && !server_.is_running(); ++i) {
+      std::this_thread::sleep_for(5ms);  // waits for the listener, not for a rate
+    }
+    REQUIRE(server_.is_running());
+  }
+  ~TestServer() {
+    server_.stop();
+    thread_.join();
+  }
+  TestServer(const TestServer&) = delete;
+  TestServer& operator=(const TestServer&) = delete;
+
+  // GET `path` with `headers`; the response (a failed request fails the test).
+  httplib::Response get(const std::string& path, const httplib::Headers& headers = {}) const {
+    httplib::Client client("127.0.0.1", port_);
+    client.set_connection_timeout(5s);
+    client.set_read_timeout(5s);
+    httplib::Result result = client.Get(path.c_str(), headers);
+    REQUIRE(result);
+    return result.value();
+  }
+
+ private:
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+std::string header(const httplib::Response& response, const char* name) {
+  return response.has_header(name) ? response.get_header_value(name) : "<absent>";
+}
+
+}  // namespace
+
+TEST_CASE(
+    "an admitted request carries the fields; the one over the limit gets 429, Retry-After "
+    "and a JSON body") {
+  sluice::ManualClock clock;
+  const TestServer server(Limiter(make_engine(items_config(), clock), options_with()));
+
+  const httplib::Response first = server.get("/v1/items");
+  CHECK(first.status == 200);
+  CHECK(first.body == "ok");
+  CHECK(header(first, "X-RateLimit-Limit") == "2");
+  CHECK(header(first, "X-RateLimit-Remaining") == "1");
+  CHECK(header(first, "X-RateLimit-Reset") == "1700000030");
+  CHECK(header(first, "Retry-After") == "<absent>");
+  CHECK(header(first, "RateLimit-Policy") == R"("items-per-ip/per-ip/minute";q=2;w=60)");
+  CHECK(server.get("/v1/items").status == 200);
+
+  const httplib::Response denied = server.get("/v1/items");
+  CHECK(denied.status == 429);
+  CHECK(header(denied, "Retry-After") == "30");
+  CHECK(header(denied, "X-RateLimit-Remaining") == "0");
+  CHECK(header(denied, "X-RateLimit-Reset") == "1700000060");
+  CHECK(header(denied, "RateLimit") == R"("items-per-ip/per-ip/minute";r=0;t=30)");
+  CHECK(header(denied, "Content-Type") == "application/json");
+  CHECK(denied.body == "{\"error\":\"rate limited\",\"retry_after_seconds\":30}\n");
+
+  clock.advance(30s);
+  CHECK(server.get("/v1/items").status == 200);
+}
+
+TEST_CASE("an exempt path is routed by the server and gets no fields") {
+  sluice::ManualClock clock;
+  const TestServer server(Limiter(make_engine(items_config(), clock), options_with()));
+  for (int i = 0; i < 5; ++i) {
+    const httplib::Response health = server.get("/healthz");
+    CHECK(health.status == 200);
+    CHECK(health.body == "ok");
+    CHECK(header(health, "X-RateLimit-Limit") == "<absent>");
+  }
+}
+
+TEST_CASE("an X-Forwarded-For written by an untrusted peer does not pick the bucket") {
+  sluice::ManualClock clock;
+  // 127.0.0.1, where the requests come from, is not a trusted proxy.
+  auto resolver = sluice::ClientAddressResolver::create({"10.0.0.0/8"});
+  REQUIRE(resolver.ok());
+  const TestServer server(Limiter(make_engine(items_config(), clock), options_with(*resolver)));
+  CHECK(server.get("/v1/items", {{"X-Forwarded-For", "198.51.100.1"}}).status == 200);
+  CHECK(server.get("/v1/items", {{"Forwarded", "for=198.51.100.2"}}).status == 200);
+  const httplib::Response third = server.get(
+      "/v1/items", {{"X-Forwarded-For", "198.51.100.3"}, {"Forwarded", "for=192.0.2.9"}});
+  CHECK(third.status == 429);  // all three are the peer, 127.0.0.1
+}
+
+TEST_CASE("behind a trusted proxy the client is the rightmost untrusted X-Forwarded-For entry") {
+  sluice::ManualClock clock;
+  auto resolver = sluice::ClientAddressResolver::create({"127.0.0.1/32"});
+  REQUIRE(resolver.ok());
+  const TestServer server(Limiter(make_engine(items_config(), clock), options_with(*resolver)));
+  // The client writes a fresh fake entry each time; its proxy appended its real address.
+  CHECK(server.get("/v1/items", {{"X-Forwarded-For", "10.0.0.1, 198.51.100.7"}}).status == 200);
+  CHECK(server.get("/v1/items", {{"X-Forwarded-For", "10.0.0.2, 198.51.100.7"}}).status == 200);
+  CHECK(server.get("/v1/items", {{"X-Forwarded-For", "10.0.0.3, 198.51.100.7"}}).status == 429);
+  // Another client behind the same proxy has its own bucket.
+  CHECK(server.get("/v1/items", {{"X-Forwarded-For", "198.51.100.8"}}).status == 200);
+}
+
+TEST_CASE(
+    "a consumer's token is limited on its own bucket; an unknown token is limited by "
+    "address and has no consumer") {
+  sluice::ManualClock clock;
+  Limiter::Options options = options_with();
+  options.on_admitted = [](const httplib::Request&, httplib::Response& response,
+                           const Limiter::LimitedRequest& limited) {
+    if (limited.credential && !limited.consumer) {
+      response.status = 401;
+      return Limiter::HandlerResponse::Handled;
+    }
+    return Limiter::HandlerResponse::Unhandled;
+  };
+  const TestServer server(Limiter(make_engine(items_config(), clock), std::move(options)));
+  const httplib::Headers acme = {{"Authorization", "Bearer acme-token"}};
+  const httplib::Headers forged = {{"Authorization", "Bearer made-up"}};
+
+  CHECK(server.get("/v1/items", acme).status == 200);
+  CHECK(server.get("/v1/items", acme).status == 200);
+  CHECK(server.get("/v1/items", acme).status == 429);  // acme-tier: 2 per minute
+  // acme's requests used the address's per-ip bucket too (2 per minute): it is spent.
+  CHECK(server.get("/v1/items", forged).status == 429);
+  clock.advance(60s);
+  CHECK(server.get("/v1/items", forged).status == 401);  // limited, then refused
+  CHECK(server.get("/v1/items", {{"Authorization", "bearer made-up-2"}}).status == 401);
+  CHECK(server.get("/v1/items").status == 429);  // the forged tokens spent the address's bucket
+}
+
+TEST_CASE("a request keeps the engine generation it evaluated with while a reload replaces it") {
+  sluice::ManualClock clock;
+  std::mutex mutex;
+  std::shared_ptr<const Engine> current = make_engine(items_config(), clock);
+  Limiter::Options options = options_with();
+  std::optional<std::string> seen_route;
+  options.on_admitted = [&](const httplib::Request&, httplib::Response& response,
+                            const Limiter::LimitedRequest& limited) {
+    {
+      // Another thread's reload: the source now serves a new generation, the old one is released.
+      std::lock_guard lock(mutex);
+      current = make_engine(items_config(), clock);
+    }
+    std::lock_guard lock(mutex);
+    seen_route = std::string(limited.route->route);  // a view into the released generation
+    response.set_content("answered", "text/plain");
+    return Limiter::HandlerResponse::Handled;
+  };
+  const TestServer server(Limiter(
+      [&] {
+        std::lock_guard lock(mutex);
+        return current;
+      },
+      std::move(options)));
+  const httplib::Response response = server.get("/v1/items");
+  CHECK(response.status == 200);
+  CHECK(response.body == "answered");
+  std::lock_guard lock(mutex);
+  CHECK(seen_route == "items");
+}
+
+TEST_CASE("without an engine every request is answered 503") {
+  const TestServer server(Limiter([] { return std::shared_ptr<const Engine>(); }));
+  const httplib::Response response = server.get("/v1/items");
+  CHECK(response.status == 503);
+  CHECK(response.body == "{\"error\":\"rate limiter unavailable\"}\n");
+}
