@@ -87,10 +87,10 @@ class FlakyBackend {
     if (!inner.ok()) return inner.status();
     return FlakyBackend(*std::move(inner), options.failing);
   }
-  absl::Status check_rules(std::span<const sluice::RuleKey> keys, std::uint64_t cost,
-                           sluice::ConsumptionMode mode, std::span<sluice::Decision> out) {
+  absl::Status check_rules(std::span<const sluice::RuleKey> keys, sluice::ConsumptionMode mode,
+                           std::span<sluice::Decision> out) {
     if (failing_->load()) return absl::UnavailableError("backend down (test)");
-    return inner_.check_rules(keys, cost, mode, out);
+    return inner_.check_rules(keys, mode, out);
   }
   sluice::StoreStats rule_store_stats(std::size_t rule) const {
     return inner_.rule_store_stats(rule);

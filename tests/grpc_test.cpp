@@ -216,7 +216,7 @@ struct FailingBackend {
                                                const FailingBackend*, const Options&) {
     return FailingBackend{};
   }
-  absl::Status check_rules(std::span<const sluice::RuleKey>, std::uint64_t, sluice::ConsumptionMode,
+  absl::Status check_rules(std::span<const sluice::RuleKey>, sluice::ConsumptionMode,
                            std::span<sluice::Decision>) {
     return absl::UnavailableError("backend at 10.1.2.3:6379 is down");
   }

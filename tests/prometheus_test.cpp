@@ -188,3 +188,33 @@ TEST_CASE("promtool check metrics accepts the exposition of an engine that evalu
   const PromtoolResult broken = promtool_check(promtool, "sluice_x{rule=\"a\"b\"} 1\n");
   CHECK(broken.status != 0);  // the check can fail
 }
+
+TEST_CASE("adaptive rules add their limit factor and decreases, and promtool accepts them") {
+  using namespace std::chrono_literals;
+  sluice::PolicyConfig config = small_config();
+  config.policies[0].rate_limits[0].adaptive = sluice::AdaptivePolicy{.target_latency = 100ms};
+  Engine engine = make(config);
+  REQUIRE(
+      engine.record_upstream(on_route("203.0.113.7", "r"), {.latency = 5ms, .status = 503}).ok());
+  const std::string text = sluice::prometheus_text(engine);
+  CHECK(text.ends_with(
+      "# HELP sluice_rule_limit_factor_permille The adaptive rule's limit factor in permille "
+      "(1000 = the configured limit).\n"
+      "# TYPE sluice_rule_limit_factor_permille gauge\n"
+      "sluice_rule_limit_factor_permille{rule=\"api/per-ip\",dry_run=\"false\"} 100\n"
+      "# HELP sluice_rule_limit_decreases_total Times the adaptive rule's limit factor was cut "
+      "(overloaded intervals, 429/503 answers).\n"
+      "# TYPE sluice_rule_limit_decreases_total counter\n"
+      "sluice_rule_limit_decreases_total{rule=\"api/per-ip\",dry_run=\"false\"} 1\n"));
+  CHECK(sluice::prometheus_text(make(small_config())).find("limit_factor") == std::string::npos);
+
+  const std::string promtool = find_promtool();
+  if (promtool.empty()) {
+    WARN("SKIPPED: promtool not found (Debian package `prometheus`); the exposition is unchecked");
+    return;
+  }
+  const PromtoolResult result = promtool_check(promtool, text);
+  INFO(result.output);
+  CHECK(result.status == 0);
+  CHECK(result.output.empty());
+}

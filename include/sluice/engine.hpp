@@ -475,8 +475,7 @@ class BasicRateLimitEngine {
                      .denied = counts.denied,
                      .dry_denied = counts.dry_denied,
                      .store = counts.store,
-                     .adaptive = {}});
-      if (controllers_[i] != nullptr) out.back().adaptive = controllers_[i]->state(now());
+                     .adaptive = adaptive_state(i)});
     }
     return out;
   }
@@ -486,6 +485,12 @@ class BasicRateLimitEngine {
             .denied = counters_[index]->denied.load(std::memory_order_relaxed),
             .dry_denied = counters_[index]->dry_denied.load(std::memory_order_relaxed),
             .store = backend_->rule_store_stats(index)};
+  }
+  // Rule `index`'s adaptive controller now (its factor, latency average, ...); none for a rule
+  // without an adaptive policy. Takes the controller's mutex.
+  std::optional<AdaptiveState> adaptive_state(std::size_t index) const {
+    if (controllers_[index] == nullptr) return std::nullopt;
+    return controllers_[index]->state(now());
   }
   EngineStats engine_stats() const {
     return {.evaluations = totals_->evaluations.load(std::memory_order_relaxed),

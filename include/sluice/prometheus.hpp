@@ -13,6 +13,8 @@
 //   sluice_rule_evictions_total, sluice_rule_idle_reclaimed_total,
 //   sluice_rule_capacity_denials_total                                     (counters)
 //   sluice_rule_keys                                                       (gauge)
+//   sluice_rule_limit_factor_permille (gauge), sluice_rule_limit_decreases_total (counter): only
+//   where the config has adaptive rules, one sample per adaptive rule
 // Rule families carry the labels `rule` (the rule's label, "<bundle>/<rule>") and `dry_run`
 // ("true"/"false"). Their meaning is that of sluice::EngineStats and sluice::RuleStats. Label
 // values are escaped as the format requires (backslash, double quote, line feed), so no name in a
@@ -29,8 +31,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
@@ -134,6 +138,37 @@ void append_prometheus_text(std::string& out, const Engine& engine) {
       detail::append_prometheus_label_value(out, rule.label);
       absl::StrAppend(&out, "\",dry_run=\"", rule.dry_run ? "true" : "false", "\"} ",
                       f.value(counts[i]), "\n");
+    }
+  }
+
+  // Adaptive rules: the limit factor each runs at, and how often it was cut.
+  absl::InlinedVector<std::pair<std::size_t, AdaptiveState>, 4> adaptive;
+  for (std::size_t i = 0; i < engine.rule_count(); ++i) {
+    if (std::optional<AdaptiveState> state = engine.adaptive_state(i)) {
+      adaptive.emplace_back(i, *state);
+    }
+  }
+  if (adaptive.empty()) return;
+  const struct {
+    Family family;
+    std::uint64_t (*value)(const AdaptiveState&);
+  } adaptive_families[] = {
+      {{"sluice_rule_limit_factor_permille", "gauge",
+        "The adaptive rule's limit factor in permille (1000 = the configured limit)."},
+       [](const AdaptiveState& a) { return std::uint64_t{a.factor_permille}; }},
+      {{"sluice_rule_limit_decreases_total", "counter",
+        "Times the adaptive rule's limit factor was cut (overloaded intervals, 429/503 answers)."},
+       [](const AdaptiveState& a) { return a.decreases; }},
+  };
+  for (const auto& f : adaptive_families) {
+    detail::append_prometheus_header(out, f.family);
+    for (const auto& [i, state] : adaptive) {
+      const CompiledRule& rule = engine.rule(i).compiled;
+      out.append(f.family.name);
+      out.append("{rule=\"");
+      detail::append_prometheus_label_value(out, rule.label);
+      absl::StrAppend(&out, "\",dry_run=\"", rule.dry_run ? "true" : "false", "\"} ",
+                      f.value(state), "\n");
     }
   }
 }
