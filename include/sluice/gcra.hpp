@@ -189,14 +189,22 @@ class GcraLimiter {
   // idle, reports every window full. Stores nothing; clamps the shard's clock like any check.
   Decision inspect(std::string_view key) {
     const std::int64_t at = now();
-    return std::visit(
+    Decision out;
+    std::visit(
         [&](auto& store) {
-          return store.update(
+          store.update(
               store.digest(key), at,
-              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, 0, false); },
-              [&](const StoreFull& full) { return store_full(full); });  // unreachable: stays idle
+              [&](auto& cell, std::int64_t clamped) {
+                decide(cell, clamped, 0, false, out);
+                return false;
+              },
+              [&](const StoreFull& full) {  // unreachable: an inspected new key stays idle
+                store_full(full, out);
+                return false;
+              });
         },
         store_);
+    return out;
   }
 
   // Forgets the key: its next request sees every window full, as for a key never seen, and its
