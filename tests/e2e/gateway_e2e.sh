@@ -248,9 +248,15 @@ done
 code=$(curl -s --max-time 20 -o /dev/null -w '%{http_code}' -H 'Expect:' \
   --data-binary @"$work/big.bin" "$base/healthz" || true)
 [ "$code" == 413 ] || [ "$code" == 000 ] || fail "64 MiB body without Expect: got $code"
+# Chunked, the size is unknown up front: curl asks with Expect: 100-continue, the gateway lets it
+# start and cuts it off after 64 KiB: 413 or 400 if the answer arrives first, else the connection
+# closes with no final status (curl reports the interim 100, or 000).
 code=$(curl -s --max-time 20 -o /dev/null -w '%{http_code}' -H 'Transfer-Encoding: chunked' \
   --data-binary @"$work/big.bin" "$base/healthz" || true)
-[ "$code" == 413 ] || [ "$code" == 400 ] || fail "64 MiB chunked body: expected 413 or 400, got $code"
+case "$code" in
+  413 | 400 | 100 | 000) ;;
+  *) fail "64 MiB chunked body: expected 413, 400 or a closed connection, got $code" ;;
+esac
 rm -f "$work/big.bin"
 rss=$(rss_kib)
 echo "gateway_e2e: gateway VmRSS after slow clients and large bodies: ${rss} kB"
