@@ -41,6 +41,7 @@ using sluice::testing::rule;
 using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
 
+using MemoryEngine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
 constexpr nanoseconds kT0 = std::chrono::seconds(1'700'000'000);  // server time, ns since epoch
 // A private redis-server (sluice_test::RedisFixture) and the engine tests' own probes of it.
 struct Server : sluice_test::RedisFixture {
@@ -148,6 +149,32 @@ int admitted(const RedisRateLimitEngine& engine, const sluice::RequestContext& r
   return count;
 }
 
+// Runs the same 120 scripted requests (two clients, costs 1 and 3) through both engines: the
+// first `at_once` at one instant, then the clock steps through the parity steps. Checks that the
+// evaluations agree field by field; returns how many of the first `at_once` Redis admitted.
+int expect_same_evaluations(const RedisRateLimitEngine& redis, const MemoryEngine& memory,
+                            sluice::ManualClock& clock, int at_once) {
+  const nanoseconds steps[] = {0ns, 0ns, 1ms, 0ns, 99ms, 1ns, 333'333'333ns, 0ns, 2s, 0ns, 70s};
+  int step = 0;
+  int admissions = 0;
+  for (int i = 0; i < 120; ++i) {
+    if (i >= at_once) clock.advance(steps[step++ % std::size(steps)]);
+    sluice::RequestContext request =
+        on_route(i % 7 == 6 ? "198.51.100.1" : "203.0.113.7", "public");
+    request.cost = i % 5 == 4 ? 3 : 1;
+    const sluice::Evaluation r = redis.evaluate(request);
+    const sluice::Evaluation m = memory.evaluate(request);
+    INFO("request " << i << ": " << r.backend_error);
+    REQUIRE(r.backend_error.ok());
+    CHECK(r.allowed == m.allowed);
+    CHECK(r.binding == m.binding);
+    CHECK(r.retry_after == m.retry_after);
+    CHECK(r.fields == m.fields);
+    if (i < at_once) admissions += r.allowed;
+  }
+  return admissions;
+}
+
 }  // namespace
 
 static_assert(sluice::EngineBackend<RedisEngineBackend>);
@@ -199,25 +226,9 @@ TEST_CASE("the documented example over Redis gives the in-memory engine's evalua
   sluice::ManualClock clock;
   RedisRateLimitEngine redis =
       make(documented_example(), at_clock(server.client_holding_keys(), clock));
-  auto memory = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>::create(
-      documented_example(), {.store = {.seed = 1}, .clock = clock});
+  auto memory = MemoryEngine::create(documented_example(), {.store = {.seed = 1}, .clock = clock});
   REQUIRE(memory.ok());
-  const nanoseconds steps[] = {0ns, 0ns, 1ms, 0ns, 99ms, 1ns, 333'333'333ns, 0ns, 2s, 0ns, 70s};
-  int step = 0;
-  for (int i = 0; i < 120; ++i) {
-    if (i >= 21) clock.advance(steps[step++ % std::size(steps)]);
-    sluice::RequestContext request =
-        on_route(i % 7 == 6 ? "198.51.100.1" : "203.0.113.7", "public");
-    request.cost = i % 5 == 4 ? 3 : 1;
-    const sluice::Evaluation r = redis.evaluate(request);
-    const sluice::Evaluation m = memory->evaluate(request);
-    INFO("request " << i << ": " << r.backend_error);
-    REQUIRE(r.backend_error.ok());
-    CHECK(r.allowed == m.allowed);
-    CHECK(r.binding == m.binding);
-    CHECK(r.retry_after == m.retry_after);
-    CHECK(r.fields == m.fields);
-  }
+  expect_same_evaluations(redis, *memory, clock, 21);
 
   // The 21st request of a fresh ip at one instant: the documented 429, exactly.
   for (int i = 0; i < 20; ++i) REQUIRE(redis.evaluate(on_route("192.0.2.1", "public")).allowed);
@@ -246,32 +257,14 @@ TEST_CASE(
   config.policies[0].rate_limits[0].adaptive = sluice::AdaptivePolicy{
       .target_latency = 100ms, .minimum_factor_permille = 500, .max_hold = 2h};
   RedisRateLimitEngine redis = make(config, at_clock(server.client_holding_keys(), clock));
-  auto memory = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>::create(
-      config, {.store = {.seed = 1}, .clock = clock});
+  auto memory = MemoryEngine::create(config, {.store = {.seed = 1}, .clock = clock});
   REQUIRE(memory.ok());
   // A 503 holding for an hour: both controllers sit at 500‰ for the whole run, whatever their
   // clocks (the Redis engine's controller runs on the steady clock).
   const sluice::UpstreamResponse overloaded{.latency = 1ms, .status = 503, .retry_after = 1h};
   REQUIRE(redis.record_upstream(on_route("203.0.113.7", "public"), overloaded).ok());
   REQUIRE(memory->record_upstream(on_route("203.0.113.7", "public"), overloaded).ok());
-  const nanoseconds steps[] = {0ns, 0ns, 1ms, 0ns, 99ms, 1ns, 333'333'333ns, 0ns, 2s, 0ns, 70s};
-  int step = 0;
-  int admissions = 0;
-  for (int i = 0; i < 120; ++i) {
-    if (i >= 11) clock.advance(steps[step++ % std::size(steps)]);
-    sluice::RequestContext request =
-        on_route(i % 7 == 6 ? "198.51.100.1" : "203.0.113.7", "public");
-    request.cost = i % 5 == 4 ? 3 : 1;
-    const sluice::Evaluation r = redis.evaluate(request);
-    const sluice::Evaluation m = memory->evaluate(request);
-    INFO("request " << i << ": " << r.backend_error);
-    REQUIRE(r.backend_error.ok());
-    CHECK(r.allowed == m.allowed);
-    CHECK(r.binding == m.binding);
-    CHECK(r.retry_after == m.retry_after);
-    CHECK(r.fields == m.fields);
-    if (i < 11) admissions += r.allowed;
-  }
+  const int admissions = expect_same_evaluations(redis, *memory, clock, 11);
   // At one instant, half of 203.0.113.7's burst of 20: requests 0-5, 7 and 8 (costs 1, 1, 1, 1,
   // 3, 1, 1, 1); request 9 (cost 3) and 10 find no room. Request 6 is another client's.
   CHECK(admissions == 9);
