@@ -28,15 +28,17 @@
 // reported on every poll until it can.
 //
 // Thread-safety: `current()` may be called from any thread at any time and never waits for a
-// reload: a reload reads and compiles off to the side and publishes with one atomic store.
-// (std::atomic<std::shared_ptr> in libstdc++ 12 guards the pointer with a spin bit held for a few
-// instructions around the reference count; it takes no mutex and makes no system call.)
+// reload: a reload reads and compiles off to the side and publishes by swapping one pointer.
+// The pointer is guarded by a spin bit held only for a reference-count increment (reader) or a
+// pointer swap (reload); the old generation is released after the bit is dropped. No mutex, no
+// system call. This is the design of libstdc++'s std::atomic<std::shared_ptr>, written out
+// because libstdc++ 12's reader drops its bit with a relaxed store, which leaves its pointer read
+// unordered before the next writer's store (ThreadSanitizer reports it as a data race).
 // `reload()` and `poll()` may be called from any thread; they are serialized by a mutex that the
 // request path never takes. Complexity: a reload is linear in the file and the config.
 #ifndef SLUICE_YAML_RELOADING_ENGINE_HPP_
 #define SLUICE_YAML_RELOADING_ENGINE_HPP_
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -48,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/detail/mutex.hpp"
+#include "sluice/detail/spin_lock.hpp"
 #include "sluice/detail/xxhash.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/engine_events.hpp"
@@ -85,7 +88,8 @@ class ReloadingEngine {
 
   // The generation serving now; hold it for the whole request (see Lifetimes above).
   std::shared_ptr<const Engine> current() const noexcept {
-    return current_.load(std::memory_order_acquire);
+    sluice::detail::SpinLockHolder hold(current_lock_);
+    return current_;
   }
 
   // Reads the file and publishes a new generation from it, whether or not it changed. On error
@@ -145,8 +149,12 @@ class ReloadingEngine {
     // Engine::reload counts and reports its own outcome.
     absl::StatusOr<Engine> next = current()->reload(*config);
     if (!next.ok()) return next.status();
-    current_.store(std::make_shared<const Engine>(*std::move(next)), std::memory_order_release);
-    return absl::OkStatus();
+    std::shared_ptr<const Engine> published = std::make_shared<const Engine>(*std::move(next));
+    {
+      sluice::detail::SpinLockHolder hold(current_lock_);
+      current_.swap(published);
+    }
+    return absl::OkStatus();  // `published` now holds the old generation and lets go of it here
   }
 
   absl::Status fail(absl::Status status) {
@@ -155,7 +163,8 @@ class ReloadingEngine {
   }
 
   const std::string path_;
-  std::atomic<std::shared_ptr<const Engine>> current_;
+  mutable sluice::detail::SpinLock current_lock_;
+  std::shared_ptr<const Engine> current_ ABSL_GUARDED_BY(current_lock_);
   sluice::detail::Mutex reload_mutex_;  // serializes reload and poll; never taken by current()
   Version seen_ ABSL_GUARDED_BY(reload_mutex_);  // the content last loaded or rejected
 };
