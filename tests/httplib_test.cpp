@@ -227,3 +227,70 @@ TEST_CASE("without an engine every request is answered 503") {
   CHECK(response.status == 503);
   CHECK(response.body == "{\"error\":\"rate limiter unavailable\"}\n");
 }
+
+TEST_CASE("an upstream's Retry-After counts only as delay-seconds, capped at one day") {
+  auto parse = [](const char* value) {
+    httplib::Headers headers;
+    if (value != nullptr) headers.emplace("Retry-After", value);
+    return Limiter::upstream_response(503, headers, 7ms);
+  };
+  const sluice::UpstreamResponse plain = parse("12");
+  CHECK(plain.status == 503);
+  CHECK(plain.latency == 7ms);
+  CHECK(plain.retry_after == 12s);
+  CHECK(parse(nullptr).retry_after == 0s);
+  CHECK(parse("").retry_after == 0s);
+  CHECK(parse("-5").retry_after == 0s);
+  CHECK(parse("+5").retry_after == 0s);
+  CHECK(parse(" 5").retry_after == 0s);
+  CHECK(parse("1.5").retry_after == 0s);
+  CHECK(parse("Wed, 21 Oct 2015 07:28:00 GMT").retry_after == 0s);  // an HTTP-date: none
+  CHECK(parse("86401").retry_after == 24h);
+  CHECK(parse("99999999999999999999999999").retry_after == 24h);  // overflows: the cap
+}
+
+TEST_CASE("an upstream's answers fed back through the adapter move the route's adaptive factor") {
+  sluice::ManualClock clock;
+  sluice::Rule limited = rule("per-ip", {Selector::kIp}, {.minute = 10});
+  limited.adaptive = sluice::AdaptivePolicy{.target_latency = 100ms,
+                                            .minimum_factor_permille = 200,
+                                            .interval = 1s,
+                                            .max_hold = 10s};
+  const sluice::PolicyConfig config{
+      .policies = {{.name = "adaptive", .rate_limits = {limited}}},
+      .routes = {{.name = "api", .path_prefix = "/api", .policies = {"adaptive"}}}};
+  const std::shared_ptr<const Engine> engine = make_engine(config, clock);
+
+  // The handler plays the upstream: it answers what `upstream` says and feeds that back.
+  std::mutex mutex;
+  httplib::Headers upstream_headers;
+  int upstream_status = 200;
+  Limiter::Options options = options_with();
+  options.on_admitted = [&](const httplib::Request& request, httplib::Response& response,
+                            const Limiter::LimitedRequest& request_limited) {
+    std::lock_guard lock(mutex);
+    const sluice::UpstreamResponse answer =
+        Limiter::upstream_response(upstream_status, upstream_headers, 5ms);
+    CHECK(Limiter::record_upstream(request, request_limited, answer).ok());
+    response.status = upstream_status;
+    return Limiter::HandlerResponse::Handled;
+  };
+  const TestServer server(Limiter(engine, std::move(options)));
+  auto factor = [&] { return engine->stats()[0].adaptive->factor_permille; };
+
+  CHECK(server.get("/api/a").status == 200);
+  CHECK(factor() == 1000);
+  {
+    std::lock_guard lock(mutex);
+    upstream_status = 503;
+    upstream_headers = {{"Retry-After", "4"}};
+  }
+  CHECK(server.get("/api/a").status == 503);
+  CHECK(factor() == 200);  // a 503 drops the factor to the minimum at once
+  CHECK(engine->stats()[0].adaptive->hold_remaining == 4s);
+  // At factor 200 a request takes what 5 took at factor 1000. The burst holds 10; the two
+  // requests at factor 1000 took 2: one more fits (and reaches the failing upstream), then none.
+  CHECK(server.get("/api/a").status == 503);
+  CHECK(server.get("/api/a").status == 429);
+  CHECK(engine->stats()[0].admitted == 3);
+}

@@ -44,16 +44,24 @@
 
 #include <httplib.h>
 
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "sluice/adaptive.hpp"
 #include "sluice/client_address.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
@@ -74,6 +82,7 @@ class HttplibLimiter {
     std::optional<typename Engine::RouteMatch> route{};
     std::optional<std::string_view> credential{};  // as presented, known or not
     std::optional<std::string_view> consumer{};    // set iff the credential is a consumer's
+    std::string_view listener{};                   // Options::listener
     Evaluation evaluation{};
   };
 
@@ -146,16 +155,58 @@ class HttplibLimiter {
     return std::string_view(value).substr(kScheme.size());
   }
 
+  // Feeds an upstream's answer to a request this limiter admitted to every adaptive rule that
+  // applied to it (sluice/adaptive.hpp): the rule's limit shrinks while the upstream is slow or
+  // failing and recovers after. Call it once per answer, from `on_admitted` or later while
+  // `limited.engine` is held; a request that never reached the upstream feeds nothing. The
+  // request is the one `limited` was evaluated from (same path, address, credential).
+  static absl::Status record_upstream(const httplib::Request& request,
+                                      const LimitedRequest& limited,
+                                      const UpstreamResponse& upstream) {
+    if (!limited.engine || limited.evaluation.exempt) return absl::OkStatus();
+    const std::string client_ip = limited.client.to_string();
+    return limited.engine->record_upstream(context_for(request, limited, client_ip), upstream);
+  }
+
+  // An upstream answer as the adaptive controllers read it: `status` (0: no answer: refused,
+  // reset or timed out), the latency the caller measured, and Retry-After when it is
+  // delay-seconds (digits only, capped at one day); an HTTP-date or anything else counts as none.
+  static UpstreamResponse upstream_response(int status, const httplib::Headers& headers,
+                                            std::chrono::nanoseconds latency) {
+    UpstreamResponse out{.latency = latency, .status = status};
+    const auto it = headers.find("Retry-After");
+    if (it == headers.end()) return out;
+    const std::string& text = it->second;
+    if (text.empty() || !std::all_of(text.begin(), text.end(), absl::ascii_isdigit)) return out;
+    constexpr std::int64_t kMaxSeconds = 24 * 60 * 60;
+    std::int64_t seconds = 0;
+    const std::from_chars_result parsed =
+        std::from_chars(text.data(), text.data() + text.size(), seconds);
+    // Every byte is a digit, so the only error is overflow.
+    if (parsed.ec != std::errc() || seconds > kMaxSeconds) seconds = kMaxSeconds;
+    out.retry_after = std::chrono::seconds(seconds);
+    return out;
+  }
+
  private:
   void evaluate(const httplib::Request& request, LimitedRequest& limited) const {
     const Engine& engine = *limited.engine;
     limited.client = options_.resolver.resolve(request.remote_addr, joined(request, "Forwarded"),
                                                joined(request, "X-Forwarded-For"));
+    limited.listener = options_.listener;
     limited.route = engine.match_route(options_.listener, request.path);
     limited.credential = options_.credential ? options_.credential(request) : bearer_token(request);
     if (limited.credential) limited.consumer = engine.consumer_for(*limited.credential);
 
     const std::string client_ip = limited.client.to_string();
+    RequestContext context = context_for(request, limited, client_ip);
+    if (options_.wall_clock) context.wall_time = options_.wall_clock();
+    limited.evaluation = engine.evaluate(context);
+  }
+
+  // The engine's view of `request`: `client_ip` (the resolved address as text) must outlive it.
+  static RequestContext context_for(const httplib::Request& request, const LimitedRequest& limited,
+                                    const std::string& client_ip) {
     RequestContext context{.client_ip = client_ip, .path = request.path};
     if (limited.consumer) {
       context.credential = limited.credential;
@@ -165,9 +216,8 @@ class HttplibLimiter {
       context.route = limited.route->route;
       context.service = limited.route->service;
     }
-    if (!options_.listener.empty()) context.listener = options_.listener;
-    if (options_.wall_clock) context.wall_time = options_.wall_clock();
-    limited.evaluation = engine.evaluate(context);
+    if (!limited.listener.empty()) context.listener = limited.listener;
+    return context;
   }
 
   // A rule denied: 429 (its fields are written already). The engine denied for an error: 503.
