@@ -96,14 +96,31 @@ TEST_CASE("a healthy upstream recovers the factor additively up to the full limi
   }
 }
 
-TEST_CASE("idle intervals count as healthy and are applied lazily all at once") {
+TEST_CASE("idle intervals after fast answers are healthy and are applied lazily all at once") {
   AdaptiveController c(policy(), 0s);
-  c.record(500ms, ok(1s));
-  c.record(1500ms, ok(1s));
+  c.record(500ms, {.latency = 1ms, .status = 500});  // errors, not latency: the average is fast
+  c.record(1500ms, {.latency = 1ms, .status = 500});
   REQUIRE(c.factor(2s) == 250);
   // Nothing for 5 s: intervals ending at 3 s ... 7 s recover 100‰ each.
   CHECK(c.factor(7s) == 750);
   CHECK(c.factor(1000s) == 1000);
+}
+
+TEST_CASE("idle intervals while the upstream was last seen slow hold the factor") {
+  AdaptiveController c(policy(), 0s);
+  c.record(500ms, ok(1s));
+  c.record(1500ms, ok(1s));
+  REQUIRE(c.factor(2s) == 250);
+  // A slow upstream admitted at a low rate: most intervals see no answer. They hold the factor.
+  CHECK(c.factor(7s) == 250);
+  c.record(7500ms, ok(1s));
+  CHECK(c.factor(8s) == 125);  // an interval with a slow answer still shrinks it
+  CHECK(c.factor(1000s) == 125);
+  // Fast answers pull the average under the target; from then on idle intervals recover.
+  for (int i = 0; i < 30; ++i) c.record(1000s + std::chrono::milliseconds(i), ok(1ms));
+  CHECK(c.state(1000s).latency_ewma <= 100ms);
+  CHECK(c.factor(1001s) == 225);
+  CHECK(c.factor(1005s) == 625);
 }
 
 TEST_CASE("a 503 drops to the minimum at once and holds it for its Retry-After") {

@@ -5,10 +5,12 @@
 // judges the interval that ended: the upstream is overloaded if the interval saw responses and
 // either the latency EWMA is above `target_latency` or more than `error_ratio_permille` of them
 // were errors; then the factor is multiplied by `decrease_permille`/1000 (never below the
-// minimum). A healthy interval (no responses counts as healthy) adds `recovery_permille` (never
-// above 1000). An upstream 429 or 503 drops the factor to the minimum at once and holds it there
-// for the response's Retry-After (the interval if it has none, at most `max_hold`): no recovery
-// while the hold lasts.
+// minimum). A healthy interval adds `recovery_permille` (never above 1000). An interval without
+// responses is healthy only if the EWMA is at or under the target: while the upstream was last
+// seen slow, quiet intervals leave the factor as it is (a slow upstream admitted at a low rate
+// sees intervals without an answer, and those must not count as recovery). An upstream 429 or 503
+// drops the factor to the minimum at once and holds it there for the response's Retry-After (the
+// interval if it has none, at most `max_hold`): no recovery while the hold lasts.
 //
 //   sluice::AdaptivePolicy policy{.target_latency = 200ms};
 //   sluice::AdaptiveController controller(policy, clock.now());
@@ -201,8 +203,8 @@ class AdaptiveController {
       ++decreases_;
     }
     // Intervals ending at interval_end_ + j·interval for j = 0 ... later; the first was judged
-    // above, every later one saw no response and is healthy. Each recovers if it ended at or
-    // after hold_until_.
+    // above, every later one saw no response: healthy unless the EWMA is above the target. Each
+    // healthy one recovers if it ended at or after hold_until_.
     const std::int64_t period = policy_.interval.count();
     const std::uint64_t later =
         static_cast<std::uint64_t>(latest_ - interval_end_) / static_cast<std::uint64_t>(period);
@@ -215,6 +217,9 @@ class AdaptiveController {
     std::uint64_t recoveries = 0;
     if (first_free <= later) recoveries = later - first_free + 1;
     if (overloaded && first_free == 0) --recoveries;  // the judged interval did not recover
+    // Last seen slow: intervals without answers hold the factor (and a judged interval with
+    // answers was overloaded), so none recovers.
+    if (have_ewma_ && ewma_ > policy_.target_latency.count()) recoveries = 0;
     if (recoveries != 0) {
       const std::uint64_t gain =
           std::min<std::uint64_t>(recoveries, 1000) * policy_.recovery_permille;
