@@ -2,7 +2,7 @@
 // sluice::RateLimitEngine compiled from a YAML config (examples/gateway/gateway.yaml).
 //
 //   sluice_gateway examples/gateway/gateway.yaml [--port 8080] [--listener public]
-//                  [--trusted-proxy CIDR]...
+//                  [--trusted-proxy CIDR]... [--reload-poll-ms 1000] [--upstream http://HOST:PORT]
 //
 // It binds 127.0.0.1 only; `--port 0` (the default) picks a free port. The first line on stdout is
 // "sluice_gateway: listening on http://127.0.0.1:<port> ...". The limiting is sluice's cpp-httplib
@@ -16,9 +16,23 @@
 //   proxy, so an entry a client writes itself never picks its bucket. No trusted proxy: the peer.
 // Answers: 429 with Retry-After, X-RateLimit-*, RateLimit and RateLimit-Policy when denied;
 // otherwise 200 JSON (404 for unrouted paths) with the same fields except Retry-After. Exempt
-// paths get no fields: /healthz, /readyz, and /metrics (Prometheus text, per-rule counters).
+// paths get no fields: /healthz, /readyz, and /metrics (sluice/prometheus.hpp: every engine and
+// rule counter, and the factor of adaptive rules).
 // Dry-run denials are logged to stderr with the rule's label; credentials are never logged.
 // SIGINT or SIGTERM stops the server.
+//
+// Reload (sluice::yaml::ReloadingEngine): the config file is polled every --reload-poll-ms
+// (default 1000; 0 turns polling off) and reloaded when its content changed, and reloaded on
+// SIGHUP. Unchanged rules keep their state; a broken file is logged and the last good config
+// keeps serving. Each request holds the generation it was evaluated with until it is answered.
+// The listener and the trusted proxies are read once, at start.
+//
+// Upstream (--upstream http://HOST:PORT): admitted requests on a route are proxied there (GET,
+// path and query, 2 s to connect, 10 s to answer) and the upstream's answer is passed back, with
+// the rate-limit fields. Every answer (its latency, status and Retry-After; no answer counts as
+// status 0 and is answered 502) is fed to the adaptive rules that applied to the request, so a
+// slow or failing upstream shrinks their limits (docs/adaptive.md). Without --upstream the
+// gateway answers routed requests itself with the route as JSON.
 //
 // Cheap attacks it bounds (bounded_server.hpp, kLimits below):
 // - slow clients: a request's line, headers and body must arrive within 10 s of the first byte
@@ -36,14 +50,18 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -54,7 +72,9 @@
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
 #include "sluice/httplib.hpp"
+#include "sluice/prometheus.hpp"
 #include "sluice/yaml.hpp"
+#include "sluice/yaml/reloading_engine.hpp"
 
 namespace {
 
@@ -62,11 +82,14 @@ struct Options {
   std::string config_path;
   int port = 0;
   std::optional<std::string> listener;
-  std::vector<std::string> trusted_proxies;  // CIDRs, besides the config's
+  std::vector<std::string> trusted_proxies;     // CIDRs, besides the config's
+  std::chrono::milliseconds reload_poll{1000};  // 0: reload on SIGHUP only
+  std::optional<std::string> upstream;          // "http://host:port"
 };
 
 constexpr std::string_view kUsage =
-    "usage: sluice_gateway CONFIG.yaml [--port N] [--listener NAME] [--trusted-proxy CIDR]...\n";
+    "usage: sluice_gateway CONFIG.yaml [--port N] [--listener NAME] [--trusted-proxy CIDR]...\n"
+    "                      [--reload-poll-ms N] [--upstream http://HOST:PORT]\n";
 
 // What one connection may cost (see the top comment and bounded_server.hpp).
 constexpr gateway::ServerLimits kLimits{.workers = 64,
@@ -74,13 +97,13 @@ constexpr gateway::ServerLimits kLimits{.workers = 64,
                                         .max_header_bytes = 64 * 1024,
                                         .max_body_bytes = 64 * 1024};
 
-// A port number, 0 ... 65535, and nothing else.
-std::optional<int> parse_port(std::string_view text) {
-  int port = 0;
+// A whole number in [0, max], and nothing else.
+std::optional<int> parse_int(std::string_view text, int max) {
+  int value = 0;
   const char* const end = text.data() + text.size();
-  const auto [parsed_to, error] = std::from_chars(text.data(), end, port);
-  if (error != std::errc() || parsed_to != end || port < 0 || port > 65535) return std::nullopt;
-  return port;
+  const auto [parsed_to, error] = std::from_chars(text.data(), end, value);
+  if (error != std::errc() || parsed_to != end || value < 0 || value > max) return std::nullopt;
+  return value;
 }
 
 std::optional<Options> parse_args(int argc, char** argv) {
@@ -88,9 +111,17 @@ std::optional<Options> parse_args(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     if (arg == "--port" && i + 1 < argc) {
-      std::optional<int> port = parse_port(argv[++i]);
+      std::optional<int> port = parse_int(argv[++i], 65535);
       if (!port) return std::nullopt;
       options.port = *port;
+    } else if (arg == "--reload-poll-ms" && i + 1 < argc) {
+      std::optional<int> ms = parse_int(argv[++i], 24 * 3600 * 1000);
+      if (!ms) return std::nullopt;
+      options.reload_poll = std::chrono::milliseconds(*ms);
+    } else if (arg == "--upstream" && i + 1 < argc) {
+      std::string_view url = argv[++i];
+      if (!url.starts_with("http://") || url.size() == 7) return std::nullopt;
+      options.upstream = std::string(url);
     } else if (arg == "--listener" && i + 1 < argc) {
       options.listener = argv[++i];
     } else if (arg == "--trusted-proxy" && i + 1 < argc) {
@@ -128,61 +159,6 @@ std::string json_string(std::string_view text) {
   return out + "\"";
 }
 
-// A Prometheus label value: backslash, double quote and newline escaped.
-std::string label_value(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '\\' || c == '"') {
-      out.push_back('\\');
-      out.push_back(c);
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
-
-// Per-rule counters in the Prometheus text exposition format.
-std::string metrics_text(const sluice::RateLimitEngine& engine) {
-  struct Metric {
-    const char* name;
-    const char* type;
-    const char* help;
-    std::uint64_t (*value)(const sluice::RuleStats&);
-  };
-  static constexpr Metric kMetrics[] = {
-      {"sluice_rule_allowed_total", "counter", "Admitted requests the rule applied to.",
-       [](const sluice::RuleStats& s) { return s.admitted; }},
-      {"sluice_rule_denied_total", "counter", "Requests the rule denied (live rules).",
-       [](const sluice::RuleStats& s) { return s.denied; }},
-      {"sluice_rule_dry_denied_total", "counter",
-       "Requests the rule would have denied (dry-run rules).",
-       [](const sluice::RuleStats& s) { return s.dry_denied; }},
-      {"sluice_rule_evictions_total", "counter",
-       "Live keys evicted from a full store (each got a fresh bucket).",
-       [](const sluice::RuleStats& s) { return s.store.live_evicted; }},
-      {"sluice_rule_idle_reclaimed_total", "counter", "Idle keys dropped from a full store.",
-       [](const sluice::RuleStats& s) { return s.store.idle_reclaimed; }},
-      {"sluice_rule_capacity_denials_total", "counter", "Requests denied because a store was full.",
-       [](const sluice::RuleStats& s) { return s.store.capacity_denials; }},
-      {"sluice_rule_keys", "gauge", "Keys the rule's store holds.",
-       [](const sluice::RuleStats& s) { return s.store.size; }},
-  };
-  const std::vector<sluice::RuleStats> stats = engine.stats();
-  std::string out;
-  for (const Metric& metric : kMetrics) {
-    absl::StrAppend(&out, "# HELP ", metric.name, " ", metric.help, "\n");
-    absl::StrAppend(&out, "# TYPE ", metric.name, " ", metric.type, "\n");
-    for (const sluice::RuleStats& rule : stats) {
-      absl::StrAppend(&out, metric.name, "{rule=\"", label_value(rule.label), "\",dry_run=\"",
-                      rule.dry_run ? "true" : "false", "\"} ", metric.value(rule), "\n");
-    }
-  }
-  return out;
-}
-
 void respond_json(httplib::Response& response, int status, std::string_view body) {
   response.status = status;
   response.set_content(absl::StrCat(absl::string_view(body.data(), body.size()), "\n"),
@@ -191,10 +167,13 @@ void respond_json(httplib::Response& response, int status, std::string_view body
 
 using Limiter = sluice::HttplibLimiter<sluice::RateLimitEngine>;
 using LimitedRequest = Limiter::LimitedRequest;
+using Holder = sluice::yaml::ReloadingEngine<sluice::RateLimitEngine>;
 
 // What the gateway adds to the adapter: the log lines, and the answers to admitted requests.
 class Gateway {
  public:
+  explicit Gateway(std::optional<std::string> upstream) : upstream_(std::move(upstream)) {}
+
   // Logs a dry-run rule's would-be denial (with the rule's label, never a credential) and a
   // limiter error.
   static void log(const httplib::Request& request, const LimitedRequest& limited) {
@@ -215,11 +194,23 @@ class Gateway {
     }
   }
 
-  // The answer to an admitted request: 401, 404, or the route as JSON. Exempt paths go on to
-  // the server's handlers (/healthz, /readyz, /metrics).
-  static Limiter::HandlerResponse answer(const httplib::Request& request,
-                                         httplib::Response& response,
-                                         const LimitedRequest& limited) {
+  // Logs a reload's outcome (the engine's event hook; other events are logged by `log`).
+  static void on_event(const sluice::EngineEvent& event) {
+    const auto* reload = std::get_if<sluice::ReloadEvent>(&event);
+    if (reload == nullptr) return;
+    if (reload->status.ok()) {
+      std::fprintf(stderr, "sluice_gateway: config reloaded: %zu rules, %zu kept their state\n",
+                   reload->rules, reload->rules_kept);
+    } else {
+      std::fprintf(stderr, "sluice_gateway: reload failed, the previous config keeps serving: %s\n",
+                   loggable(std::string(reload->status.message())).c_str());
+    }
+  }
+
+  // The answer to an admitted request: 401, 404, the upstream's answer, or the route as JSON.
+  // Exempt paths go on to the server's handlers (/healthz, /readyz, /metrics).
+  Limiter::HandlerResponse answer(const httplib::Request& request, httplib::Response& response,
+                                  const LimitedRequest& limited) const {
     if (limited.evaluation.exempt) return Limiter::HandlerResponse::Unhandled;
     if (limited.credential && !limited.consumer) {
       respond_json(response, 401, "{\"error\":\"unknown bearer token\"}");
@@ -227,6 +218,8 @@ class Gateway {
       respond_json(response, 404,
                    absl::StrCat("{\"error\":\"no route\",\"path\":",
                                 json_string(loggable(request.path)), "}"));
+    } else if (upstream_) {
+      proxy(request, response, limited);
     } else {
       std::string body = absl::StrCat("{\"route\":", json_string(limited.route->route));
       if (limited.route->service) {
@@ -239,13 +232,46 @@ class Gateway {
     }
     return Limiter::HandlerResponse::Handled;
   }
+
+ private:
+  // Passes the request to the upstream and its answer back; feeds the answer to the adaptive
+  // rules of the request.
+  void proxy(const httplib::Request& request, httplib::Response& response,
+             const LimitedRequest& limited) const {
+    httplib::Client client(*upstream_);
+    client.set_connection_timeout(std::chrono::seconds(2));
+    client.set_read_timeout(std::chrono::seconds(10));
+    client.set_write_timeout(std::chrono::seconds(2));
+    const auto start = std::chrono::steady_clock::now();
+    const httplib::Result result = client.Get(request.path, request.params, httplib::Headers{});
+    const std::chrono::nanoseconds latency = std::chrono::steady_clock::now() - start;
+    sluice::UpstreamResponse fed{.latency = latency, .status = 0};
+    if (result) {
+      fed = Limiter::upstream_response(result->status, result->headers, latency);
+      response.status = result->status;
+      const std::string type = result->get_header_value("Content-Type");
+      response.set_content(result->body, type.empty() ? "application/octet-stream" : type.c_str());
+      if (result->has_header("Retry-After") && !response.has_header("Retry-After")) {
+        response.set_header("Retry-After", result->get_header_value("Retry-After"));
+      }
+    } else {
+      respond_json(response, 502, "{\"error\":\"upstream unavailable\"}");
+    }
+    if (absl::Status fed_status = Limiter::record_upstream(request, limited, fed);
+        !fed_status.ok()) {
+      std::fprintf(stderr, "sluice_gateway: cannot record the upstream's answer: %s\n",
+                   loggable(std::string(fed_status.message())).c_str());
+    }
+  }
+
+  std::optional<std::string> upstream_;
 };
 
-// The engine and the client address resolver for the config at `options.config_path`; the first
-// listener of the config becomes `options.listener` when none was given. An error is printed to
-// stderr.
+// The reloading engine and the client address resolver for the config at `options.config_path`;
+// the first listener of the config becomes `options.listener` when none was given. An error is
+// printed to stderr.
 struct Loaded {
-  sluice::RateLimitEngine engine;
+  std::unique_ptr<Holder> holder;
   sluice::ClientAddressResolver resolver;
 };
 std::optional<Loaded> load(Options& options) {
@@ -253,19 +279,21 @@ std::optional<Loaded> load(Options& options) {
     std::fprintf(stderr, "sluice_gateway: %s\n", std::string(status.message()).c_str());
     return std::nullopt;
   };
+  // The listener and the trusted proxies come from the file as it is at start.
   absl::StatusOr<sluice::PolicyConfig> config = sluice::yaml::load_config_file(options.config_path);
   if (!config.ok()) return fail(config.status());
   if (!options.listener && !config->listeners.empty()) {
     options.listener = config->listeners.front().name;
   }
-  absl::StatusOr<sluice::RateLimitEngine> engine = sluice::RateLimitEngine::create(*config);
-  if (!engine.ok()) return fail(engine.status());
   std::vector<std::string> trusted = config->gateway.trusted_proxies;
   trusted.insert(trusted.end(), options.trusted_proxies.begin(), options.trusted_proxies.end());
   absl::StatusOr<sluice::ClientAddressResolver> resolver =
       sluice::ClientAddressResolver::create(trusted);
   if (!resolver.ok()) return fail(resolver.status());
-  return Loaded{*std::move(engine), *std::move(resolver)};
+  absl::StatusOr<std::unique_ptr<Holder>> holder =
+      Holder::create(options.config_path, {.on_event = &Gateway::on_event});
+  if (!holder.ok()) return fail(holder.status());
+  return Loaded{*std::move(holder), *std::move(resolver)};
 }
 
 // Binds 127.0.0.1 on `port` (0: any free port); the bound port, or -1.
@@ -274,12 +302,47 @@ int bind_loopback(httplib::Server& server, int port) {
   return server.bind_to_port("127.0.0.1", port) ? port : -1;
 }
 
-// Serves until SIGINT or SIGTERM. `signals` are blocked in every thread and taken by one waiter,
-// which stops the server. Returns the exit code.
-int serve(httplib::Server& server, const sigset_t& signals) {
+// Polls the config file every `period` until stopped (a period of 0: never).
+class Poller {
+ public:
+  Poller(Holder& holder, std::chrono::milliseconds period) {
+    if (period.count() == 0) return;
+    thread_ = std::thread([this, &holder, period] {
+      std::unique_lock lock(mutex_);
+      while (!cv_.wait_for(lock, period, [this] { return stopped_; })) {
+        lock.unlock();
+        (void)holder.poll();  // the outcome is logged by the event hook
+        lock.lock();
+      }
+    });
+  }
+  ~Poller() {
+    {
+      std::lock_guard lock(mutex_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  Poller(const Poller&) = delete;
+  Poller& operator=(const Poller&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stopped_ = false;
+  std::thread thread_;
+};
+
+// Serves until SIGINT or SIGTERM; SIGHUP reloads the config. `signals` are blocked in every
+// thread and taken by one waiter, which reloads on SIGHUP and stops the server on the others.
+// Returns the exit code.
+int serve(httplib::Server& server, Holder& holder, const sigset_t& signals) {
   std::thread waiter([&] {
     int signal = 0;
-    sigwait(&signals, &signal);
+    while (sigwait(&signals, &signal) == 0 && signal == SIGHUP) {
+      (void)holder.reload();  // the outcome is logged by the event hook
+    }
     server.stop();
   });
   const bool ok = server.listen_after_bind();
@@ -300,31 +363,39 @@ int main(int argc, char** argv) {
   }
   std::optional<Loaded> loaded = load(*options);
   if (!loaded) return 2;
+  Holder& holder = *loaded->holder;
 
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const std::size_t rules = loaded->engine.rule_count();
-  const auto engine = std::make_shared<const sluice::RateLimitEngine>(std::move(loaded->engine));
+  const auto gateway = std::make_shared<const Gateway>(options->upstream);
   gateway::BoundedServer server(kLimits);
   server.set_keep_alive_timeout(5);
   server.set_read_timeout(5);
   server.set_write_timeout(5);
-  Limiter(engine, {.listener = options->listener.value_or(""),
-                   .resolver = std::move(loaded->resolver),
-                   .on_evaluated = &Gateway::log,
-                   .on_admitted = &Gateway::answer})
+  Limiter([&holder] { return holder.current(); },
+          {.listener = options->listener.value_or(""),
+           .resolver = std::move(loaded->resolver),
+           .on_evaluated = &Gateway::log,
+           .on_admitted =
+               [gateway](const httplib::Request& request, httplib::Response& response,
+                         const LimitedRequest& limited) {
+                 return gateway->answer(request, response, limited);
+               }})
       .install(server);
   const auto ok = [](const httplib::Request&, httplib::Response& response) {
     response.set_content("ok\n", "text/plain");
   };
   server.Get("/healthz", ok);
   server.Get("/readyz", ok);
-  server.Get("/metrics", [&engine](const httplib::Request&, httplib::Response& response) {
-    response.set_content(metrics_text(*engine), "text/plain; version=0.0.4");
+  server.Get("/metrics", [&holder](const httplib::Request&, httplib::Response& response) {
+    std::string body;
+    sluice::append_prometheus_text(body, *holder.current());
+    response.set_content(body, std::string(sluice::kPrometheusContentType).c_str());
   });
   const int port = bind_loopback(server, options->port);
   if (port < 0) {
@@ -332,7 +403,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("sluice_gateway: listening on http://127.0.0.1:%d (listener \"%s\", %zu rules)\n",
-              port, options->listener.value_or("").c_str(), rules);
+              port, options->listener.value_or("").c_str(), holder.current()->rule_count());
   std::fflush(stdout);
-  return serve(server, signals);
+  const Poller poller(holder, options->reload_poll);
+  return serve(server, holder, signals);
 }

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# End-to-end test of the gateway's config reload: the gateway serves a copy of the example config;
+# the test edits the copy while it runs and checks, with curl, that an unchanged rule keeps its
+# state, that a broken file keeps the last good config serving (reported once), that a changed
+# rule starts fresh, and that SIGHUP reloads a gateway that does not poll.
+# Usage: gateway_reload_e2e.sh <sluice_gateway binary> <gateway.yaml>
+set -euo pipefail
+gateway=$1
+source "$(dirname "$0")/common.sh"
+
+reloads=sluice_engine_reloads_total
+failed=sluice_engine_failed_reloads_total
+
+# --- reload on file change (polled every 200 ms) ------------------------------------------------
+cp "$2" "$work/polled.yaml"
+start polled "$gateway" "$work/polled.yaml" --port 0 --reload-poll-ms 200
+base="http://127.0.0.1:$started_port"
+
+# /login allows 5 per minute for the route: spend them.
+for i in 1 2 3 4 5; do expect "login $i" "$(code "$base/login")" 200; done
+expect "login 6" "$(code "$base/login")" 429
+expect "reloads at start" "$(metric "$base" $reloads)" 0
+
+# An edit that leaves the login rule alone: reloaded, and the spent budget stays spent.
+sed -i 's/requests_per: { minute: 3 }/requests_per: { minute: 4 }/' "$work/polled.yaml"
+wait_metric "$base" $reloads 1 || fail "the edited file was not reloaded"
+expect "login after an unrelated edit" "$(code "$base/login")" 429
+grep -q "config reloaded: 8 rules, 7 kept their state" "$work/polled.err" ||
+  fail "no reload line in the log: $(cat "$work/polled.err")"
+
+# A broken file: the last good config keeps serving; the failure is counted and logged once.
+cp "$work/polled.yaml" "$work/good.yaml"
+printf 'policies:\n  - name: [broken\n' >"$work/polled.yaml"
+wait_metric "$base" $failed 1 || fail "the broken file was not reported"
+sleep 1 # five more polls of the same broken content
+expect "failed reloads after more polls" "$(metric "$base" $failed)" 1
+expect "reloads after the broken file" "$(metric "$base" $reloads)" 1
+expect "login still limited" "$(code "$base/login")" 429
+expect "items still served" "$(code "$base/v1/items")" 200
+expect "failures logged" "$(grep -c "reload failed, the previous config keeps serving" "$work/polled.err")" 1
+
+# A good file again, with the login limit changed: that rule starts fresh.
+sed 's/rate_limit: { requests: 5, window_seconds: 60 }/rate_limit: { requests: 6, window_seconds: 60 }/' \
+  "$work/good.yaml" >"$work/polled.yaml"
+wait_metric "$base" $reloads 2 || fail "the repaired file was not reloaded"
+expect "login under the changed rule" "$(code "$base/login")" 200
+metrics_body=$(curl -s --max-time 10 "$base/metrics")
+grep -q '^# TYPE sluice_engine_reloads_total counter$' <<<"$metrics_body" ||
+  fail "metrics lack the reload counter's TYPE line"
+
+# --- reload on SIGHUP (no polling) --------------------------------------------------------------
+cp "$2" "$work/signalled.yaml"
+start signalled "$gateway" "$work/signalled.yaml" --port 0 --reload-poll-ms 0
+hup_pid=$started_pid
+hup="http://127.0.0.1:$started_port"
+for i in 1 2 3 4 5; do expect "signalled login $i" "$(code "$hup/login")" 200; done
+expect "signalled login 6" "$(code "$hup/login")" 429
+sed -i 's/rate_limit: { requests: 5, window_seconds: 60 }/rate_limit: { requests: 7, window_seconds: 60 }/' \
+  "$work/signalled.yaml"
+sleep 1
+expect "no reload without a signal" "$(metric "$hup" $reloads)" 0
+expect "login before the signal" "$(code "$hup/login")" 429
+kill -HUP "$hup_pid"
+wait_metric "$hup" $reloads 1 || fail "SIGHUP did not reload"
+expect "login after the signal" "$(code "$hup/login")" 200
+kill -0 "$hup_pid" 2>/dev/null || fail "the gateway exited on SIGHUP"
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed; polled gateway log:" >&2
+  cat "$work/polled.err" >&2
+  exit 1
+fi
+echo "gateway reload end-to-end: all checks passed"

@@ -1,0 +1,78 @@
+// sluice_test_upstream — a small HTTP upstream for the gateway's end-to-end tests, which can be
+// made slow or failing while it runs.
+//
+//   sluice_test_upstream        (binds 127.0.0.1 on a free port and prints
+//                                "upstream: listening on http://127.0.0.1:<port>")
+//   GET /__control?delay_ms=N&status=S&retry_after=R   sets how every later request is answered:
+//                                after N ms (at most 10000), with status S (100 ... 599), and with
+//                                Retry-After: R when R > 0. Parameters left out keep their value.
+//   GET /__stats                 "requests <n>": requests answered so far, controls excluded
+//   GET <anything else>          answered as set, with a small JSON body naming the path
+// SIGINT or SIGTERM stops it (the default action).
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+
+namespace {
+
+std::atomic<int> delay_ms{0};
+std::atomic<int> status{200};
+std::atomic<int> retry_after{0};
+std::atomic<std::uint64_t> answered{0};
+
+// The parameter `name` of `request` as an integer in [min, max]; none if absent or malformed.
+std::optional<int> param(const httplib::Request& request, const char* name, int min, int max) {
+  if (!request.has_param(name)) return std::nullopt;
+  const std::string text = request.get_param_value(name);
+  int value = 0;
+  const char* const end = text.data() + text.size();
+  const auto [parsed_to, error] = std::from_chars(text.data(), end, value);
+  if (error != std::errc() || parsed_to != end || value < min || value > max) return std::nullopt;
+  return value;
+}
+
+}  // namespace
+
+int main() {
+  httplib::Server server;
+  server.Get("/__control", [](const httplib::Request& request, httplib::Response& response) {
+    if (auto v = param(request, "delay_ms", 0, 10000)) delay_ms = *v;
+    if (auto v = param(request, "status", 100, 599)) status = *v;
+    if (auto v = param(request, "retry_after", 0, 86400)) retry_after = *v;
+    response.set_content("ok\n", "text/plain");
+  });
+  server.Get("/__stats", [](const httplib::Request&, httplib::Response& response) {
+    response.set_content("requests " + std::to_string(answered.load()) + "\n", "text/plain");
+  });
+  server.Get(".*", [](const httplib::Request& request, httplib::Response& response) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
+    response.status = status.load();
+    if (const int seconds = retry_after.load(); seconds > 0) {
+      response.set_header("Retry-After", std::to_string(seconds));
+    }
+    std::string path;
+    for (char c : request.path) {  // the path as a JSON string: keep only plain characters
+      if (c >= 0x21 && c <= 0x7e && c != '"' && c != '\\') path.push_back(c);
+    }
+    response.set_content("{\"upstream\":\"ok\",\"path\":\"" + path + "\"}\n", "application/json");
+    ++answered;
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  if (port <= 0) {
+    std::fputs("upstream: cannot bind 127.0.0.1\n", stderr);
+    return 1;
+  }
+  std::printf("upstream: listening on http://127.0.0.1:%d\n", port);
+  std::fflush(stdout);
+  return server.listen_after_bind() ? 0 : 1;
+}
