@@ -45,6 +45,7 @@ Gcra& three_windows() {
 struct Populated {
   Gcra gcra = must(Gcra::create({{.requests = 1'000'000, .period = 1s}}, {.seed = 1}));
   bench::MutexUnorderedMapLimiter unordered{kStep, 1'000'000'000};
+  bench::MutexFlatHashMapLimiter flat{kStep, 1'000'000'000};
   bench::FloatTokenBucketLimiter floating{1e-3, 1e6};
   std::unique_ptr<bench::PointerChase> chase;
   Populated() {
@@ -52,6 +53,7 @@ struct Populated {
     for (std::uint64_t i = 0; i < kKeys; ++i) {
       (void)gcra.check(key(i));
       unordered.check(key(i), 0);
+      flat.check(key(i), 0);
       floating.check(key(i), 0);
     }
     chase = std::make_unique<bench::PointerChase>(gcra.memory_bytes());
@@ -198,6 +200,15 @@ void BM_MutexUnorderedMap_Uniform1M(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(p.unordered.check(key(pick(kKeys)), now += kStep));
 }
 BENCHMARK(BM_MutexUnorderedMap_Uniform1M)->Threads(1)->Threads(2)->UseRealTime();
+
+void BM_MutexFlatHashMap_Uniform1M(benchmark::State& state) {
+  Populated& p = Populated::get();
+  bench::KeyMaker key;
+  bench::Uniform pick(1);
+  std::int64_t now = 0;
+  for (auto _ : state) benchmark::DoNotOptimize(p.flat.check(key(pick(kKeys)), now += kStep));
+}
+BENCHMARK(BM_MutexFlatHashMap_Uniform1M)->UseRealTime();
 
 void BM_FloatTokenBucket_Uniform1M(benchmark::State& state) {
   Populated& p = Populated::get();
