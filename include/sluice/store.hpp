@@ -258,6 +258,26 @@ class ShardedStore {
     return update_in(shard, d, now, fn, on_full);
   }
 
+  // Removes the key if it is tracked (its next update starts from a fresh cell) and counts it
+  // as forgotten if its cell was not idle at `now`. O(1) plus a probe; takes the shard lock.
+  void forget(const KeyDigest& d, std::int64_t now) {
+    Shard& shard = shards_[shard_index(d)];
+    detail::SpinLockHolder hold(shard.lock);
+    now = shard.clamp(now);
+    const std::size_t index = shard.probe(d);
+    Slot& slot = shard.slots[index];
+    if (slot.digest.empty()) return;
+    if (!slot.cell.idle(now)) Shard::bump(shard.forgotten, 1);
+    remove(shard, index);
+  }
+
+  // How many live cells the key's shard has dropped so far: keys forgotten (`forget`) while not
+  // idle, and live evictions. A caller that holds a record of a key's state checks, under the
+  // shard lock (from inside an update), that this did not change before trusting the record.
+  std::uint64_t forgotten_in_shard(const KeyDigest& d) const noexcept {
+    return shards_[shard_index(d)].forgotten.load(std::memory_order_relaxed);
+  }
+
   // A copy of the key's cell, if the key is tracked. Takes the shard lock.
   std::optional<Cell> find(const KeyDigest& d) const {
     Shard& shard = shards_[shard_index(d)];
@@ -360,6 +380,7 @@ class ShardedStore {
     std::atomic<std::uint64_t> size{0};
     std::atomic<std::uint64_t> idle_reclaimed{0};
     std::atomic<std::uint64_t> live_evicted{0};
+    std::atomic<std::uint64_t> forgotten{0};  // live cells dropped: evictions and forget()
     std::atomic<std::uint64_t> capacity_denials{0};
     std::atomic<std::uint64_t> examined{0};
     std::atomic<std::size_t> capacity_bytes{0};
@@ -489,16 +510,17 @@ class ShardedStore {
     }
     const std::size_t used = shard.count + shard.removed + 1;
     if (used <= shard.capacity * 3 / 4) return index;
-    if (shard.capacity < max_capacity() && shard.count + 1 <= shard.capacity / 2) {
-      // Markers, not keys, fill the table (keys removed as fast as they come): rebuild it at the
-      // same size rather than grow it, after at least capacity/4 − 1 removals.
+    const bool can_grow = shard.capacity < max_capacity();
+    // Rebuild at the same size when markers, not keys, fill the table: below the largest size,
+    // keys removed as fast as they come (at most half the slots hold keys; after at least
+    // capacity/4 − 1 removals); at the largest size, markers past 7/8 (one slot stays empty).
+    const bool markers_fill =
+        can_grow ? shard.count + 1 <= shard.capacity / 2 : used > shard.capacity / 8 * 7;
+    if (markers_fill) {
       Shard::bump(shard.examined, shard.capacity);
       rebuild_keys(shard, shard.capacity, now);
-    } else if (shard.capacity < max_capacity()) {
+    } else if (can_grow) {
       grow(shard, now);
-    } else if (used > shard.capacity / 8 * 7) {  // only markers take it past 3/4; one stays empty
-      Shard::bump(shard.examined, shard.capacity);
-      rebuild_keys(shard, shard.capacity, now);
     } else {
       return index;
     }
@@ -606,6 +628,7 @@ class ShardedStore {
       std::nth_element(live.begin(), live.begin() + evicted, live.end(), cheaper);
       live.erase(live.begin(), live.begin() + evicted);
       Shard::bump(shard.live_evicted, static_cast<std::uint64_t>(evicted));
+      Shard::bump(shard.forgotten, static_cast<std::uint64_t>(evicted));
     }
     rebuild(shard, shard.capacity, [&](auto&& keep_slot) {
       for (const Candidate& c : live) keep_slot(c.slot);
