@@ -23,8 +23,16 @@
 //   burst·period/requests ≤ 2^60 ns, at most kMaxWindows windows. Clock readings are saturated to
 //   ±2^62 ns; a reading earlier than one already seen is clamped to it.
 //
-// Thread-safety: `check` and `stats` may be called concurrently from any threads; each check
-// takes one shard lock. Complexity: O(windows) per check, O(1) expected store work.
+// Beyond admit/deny: `reserve` books the earliest instant at which a cost fits (a caller paces
+// itself instead of being refused; `cancel` gives the booking back, `wait` sleeps until it);
+// `check_estimated` admits on an estimated cost and `settle` charges or refunds the difference
+// once the actual cost is known; `inspect` and `reset` serve operators. A key can be in debt (a
+// settled charge beyond its bucket, or reservations booked ahead): until it is paid off every
+// check, including a peek, is denied with the wait.
+//
+// Thread-safety: every member function may be called concurrently from any threads; each call
+// takes one shard lock (`wait` sleeps without holding it). Complexity: O(windows) per call, O(1)
+// expected store work.
 #ifndef SLUICE_GCRA_HPP_
 #define SLUICE_GCRA_HPP_
 
@@ -36,6 +44,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -113,7 +122,44 @@ inline std::uint64_t remaining(const GcraParams& p, std::int64_t ahead, std::uin
   return div_floor(p.tolerance - scaled, p.by_period);
 }
 
+// --- Exact TAT arithmetic for bookings (reserve, cancel, settle): off the hot path, so in one
+// signed 128-bit integer, TAT·requests + fraction (|value| < 2^95).
+inline absl::int128 scaled_tat(const GcraTat& t, std::uint64_t requests) {
+  return absl::int128(t.whole) * absl::int128(requests) + absl::int128(t.fraction);
+}
+inline absl::int128 floor_div(absl::int128 a, std::uint64_t b) {
+  const absl::int128 d(b);
+  absl::int128 q = a / d;  // truncates toward zero
+  if (q * d > a) --q;
+  return q;
+}
+inline absl::int128 ceil_div(absl::int128 a, std::uint64_t b) { return -floor_div(-a, b); }
+inline GcraTat unscaled_tat(absl::int128 scaled, std::uint64_t requests) {
+  const absl::int128 whole = floor_div(scaled, requests);
+  return {static_cast<std::int64_t>(whole),
+          static_cast<std::uint64_t>(scaled - whole * absl::int128(requests))};
+}
+
+// The farthest ahead of now a booking may put a key's TAT: 2^61 ns (73 years). Reservations past
+// it are refused and charges saturate at it, so no TAT can leave the int64 range.
+inline constexpr std::int64_t kMaxBookedAhead = std::int64_t{1} << 61;
+
+// What a reservation or an estimated check added to each window of one key, kept to give it back
+// exactly: the window's TAT right after the booking, and the amount the booking added (both
+// scaled by the window's requests).
+struct GcraBooking {
+  KeyDigest digest{};
+  std::uint64_t forgotten = 0;  // the shard's forgotten count when booked (see give_back)
+  std::array<absl::int128, kMaxWindows> booked{};
+  std::array<absl::int128, kMaxWindows> added{};
+};
+
 }  // namespace detail
+
+// Sleeps the calling thread; the default sleeper of `GcraLimiter::wait`.
+struct ThreadSleepFor {
+  void operator()(std::chrono::nanoseconds d) const { std::this_thread::sleep_for(d); }
+};
 
 template <Clock ClockT = SteadyClock>
 class GcraLimiter {
@@ -183,8 +229,9 @@ class GcraLimiter {
   // each takes one shard lock, O(windows).
 
   // The key's state without consuming anything: exactly what `check(key, 0)` reports (cost 0
-  // always fits, so reason is kAllowed; remaining = units a request could take now from the
-  // window with the least left, i.e. a request of cost c passes iff c ≤ remaining of every
+  // fits unless the key is in debt, so reason is kAllowed; in debt it is kQuotaExceeded with
+  // remaining 0 and retry_after until the debt is paid; remaining = units a request could take now
+  // from the window with the least left, i.e. a request of cost c passes iff c ≤ remaining of every
   // window; reset_after = until that window is full again; retry_after 0). A key never seen, or
   // idle, reports every window full. Stores nothing; clamps the shard's clock like any check.
   Decision inspect(std::string_view key) {
@@ -211,17 +258,244 @@ class GcraLimiter {
   // room in the store is free at once. O(1).
   void reset(std::string_view key) {
     const std::int64_t at = now();
-    std::visit(
+    std::visit([&](auto& store) { store.forget(store.digest(key), at); }, store_);
+  }
+
+  // --- Reserve and wait: pace a caller instead of refusing it. Each call takes one shard lock,
+  // O(windows), 128-bit integer arithmetic; all may run concurrently with `check`.
+
+  // `cost` booked for one key at an instant that may be in the future. Move-only: a booking is
+  // given back at most once. Destroying it gives nothing back (the cost stays booked).
+  class Reservation {
+   public:
+    Reservation() = default;
+    Reservation(Reservation&& other) noexcept { *this = std::move(other); }
+    Reservation& operator=(Reservation&& other) noexcept {
+      booking_ = other.booking_;
+      instant_ = other.instant_;
+      wait_ = other.wait_;
+      cost_ = other.cost_;
+      open_ = std::exchange(other.open_, false);
+      return *this;
+    }
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+
+    // From the clock reading the reservation was made at to its instant; 0: proceed now.
+    std::chrono::nanoseconds wait() const noexcept { return std::chrono::nanoseconds{wait_}; }
+    // When the cost may be used, as a reading of the limiter's clock.
+    std::chrono::nanoseconds instant() const noexcept { return std::chrono::nanoseconds{instant_}; }
+    std::uint64_t cost() const noexcept { return cost_; }
+    // False once cancelled (or moved from, or default-constructed).
+    bool cancellable() const noexcept { return open_; }
+
+   private:
+    friend class GcraLimiter;
+    detail::GcraBooking booking_{};
+    std::int64_t instant_ = 0;
+    std::int64_t wait_ = 0;
+    std::uint64_t cost_ = 0;
+    bool open_ = false;
+  };
+
+  // No limit on a reservation's wait (up to the supported 2^61 ns).
+  static constexpr std::chrono::nanoseconds kNoMaxWait = std::chrono::nanoseconds::max();
+
+  // Books `cost` for `key` at the earliest instant at which it fits in every window: now if it
+  // fits now, else the first instant that every window's bucket has room for it. Each window
+  // then moves as if a request of `cost` had arrived at that instant, so every check and
+  // reservation after it queues behind it. The caller proceeds after `wait()`.
+  // Errors, with nothing booked: InvalidArgument if `cost` is 0 or exceeds a window's burst (it
+  // could never fit); DeadlineExceeded if the instant is more than `max_wait` away (the message
+  // gives the wait); ResourceExhausted if the key is new and its shard is full
+  // (Overflow::kRejectNewKeys), or if the instant is more than 2^61 ns away.
+  absl::StatusOr<Reservation> reserve(std::string_view key, std::uint64_t cost = 1,
+                                      std::chrono::nanoseconds max_wait = kNoMaxWait) {
+    if (cost == 0) return absl::InvalidArgumentError("a reservation's cost must be at least 1");
+    if (cost > max_cost_) return cost_error(cost);
+    absl::StatusOr<Reservation> result(absl::in_place);
+    Reservation& out = *result;
+    const std::int64_t at = now();
+    absl::Status status = std::visit(
         [&](auto& store) {
-          store.update_removing_idle(
-              store.digest(key), at,
-              [](auto& cell, std::int64_t) {
-                cell = {};
+          out.booking_.digest = store.digest(key);
+          return store.update(
+              out.booking_.digest, at,
+              [&](auto& cell, std::int64_t clamped) {
+                out.booking_.forgotten = store.forgotten_in_shard(out.booking_.digest);
+                return book_earliest(cell, clamped, cost, max_wait.count(), out);
+              },
+              [](const StoreFull& full) {
+                return absl::ResourceExhaustedError(absl::StrCat(
+                    "the key is new and its shard is full; retry in ", full.retry_after_ns, " ns"));
+              });
+        },
+        store_);
+    if (!status.ok()) result = std::move(status);
+    return result;
+  }
+
+  // Gives back what `reservation` booked, unless the clock has moved past its instant (then the
+  // cost counts as used). True iff it gave back; the reservation cannot be cancelled again.
+  // Exact: in each window it gives back what the reservation added there (its cost and, when its
+  // instant was ahead of the window's state, the gap up to that instant), but never more than
+  // the part of that booking still ahead of now, and never past a full bucket. A reservation
+  // cancelled right after it was made leaves the key exactly as it was; checks and reservations
+  // booked behind it move up by what it gave back. If a live key of its shard was reset or
+  // evicted since the reservation (possibly this key), it gives nothing back: the booking may be
+  // gone, and what the key holds now may be other requests' (1 shard in 64 per such event).
+  bool cancel(Reservation& reservation) {
+    if (!std::exchange(reservation.open_, false)) return false;
+    const std::int64_t at = now();
+    return std::visit(
+        [&](auto& store) {
+          return store.update_removing_idle(
+              reservation.booking_.digest, at,
+              [&](auto& cell, std::int64_t clamped) {
+                if (clamped > reservation.instant_) return false;
+                if (store.forgotten_in_shard(reservation.booking_.digest) !=
+                    reservation.booking_.forgotten) {
+                  return true;  // the booking may be gone: give nothing back
+                }
+                give_back(cell, clamped, reservation.booking_, reservation.booking_.added);
                 return true;
               },
               [](const StoreFull&) { return false; });
         },
         store_);
+  }
+
+  // For callers that can block: books `cost` for `key` if it fits by `deadline` (a reading of
+  // this limiter's clock), then sleeps until its instant with `sleep_for(duration)`. OK once
+  // the instant has been reached; DeadlineExceeded if the cost cannot fit by the deadline, and
+  // then nothing is booked; the other errors of `reserve`. Thread-safe; blocks only in
+  // `sleep_for`. With a ManualClock, pass a sleeper that advances it.
+  template <class SleepFor = ThreadSleepFor>
+  absl::Status wait(std::string_view key, std::uint64_t cost, std::chrono::nanoseconds deadline,
+                    SleepFor&& sleep_for = {}) {
+    const std::chrono::nanoseconds start{now()};
+    if (deadline < start) return absl::DeadlineExceededError("the deadline has passed");
+    // Past the supported clock range the deadline cannot bind (and deadline − start could
+    // overflow).
+    const std::chrono::nanoseconds room =
+        deadline.count() > detail::kMaxTime ? kNoMaxWait : deadline - start;
+    absl::StatusOr<Reservation> r = reserve(key, cost, room);
+    if (!r.ok()) return r.status();
+    if (r->wait() > std::chrono::nanoseconds{0}) sleep_for(r->wait());
+    return absl::OkStatus();
+  }
+
+  // --- Settled cost: admit on an estimate, charge or refund the difference once the actual
+  // cost is known (bytes sent, tokens generated).
+
+  // What an admitted estimated check booked. Move-only: it is settled at most once.
+  class Receipt {
+   public:
+    Receipt() = default;
+    Receipt(Receipt&& other) noexcept { *this = std::move(other); }
+    Receipt& operator=(Receipt&& other) noexcept {
+      booking_ = other.booking_;
+      estimate_ = other.estimate_;
+      open_ = std::exchange(other.open_, false);
+      return *this;
+    }
+    Receipt(const Receipt&) = delete;
+    Receipt& operator=(const Receipt&) = delete;
+
+    std::uint64_t estimate() const noexcept { return estimate_; }
+    // True until settled; false for a denied check's receipt.
+    bool open() const noexcept { return open_; }
+
+   private:
+    friend class GcraLimiter;
+    detail::GcraBooking booking_{};
+    std::uint64_t estimate_ = 0;
+    bool open_ = false;
+  };
+  struct Estimated {
+    Decision decision;
+    Receipt receipt;  // open iff decision.allowed()
+  };
+
+  // `check(key, estimate)` that also returns a receipt of what it booked, for `settle`.
+  absl::StatusOr<Estimated> check_estimated(std::string_view key, std::uint64_t estimate) {
+    if (estimate > max_cost_) return cost_error(estimate);
+    absl::StatusOr<Estimated> result(absl::in_place);
+    Estimated& out = *result;
+    const std::int64_t at = now();
+    std::visit(
+        [&](auto& store) {
+          out.receipt.booking_.digest = store.digest(key);
+          store.update(
+              out.receipt.booking_.digest, at,
+              [&](auto& cell, std::int64_t clamped) {
+                decide(cell, clamped, estimate, true, out.decision);
+                if (out.decision.allowed()) {
+                  out.receipt.booking_.forgotten =
+                      store.forgotten_in_shard(out.receipt.booking_.digest);
+                  record_booking(cell, estimate, out.receipt);
+                }
+                return true;
+              },
+              [&](const StoreFull& full) {
+                store_full(full, out.decision);
+                return false;
+              });
+        },
+        store_);
+    return result;
+  }
+
+  // Settles `receipt` at `actual` units and returns the key's state after it (as `inspect`).
+  // actual > estimate: the difference is charged in every window without an admission test, so
+  // the key may go into debt: later requests wait until it is paid off (a charge saturates at
+  // 2^61 ns ahead of now). actual < estimate: the surplus is refunded in every window, but only
+  // the part of the estimate's booking still ahead of now (what time has already refilled is not
+  // refunded twice), never past a full bucket, so the key never ends with more room than it
+  // would have had if the check had asked for `actual`; nothing is refunded if a live key of its
+  // shard was reset or evicted since the check (as for `cancel`). FailedPrecondition if the receipt
+  // is not open (denied, or settled already); InvalidArgument if actual > 2^32; ResourceExhausted
+  // if a charge falls on a key that was evicted meanwhile and whose shard is full (nothing
+  // charged).
+  absl::StatusOr<Decision> settle(Receipt& receipt, std::uint64_t actual) {
+    if (actual > kMaxSettledCost) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("an actual cost must be at most 2^32, got ", actual));
+    }
+    if (!std::exchange(receipt.open_, false)) {
+      return absl::FailedPreconditionError("the receipt was settled already or never admitted");
+    }
+    absl::StatusOr<Decision> result(absl::in_place);
+    Decision& out = *result;
+    const std::int64_t at = now();
+    const bool charged = std::visit(
+        [&](auto& store) {
+          return store.update_removing_idle(
+              receipt.booking_.digest, at,
+              [&](auto& cell, std::int64_t clamped) {
+                if (actual > receipt.estimate_) {
+                  charge(cell, clamped, actual - receipt.estimate_);
+                } else if (actual < receipt.estimate_ &&
+                           store.forgotten_in_shard(receipt.booking_.digest) ==
+                               receipt.booking_.forgotten) {
+                  std::array<absl::int128, kMaxWindows> refund{};
+                  for (std::size_t i = 0; i < params_.size(); ++i) {
+                    refund[i] = absl::int128(receipt.estimate_ - actual) *
+                                absl::int128(static_cast<std::uint64_t>(params_[i].period));
+                  }
+                  give_back(cell, clamped, receipt.booking_, refund);
+                }
+                decide(cell, clamped, 0, false, out);
+                return true;
+              },
+              [](const StoreFull&) { return false; });
+        },
+        store_);
+    if (!charged) {
+      result = absl::ResourceExhaustedError(
+          "the key is no longer tracked and its shard is full: nothing was charged");
+    }
+    return result;
   }
 
   // Bytes held by the key tables (grows with keys, bounded by the store cap). Lock-free.
@@ -420,10 +694,105 @@ class GcraLimiter {
     const std::uint64_t held_fraction = ahead_of_now ? tat.fraction : 0;
     out.reason = Reason::kQuotaExceeded;
     out.limit = params_[b].burst;
-    out.remaining = detail::remaining(params_[b], held, held_fraction);
+    // A key in debt (a settled charge or a reservation ahead of now) has nothing left.
+    const bool in_debt =
+        held > params_[b].tolerance_whole ||
+        (held == params_[b].tolerance_whole && held_fraction > params_[b].tolerance_fraction);
+    out.remaining = in_debt ? 0 : detail::remaining(params_[b], held, held_fraction);
     out.retry_after = std::chrono::nanoseconds{wait};
     out.reset_after = std::chrono::nanoseconds{held + (held_fraction != 0 ? 1 : 0)};
     out.binding_window = b;
+  }
+
+  static constexpr std::uint64_t kMaxSettledCost = std::uint64_t{1} << 32;
+
+  // reserve's step under the shard lock: the earliest instant at which `cost` fits in every
+  // window (for each window: its TAT + cost·T − burst·T, rounded up to whole ns, or now), then
+  // every window's TAT moves to max(TAT, instant) + cost·T.
+  template <std::size_t N>
+  absl::Status book_earliest(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost,
+                             std::int64_t max_wait, Reservation& out) const {
+    std::array<absl::int128, N> from{};  // each window's state as of now, scaled
+    absl::int128 instant = now;
+    for (std::size_t i = 0; i < N; ++i) {
+      const detail::GcraParams& p = params_[i];
+      from[i] = std::max(detail::scaled_tat(cell.tat[i], p.requests),
+                         absl::int128(now) * absl::int128(p.requests));
+      const absl::int128 fits = from[i] + cost_scaled(p, cost) - absl::int128(p.tolerance);
+      instant = std::max(instant, detail::ceil_div(fits, p.requests));
+    }
+    const absl::int128 wait = instant - now;
+    const bool beyond = wait > detail::kMaxBookedAhead;
+    if (wait > max_wait) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the cost fits in ",
+          beyond ? std::string("more than 2^61") : absl::StrCat(static_cast<std::int64_t>(wait)),
+          " ns, more than the ", max_wait, " ns allowed"));
+    }
+    if (beyond) {
+      return absl::ResourceExhaustedError(
+          "the cost fits only in more than 2^61 ns, beyond the supported range");
+    }
+    for (std::size_t i = 0; i < N; ++i) {
+      const detail::GcraParams& p = params_[i];
+      const absl::int128 start =
+          std::max(detail::scaled_tat(cell.tat[i], p.requests), instant * absl::int128(p.requests));
+      out.booking_.booked[i] = start + cost_scaled(p, cost);
+      out.booking_.added[i] = out.booking_.booked[i] - from[i];
+      cell.tat[i] = detail::unscaled_tat(out.booking_.booked[i], p.requests);
+    }
+    out.instant_ = static_cast<std::int64_t>(instant);
+    out.wait_ = static_cast<std::int64_t>(wait);
+    out.cost_ = cost;
+    out.open_ = true;
+    return absl::OkStatus();
+  }
+
+  // cost·T scaled by requests: cost·period.
+  static absl::int128 cost_scaled(const detail::GcraParams& p, std::uint64_t cost) {
+    return absl::int128(cost) * absl::int128(static_cast<std::uint64_t>(p.period));
+  }
+
+  // After an admitted estimated check: what it booked in each window (it admitted at now, so it
+  // added estimate·T to max(TAT, now)).
+  template <std::size_t N>
+  void record_booking(const detail::GcraCell<N>& cell, std::uint64_t estimate, Receipt& out) const {
+    for (std::size_t i = 0; i < N; ++i) {
+      out.booking_.booked[i] = detail::scaled_tat(cell.tat[i], params_[i].requests);
+      out.booking_.added[i] = cost_scaled(params_[i], estimate);
+    }
+    out.estimate_ = estimate;
+    out.open_ = true;
+  }
+
+  // Gives back up to `amount[i]` in each window, only out of the part of `booking`'s TAT still
+  // ahead of now, and never past a full bucket (a TAT of now).
+  template <std::size_t N>
+  void give_back(detail::GcraCell<N>& cell, std::int64_t now, const detail::GcraBooking& booking,
+                 const std::array<absl::int128, kMaxWindows>& amount) const {
+    for (std::size_t i = 0; i < N; ++i) {
+      const std::uint64_t r = params_[i].requests;
+      const absl::int128 now_scaled = absl::int128(now) * absl::int128(r);
+      const absl::int128 current = detail::scaled_tat(cell.tat[i], r);
+      const absl::int128 ahead = booking.booked[i] - now_scaled;
+      if (current <= now_scaled || ahead <= 0) continue;
+      const absl::int128 back = std::min(amount[i], ahead);
+      cell.tat[i] = detail::unscaled_tat(std::max(current - back, now_scaled), r);
+    }
+  }
+
+  // Charges `extra` units in every window without an admission test, saturating at
+  // kMaxBookedAhead ahead of now.
+  template <std::size_t N>
+  void charge(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t extra) const {
+    for (std::size_t i = 0; i < N; ++i) {
+      const detail::GcraParams& p = params_[i];
+      const absl::int128 r(p.requests);
+      const absl::int128 from =
+          std::max(detail::scaled_tat(cell.tat[i], p.requests), absl::int128(now) * r);
+      const absl::int128 limit = (absl::int128(now) + detail::kMaxBookedAhead) * r;
+      cell.tat[i] = detail::unscaled_tat(std::min(from + cost_scaled(p, extra), limit), p.requests);
+    }
   }
 
   ClockT clock_;
