@@ -1,7 +1,11 @@
-// GcraLimiter's reserve, cancel, wait, check_estimated and settle: exact instants and exact
-// give-backs under a ManualClock.
+// GcraLimiter's reserve, cancel, wait, check_estimated and settle, and DirectGcraLimiter's
+// reserve, cancel, wait and reset: exact instants and exact give-backs under a ManualClock.
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -10,6 +14,7 @@
 
 #include "catch.hpp"
 #include "sluice/clock.hpp"
+#include "sluice/direct_gcra.hpp"
 #include "sluice/gcra.hpp"
 
 using namespace std::chrono_literals;
@@ -362,4 +367,155 @@ TEST_CASE("a huge charge saturates at 2^61 ns of debt instead of overflowing") {
   Decision d = limiter.inspect("k");
   CHECK_FALSE(d.allowed());
   CHECK(d.retry_after == nanoseconds{(std::int64_t{1} << 61) - (std::int64_t{1} << 55)});
+}
+
+// --- DirectGcraLimiter ------------------------------------------------------------------------
+
+namespace {
+
+using Direct = sluice::DirectGcraLimiter<sluice::ManualClock>;
+
+// A scripted random sequence of checks, reservations, cancels and clock moves, applied to the
+// keyed limiter (one key) and the unkeyed one: every answer must be the same.
+void expect_same_script(std::vector<sluice::GcraWindow> windows, std::uint64_t seed) {
+  sluice::ManualClock clock(7s);
+  Gcra keyed = make(clock, windows);
+  auto made = Direct::create(windows, clock);
+  REQUIRE(made.ok());
+  Direct& direct = *made;
+  std::uint64_t max_cost = ~std::uint64_t{0};
+  for (const auto& w : keyed.windows()) max_cost = std::min(max_cost, w.burst);
+  std::mt19937_64 random(seed);
+  std::vector<std::pair<Gcra::Reservation, Direct::Reservation>> open;
+  for (int step = 0; step < 3000; ++step) {
+    INFO("step " << step);
+    const std::uint64_t cost = 1 + random() % max_cost;
+    switch (random() % 6) {
+      case 0:
+        clock.advance(nanoseconds{static_cast<std::int64_t>(random() % 700'000'000)});
+        break;
+      case 1: {
+        auto a = keyed.check("k", cost);
+        auto b = direct.check(cost);
+        REQUIRE(a.ok());
+        REQUIRE(b.ok());
+        REQUIRE(*a == *b);
+        break;
+      }
+      case 2:
+      case 3: {
+        const auto max_wait = nanoseconds{static_cast<std::int64_t>(random() % 4'000'000'000)};
+        auto a = keyed.reserve("k", cost, max_wait);
+        auto b = direct.reserve(cost, max_wait);
+        REQUIRE(a.status().code() == b.status().code());
+        if (a.ok()) {
+          REQUIRE(a->wait() == b->wait());
+          REQUIRE(a->instant() == b->instant());
+          open.emplace_back(*std::move(a), *std::move(b));
+        }
+        break;
+      }
+      case 4:
+        if (!open.empty()) {
+          const std::size_t i = random() % open.size();
+          REQUIRE(keyed.cancel(open[i].first) == direct.cancel(open[i].second));
+          open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
+        }
+        break;
+      default:
+        REQUIRE(keyed.inspect("k") == direct.inspect());
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("DirectGcraLimiter reserves and cancels exactly as GcraLimiter does for one key") {
+  expect_same_script({{.requests = 3, .period = 1s}}, 1);
+  expect_same_script({{.requests = 3, .period = 1s, .burst = 5}}, 2);
+  expect_same_script({{.requests = 2, .period = 1s}, {.requests = 5, .period = 10s}}, 3);
+  expect_same_script({{.requests = 10, .period = 1s, .burst = 4},
+                      {.requests = 30, .period = 10s},
+                      {.requests = 100, .period = 1min}},
+                     4);
+}
+
+TEST_CASE("DirectGcraLimiter's reset forgets every booking; older reservations give nothing") {
+  sluice::ManualClock clock;
+  for (std::size_t windows : {1, 2}) {
+    std::vector<sluice::GcraWindow> w{{.requests = 1, .period = 1min, .burst = 5}};
+    if (windows == 2) w.push_back({.requests = 10, .period = 1h});
+    auto made = Direct::create(w, clock);
+    REQUIRE(made.ok());
+    Direct& limiter = *made;
+    auto r = limiter.reserve(5);
+    REQUIRE(r.ok());
+    CHECK(limiter.inspect().remaining == 0);
+    limiter.reset();
+    CHECK(limiter.inspect().remaining == 5);
+    for (int i = 0; i < 5; ++i) REQUIRE(limiter.check()->allowed());
+    CHECK(limiter.cancel(*r));
+    CHECK_FALSE(limiter.check()->allowed());
+  }
+}
+
+TEST_CASE("DirectGcraLimiter's wait sleeps until the instant, and refuses a cost that never fits") {
+  sluice::ManualClock clock;
+  auto made = Direct::create({{.requests = 2, .period = 1s}}, clock);
+  REQUIRE(made.ok());
+  auto sleeper = [&](nanoseconds d) { clock.advance(d); };
+  CHECK(made->wait(2, 1s, sleeper).ok());
+  CHECK(made->wait(1, 1s, sleeper).ok());
+  CHECK(clock.now() == 500ms);
+  CHECK(made->wait(1, clock.now() + 100ms, sleeper).code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(made->wait(3, clock.now() + 1h, sleeper).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(made->reserve(0).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+// --- concurrency (run under ThreadSanitizer in CI) --------------------------------------------
+
+namespace {
+
+// 8 threads reserve (with no wait allowed), cancel half of what they reserved, and check, on a
+// frozen clock; then what is left is drained. The net bookings must be exactly the burst.
+template <class Reserve, class Cancel, class Check>
+std::int64_t net_bookings(Reserve reserve_one, Cancel cancel_one, Check check_one) {
+  std::atomic<std::int64_t> net{0};
+  std::vector<std::thread> threads;
+  threads.reserve(8);
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 300; ++i) {
+        if ((i + t) % 3 == 0) {
+          if (check_one()) ++net;
+        } else if (auto r = reserve_one(); r.ok()) {
+          ++net;
+          if (i % 2 == 0 && cancel_one(*r)) --net;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  while (check_one()) ++net;
+  return net.load();
+}
+
+}  // namespace
+
+TEST_CASE("concurrent reservations, cancels and checks book exactly the burst") {
+  sluice::ManualClock clock(1s);  // frozen
+  const std::vector<std::vector<sluice::GcraWindow>> configs = {
+      {{.requests = 1, .period = 1min, .burst = 500}},
+      {{.requests = 1, .period = 1min, .burst = 500}, {.requests = 1000, .period = 1h}}};
+  for (const auto& windows : configs) {
+    Gcra keyed = make(clock, windows);
+    CHECK(net_bookings([&] { return keyed.reserve("k", 1, 0ns); },
+                       [&](Gcra::Reservation& r) { return keyed.cancel(r); },
+                       [&] { return keyed.check("k")->allowed(); }) == 500);
+    auto direct = Direct::create(windows, clock);
+    REQUIRE(direct.ok());
+    CHECK(net_bookings([&] { return direct->reserve(1, 0ns); },
+                       [&](Direct::Reservation& r) { return direct->cancel(r); },
+                       [&] { return direct->check()->allowed(); }) == 500);
+  }
 }

@@ -17,6 +17,7 @@
 #include <concepts>
 #include <cstdint>
 #include <memory>
+#include <thread>
 
 namespace sluice {
 
@@ -63,6 +64,12 @@ class ManualClock {
 
 static_assert(Clock<SteadyClock>);
 static_assert(Clock<ManualClock>);
+
+// Sleeps the calling thread: the default sleeper of the limiters' `wait`. A test with a
+// ManualClock passes a sleeper that advances the clock instead.
+struct ThreadSleepFor {
+  void operator()(std::chrono::nanoseconds d) const { std::this_thread::sleep_for(d); }
+};
 
 }  // namespace sluice
 

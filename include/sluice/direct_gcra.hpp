@@ -41,9 +41,15 @@
 // Sequentially (or with checks that do not overlap) every Decision equals the one GcraLimiter
 // returns for one key with the same windows and clock readings, field by field.
 //
-// Thread-safety: `check` may be called concurrently from any threads. Moving a limiter is not
-// thread-safe (only `create` moves one). Units: integer ns and request units. Complexity:
-// O(windows) per check, no allocation, no system call besides the clock.
+// Beyond check: `inspect` and `reset`, and `reserve`, `cancel` and `wait` with GcraLimiter's
+// exact rules (sluice/gcra.hpp). These writers take the sequence lock even for one window (a
+// one-window check never does; a writer publishes its word with a CAS and retries if a check
+// moved it), so a check never waits for them except as it waits for stacked admissions.
+//
+// Thread-safety: every member function may be called concurrently from any threads (`wait`
+// sleeps without holding anything). Moving a limiter is not thread-safe (only `create` moves
+// one). Units: integer ns and request units. Complexity: O(windows) per call, no allocation, no
+// system call besides the clock.
 #ifndef SLUICE_DIRECT_GCRA_HPP_
 #define SLUICE_DIRECT_GCRA_HPP_
 
@@ -169,6 +175,8 @@ class DirectGcraLimiter {
     }
     state_.latest.store(other.state_.latest.load(std::memory_order_relaxed),
                         std::memory_order_relaxed);
+    state_.resets.store(other.state_.resets.load(std::memory_order_relaxed),
+                        std::memory_order_relaxed);
   }
   DirectGcraLimiter& operator=(DirectGcraLimiter&&) = delete;
   DirectGcraLimiter(const DirectGcraLimiter&) = delete;
@@ -183,11 +191,210 @@ class DirectGcraLimiter {
     return check_stacked(now, cost);
   }
 
+  // The state without consuming anything: what `check(0)` reports. Lock-free.
+  Decision inspect() { return *check(0); }
+
+  // Forgets every booking: the next check sees every window full. Reservations made before it
+  // give nothing back when cancelled. Lock-free for one window; stacked windows take the
+  // writers' sequence lock.
+  void reset() {
+    transact(
+        relative(clock_.now().count()),
+        [&](Words& tat, std::int64_t) {
+          for (std::size_t i = 0; i < count_; ++i) tat[i] = kFresh;
+          return true;
+        },
+        /*resets=*/true);
+  }
+
+  // --- Reserve and wait, as GcraLimiter's (sluice/gcra.hpp): the same instants and give-backs.
+
+  class Reservation {
+   public:
+    Reservation() = default;
+    Reservation(Reservation&& other) noexcept { *this = std::move(other); }
+    Reservation& operator=(Reservation&& other) noexcept {
+      booked_ = other.booked_;
+      added_ = other.added_;
+      resets_ = other.resets_;
+      instant_ = other.instant_;
+      wait_ = other.wait_;
+      cost_ = other.cost_;
+      open_ = std::exchange(other.open_, false);
+      return *this;
+    }
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+
+    // From the clock reading the reservation was made at to its instant; 0: proceed now.
+    std::chrono::nanoseconds wait() const noexcept { return std::chrono::nanoseconds{wait_}; }
+    // When the cost may be used, as a reading of the limiter's clock.
+    std::chrono::nanoseconds instant() const noexcept { return std::chrono::nanoseconds{instant_}; }
+    std::uint64_t cost() const noexcept { return cost_; }
+    bool cancellable() const noexcept { return open_; }
+
+   private:
+    friend class DirectGcraLimiter;
+    std::array<std::int64_t, kMaxWindows> booked_{};  // each word right after, in units
+    std::array<std::int64_t, kMaxWindows> added_{};   // what it added to each word
+    std::uint64_t resets_ = 0;
+    std::int64_t instant_ = 0;
+    std::int64_t wait_ = 0;
+    std::uint64_t cost_ = 0;
+    bool open_ = false;
+  };
+
+  static constexpr std::chrono::nanoseconds kNoMaxWait = std::chrono::nanoseconds::max();
+
+  // Books `cost` at the earliest instant at which it fits in every window (see
+  // GcraLimiter::reserve). Errors, with nothing booked: InvalidArgument if `cost` is 0 or exceeds
+  // a window's burst; DeadlineExceeded if the instant is more than `max_wait` away;
+  // ResourceExhausted if the booking would reach past the span one word holds (see the top of
+  // this file). Lock-free for one window.
+  absl::StatusOr<Reservation> reserve(std::uint64_t cost = 1,
+                                      std::chrono::nanoseconds max_wait = kNoMaxWait) {
+    if (cost == 0) return absl::InvalidArgumentError("a reservation's cost must be at least 1");
+    if (cost > max_cost_) return cost_error(cost);
+    absl::StatusOr<Reservation> result(absl::in_place);
+    Reservation& out = *result;
+    absl::Status status;
+    transact(relative(clock_.now().count()), [&](Words& tat, std::int64_t now) {
+      status = book_earliest(tat, now, cost, max_wait.count(), out);
+      return status.ok();
+    });
+    if (!status.ok()) result = std::move(status);
+    return result;
+  }
+
+  // Gives back what `reservation` booked unless the clock has moved past its instant; true iff
+  // it did (or a reset has already given everything back). Exactly GcraLimiter::cancel's rule.
+  bool cancel(Reservation& reservation) {
+    if (!std::exchange(reservation.open_, false)) return false;
+    bool cancelled = false;
+    transact(relative(clock_.now().count()), [&](Words& tat, std::int64_t now) {
+      cancelled = now + epoch_ <= reservation.instant_;
+      if (!cancelled || state_.resets.load(std::memory_order_acquire) != reservation.resets_) {
+        return false;
+      }
+      for (std::size_t i = 0; i < count_; ++i) {
+        const std::int64_t at = now * params_[i].units;
+        const std::int64_t ahead = reservation.booked_[i] - at;
+        if (tat[i] <= at || ahead <= 0) continue;
+        tat[i] = std::max(tat[i] - std::min(reservation.added_[i], ahead), at);
+      }
+      return true;
+    });
+    return cancelled;
+  }
+
+  // Books `cost` if it fits by `deadline` (a reading of this limiter's clock) and sleeps until
+  // its instant with `sleep_for`; DeadlineExceeded, with nothing booked, if it cannot fit by
+  // then. As GcraLimiter::wait.
+  template <class SleepFor = ThreadSleepFor>
+  absl::Status wait(std::uint64_t cost, std::chrono::nanoseconds deadline,
+                    SleepFor&& sleep_for = {}) {
+    const std::chrono::nanoseconds start = clock_.now();
+    if (deadline < start) return absl::DeadlineExceededError("the deadline has passed");
+    const std::chrono::nanoseconds room =
+        deadline.count() > detail::kMaxTime || start.count() < -detail::kMaxTime ? kNoMaxWait
+                                                                                 : deadline - start;
+    absl::StatusOr<Reservation> r = reserve(cost, room);
+    if (!r.ok()) return r.status();
+    if (r->wait() > std::chrono::nanoseconds{0}) sleep_for(r->wait());
+    return absl::OkStatus();
+  }
+
   // The windows, shortest period first, bursts defaulted. Decision::binding_window indexes this.
   const std::vector<GcraWindow>& windows() const noexcept { return windows_; }
   const ClockT& clock() const noexcept { return clock_; }
 
  private:
+  using Words = std::array<std::int64_t, kMaxWindows>;
+
+  // Runs `fn(tat, now)` on a copy of every word at the clamped `now_ns` (ns since the epoch)
+  // and, if it returns true, publishes the words it left, atomically with respect to every check.
+  // Writers (reserve, cancel, reset, and stacked admissions) are serialized by the sequence lock;
+  // a one-window check does not take it, so a one-window writer publishes with a CAS and runs
+  // `fn` again if a check moved the word meanwhile. With `resets`, the reset count is raised
+  // with the publication.
+  template <class Fn>
+  void transact(std::int64_t now_ns, Fn&& fn, bool resets = false) {
+    const std::uint64_t version = lock_writers();
+    for (;;) {
+      Words tat{};
+      for (std::size_t i = 0; i < count_; ++i) {
+        tat[i] = state_.tat[i].load(std::memory_order_acquire);
+      }
+      std::int64_t first = tat[0];
+      if (!fn(tat, clamp(now_ns))) break;
+      if (count_ == 1) {
+        if (!state_.tat[0].compare_exchange_strong(first, tat[0], std::memory_order_acq_rel,
+                                                   std::memory_order_acquire)) {
+          continue;  // a check admitted meanwhile
+        }
+      } else {
+        for (std::size_t i = 0; i < count_; ++i) {
+          state_.tat[i].store(tat[i], std::memory_order_release);
+        }
+      }
+      if (resets) state_.resets.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    state_.version.store(version + 2, std::memory_order_release);
+  }
+
+  // Takes the writers' sequence lock: returns the even version it found, leaving version + 1.
+  std::uint64_t lock_writers() {
+    for (;;) {
+      std::uint64_t version = stable_version();
+      if (state_.version.compare_exchange_weak(version, version + 1, std::memory_order_acquire)) {
+        return version;
+      }
+    }
+  }
+
+  // reserve's step: the earliest instant (ns since the epoch) at which `cost` fits in every
+  // window, then every word moves to max(TAT, instant) + cost·step. 128-bit intermediates: a
+  // word may be near the top of its range.
+  absl::Status book_earliest(Words& tat, std::int64_t now, std::uint64_t cost,
+                             std::int64_t max_wait, Reservation& out) const {
+    absl::int128 instant = now;
+    for (std::size_t i = 0; i < count_; ++i) {
+      const detail::DirectGcraParams& p = params_[i];
+      const absl::int128 at = absl::int128(now) * p.units;
+      const absl::int128 fits =
+          std::max(absl::int128(tat[i]), at) + absl::int128(cost) * p.step - p.tolerance;
+      if (fits > at) instant = std::max(instant, now + (fits - at + p.units - 1) / p.units);
+    }
+    const absl::int128 wait = instant - now;
+    if (wait > max_wait) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the cost fits in ", static_cast<std::int64_t>(wait), " ns, more than the ",
+                       max_wait, " ns allowed"));
+    }
+    Words next{};
+    for (std::size_t i = 0; i < count_; ++i) {
+      const detail::DirectGcraParams& p = params_[i];
+      const absl::int128 at = absl::int128(now) * p.units;
+      const absl::int128 start = std::max(absl::int128(tat[i]), instant * p.units);
+      const absl::int128 booked = start + absl::int128(cost) * p.step;
+      const absl::int128 limit = absl::int128(latest_allowed_ - epoch_) * p.units + p.tolerance;
+      if (booked > limit) {
+        return absl::ResourceExhaustedError(
+            "the reservation would reach past the span of clock one word holds");
+      }
+      next[i] = static_cast<std::int64_t>(booked);
+      out.booked_[i] = next[i];
+      out.added_[i] = static_cast<std::int64_t>(booked - std::max(absl::int128(tat[i]), at));
+    }
+    tat = next;
+    out.resets_ = state_.resets.load(std::memory_order_acquire);
+    out.instant_ = static_cast<std::int64_t>(instant) + epoch_;
+    out.wait_ = static_cast<std::int64_t>(wait);
+    out.cost_ = cost;
+    out.open_ = true;
+    return absl::OkStatus();
+  }
   static constexpr std::int64_t kFresh = std::numeric_limits<std::int64_t>::min();
 
   explicit DirectGcraLimiter(ClockT clock) : clock_(std::move(clock)) {}
@@ -212,8 +419,10 @@ class DirectGcraLimiter {
     return detail::cost_error(cost, params_[window].burst, window);
   }
 
-  // Invariant of every word: tat − now ≤ tolerance (an admission never leaves more, and the
-  // clamped now never decreases), so a peek is always admitted and no subtraction overflows.
+  // Every word is at most (latest_allowed_ − epoch_)·units + tolerance (an admission leaves
+  // at most now + tolerance, a reservation is refused past it), so no sum below overflows.
+  // A check leaves tat − now ≤ tolerance; only reservations leave more (the word is then in
+  // debt: every check, peeks included, is denied until now catches up).
 
   // The decision of window `i` for a TAT `tat` (units) at `now` (units) when it admits:
   // `ahead` = new TAT − now.
@@ -228,12 +437,16 @@ class DirectGcraLimiter {
   static std::uint64_t remaining(const detail::DirectGcraParams& p, std::int64_t ahead) {
     return p.by_step.divide(static_cast<std::uint64_t>(p.tolerance - ahead));
   }
+  // As `remaining`, 0 for a word in debt (reservations booked ahead past the bucket).
+  static std::uint64_t remaining_held(const detail::DirectGcraParams& p, std::int64_t held) {
+    return held >= p.tolerance ? 0 : remaining(p, held);
+  }
   // A denial bound by window `i`, whose TAT is `held` units ahead of now; `wait` in ns.
   Decision denied(std::size_t i, std::int64_t held, std::uint64_t wait) const {
     const detail::DirectGcraParams& p = params_[i];
     return Decision{.reason = Reason::kQuotaExceeded,
                     .limit = p.burst,
-                    .remaining = remaining(p, held),
+                    .remaining = remaining_held(p, held),
                     .retry_after = std::chrono::nanoseconds{static_cast<std::int64_t>(wait)},
                     .reset_after = std::chrono::nanoseconds{static_cast<std::int64_t>(
                         p.by_units.divide_up(static_cast<std::uint64_t>(held)))},
@@ -339,6 +552,7 @@ class DirectGcraLimiter {
     std::array<std::atomic<std::int64_t>, kMaxWindows> tat{};  // units since the epoch
     std::atomic<std::int64_t> latest{kFresh};  // latest reading used, ns since the epoch
     std::atomic<std::uint64_t> version{0};     // stacked windows: odd while a writer holds it
+    std::atomic<std::uint64_t> resets{0};      // reset() calls: invalidate older reservations
     State() {
       for (auto& t : tat) t.store(kFresh, std::memory_order_relaxed);
     }

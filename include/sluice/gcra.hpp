@@ -44,7 +44,6 @@
 #include <limits>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -155,11 +154,6 @@ struct GcraBooking {
 };
 
 }  // namespace detail
-
-// Sleeps the calling thread; the default sleeper of `GcraLimiter::wait`.
-struct ThreadSleepFor {
-  void operator()(std::chrono::nanoseconds d) const { std::this_thread::sleep_for(d); }
-};
 
 template <Clock ClockT = SteadyClock>
 class GcraLimiter {
