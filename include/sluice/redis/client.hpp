@@ -42,6 +42,7 @@
 #include "absl/strings/string_view.h"
 #include "sluice/decision.hpp"
 #include "sluice/detail/xxhash.hpp"
+#include "sluice/redis/detail/booking_script.hpp"
 #include "sluice/redis/detail/command.hpp"
 #include "sluice/redis/detail/connection_pool.hpp"
 #include "sluice/redis/detail/script_call.hpp"
@@ -88,34 +89,72 @@ class Client {
     return run_pipelined(items, std::nullopt);
   }
 
-  // Deletes `key`'s state under `limit` with one DEL (one round trip): its next check sees every
-  // window full, as for a key never seen. OK whether or not the key had state; Unavailable or
-  // DeadlineExceeded as a check; a server error reply becomes its status.
-  absl::Status reset(std::string_view key, const Limit& limit) {
+  // Deletes `key`'s state under `limit` (one script call, one round trip): its next check sees
+  // every window full, as for a key never seen. If the state held bookings, a marker key beside
+  // it (`redis_key(...) + ":reset"`, same hash slot) records the reset until they would all have
+  // been paid off, so that reservations and receipts from before it give nothing back. OK
+  // whether or not the key had state; Unavailable or DeadlineExceeded as a check; a server error
+  // reply becomes its status.
+  absl::Status reset(std::string_view key, const Limit& limit,
+                     std::optional<std::chrono::nanoseconds> time = std::nullopt) {
     const std::string name = redis_key(key, limit);
-    detail::Command del;
-    del.add("DEL");
-    del.add(name);
+    std::vector<std::string> args = {name, absl::StrCat(name, ":reset"), "x", "", "", "", ""};
+    if (time) set_time_args(*time, args[4], args[5]);
+    absl::StatusOr<detail::ReplyPtr> reply = run_booking(args);
+    if (!reply.ok()) {
+      return reply.status();
+    }
+    if ((*reply)->type != REDIS_REPLY_ARRAY) {
+      return absl::InternalError("sluice::redis: reset returned an unexpected reply");
+    }
+    return absl::OkStatus();
+  }
+
+  // One call of the booking script (sluice/redis/detail/booking_script.hpp) with `args` after
+  // its key count: loads the script after a NOSCRIPT and closes a connection whose reply says it
+  // is the wrong server. A server error reply becomes its status. For RedisGcraLimiter.
+  absl::StatusOr<detail::ReplyPtr> run_booking(std::span<const std::string> args) {
+    detail::Command command;
+    command.add("EVALSHA");
+    command.add(booking_sha_);
+    command.add("2");
+    for (const std::string& arg : args) command.add(arg);
     absl::StatusOr<detail::ConnectionPool::Lease> lease = pool_.acquire();
     if (!lease.ok()) {
       return lease.status();
     }
     absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
-        detail::exchange(*lease, std::span<const detail::Command>(&del, 1));
+        detail::exchange(*lease, std::span<const detail::Command>(&command, 1));
     if (!replies.ok()) {
       return replies.status();
     }
-    const redisReply& reply = *(*replies)[0];
-    if (needs_new_connection(reply)) {
+    detail::ReplyPtr reply = std::move((*replies)[0]);
+    if (is_noscript(*reply)) {
+      detail::Command load;
+      load.add("SCRIPT");
+      load.add("LOAD");
+      load.add(detail::kBookingScript);
+      const detail::Command both[] = {load, command};
+      replies = detail::exchange(*lease, both);
+      if (!replies.ok()) {
+        return replies.status();
+      }
+      reply = std::move((*replies)[1]);
+    }
+    if (needs_new_connection(*reply)) {
       lease->mark_broken();
     }
-    if (reply.type == REDIS_REPLY_ERROR) {
-      return detail::server_error_status(std::string_view(reply.str, reply.len));
+    if (reply->type == REDIS_REPLY_ERROR) {
+      return detail::server_error_status(std::string_view(reply->str, reply->len));
     }
-    if (reply.type != REDIS_REPLY_INTEGER) {
-      return absl::InternalError("sluice::redis: DEL returned an unexpected reply");
-    }
-    return absl::OkStatus();
+    return reply;
+  }
+
+  // A test-only time (ns since the Unix epoch, ≥ 0) as the scripts' (seconds, ns) arguments.
+  static void set_time_args(std::chrono::nanoseconds time, std::string& s, std::string& ns) {
+    const auto t = static_cast<std::uint64_t>(time.count());
+    s = absl::StrCat(t / detail::kNanosPerSecond);
+    ns = absl::StrCat(t % detail::kNanosPerSecond);
   }
 
   // The Redis key holding `key`'s state under `limit` (for operators; contains no raw key bytes).
@@ -168,7 +207,8 @@ class Client {
       : options_(std::move(options)),
         pool_(options_.connection),
         script_(kGcraScript),
-        script_sha_(detail::sha1_hex(script_)) {}
+        script_sha_(detail::sha1_hex(script_)),
+        booking_sha_(detail::sha1_hex(detail::kBookingScript)) {}
 
   static absl::Status validate(std::span<const CheckItem> items) {
     if (items.empty()) {
@@ -347,6 +387,7 @@ class Client {
   detail::ConnectionPool pool_;
   std::string script_;
   std::string script_sha_;
+  std::string booking_sha_;
 };
 
 }  // namespace sluice::redis

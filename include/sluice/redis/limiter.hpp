@@ -22,20 +22,28 @@
 #ifndef SLUICE_REDIS_LIMITER_HPP_
 #define SLUICE_REDIS_LIMITER_HPP_
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/rate_limiter.hpp"
 #include "sluice/redis/client.hpp"
+#include "sluice/redis/detail/exact_double.hpp"
+#include "sluice/redis/detail/script_reply.hpp"
 #include "sluice/redis/limit.hpp"
 #include "sluice/redis/options.hpp"
 #include "sluice/window.hpp"
@@ -70,6 +78,7 @@ class RedisGcraLimiter {
   // cost 0 peeks (reports availability, changes nothing); a cost above the smallest burst is
   // InvalidArgument. One round trip, bounded by the client's timeouts.
   absl::StatusOr<Decision> check(std::string_view key, std::uint64_t cost = 1) {
+    if (time_) return check_at_for_testing(key, cost, *time_);
     const CheckItem item{.key = key, .limit = &limit_, .cost = cost};
     absl::StatusOr<std::vector<Decision>> d = client_->check_all(std::span(&item, 1));
     if (!d.ok()) {
@@ -82,8 +91,237 @@ class RedisGcraLimiter {
   // GcraLimiter::inspect), decided at the server's TIME. One round trip; creates no state.
   absl::StatusOr<Decision> inspect(std::string_view key) { return check(key, 0); }
 
-  // Forgets the key (one DEL, one round trip): its next check sees every window full.
-  absl::Status reset(std::string_view key) { return client_->reset(key, limit_); }
+  // Forgets the key (one script call, one round trip): its next check sees every window full;
+  // reservations and receipts from before it give nothing back.
+  absl::Status reset(std::string_view key) { return client_->reset(key, limit_, time_); }
+
+  // --- Reserve, cancel and wait; check_estimated and settle. GcraLimiter's exact rules
+  // (sluice/gcra.hpp), decided at the server's TIME, one round trip each. A window's debt is
+  // bounded by 2^52 ns (about 52 days) in Redis: a reservation that would pass it is refused
+  // (ResourceExhausted), a charge saturates at it. Transport and server errors are returned as
+  // by `check`; a reservation or receipt whose call failed is spent (what the server did with it
+  // is unknown, and it is never retried).
+
+  // One window of a booking: the TAT it left (ns since the Unix epoch × requests + fraction)
+  // and what it added there (ns, fraction of 1/requests ns).
+  struct BookedWindow {
+    absl::uint128 tat = 0;
+    std::uint64_t added_ns = 0;
+    std::uint64_t added_frac = 0;
+  };
+
+  class Reservation {
+   public:
+    Reservation() = default;
+    Reservation(Reservation&& other) noexcept { *this = std::move(other); }
+    Reservation& operator=(Reservation&& other) noexcept {
+      key_ = std::move(other.key_);
+      windows_ = std::move(other.windows_);
+      serial_ = other.serial_;
+      instant_ = other.instant_;
+      wait_ = other.wait_;
+      cost_ = other.cost_;
+      open_ = std::exchange(other.open_, false);
+      return *this;
+    }
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+
+    // From the server's clock reading at the reservation to its instant; 0: proceed now.
+    std::chrono::nanoseconds wait() const noexcept { return wait_; }
+    // The instant, in ns since the Unix epoch on the server's clock.
+    std::chrono::nanoseconds instant() const noexcept { return instant_; }
+    std::uint64_t cost() const noexcept { return cost_; }
+    bool cancellable() const noexcept { return open_; }
+
+   private:
+    friend class RedisGcraLimiter;
+    std::string key_;  // the Redis key (a digest, never the caller's key)
+    std::vector<BookedWindow> windows_;
+    std::uint64_t serial_ = 0;  // the key's reset count when booked
+    std::chrono::nanoseconds instant_{0}, wait_{0};
+    std::uint64_t cost_ = 0;
+    bool open_ = false;
+  };
+
+  class Receipt {
+   public:
+    Receipt() = default;
+    Receipt(Receipt&& other) noexcept { *this = std::move(other); }
+    Receipt& operator=(Receipt&& other) noexcept {
+      key_ = std::move(other.key_);
+      windows_ = std::move(other.windows_);
+      serial_ = other.serial_;
+      estimate_ = other.estimate_;
+      open_ = std::exchange(other.open_, false);
+      return *this;
+    }
+    Receipt(const Receipt&) = delete;
+    Receipt& operator=(const Receipt&) = delete;
+
+    std::uint64_t estimate() const noexcept { return estimate_; }
+    bool open() const noexcept { return open_; }
+
+   private:
+    friend class RedisGcraLimiter;
+    std::string key_;
+    std::vector<BookedWindow> windows_;
+    std::uint64_t serial_ = 0;
+    std::uint64_t estimate_ = 0;
+    bool open_ = false;
+  };
+  struct Estimated {
+    Decision decision;
+    Receipt receipt;  // open iff decision.allowed()
+  };
+
+  static constexpr std::chrono::nanoseconds kNoMaxWait = std::chrono::nanoseconds::max();
+
+  // Books `cost` at the earliest instant at which it fits in every window (GcraLimiter::reserve).
+  // InvalidArgument if cost is 0 or above the smallest burst; DeadlineExceeded if the instant
+  // is more than `max_wait` away; ResourceExhausted past the 2^52 ns debt bound. Nothing is
+  // booked on any error.
+  absl::StatusOr<Reservation> reserve(std::string_view key, std::uint64_t cost = 1,
+                                      std::chrono::nanoseconds max_wait = kNoMaxWait) {
+    if (cost == 0) return absl::InvalidArgumentError("a reservation's cost must be at least 1");
+    if (cost > limit_.max_cost()) return cost_error();
+    Reservation out;
+    out.key_ = client_->redis_key(key, limit_);
+    absl::StatusOr<Ints> reply =
+        call(out.key_, "r", amount_params(cost), absl::StrCat(max_wait.count()));
+    if (!reply.ok()) return reply.status();
+    const Ints& v = *reply;
+    const std::size_t n = limit_.windows().size();
+    if (v.size() == 2 && v[0] == 1) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the cost fits in ", v[1], " ns, more than the ", max_wait.count(), " ns allowed"));
+    }
+    if (v.size() == 1 && v[0] == 2) {
+      return absl::ResourceExhaustedError(
+          "the reservation would put a window's debt past 2^52 ns, the Redis state's range");
+    }
+    if (v.size() != 5 + 4 * n || v[0] != 0) return malformed();
+    const absl::uint128 at = decision_time(v[1], v[2]);
+    out.wait_ = std::chrono::nanoseconds{v[3]};
+    out.instant_ = to_ns(at + v[3]);
+    out.serial_ = v[4];
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t r = limit_.windows()[i].requests;
+      out.windows_.push_back({.tat = at * r + absl::uint128(v[5 + 4 * i]) * r + v[6 + 4 * i],
+                              .added_ns = v[7 + 4 * i],
+                              .added_frac = v[8 + 4 * i]});
+    }
+    out.cost_ = cost;
+    out.open_ = true;
+    return out;
+  }
+
+  // Gives back what `reservation` booked unless the server's clock has passed its instant
+  // (GcraLimiter::cancel's rule). True iff cancelled; false if it had passed, or was not
+  // cancellable. After a reset of the key it is cancelled but gives nothing back.
+  absl::StatusOr<bool> cancel(Reservation& reservation) {
+    if (!std::exchange(reservation.open_, false)) return false;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> amounts;
+    for (const BookedWindow& w : reservation.windows_)
+      amounts.emplace_back(w.added_ns, w.added_frac);
+    absl::StatusOr<Ints> reply =
+        call(reservation.key_, "g", amount_params(amounts),
+             give_back_extra(reservation.serial_, reservation.instant_, reservation.windows_));
+    if (!reply.ok()) return reply.status();
+    if (reply->size() == 1 && (*reply)[0] == 3) return false;
+    if (reply->size() != 3 + 2 * reservation.windows_.size() ||
+        ((*reply)[0] != 0 && (*reply)[0] != 4)) {
+      return malformed();
+    }
+    return true;
+  }
+
+  // Books `cost` if it fits within `timeout` from now on the server's clock, then sleeps until
+  // its instant with `sleep_for`; DeadlineExceeded, with nothing booked, if it cannot fit by
+  // then. The errors of `reserve` otherwise.
+  template <class SleepFor = ThreadSleepFor>
+  absl::Status wait(std::string_view key, std::uint64_t cost, std::chrono::nanoseconds timeout,
+                    SleepFor&& sleep_for = {}) {
+    if (timeout < std::chrono::nanoseconds{0}) {
+      return absl::DeadlineExceededError("the deadline has passed");
+    }
+    absl::StatusOr<Reservation> r = reserve(key, cost, timeout);
+    if (!r.ok()) return r.status();
+    if (r->wait() > std::chrono::nanoseconds{0}) sleep_for(r->wait());
+    return absl::OkStatus();
+  }
+
+  // `check(key, estimate)` that also returns a receipt of what it booked (GcraLimiter's).
+  absl::StatusOr<Estimated> check_estimated(std::string_view key, std::uint64_t estimate) {
+    if (estimate > limit_.max_cost()) return cost_error();
+    Estimated out;
+    out.receipt.key_ = client_->redis_key(key, limit_);
+    absl::StatusOr<Ints> reply = call(out.receipt.key_, "e", amount_params(estimate), "");
+    if (!reply.ok()) return reply.status();
+    const Ints& v = *reply;
+    const std::size_t n = limit_.windows().size();
+    if (v.size() != 4 + 2 * n || (v[0] != 0 && v[0] != 5)) return malformed();
+    const absl::uint128 at = decision_time(v[1], v[2]);
+    std::vector<detail::ScaledWindow> scaled(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const GcraWindow& w = limit_.windows()[i];
+      const absl::uint128 period = static_cast<std::uint64_t>(w.period.count());
+      scaled[i].before = absl::uint128(v[4 + 2 * i]) * w.requests + v[5 + 2 * i];
+      scaled[i].after = scaled[i].before + absl::uint128(estimate) * period;
+      scaled[i].burst = absl::uint128(w.burst) * period;
+    }
+    const bool admitted = detail::admits(scaled);
+    if (admitted != (v[0] == 0)) return malformed();
+    out.decision = admitted ? detail::admitted_decision(limit_.windows(), scaled)
+                            : detail::denied_decision(limit_.windows(), scaled);
+    if (admitted) {
+      for (std::size_t i = 0; i < n; ++i) {
+        out.receipt.windows_.push_back(
+            {.tat = at * limit_.windows()[i].requests + scaled[i].after});
+      }
+      out.receipt.serial_ = v[3];
+      out.receipt.estimate_ = estimate;
+      out.receipt.open_ = true;
+    }
+    return out;
+  }
+
+  // Settles `receipt` at `actual` units (GcraLimiter::settle's rules) and returns the key's
+  // state after it, as `inspect` would. FailedPrecondition if the receipt is not open;
+  // InvalidArgument if actual > 2^32.
+  absl::StatusOr<Decision> settle(Receipt& receipt, std::uint64_t actual) {
+    if (actual > (std::uint64_t{1} << 32)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("an actual cost must be at most 2^32, got ", actual));
+    }
+    if (!std::exchange(receipt.open_, false)) {
+      return absl::FailedPreconditionError("the receipt was settled already or never admitted");
+    }
+    absl::StatusOr<Ints> reply =
+        actual > receipt.estimate_
+            ? call(receipt.key_, "c", amount_params(actual - receipt.estimate_), "")
+            : call(receipt.key_, "g", amount_params(receipt.estimate_ - actual),
+                   give_back_extra(receipt.serial_, kNever, receipt.windows_));
+    if (!reply.ok()) return reply.status();
+    const Ints& v = *reply;
+    const std::size_t n = limit_.windows().size();
+    if (v.size() != 3 + 2 * n || (v[0] != 0 && v[0] != 4)) return malformed();
+    std::vector<detail::ScaledWindow> scaled(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const GcraWindow& w = limit_.windows()[i];
+      scaled[i].before = absl::uint128(v[3 + 2 * i]) * w.requests + v[4 + 2 * i];
+      scaled[i].after = scaled[i].before;
+      scaled[i].burst = absl::uint128(w.burst) * static_cast<std::uint64_t>(w.period.count());
+    }
+    return detail::admits(scaled) ? detail::admitted_decision(limit_.windows(), scaled)
+                                  : detail::denied_decision(limit_.windows(), scaled);
+  }
+
+  // Testing hook: every later call of this limiter (check, inspect, reset, the bookings) uses
+  // `unix_time` (ns since the Unix epoch) instead of the server's TIME; nullopt restores it.
+  void set_time_for_testing(std::optional<std::chrono::nanoseconds> unix_time) {
+    time_ = unix_time;
+  }
 
   // Testing hook: as inspect(), at `unix_time` (ns since the Unix epoch) instead of TIME.
   absl::StatusOr<Decision> inspect_at_for_testing(std::string_view key,
@@ -114,8 +352,99 @@ class RedisGcraLimiter {
   RedisGcraLimiter(Limit limit, std::shared_ptr<Client> client)
       : limit_(std::move(limit)), client_(std::move(client)) {}
 
+  using Ints = std::vector<std::uint64_t>;
+  static constexpr std::uint64_t kNanos = 1'000'000'000;
+  static constexpr std::uint64_t kMaxAmountNs = std::uint64_t{1} << 52;
+  // An instant no give-back passes (a refund may come at any time).
+  static constexpr std::chrono::nanoseconds kNever{std::numeric_limits<std::int64_t>::max()};
+
+  static absl::Status malformed() {
+    return absl::InternalError("sluice::redis: booking script reply of unexpected shape");
+  }
+  absl::Status cost_error() const {
+    return absl::InvalidArgumentError(
+        "sluice::redis: cost exceeds the smallest burst of the limit and can never pass");
+  }
+  static absl::uint128 decision_time(std::uint64_t s, std::uint64_t ns) {
+    return absl::uint128(s) * kNanos + ns;
+  }
+  static std::chrono::nanoseconds to_ns(absl::uint128 t) {
+    return std::chrono::nanoseconds{static_cast<std::int64_t>(absl::Uint128Low64(t))};
+  }
+
+  // Per window: `cost`·T as (ns, frac), then burst·T and requests (the scripts' layout).
+  std::string amount_params(std::uint64_t cost) const {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> amounts;
+    for (const GcraWindow& w : limit_.windows()) {
+      const absl::uint128 scaled =
+          absl::uint128(cost) * static_cast<std::uint64_t>(w.period.count());
+      amounts.emplace_back(
+          absl::Uint128Low64(std::min<absl::uint128>(scaled / w.requests, kMaxAmountNs)),
+          absl::Uint128Low64(scaled / w.requests >= kMaxAmountNs ? 0 : scaled % w.requests));
+    }
+    return amount_params(amounts);
+  }
+  std::string amount_params(
+      std::span<const std::pair<std::uint64_t, std::uint64_t>> amounts) const {
+    std::string p;
+    for (std::size_t i = 0; i < amounts.size(); ++i) {
+      const GcraWindow& w = limit_.windows()[i];
+      const absl::uint128 burst =
+          absl::uint128(w.burst) * static_cast<std::uint64_t>(w.period.count());
+      detail::append_double(p, amounts[i].first);
+      detail::append_double(p, amounts[i].second);
+      detail::append_double(p, absl::Uint128Low64(burst / w.requests));
+      detail::append_double(p, absl::Uint128Low64(burst % w.requests));
+      detail::append_double(p, w.requests);
+    }
+    return p;
+  }
+  // The give-back's extra argument: the reset count seen, the last instant, each window's
+  // booked TAT.
+  std::string give_back_extra(std::uint64_t serial, std::chrono::nanoseconds until,
+                              std::span<const BookedWindow> windows) const {
+    std::string x;
+    detail::append_double(x, serial);
+    const auto time = [&](std::uint64_t t) {
+      detail::append_double(x, std::min<std::uint64_t>(t / kNanos, 10'000'000'000));
+      detail::append_double(x, t / kNanos > 10'000'000'000 ? 0 : t % kNanos);
+    };
+    time(static_cast<std::uint64_t>(until.count()));
+    for (std::size_t i = 0; i < windows.size(); ++i) {
+      const std::uint64_t r = limit_.windows()[i].requests;
+      time(absl::Uint128Low64(windows[i].tat / r));
+      detail::append_double(x, absl::Uint128Low64(windows[i].tat % r));
+    }
+    return x;
+  }
+
+  // One booking-script call for `op` on `redis_key`; its reply as non-negative integers.
+  absl::StatusOr<Ints> call(const std::string& redis_key, std::string_view op, std::string params,
+                            std::string extra) {
+    std::vector<std::string> args = {redis_key,
+                                     absl::StrCat(redis_key, ":reset"),
+                                     std::string(op),
+                                     "",
+                                     "",
+                                     std::move(params),
+                                     std::move(extra)};
+    if (time_) Client::set_time_args(*time_, args[3], args[4]);
+    absl::StatusOr<detail::ReplyPtr> reply = client_->run_booking(args);
+    if (!reply.ok()) return reply.status();
+    const redisReply& r = **reply;
+    if (r.type != REDIS_REPLY_ARRAY) return malformed();
+    Ints out;
+    for (std::size_t i = 0; i < r.elements; ++i) {
+      const redisReply& e = *r.element[i];
+      if (e.type != REDIS_REPLY_INTEGER || e.integer < 0) return malformed();
+      out.push_back(static_cast<std::uint64_t>(e.integer));
+    }
+    return out;
+  }
+
   Limit limit_;
   std::shared_ptr<Client> client_;
+  std::optional<std::chrono::nanoseconds> time_;
 };
 
 static_assert(sluice::RateLimiter<RedisGcraLimiter>);

@@ -110,10 +110,9 @@ inline std::optional<std::vector<ScaledWindow>> read_windows(std::string_view in
         debt = (absl::uint128(*debt_ns) - state.elapsed) * w.requests + *debt_frac;
       }
     }
+    // A debt may exceed the bucket (a reservation booked ahead, a settled charge): the key is
+    // then denied until it is paid off.
     scaled[i].burst = absl::uint128(w.burst) * period;
-    if (debt > scaled[i].burst) {
-      return std::nullopt;
-    }
     scaled[i].before = debt;
     scaled[i].after = debt + absl::uint128(item.cost) * period;
   }
@@ -166,7 +165,9 @@ inline Decision denied_decision(std::span<const GcraWindow> windows,
   d.reason = Reason::kQuotaExceeded;
   d.binding_window = b;
   d.limit = windows[b].burst;
-  d.remaining = absl::Uint128Low64((scaled[b].burst - scaled[b].before) / period);
+  d.remaining = scaled[b].before >= scaled[b].burst
+                    ? 0
+                    : absl::Uint128Low64((scaled[b].burst - scaled[b].before) / period);
   d.retry_after = to_nanoseconds(retry);
   d.reset_after = to_nanoseconds(ceil_div(scaled[b].before, windows[b].requests));
   return d;
