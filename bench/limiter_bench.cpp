@@ -155,6 +155,44 @@ void BM_FloatTokenBucket_HotKey(benchmark::State& state) {
 }
 BENCHMARK(BM_FloatTokenBucket_HotKey)->UseRealTime();
 
+// --- reserve and cancel, hot key (tick clock: every reservation fits now, so it waits 0) ----
+// Beside BM_Gcra_OneWindow_HotKey (a check) and BM_MutexFlatHashMap_HotKey in the same run.
+
+void BM_Gcra_Reserve_HotKey(benchmark::State& state) {
+  Gcra& limiter = one_window();
+  bench::KeyMaker key;
+  const std::string_view k = key(7);
+  for (auto _ : state) {
+    bench::tick += kStep;
+    benchmark::DoNotOptimize(limiter.reserve(k));
+  }
+}
+BENCHMARK(BM_Gcra_Reserve_HotKey)->UseRealTime();
+
+void BM_Gcra_ReserveThenCancel_HotKey(benchmark::State& state) {
+  Gcra& limiter = one_window();
+  bench::KeyMaker key;
+  const std::string_view k = key(8);
+  for (auto _ : state) {
+    bench::tick += kStep;
+    absl::StatusOr<Gcra::Reservation> r = limiter.reserve(k);
+    benchmark::DoNotOptimize(limiter.cancel(*r));
+  }
+}
+BENCHMARK(BM_Gcra_ReserveThenCancel_HotKey)->UseRealTime();
+
+void BM_Gcra_EstimateThenSettle_HotKey(benchmark::State& state) {
+  Gcra& limiter = one_window();
+  bench::KeyMaker key;
+  const std::string_view k = key(9);
+  for (auto _ : state) {
+    bench::tick += 4 * kStep;
+    absl::StatusOr<Gcra::Estimated> e = limiter.check_estimated(k, 4);
+    benchmark::DoNotOptimize(limiter.settle(e->receipt, 3));
+  }
+}
+BENCHMARK(BM_Gcra_EstimateThenSettle_HotKey)->UseRealTime();
+
 // --- 2 threads, distinct keys (each thread its own hot key)
 // ---------------------------------------
 
@@ -283,6 +321,15 @@ void BM_Direct_OneWindow_Tick(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Direct_OneWindow_Tick)->Threads(1)->Threads(2)->UseRealTime();
+
+void BM_Direct_OneWindow_Reserve_Tick(benchmark::State& state) {
+  static DirectTick limiter = must(DirectTick::create({{.requests = 1'000'000, .period = 1s}}));
+  for (auto _ : state) {
+    bench::tick += kStep;
+    benchmark::DoNotOptimize(limiter.reserve());
+  }
+}
+BENCHMARK(BM_Direct_OneWindow_Reserve_Tick)->UseRealTime();
 
 void BM_Direct_ThreeWindows_Frozen_Deny(benchmark::State& state) {
   static DirectFrozen limiter = must(DirectFrozen::create({{.requests = 1000, .period = 1s},
