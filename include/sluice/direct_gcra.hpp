@@ -212,26 +212,13 @@ class DirectGcraLimiter {
   class Reservation {
    public:
     Reservation() = default;
-    Reservation(Reservation&& other) noexcept { *this = std::move(other); }
-    Reservation& operator=(Reservation&& other) noexcept {
-      booked_ = other.booked_;
-      added_ = other.added_;
-      resets_ = other.resets_;
-      instant_ = other.instant_;
-      wait_ = other.wait_;
-      cost_ = other.cost_;
-      open_ = std::exchange(other.open_, false);
-      return *this;
-    }
-    Reservation(const Reservation&) = delete;
-    Reservation& operator=(const Reservation&) = delete;
 
     // From the clock reading the reservation was made at to its instant; 0: proceed now.
     std::chrono::nanoseconds wait() const noexcept { return std::chrono::nanoseconds{wait_}; }
     // When the cost may be used, as a reading of the limiter's clock.
     std::chrono::nanoseconds instant() const noexcept { return std::chrono::nanoseconds{instant_}; }
     std::uint64_t cost() const noexcept { return cost_; }
-    bool cancellable() const noexcept { return open_; }
+    bool cancellable() const noexcept { return open_.is_open(); }
 
    private:
     friend class DirectGcraLimiter;
@@ -241,7 +228,7 @@ class DirectGcraLimiter {
     std::int64_t instant_ = 0;
     std::int64_t wait_ = 0;
     std::uint64_t cost_ = 0;
-    bool open_ = false;
+    detail::OpenFlag open_;  // move-only: acted on at most once
   };
 
   static constexpr std::chrono::nanoseconds kNoMaxWait = std::chrono::nanoseconds::max();
@@ -269,7 +256,7 @@ class DirectGcraLimiter {
   // Gives back what `reservation` booked unless the clock has moved past its instant; true iff
   // it did (or a reset has already given everything back). Exactly GcraLimiter::cancel's rule.
   bool cancel(Reservation& reservation) {
-    if (!std::exchange(reservation.open_, false)) return false;
+    if (!reservation.open_.take()) return false;
     bool cancelled = false;
     transact(relative(clock_.now().count()), [&](Words& tat, std::int64_t now) {
       cancelled = now + epoch_ <= reservation.instant_;
@@ -392,7 +379,7 @@ class DirectGcraLimiter {
     out.instant_ = static_cast<std::int64_t>(instant) + epoch_;
     out.wait_ = static_cast<std::int64_t>(wait);
     out.cost_ = cost;
-    out.open_ = true;
+    out.open_.open();
     return absl::OkStatus();
   }
   static constexpr std::int64_t kFresh = std::numeric_limits<std::int64_t>::min();

@@ -263,17 +263,6 @@ class GcraLimiter {
   class Reservation {
    public:
     Reservation() = default;
-    Reservation(Reservation&& other) noexcept { *this = std::move(other); }
-    Reservation& operator=(Reservation&& other) noexcept {
-      booking_ = other.booking_;
-      instant_ = other.instant_;
-      wait_ = other.wait_;
-      cost_ = other.cost_;
-      open_ = std::exchange(other.open_, false);
-      return *this;
-    }
-    Reservation(const Reservation&) = delete;
-    Reservation& operator=(const Reservation&) = delete;
 
     // From the clock reading the reservation was made at to its instant; 0: proceed now.
     std::chrono::nanoseconds wait() const noexcept { return std::chrono::nanoseconds{wait_}; }
@@ -281,7 +270,7 @@ class GcraLimiter {
     std::chrono::nanoseconds instant() const noexcept { return std::chrono::nanoseconds{instant_}; }
     std::uint64_t cost() const noexcept { return cost_; }
     // False once cancelled (or moved from, or default-constructed).
-    bool cancellable() const noexcept { return open_; }
+    bool cancellable() const noexcept { return open_.is_open(); }
 
    private:
     friend class GcraLimiter;
@@ -289,7 +278,7 @@ class GcraLimiter {
     std::int64_t instant_ = 0;
     std::int64_t wait_ = 0;
     std::uint64_t cost_ = 0;
-    bool open_ = false;
+    detail::OpenFlag open_;  // move-only: acted on at most once
   };
 
   // No limit on a reservation's wait (up to the supported 2^61 ns).
@@ -339,7 +328,7 @@ class GcraLimiter {
   // evicted since the reservation (possibly this key), it gives nothing back: the booking may be
   // gone, and what the key holds now may be other requests' (1 shard in 64 per such event).
   bool cancel(Reservation& reservation) {
-    if (!std::exchange(reservation.open_, false)) return false;
+    if (!reservation.open_.take()) return false;
     const std::int64_t at = now();
     return std::visit(
         [&](auto& store) {
@@ -386,25 +375,16 @@ class GcraLimiter {
   class Receipt {
    public:
     Receipt() = default;
-    Receipt(Receipt&& other) noexcept { *this = std::move(other); }
-    Receipt& operator=(Receipt&& other) noexcept {
-      booking_ = other.booking_;
-      estimate_ = other.estimate_;
-      open_ = std::exchange(other.open_, false);
-      return *this;
-    }
-    Receipt(const Receipt&) = delete;
-    Receipt& operator=(const Receipt&) = delete;
 
     std::uint64_t estimate() const noexcept { return estimate_; }
     // True until settled; false for a denied check's receipt.
-    bool open() const noexcept { return open_; }
+    bool open() const noexcept { return open_.is_open(); }
 
    private:
     friend class GcraLimiter;
     detail::GcraBooking booking_{};
     std::uint64_t estimate_ = 0;
-    bool open_ = false;
+    detail::OpenFlag open_;  // move-only: acted on at most once
   };
   struct Estimated {
     Decision decision;
@@ -456,7 +436,7 @@ class GcraLimiter {
       return absl::InvalidArgumentError(
           absl::StrCat("an actual cost must be at most 2^32, got ", actual));
     }
-    if (!std::exchange(receipt.open_, false)) {
+    if (!receipt.open_.take()) {
       return absl::FailedPreconditionError("the receipt was settled already or never admitted");
     }
     absl::StatusOr<Decision> result(absl::in_place);
@@ -738,7 +718,7 @@ class GcraLimiter {
     out.instant_ = static_cast<std::int64_t>(instant);
     out.wait_ = static_cast<std::int64_t>(wait);
     out.cost_ = cost;
-    out.open_ = true;
+    out.open_.open();
     return absl::OkStatus();
   }
 
@@ -756,7 +736,7 @@ class GcraLimiter {
       out.booking_.added[i] = cost_scaled(params_[i], estimate);
     }
     out.estimate_ = estimate;
-    out.open_ = true;
+    out.open_.open();
   }
 
   // Gives back up to `amount[i]` in each window, only out of the part of `booking`'s TAT still

@@ -40,6 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
+#include "sluice/detail/limiter_common.hpp"
 #include "sluice/rate_limiter.hpp"
 #include "sluice/redis/client.hpp"
 #include "sluice/redis/detail/exact_double.hpp"
@@ -113,26 +114,13 @@ class RedisGcraLimiter {
   class Reservation {
    public:
     Reservation() = default;
-    Reservation(Reservation&& other) noexcept { *this = std::move(other); }
-    Reservation& operator=(Reservation&& other) noexcept {
-      key_ = std::move(other.key_);
-      windows_ = std::move(other.windows_);
-      serial_ = other.serial_;
-      instant_ = other.instant_;
-      wait_ = other.wait_;
-      cost_ = other.cost_;
-      open_ = std::exchange(other.open_, false);
-      return *this;
-    }
-    Reservation(const Reservation&) = delete;
-    Reservation& operator=(const Reservation&) = delete;
 
     // From the server's clock reading at the reservation to its instant; 0: proceed now.
     std::chrono::nanoseconds wait() const noexcept { return wait_; }
     // The instant, in ns since the Unix epoch on the server's clock.
     std::chrono::nanoseconds instant() const noexcept { return instant_; }
     std::uint64_t cost() const noexcept { return cost_; }
-    bool cancellable() const noexcept { return open_; }
+    bool cancellable() const noexcept { return open_.is_open(); }
 
    private:
     friend class RedisGcraLimiter;
@@ -141,26 +129,15 @@ class RedisGcraLimiter {
     std::uint64_t serial_ = 0;  // the key's reset count when booked
     std::chrono::nanoseconds instant_{0}, wait_{0};
     std::uint64_t cost_ = 0;
-    bool open_ = false;
+    sluice::detail::OpenFlag open_;  // move-only: acted on at most once
   };
 
   class Receipt {
    public:
     Receipt() = default;
-    Receipt(Receipt&& other) noexcept { *this = std::move(other); }
-    Receipt& operator=(Receipt&& other) noexcept {
-      key_ = std::move(other.key_);
-      windows_ = std::move(other.windows_);
-      serial_ = other.serial_;
-      estimate_ = other.estimate_;
-      open_ = std::exchange(other.open_, false);
-      return *this;
-    }
-    Receipt(const Receipt&) = delete;
-    Receipt& operator=(const Receipt&) = delete;
 
     std::uint64_t estimate() const noexcept { return estimate_; }
-    bool open() const noexcept { return open_; }
+    bool open() const noexcept { return open_.is_open(); }
 
    private:
     friend class RedisGcraLimiter;
@@ -168,7 +145,7 @@ class RedisGcraLimiter {
     std::vector<BookedWindow> windows_;
     std::uint64_t serial_ = 0;
     std::uint64_t estimate_ = 0;
-    bool open_ = false;
+    sluice::detail::OpenFlag open_;  // move-only: acted on at most once
   };
   struct Estimated {
     Decision decision;
@@ -212,7 +189,7 @@ class RedisGcraLimiter {
                               .added_frac = v[8 + 4 * i]});
     }
     out.cost_ = cost;
-    out.open_ = true;
+    out.open_.open();
     return out;
   }
 
@@ -220,7 +197,7 @@ class RedisGcraLimiter {
   // (GcraLimiter::cancel's rule). True iff cancelled; false if it had passed, or was not
   // cancellable. After a reset of the key it is cancelled but gives nothing back.
   absl::StatusOr<bool> cancel(Reservation& reservation) {
-    if (!std::exchange(reservation.open_, false)) return false;
+    if (!reservation.open_.take()) return false;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> amounts;
     for (const BookedWindow& w : reservation.windows_)
       amounts.emplace_back(w.added_ns, w.added_frac);
@@ -281,7 +258,7 @@ class RedisGcraLimiter {
       }
       out.receipt.serial_ = v[3];
       out.receipt.estimate_ = estimate;
-      out.receipt.open_ = true;
+      out.receipt.open_.open();
     }
     return out;
   }
@@ -294,7 +271,7 @@ class RedisGcraLimiter {
       return absl::InvalidArgumentError(
           absl::StrCat("an actual cost must be at most 2^32, got ", actual));
     }
-    if (!std::exchange(receipt.open_, false)) {
+    if (!receipt.open_.take()) {
       return absl::FailedPreconditionError("the receipt was settled already or never admitted");
     }
     absl::StatusOr<Ints> reply =
