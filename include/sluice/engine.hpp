@@ -239,6 +239,12 @@ class InMemoryBackend {
 
   StoreStats rule_store_stats(std::size_t rule) const { return limiters_[rule]->stats(); }
 
+  // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset).
+  absl::Status reset_key(std::size_t rule, std::string_view key) {
+    limiters_[rule]->reset(key);
+    return absl::OkStatus();
+  }
+
   // The backend's clock: the engine's time for rate-limiting eviction events.
   std::chrono::nanoseconds now() const { return clock_.now(); }
 
@@ -437,6 +443,45 @@ class BasicRateLimitEngine {
       }
     }
     return absl::OkStatus();
+  }
+
+  // --- Operators: one rule's state for the key a request would use, by the rule's label
+  // ("bundle/rule") and the request's attributes (address, credential and consumer, route, ...:
+  // whatever the rule's selector reads). The rule need not apply to the request: the attributes
+  // only choose the key. NotFound for an unknown label; InvalidArgument for a request the engine
+  // would refuse (e.g. a service other than its route's).
+
+  // The rule's Decision for that key without consuming anything (a peek: see
+  // GcraLimiter::inspect); an adaptive rule's limit and remaining are in requests at its current
+  // factor. One backend call; errors as the backend's.
+  absl::StatusOr<Decision> inspect(std::string_view rule_label, const RequestContext& raw) const {
+    absl::StatusOr<RuleKeyFor> k = key_for(rule_label, raw);
+    if (!k.ok()) return k.status();
+    RuleKey key{.rule = k->rule, .key = k->key, .cost = 0};
+    absl::InlinedVector<std::uint32_t, 16> factors;
+    if (adaptive_rules_ != 0) apply_factors(std::span(&key, 1), factors);
+    Decision d;
+    if (absl::Status s = backend_->check_rules(std::span<const RuleKey>(&key, 1),
+                                               ConsumptionMode::kAllOrNothing, std::span(&d, 1));
+        !s.ok()) {
+      return s;
+    }
+    if (!factors.empty()) in_requests(factors, 0, std::span(&d, 1));
+    return d;
+  }
+
+  // Forgets the rule's state for that key: its next request is decided as a new client's.
+  // Unimplemented for a backend without `reset_key` (the PostgreSQL backend).
+  absl::Status reset(std::string_view rule_label, const RequestContext& raw) const {
+    if constexpr (requires(Backend & b) { b.reset_key(std::size_t{}, std::string_view{}); }) {
+      absl::StatusOr<RuleKeyFor> k = key_for(rule_label, raw);
+      if (!k.ok()) return k.status();
+      return backend_->reset_key(k->rule, k->key);
+    } else {
+      (void)rule_label;
+      (void)raw;
+      return absl::UnimplementedError("this engine backend cannot reset a key");
+    }
   }
 
   // Request routing helpers for gateways that resolve routes and consumers from the config.
@@ -697,6 +742,27 @@ class BasicRateLimitEngine {
 
   bool exempt(std::string_view path) const {
     return std::find(exempt_paths_.begin(), exempt_paths_.end(), path) != exempt_paths_.end();
+  }
+
+  // A rule's index and the key a request selects for it (for inspect and reset).
+  struct RuleKeyFor {
+    std::size_t rule = 0;
+    std::string key;
+  };
+  absl::StatusOr<RuleKeyFor> key_for(std::string_view label, const RequestContext& raw) const {
+    std::size_t r = 0;
+    while (r < rules_.size() && rules_[r].compiled.label != label) ++r;
+    if (r == rules_.size()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no rule is labelled \"", absl::string_view(label.data(), label.size()), "\""));
+    }
+    absl::StatusOr<RequestContext> request = normalize(raw);
+    if (!request.ok()) return request.status();
+    RuleKeyFor out;
+    out.rule = r;
+    append_key(out.key, static_cast<std::uint32_t>(r), *request,
+               ClientAddress::parse(request->client_ip));
+    return out;
   }
 
   // Appends rule `r`'s key for `request`; returns its (offset, size) in `out`.

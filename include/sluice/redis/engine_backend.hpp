@@ -118,6 +118,13 @@ class RedisEngineBackend {
   // Zeros: the keys live in Redis (see the class comment).
   StoreStats rule_store_stats(std::size_t /*rule*/) const { return {}; }
 
+  // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset): one round trip.
+  absl::Status reset_key(std::size_t rule, std::string_view key) {
+    const std::optional<std::chrono::nanoseconds> time =
+        options_.time_for_testing ? std::optional(options_.time_for_testing()) : std::nullopt;
+    return options_.client->reset(key, limits_[rule], time);
+  }
+
   // Rule `rule`'s limit (its limiter_windows, shortest first).
   const Limit& limit(std::size_t rule) const { return limits_[rule]; }
   // The Redis key holding rule `rule`'s state for the engine key `key` (for operators and tests).
