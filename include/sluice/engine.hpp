@@ -158,6 +158,19 @@ struct EngineStats {
   friend bool operator==(const EngineStats&, const EngineStats&) = default;
 };
 
+namespace detail {
+// A backend's Booking type (what it records to settle a request's cost), or an empty one.
+template <class B>
+struct BookingOf {
+  struct type {};
+};
+template <class B>
+requires requires { typename B::Booking; }
+struct BookingOf<B> {
+  using type = typename B::Booking;
+};
+}  // namespace detail
+
 // A rule, the key a request selects for it and the cost to take in the rule's limiter windows
 // (`limiter_windows`: the request's cost, or for an adaptive rule its `adaptive_units`); `rule`
 // indexes the compiled rules.
@@ -238,6 +251,62 @@ class InMemoryBackend {
   }
 
   StoreStats rule_store_stats(std::size_t rule) const { return limiters_[rule]->stats(); }
+
+  // One live rule's admission of a request, kept to settle its cost later
+  // (BasicRateLimitEngine::settle). It holds the rule's limiter, so it outlives reloads.
+  struct Booking {
+    std::shared_ptr<GcraLimiter<ClockT>> limiter{};
+    detail::GcraBooking booking{};
+    std::uint64_t units = 0;  // the cost taken, in the rule's limiter units
+  };
+
+  // `check_rules` that also records each key's booking when every key was admitted (else
+  // `bookings` is left empty). Each key's decision and booking are taken under its shard lock.
+  absl::Status check_rules_booking(std::span<const RuleKey> keys, ConsumptionMode mode,
+                                   std::span<Decision> out, std::vector<Booking>& bookings) {
+    bookings.clear();
+    for (const RuleKey& k : keys) {
+      if (absl::Status s = limiters_[k.rule]->validate_cost(k.cost); !s.ok()) return s;
+    }
+    absl::InlinedVector<KeyDigest, 8> digests;
+    for (const RuleKey& k : keys) digests.push_back(limiters_[k.rule]->digest(k.key));
+    const std::int64_t now = detail::saturate_time(clock_.now().count());
+    auto record = [&](const HeldShardLocks& held, std::size_t i) {
+      Booking b{.limiter = limiters_[keys[i].rule], .units = keys[i].cost};
+      b.limiter->record_locked(held, digests[i], now, keys[i].cost, b.booking);
+      bookings.push_back(std::move(b));
+    };
+    bool all = true;
+    if (mode == ConsumptionMode::kEveryRule) {
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        ShardLockSet locks;
+        limiters_[keys[i].rule]->add_lock(locks, digests[i]);
+        const HeldShardLocks held(locks);
+        limiters_[keys[i].rule]->decide_locked(held, digests[i], now, keys[i].cost, true, out[i]);
+        all = all && out[i].allowed();
+        if (all) record(held, i);
+      }
+    } else {
+      ShardLockSet locks;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        limiters_[keys[i].rule]->add_lock(locks, digests[i]);
+      }
+      const HeldShardLocks held(locks);
+      commit_all(held, keys, digests, out);
+      for (std::size_t i = 0; i < keys.size(); ++i) all = all && out[i].allowed();
+      if (all) {
+        for (std::size_t i = 0; i < keys.size(); ++i) record(held, i);
+      }
+    }
+    if (!all) bookings.clear();
+    return absl::OkStatus();
+  }
+
+  // Settles one booking at `units` (charge or refund, as GcraLimiter::settle): the key's state
+  // after it.
+  static absl::StatusOr<Decision> settle_booking(const Booking& b, std::uint64_t units) {
+    return b.limiter->settle_booking(b.booking, b.units, units);
+  }
 
   // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset).
   absl::Status reset_key(std::size_t rule, std::string_view key) {
@@ -342,6 +411,63 @@ class BasicRateLimitEngine {
     if (on_event_) on_event_(ReloadEvent{.status = status});
   }
 
+  // --- Settled cost: admit a request on an estimated cost (`RequestContext::cost`), then
+  // settle every live rule at the actual cost once it is known (GcraLimiter::settle's rules:
+  // a charge may put a key in debt, a refund gives back only what is still booked ahead).
+  // Backends with bookings: the in-memory one.
+
+  // What a request's live rules booked. Move-only, settled at most once. It holds the rules'
+  // state (not the engine), so it stays valid across reloads and settles the rules that the
+  // request was evaluated under.
+  class Settlement {
+   public:
+    bool open() const noexcept { return open_.is_open(); }
+    std::uint64_t estimate() const noexcept { return estimate_; }
+
+   private:
+    friend class BasicRateLimitEngine;
+    std::vector<typename detail::BookingOf<Backend>::type> bookings_;
+    std::vector<std::uint32_t> factors_;  // per booking: an adaptive rule's factor, else 0
+    std::uint64_t estimate_ = 0;
+    detail::OpenFlag open_;
+  };
+
+  // `evaluate(request, e)` that also fills `settlement`: open iff the request was admitted with
+  // a cost ≥ 1, no backend error, and the backend books (else it is decided as by `evaluate`
+  // and the settlement stays closed).
+  void evaluate(const RequestContext& raw, Evaluation& e, Settlement& settlement) const {
+    settlement = Settlement{};
+    evaluate_into(raw, e, &settlement);
+  }
+
+  // Settles every live rule of the request at `actual` units (≤ 2^32; an adaptive rule at the
+  // factor it was evaluated with). FailedPrecondition if the settlement is not open; the first
+  // error of a rule otherwise (the other rules are still settled).
+  absl::Status settle(Settlement& settlement, std::uint64_t actual) const {
+    if constexpr (kBackendBooks) {
+      if (actual > (std::uint64_t{1} << 32)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("an actual cost must be at most 2^32, got ", actual));
+      }
+      if (!settlement.open_.take()) {
+        return absl::FailedPreconditionError(
+            "the settlement was settled already or never admitted");
+      }
+      absl::Status first;
+      for (std::size_t i = 0; i < settlement.bookings_.size(); ++i) {
+        const std::uint32_t factor = settlement.factors_[i];
+        const std::uint64_t units = factor == 0 ? actual : adaptive_units(actual, factor);
+        absl::StatusOr<Decision> d = Backend::settle_booking(settlement.bookings_[i], units);
+        if (!d.ok() && first.ok()) first = d.status();
+      }
+      return first;
+    } else {
+      (void)settlement;
+      (void)actual;
+      return absl::UnimplementedError("this engine backend cannot settle costs");
+    }
+  }
+
   Evaluation evaluate(const RequestContext& raw) const {
     Evaluation e;
     evaluate(raw, e);
@@ -351,7 +477,12 @@ class BasicRateLimitEngine {
   // The same evaluation, written into `e` (whatever it held before is replaced). The field
   // values reuse the strings `e` already holds, so a caller that keeps one Evaluation per thread
   // and evaluates into it allocates nothing once it has held the longest values.
-  void evaluate(const RequestContext& raw, Evaluation& e) const {
+  void evaluate(const RequestContext& raw, Evaluation& e) const { evaluate_into(raw, e, nullptr); }
+
+ private:
+  static constexpr bool kBackendBooks = requires { typename Backend::Booking; };
+
+  void evaluate_into(const RequestContext& raw, Evaluation& e, Settlement* settlement) const {
     HttpFields recycled = std::move(e.fields);
     e = Evaluation{};
     if (exempt(raw.path)) {
@@ -392,7 +523,10 @@ class BasicRateLimitEngine {
     e.live_rules = live.size();
     if (!live.empty()) {
       absl::Status status =
-          backend_->check_rules(live_keys, options_mode_, std::span(decisions.data(), live.size()));
+          settlement != nullptr
+              ? check_live_booking(live_keys, std::span(decisions.data(), live.size()), *settlement)
+              : backend_->check_rules(live_keys, options_mode_,
+                                      std::span(decisions.data(), live.size()));
       if (status.ok() && !factors.empty()) {
         in_requests(factors, 0, std::span(decisions.data(), live.size()));
       }
@@ -413,6 +547,15 @@ class BasicRateLimitEngine {
       dry_decided = status.ok();
       if (!dry_decided && e.backend_error.ok()) report_backend_error(status);
     }
+    if (settlement != nullptr && e.allowed && e.backend_error.ok() && request->cost != 0 &&
+        settlement->bookings_.size() == live.size()) {
+      settlement->estimate_ = request->cost;
+      settlement->factors_.assign(
+          factors.begin(),
+          factors.begin() + static_cast<std::ptrdiff_t>(factors.empty() ? 0 : live.size()));
+      settlement->factors_.resize(live.size(), 0);
+      settlement->open_.open();
+    }
     if (e.allowed && e.backend_error.ok() && request->cost != 0) {
       for (std::uint32_t r : live) counters_[r]->admitted.fetch_add(1, std::memory_order_relaxed);
       if (dry_decided) {
@@ -426,6 +569,7 @@ class BasicRateLimitEngine {
     if (observer_) observer_(e);
   }
 
+ public:
   // Feeds one upstream response to the controller of every adaptive rule that applies to
   // `request` (as `evaluate` selects them: live and dry-run). InvalidArgument, and nothing fed, if
   // the request names another service than its route's. Call it once per upstream answer
@@ -699,6 +843,17 @@ class BasicRateLimitEngine {
   // Sets each adaptive rule's key cost to its scaled units at the rule's current factor, capped
   // at the rule's bucket (a request too big for the reduced bucket needs all of it); records the
   // factors (0 for fixed rules) for `in_requests`.
+  // The live rules' check when a settlement is wanted: the backend's check_rules_booking.
+  absl::Status check_live_booking(std::span<const RuleKey> keys, std::span<Decision> out,
+                                  Settlement& settlement) const {
+    if constexpr (kBackendBooks) {
+      return backend_->check_rules_booking(keys, options_mode_, out, settlement.bookings_);
+    } else {
+      (void)settlement;  // stays closed: `settle` answers Unimplemented
+      return backend_->check_rules(keys, options_mode_, out);
+    }
+  }
+
   void apply_factors(std::span<RuleKey> keys,
                      absl::InlinedVector<std::uint32_t, 16>& factors) const {
     const std::chrono::nanoseconds at = now();
@@ -753,8 +908,8 @@ class BasicRateLimitEngine {
     std::size_t r = 0;
     while (r < rules_.size() && rules_[r].compiled.label != label) ++r;
     if (r == rules_.size()) {
-      return absl::NotFoundError(absl::StrCat(
-          "no rule is labelled \"", absl::string_view(label.data(), label.size()), "\""));
+      return absl::NotFoundError(absl::StrCat("no rule is labelled \"",
+                                              absl::string_view(label.data(), label.size()), "\""));
     }
     absl::StatusOr<RequestContext> request = normalize(raw);
     if (!request.ok()) return request.status();

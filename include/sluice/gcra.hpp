@@ -439,37 +439,7 @@ class GcraLimiter {
     if (!receipt.open_.take()) {
       return absl::FailedPreconditionError("the receipt was settled already or never admitted");
     }
-    absl::StatusOr<Decision> result(absl::in_place);
-    Decision& out = *result;
-    const std::int64_t at = now();
-    const bool charged = std::visit(
-        [&](auto& store) {
-          return store.update_removing_idle(
-              receipt.booking_.digest, at,
-              [&](auto& cell, std::int64_t clamped) {
-                if (actual > receipt.estimate_) {
-                  charge(cell, clamped, actual - receipt.estimate_);
-                } else if (actual < receipt.estimate_ &&
-                           store.forgotten_in_shard(receipt.booking_.digest) ==
-                               receipt.booking_.forgotten) {
-                  std::array<absl::int128, kMaxWindows> refund{};
-                  for (std::size_t i = 0; i < params_.size(); ++i) {
-                    refund[i] = absl::int128(receipt.estimate_ - actual) *
-                                absl::int128(static_cast<std::uint64_t>(params_[i].period));
-                  }
-                  give_back(cell, clamped, receipt.booking_, refund);
-                }
-                decide(cell, clamped, 0, false, out);
-                return true;
-              },
-              [](const StoreFull&) { return false; });
-        },
-        store_);
-    if (!charged) {
-      result = absl::ResourceExhaustedError(
-          "the key is no longer tracked and its shard is full: nothing was charged");
-    }
-    return result;
+    return settle_booking(receipt.booking_, receipt.estimate_, actual);
   }
 
   // Bytes held by the key tables (grows with keys, bounded by the store cap). Lock-free.
@@ -679,6 +649,62 @@ class GcraLimiter {
   }
 
   static constexpr std::uint64_t kMaxSettledCost = std::uint64_t{1} << 32;
+
+  // settle's step for a booking of `estimate` (a receipt's, or the engine's), `actual` ≤ 2^32.
+  absl::StatusOr<Decision> settle_booking(const detail::GcraBooking& booking,
+                                          std::uint64_t estimate, std::uint64_t actual) {
+    absl::StatusOr<Decision> result(absl::in_place);
+    Decision& out = *result;
+    const std::int64_t at = now();
+    const bool charged = std::visit(
+        [&](auto& store) {
+          return store.update_removing_idle(
+              booking.digest, at,
+              [&](auto& cell, std::int64_t clamped) {
+                if (actual > estimate) {
+                  charge(cell, clamped, actual - estimate);
+                } else if (actual < estimate &&
+                           store.forgotten_in_shard(booking.digest) == booking.forgotten) {
+                  std::array<absl::int128, kMaxWindows> refund{};
+                  for (std::size_t i = 0; i < params_.size(); ++i) {
+                    refund[i] = cost_scaled(params_[i], estimate - actual);
+                  }
+                  give_back(cell, clamped, booking, refund);
+                }
+                decide(cell, clamped, 0, false, out);
+                return true;
+              },
+              [](const StoreFull&) { return false; });
+        },
+        store_);
+    if (!charged) {
+      result = absl::ResourceExhaustedError(
+          "the key is no longer tracked and its shard is full: nothing was charged");
+    }
+    return result;
+  }
+
+  // After an admission of `cost` under `held`: what the key's cell holds, as a booking (the
+  // engine's settlements).
+  void record_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
+                     std::uint64_t cost, detail::GcraBooking& out) {
+    std::visit(
+        [&](auto& store) {
+          out.digest = d;
+          out.forgotten = store.forgotten_in_shard(d);
+          store.update_locked(
+              held, d, now,
+              [&](auto& cell, std::int64_t) {
+                for (std::size_t i = 0; i < params_.size(); ++i) {
+                  out.booked[i] = detail::scaled_tat(cell.tat[i], params_[i].requests);
+                  out.added[i] = cost_scaled(params_[i], cost);
+                }
+                return true;
+              },
+              [](const StoreFull&) { return false; });
+        },
+        store_);
+  }
 
   // reserve's step under the shard lock: the earliest instant at which `cost` fits in every
   // window (for each window: its TAT + cost·T − burst·T, rounded up to whole ns, or now), then
