@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "catch.hpp"
 #include "sluice/clock.hpp"
@@ -31,8 +32,9 @@ sluice::PolicyConfig config() {
           .consumers = {{.name = "alice", .credentials = {"token-a"}}}};
 }
 
-sluice::RequestContext from(std::string ip) {
-  return {.client_ip = std::move(ip), .route = "api", .path = "/api/x"};
+// `ip` must outlive the request (RequestContext holds views): literals here.
+sluice::RequestContext from(std::string_view ip) {
+  return {.client_ip = ip, .route = "api", .path = "/api/x"};
 }
 
 template <class E>

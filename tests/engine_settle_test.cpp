@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "catch.hpp"
@@ -28,8 +29,9 @@ sluice::PolicyConfig config(sluice::ConsumptionMode mode = sluice::ConsumptionMo
           .engine = {.consumption = mode}};
 }
 
-sluice::RequestContext request(std::uint64_t cost, std::string ip = "203.0.113.7") {
-  return {.client_ip = std::move(ip), .route = "api", .path = "/api/x", .cost = cost};
+// `ip` must outlive the request (RequestContext holds views): literals here.
+sluice::RequestContext request(std::uint64_t cost, std::string_view ip = "203.0.113.7") {
+  return {.client_ip = ip, .route = "api", .path = "/api/x", .cost = cost};
 }
 
 Engine make(sluice::ManualClock clock, const sluice::PolicyConfig& c = config()) {

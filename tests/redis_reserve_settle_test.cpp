@@ -40,8 +40,8 @@ Memory make_memory(sluice::ManualClock clock, std::vector<GcraWindow> windows) {
 
 // A random script of checks, reservations, cancels, estimated checks and settles (up and down),
 // resets and clock moves on one key, applied to both limiters at the same times.
-void expect_same_script(const sluice_test::RedisFixture& server, std::vector<GcraWindow> windows,
-                        std::uint64_t seed, int steps) {
+void expect_same_script(const sluice_test::RedisFixture& server,
+                        const std::vector<GcraWindow>& windows, std::uint64_t seed, int steps) {
   sluice::ManualClock clock(kT0);
   Memory memory = make_memory(clock, windows);
   Redis redis = make_redis(server, windows);

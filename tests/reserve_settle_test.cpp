@@ -377,7 +377,7 @@ using Direct = sluice::DirectGcraLimiter<sluice::ManualClock>;
 
 // A scripted random sequence of checks, reservations, cancels and clock moves, applied to the
 // keyed limiter (one key) and the unkeyed one: every answer must be the same.
-void expect_same_script(std::vector<sluice::GcraWindow> windows, std::uint64_t seed) {
+void expect_same_script(const std::vector<sluice::GcraWindow>& windows, std::uint64_t seed) {
   sluice::ManualClock clock(7s);
   Gcra keyed = make(clock, windows);
   auto made = Direct::create(windows, clock);

@@ -1098,7 +1098,8 @@ class BasicRateLimitEngine {
     const ServiceLimit limit = service_limit({}, d);
     HttpField& field = e.fields.emplace_back(HttpField{kRateLimitField, take_largest(recycled)});
     const std::string& prefix = info.limit_prefixes[d.binding_window];
-    field.value.reserve(prefix.size() + 2 * 15 + 3);  // two sf-integers and ";t=": one allocation
+    field.value.reserve(prefix.size() +
+                        std::size_t{2 * 15 + 3});  // two sf-integers and ";t=": one allocation
     field.value.append(prefix);
     append_structured_integer(field.value, limit.available);
     field.value.append(";t=");

@@ -132,8 +132,9 @@ class HttplibLimiter {
     for (const HttpField& field : limited.evaluation.fields) {
       response.set_header(std::string(field.name), field.value);
     }
-    if (!limited.evaluation.exempt && options_.on_evaluated)
+    if (!limited.evaluation.exempt && options_.on_evaluated) {
       options_.on_evaluated(request, limited);
+    }
     if (!limited.evaluation.allowed) {
       deny(limited.evaluation, response);
       return HandlerResponse::Handled;
@@ -178,7 +179,7 @@ class HttplibLimiter {
     if (it == headers.end()) return out;
     const std::string& text = it->second;
     if (text.empty() || !std::all_of(text.begin(), text.end(), absl::ascii_isdigit)) return out;
-    constexpr std::int64_t kMaxSeconds = 24 * 60 * 60;
+    constexpr std::int64_t kMaxSeconds = std::int64_t{24} * 60 * 60;
     std::int64_t seconds = 0;
     const std::from_chars_result parsed =
         std::from_chars(text.data(), text.data() + text.size(), seconds);

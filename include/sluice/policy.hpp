@@ -575,7 +575,7 @@ inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_
     absl::StrAppend(&f, ";prefixes=", prefixes.ipv4, "/", prefixes.ipv6);
   }
   if (adaptive) f += ";adaptive";
-  rule.adaptive = std::move(adaptive);
+  rule.adaptive = adaptive;
 
   rule.address_prefixes = prefixes;
   rule.name = std::move(name);
@@ -861,11 +861,13 @@ inline absl::Status validate(const PolicyConfig& config) {
     s = validate_bundle(config.policies[i], detail::element("", "policies", i));
   }
   if (s.ok()) s = detail::index_names(config.services, "services", "service", services);
-  if (s.ok())
+  if (s.ok()) {
     s = detail::check_each_attachments(config.services, "services", bundles, config.policies);
+  }
   if (s.ok()) s = detail::index_names(config.listeners, "listeners", "listener", listeners);
-  if (s.ok())
+  if (s.ok()) {
     s = detail::check_each_attachments(config.listeners, "listeners", bundles, config.policies);
+  }
   if (s.ok()) s = detail::validate_routes(config, services, listeners, bundles);
   if (s.ok()) s = detail::validate_consumers(config, bundles);
   if (s.ok()) s = detail::validate_gateway(config.gateway, bundles, config.policies);

@@ -84,7 +84,7 @@ void append_prometheus_text(std::string& out, const Engine& engine) {
   const EngineStats totals = engine.engine_stats();
   const struct {
     Family family;
-    std::uint64_t value;
+    std::uint64_t value = 0;
   } engine_families[] = {
       {{"sluice_engine_evaluations_total", "counter",
         "Requests the engine evaluated (exempt paths excluded)."},
@@ -107,7 +107,7 @@ void append_prometheus_text(std::string& out, const Engine& engine) {
   for (std::size_t i = 0; i < engine.rule_count(); ++i) counts.push_back(engine.rule_counts(i));
   const struct {
     Family family;
-    std::uint64_t (*value)(const RuleCounts&);
+    std::uint64_t (*value)(const RuleCounts&) = nullptr;
   } rule_families[] = {
       {{"sluice_rule_allowed_total", "counter",
         "Admitted requests the rule applied to (for a dry-run rule, also those it would deny)."},
@@ -151,7 +151,7 @@ void append_prometheus_text(std::string& out, const Engine& engine) {
   if (adaptive.empty()) return;
   const struct {
     Family family;
-    std::uint64_t (*value)(const AdaptiveState&);
+    std::uint64_t (*value)(const AdaptiveState&) = nullptr;
   } adaptive_families[] = {
       {{"sluice_rule_limit_factor_permille", "gauge",
         "The adaptive rule's limit factor in permille (1000 = the configured limit)."},

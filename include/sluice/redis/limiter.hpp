@@ -199,8 +199,9 @@ class RedisGcraLimiter {
   absl::StatusOr<bool> cancel(Reservation& reservation) {
     if (!reservation.open_.take()) return false;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> amounts;
-    for (const BookedWindow& w : reservation.windows_)
+    for (const BookedWindow& w : reservation.windows_) {
       amounts.emplace_back(w.added_ns, w.added_frac);
+    }
     absl::StatusOr<Ints> reply =
         call(reservation.key_, "g", amount_params(amounts),
              give_back_extra(reservation.serial_, reservation.instant_, reservation.windows_));
