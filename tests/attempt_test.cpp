@@ -403,3 +403,116 @@ TEST_CASE("a denied attempt answers with Retry-After in whole seconds, rounded u
         sluice::HttpFields{{sluice::kRetryAfterField, std::string("1")}});
   CHECK(sluice::attempt_fields(AttemptDecision{}).empty());
 }
+
+TEST_CASE("inspecting an unknown subject reports an admission and stores nothing") {
+  sluice::ManualClock clock;
+  Limiter limiter = make(clock);
+  absl::StatusOr<AttemptDecision> d = limiter.inspect("alice");
+  REQUIRE(d.ok());
+  CHECK(*d == AttemptDecision{});  // admitted, no receipt, no wait, no failures
+  CHECK_FALSE(d->receipt.valid());
+  CHECK(limiter.stats().size == 0);
+  CHECK(begin(limiter).receipt.token() == 1);  // no attempt was counted
+}
+
+TEST_CASE("inspecting reports the backoff and failures without changing them") {
+  sluice::ManualClock clock;
+  Limiter limiter = make(clock);
+  fail_once(limiter);
+  clock.advance(1s);
+  fail_once(limiter);  // 2 failures: wait 2 s from 1 s
+  clock.advance(500ms);
+  const AttemptDecision expected{
+      .reason = AttemptReason::kBackoff, .retry_after = 1500ms, .failures = 2};
+  CHECK(*limiter.inspect("alice") == expected);
+  CHECK(*limiter.inspect("alice") == expected);
+  CHECK(begin(limiter) == expected);
+  clock.advance(1500ms);
+  AttemptDecision d = begin(limiter);
+  CHECK(d.admitted());
+  CHECK(d.failures == 2);
+  CHECK(d.receipt.token() == 3);
+}
+
+TEST_CASE("inspecting an attempt in flight takes no lease and records no lapsed lease") {
+  sluice::ManualClock clock;
+  Limiter limiter = make(clock);
+  AttemptDecision d = begin(limiter);
+  clock.advance(10s);
+  CHECK(*limiter.inspect("alice") ==
+        AttemptDecision{.reason = AttemptReason::kAttemptActive, .retry_after = 20s});
+  REQUIRE(limiter.fail(d.receipt).ok());  // the receipt is still the active attempt's
+  clock.advance(1s);
+  AttemptDecision second = begin(limiter);
+  REQUIRE(second.admitted());
+  clock.advance(30s);  // second's lease lapsed now: counted in the answer, not written
+  const AttemptDecision lapsed{.reason = AttemptReason::kBackoff, .retry_after = 2s, .failures = 2};
+  CHECK(*limiter.inspect("alice") == lapsed);
+  CHECK(*limiter.inspect("alice") == lapsed);
+  CHECK(begin(limiter) == lapsed);  // one failure for the lapsed lease, not one per look
+}
+
+TEST_CASE("a reset clears the backoff: the next attempt is decided as for a new subject") {
+  sluice::ManualClock clock;
+  Limiter limiter = make(clock);
+  fail_once(limiter);
+  clock.advance(1s);
+  fail_once(limiter);
+  clock.advance(2s);
+  fail_once(limiter);
+  clock.advance(3s);
+  REQUIRE(begin(limiter) ==
+          AttemptDecision{.reason = AttemptReason::kBackoff, .retry_after = 1s, .failures = 3});
+  REQUIRE(limiter.reset("alice").ok());
+  CHECK(limiter.stats().size == 0);  // its room is free at once
+  CHECK(*limiter.inspect("alice") == AttemptDecision{});
+  AttemptDecision d = begin(limiter);
+  CHECK(d.admitted());
+  CHECK(d.failures == 0);
+  REQUIRE(limiter.fail(d.receipt).ok());
+  CHECK(begin(limiter) ==
+        AttemptDecision{.reason = AttemptReason::kBackoff, .retry_after = 1s, .failures = 1});
+}
+
+TEST_CASE("a receipt of the attempt in flight at a reset is stale and recreates no failure") {
+  sluice::ManualClock clock;
+  Limiter limiter = make(clock);
+  fail_once(limiter);
+  clock.advance(1s);
+  AttemptDecision in_flight = begin(limiter);
+  REQUIRE(in_flight.admitted());
+  clock.advance(1s);
+  REQUIRE(limiter.reset("alice").ok());
+  clock.advance(1s);
+  CHECK(limiter.fail(in_flight.receipt).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(limiter.abandon(in_flight.receipt).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(limiter.succeed(in_flight.receipt).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(limiter.stats().size == 0);
+  CHECK(*limiter.inspect("alice") == AttemptDecision{});
+  AttemptDecision next = begin(limiter);
+  REQUIRE(next.admitted());
+  CHECK(next.failures == 0);
+  CHECK(limiter.fail(in_flight.receipt).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(begin(limiter) ==
+        AttemptDecision{.reason = AttemptReason::kAttemptActive, .retry_after = 30s});
+}
+
+TEST_CASE("a reset in the nanosecond of a begin keeps that begin's receipt stale") {
+  sluice::ManualClock clock;
+  Limiter limiter = make(clock);
+  AttemptDecision first = begin(limiter);
+  REQUIRE(limiter.reset("alice").ok());
+  AttemptDecision second = begin(limiter);  // same nanosecond: the record kept its token
+  REQUIRE(second.admitted());
+  CHECK(second.receipt.token() == 2);
+  CHECK(limiter.fail(first.receipt).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(begin(limiter) ==
+        AttemptDecision{.reason = AttemptReason::kAttemptActive, .retry_after = 30s});
+}
+
+TEST_CASE("resetting an unknown subject is OK and stores nothing") {
+  sluice::ManualClock clock;
+  Limiter limiter = make(clock);
+  CHECK(limiter.reset("nobody").ok());
+  CHECK(limiter.stats().size == 0);
+}

@@ -56,6 +56,37 @@ std::int64_t pttl(const Server& server, const std::string& key) {
   return r->integer;
 }
 
+std::int64_t integer(const Server& server, std::initializer_list<std::string_view> command) {
+  sluice_test::Reply r = server.redis.command(command);
+  REQUIRE(r);
+  REQUIRE(r->type == REDIS_REPLY_INTEGER);
+  return r->integer;
+}
+
+// The server's count of writes since its last save: unchanged across commands that write nothing.
+std::int64_t writes(const Server& server) {
+  sluice_test::Reply r = server.redis.command({"INFO", "persistence"});
+  REQUIRE(r);
+  REQUIRE(r->type == REDIS_REPLY_STRING);
+  const std::string info(r->str, r->len);
+  const std::string field = "rdb_changes_since_last_save:";
+  const std::size_t at = info.find(field);
+  REQUIRE(at != std::string::npos);
+  return std::stoll(info.substr(at + field.size()));
+}
+
+// The subject's hash, field by field (empty when the key is absent).
+std::map<std::string, std::string> record(const Server& server, const std::string& key) {
+  sluice_test::Reply r = server.redis.command({"HGETALL", key});
+  REQUIRE(r);
+  std::map<std::string, std::string> out;
+  for (std::size_t i = 0; r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
+    out[std::string(r->element[i]->str, r->element[i]->len)] =
+        std::string(r->element[i + 1]->str, r->element[i + 1]->len);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("over redis each failure doubles the wait up to the cap and success clears it") {
@@ -295,4 +326,181 @@ TEST_CASE("a foreign value at a subject's key is an Internal error and never an 
   RedisAttemptLimiter limiter = make(server);
   REQUIRE(server.redis.command({"SET", limiter.redis_key("alice"), "x"}));
   CHECK(limiter.begin("alice").status().code() == absl::StatusCode::kInternal);
+}
+
+TEST_CASE("over redis inspecting or resetting an unknown subject creates no key") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  absl::StatusOr<AttemptDecision> at_time = limiter.inspect("alice");  // the server's TIME
+  INFO(at_time.status());
+  REQUIRE(at_time.ok());
+  CHECK(*at_time == AttemptDecision{});
+  absl::StatusOr<AttemptDecision> at_t0 = limiter.inspect_at_for_testing("alice", kT0);
+  REQUIRE(at_t0.ok());
+  CHECK(*at_t0 == AttemptDecision{});
+  CHECK(limiter.reset("bob").ok());
+  CHECK(limiter.reset_at_for_testing("bob", kT0).ok());
+  CHECK(integer(server, {"EXISTS", limiter.redis_key("alice"), limiter.redis_key("bob")}) == 0);
+  CHECK(integer(server, {"DBSIZE"}) == 0);
+  CHECK(begin_at(limiter, kT0).receipt.token() == 1);  // no attempt was counted
+}
+
+TEST_CASE("over redis inspecting reports the backoff and writes nothing") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  const std::string key = limiter.redis_key("alice");
+  AttemptDecision d = begin_at(limiter, kT0);
+  REQUIRE(limiter.fail_at_for_testing(d.receipt, kT0).ok());
+  d = begin_at(limiter, kT0 + 1s);
+  REQUIRE(limiter.fail_at_for_testing(d.receipt, kT0 + 1s).ok());  // 2 failures: wait 2 s
+  const std::map<std::string, std::string> before = record(server, key);
+  const std::int64_t ttl = pttl(server, key);
+  const std::int64_t written = writes(server);
+
+  const AttemptDecision expected{
+      .reason = AttemptReason::kBackoff, .retry_after = 1500ms, .failures = 2};
+  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 1500ms) == expected);
+  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 1500ms) == expected);
+  // A later look does not move the record's clock: begin still sees its own time.
+  CHECK(limiter.inspect_at_for_testing("alice", kT0 + 2500ms)->retry_after == 500ms);
+  CHECK(writes(server) == written);
+  CHECK(record(server, key) == before);
+  CHECK(pttl(server, key) <= ttl);  // no expiry extended
+
+  CHECK(begin_at(limiter, kT0 + 1500ms) == expected);
+  AttemptDecision next = begin_at(limiter, kT0 + 3s);
+  CHECK(next.admitted());
+  CHECK(next.failures == 2);
+  CHECK(next.receipt.token() == 3);
+}
+
+TEST_CASE("over redis inspecting a lapsed lease counts it without writing it") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  const std::string key = limiter.redis_key("alice");
+  REQUIRE(begin_at(limiter, kT0).admitted());
+  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 2s) ==
+        AttemptDecision{.reason = AttemptReason::kAttemptActive, .retry_after = 3s});
+  const std::map<std::string, std::string> before = record(server, key);
+  const AttemptDecision lapsed{.reason = AttemptReason::kBackoff, .retry_after = 1s, .failures = 1};
+  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 5s) == lapsed);
+  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 5s) == lapsed);
+  CHECK(record(server, key) == before);
+  CHECK(record(server, key).at("active") == "1");
+  CHECK(begin_at(limiter, kT0 + 5s) == lapsed);
+}
+
+TEST_CASE("over redis a reset clears the backoff and leaves a stale receipt harmless") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  AttemptDecision d = begin_at(limiter, kT0);
+  REQUIRE(limiter.fail_at_for_testing(d.receipt, kT0).ok());
+  AttemptDecision in_flight = begin_at(limiter, kT0 + 1s);
+  REQUIRE(in_flight.admitted());
+  REQUIRE(in_flight.failures == 1);
+  REQUIRE(limiter.reset_at_for_testing("alice", kT0 + 2s).ok());
+  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 2s) == AttemptDecision{});
+  CHECK(limiter.fail_at_for_testing(in_flight.receipt, kT0 + 3s).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(limiter.succeed_at_for_testing(in_flight.receipt, kT0 + 3s).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 3s) == AttemptDecision{});
+  AttemptDecision next = begin_at(limiter, kT0 + 4s);
+  REQUIRE(next.admitted());
+  CHECK(next.failures == 0);
+  CHECK(limiter.fail_at_for_testing(in_flight.receipt, kT0 + 4s).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(begin_at(limiter, kT0 + 4s) ==
+        AttemptDecision{.reason = AttemptReason::kAttemptActive, .retry_after = 5s});
+  REQUIRE(limiter.fail_at_for_testing(next.receipt, kT0 + 4s).ok());
+  CHECK(begin_at(limiter, kT0 + 4s) ==  // the sequence starts over
+        AttemptDecision{.reason = AttemptReason::kBackoff, .retry_after = 1s, .failures = 1});
+}
+
+TEST_CASE("over redis a reset expires the record within a millisecond or two") {
+  Server server;
+  RedisAttemptLimiter limiter = make(server);
+  absl::StatusOr<AttemptDecision> d = limiter.begin("alice");  // the server's TIME
+  REQUIRE(d.ok());
+  REQUIRE(limiter.fail(d->receipt).ok());
+  REQUIRE(limiter.reset("alice").ok());
+  CHECK(pttl(server, limiter.redis_key("alice")) <= 2);
+  absl::StatusOr<AttemptDecision> next = limiter.begin("alice");
+  REQUIRE(next.ok());
+  CHECK(next->admitted());
+  CHECK(next->failures == 0);
+}
+
+TEST_CASE("redis and memory answer a script with inspect and reset identically") {
+  Server server;
+  RedisAttemptLimiter redis = make(server);
+  sluice::ManualClock clock;
+  auto memory = sluice::AttemptLimiter<sluice::ManualClock>::create(kPolicy, {.seed = 3}, clock);
+  REQUIRE(memory.ok());
+
+  enum class Op { kBegin, kInspect, kReset, kSucceed, kFail };
+  struct Step {
+    microseconds at;  // after kT0; strictly increasing (a reset record expires in real time)
+    Op op;
+    std::string_view subject;
+    std::size_t receipt;  // completions: the index of the receipt among those issued
+  };
+  const Step script[] = {
+      {0s, Op::kBegin, "alice", 0},       {1s, Op::kInspect, "alice", 0},
+      {1100ms, Op::kFail, "alice", 0},    {1500ms, Op::kInspect, "alice", 0},
+      {2100ms, Op::kBegin, "alice", 0},   {3s, Op::kBegin, "alice", 0},
+      {3500ms, Op::kReset, "alice", 0},   {4s, Op::kFail, "alice", 1},
+      {4500ms, Op::kInspect, "alice", 0}, {5s, Op::kBegin, "alice", 0},
+      {5500ms, Op::kFail, "alice", 2},    {6s, Op::kBegin, "alice", 0},
+      {6100ms, Op::kInspect, "alice", 0}, {7s, Op::kReset, "bob", 0},
+      {8s, Op::kInspect, "bob", 0},       {9s, Op::kBegin, "bob", 0},
+      {14s, Op::kInspect, "bob", 0},      {14500ms, Op::kInspect, "bob", 0},
+      {20s, Op::kInspect, "bob", 0},      {20500ms, Op::kBegin, "bob", 0},
+      {21s, Op::kReset, "bob", 0},        {21500ms, Op::kSucceed, "bob", 4},
+      {22s, Op::kInspect, "bob", 0},      {22500ms, Op::kBegin, "bob", 0},
+      {23s, Op::kSucceed, "bob", 5},      {23500ms, Op::kInspect, "bob", 0},
+  };
+  struct Held {
+    sluice::AttemptReceipt redis, memory;
+  };
+  std::vector<Held> receipts;
+  std::map<AttemptReason, int> inspected;
+  for (const Step& step : script) {
+    const microseconds t = kT0 + step.at;
+    clock.set(t);
+    INFO("at " << step.at.count() << "us op " << static_cast<int>(step.op) << " " << step.subject);
+    if (step.op == Op::kBegin || step.op == Op::kInspect) {
+      const bool look = step.op == Op::kInspect;
+      absl::StatusOr<AttemptDecision> r = look ? redis.inspect_at_for_testing(step.subject, t)
+                                               : redis.begin_at_for_testing(step.subject, t);
+      absl::StatusOr<AttemptDecision> m =
+          look ? memory->inspect(step.subject) : memory->begin(step.subject);
+      REQUIRE(r.ok());
+      REQUIRE(m.ok());
+      CHECK(r->reason == m->reason);
+      CHECK(r->retry_after == m->retry_after);
+      CHECK(r->failures == m->failures);
+      CHECK(r->receipt.valid() == m->receipt.valid());
+      if (look) ++inspected[m->reason];
+      if (!look && r->admitted() && m->admitted()) receipts.push_back({r->receipt, m->receipt});
+      continue;
+    }
+    absl::Status r, m;
+    if (step.op == Op::kReset) {
+      r = redis.reset_at_for_testing(step.subject, t);
+      m = memory->reset(step.subject);
+    } else {
+      REQUIRE(step.receipt < receipts.size());
+      const Held& held = receipts[step.receipt];
+      const bool success = step.op == Op::kSucceed;
+      r = success ? redis.succeed_at_for_testing(held.redis, t)
+                  : redis.fail_at_for_testing(held.redis, t);
+      m = success ? memory->succeed(held.memory) : memory->fail(held.memory);
+    }
+    CHECK(r.code() == m.code());
+  }
+  CHECK(receipts.size() == 6);
+  CHECK(inspected[AttemptReason::kAdmitted] > 0);
+  CHECK(inspected[AttemptReason::kAttemptActive] > 0);
+  CHECK(inspected[AttemptReason::kBackoff] > 0);
 }

@@ -36,6 +36,10 @@
 //   clamped to it: stepping the clock back never shortens a wait. Durations may be as long as
 //   std::chrono::nanoseconds::max(); every sum saturates instead of overflowing.
 //
+// Operators: `inspect(subject)` answers what `begin` would answer now without taking anything;
+// `reset(subject)` forgets the subject's failures and ends its attempt in flight, whose receipt is
+// then stale (an account unblocked by hand).
+//
 // Storage: a ShardedStore that never evicts live state (Overflow::kRejectNewKeys is forced: an
 // attacker who sprays subjects must not be able to flush an account's failure record). A new
 // subject that finds its shard full of live records is denied with AttemptReason::kStoreFull;
@@ -184,10 +188,10 @@ inline std::ostream& operator<<(std::ostream& os, AttemptReason reason) {
   return os << to_string(reason);
 }
 
-// The answer of `begin`. Value type.
+// The answer of `begin`, and of `inspect` (what begin would answer). Value type.
 struct AttemptDecision {
   AttemptReason reason = AttemptReason::kAdmitted;
-  AttemptReceipt receipt{};                 // valid iff admitted()
+  AttemptReceipt receipt{};                 // valid iff admitted() by begin (never by inspect)
   std::chrono::nanoseconds retry_after{0};  // 0 iff admitted; else the wait (≥ 1 ns)
   std::uint64_t failures = 0;               // consecutive failures on record (0 for kStoreFull)
 
@@ -263,6 +267,15 @@ struct AttemptCell {
     if (active && now < lease_end) return false;
     return now >= quiet_end && now > started;
   }
+  // Ends any attempt and forgets the failures as of `now` (a success, or a reset). Keeps the
+  // fencing pair (token, started), so a receipt issued before cannot complete a later attempt.
+  void clear(std::int64_t now) noexcept {
+    active = false;
+    failures = 0;
+    retry_at = std::numeric_limits<std::int64_t>::min();
+    quiet_end = now;
+  }
+
   // Saturated below 2^62 ns, so that the store's `now + time_until_fresh` cannot overflow.
   std::int64_t time_until_fresh(std::int64_t now) const noexcept {
     if (idle(now)) return 0;
@@ -315,6 +328,47 @@ class AttemptLimiter {
   // Ends the receipt's attempt without a verdict; counts as a failure. Errors as for succeed.
   absl::Status abandon(const AttemptReceipt& receipt) { return complete(receipt, false); }
 
+  // --- Operators: inspect and reset one subject. Both may be called concurrently with every
+  // other member; each takes one shard lock for O(1) expected work, like `begin`.
+
+  // What `begin(subject)` would answer now, without taking anything: reason, retry_after (ns)
+  // and failures as `begin` reports them, and an invalid receipt. A subject that would be
+  // admitted reports kAdmitted with retry_after 0. Changes no record: no attempt begins, no lease
+  // is taken, a lapsed lease counts in the answer but is not written, and an untracked subject is
+  // not stored (so it reports kAdmitted with 0 failures even when its shard is full, where `begin`
+  // would answer kStoreFull). Clamps the shard's clock like any operation. Never an error in
+  // memory (the StatusOr matches the Redis limiter).
+  absl::StatusOr<AttemptDecision> inspect(std::string_view subject) {
+    return store_.update(
+        store_.digest(subject), now(),
+        [](const detail::AttemptCell& stored, std::int64_t now) {
+          detail::AttemptCell cell = stored;
+          cell.settle(now);
+          return refusal(cell, now).value_or(AttemptDecision{.failures = cell.failures});
+        },
+        [](const StoreFull&) {  // unreachable: an inspected new subject stays idle
+          return AttemptDecision{};
+        });
+  }
+
+  // Forgets the subject: its next `begin` is decided as for a subject never seen (no failures,
+  // no wait), and its attempt in flight, if any, ends: completing that receipt later is
+  // FailedPrecondition and changes nothing, as for any stale receipt. The record's room in the
+  // store is free at once (or one nanosecond later, when the reset falls in the nanosecond of
+  // the subject's latest begin). OK for an untracked subject, which stays untracked. Never an
+  // error in memory (the Status matches the Redis limiter).
+  absl::Status reset(std::string_view subject) {
+    return store_.update_removing_idle(
+        store_.digest(subject), now(),
+        [](detail::AttemptCell& cell, std::int64_t now) {
+          cell.clear(now);
+          return absl::OkStatus();
+        },
+        [](const StoreFull&) {  // unreachable: a cleared new cell is idle
+          return absl::OkStatus();
+        });
+  }
+
   const AttemptPolicy& policy() const noexcept { return policy_; }
   // Records tracked, idle records reclaimed, capacity denials (live_evicted stays 0). Lock-free.
   StoreStats stats() const noexcept { return store_.stats(); }
@@ -325,19 +379,27 @@ class AttemptLimiter {
 
   std::int64_t now() const { return detail::saturate_time(clock_.now().count()); }
 
+  // The denial `begin` answers for a settled cell at `now`, if it answers one.
+  static std::optional<AttemptDecision> refusal(const detail::AttemptCell& cell, std::int64_t now) {
+    if (cell.active) {
+      return AttemptDecision{
+          .reason = AttemptReason::kAttemptActive,
+          .retry_after = std::chrono::nanoseconds{detail::time_until(cell.lease_end, now)},
+          .failures = cell.failures};
+    }
+    if (now < cell.retry_at) {
+      return AttemptDecision{
+          .reason = AttemptReason::kBackoff,
+          .retry_after = std::chrono::nanoseconds{detail::time_until(cell.retry_at, now)},
+          .failures = cell.failures};
+    }
+    return std::nullopt;
+  }
+
   AttemptDecision admit(detail::AttemptCell& cell, const KeyDigest& digest,
                         std::int64_t now) const {
     cell.settle(now);
-    if (cell.active) {
-      return {.reason = AttemptReason::kAttemptActive,
-              .retry_after = std::chrono::nanoseconds{detail::time_until(cell.lease_end, now)},
-              .failures = cell.failures};
-    }
-    if (now < cell.retry_at) {
-      return {.reason = AttemptReason::kBackoff,
-              .retry_after = std::chrono::nanoseconds{detail::time_until(cell.retry_at, now)},
-              .failures = cell.failures};
-    }
+    if (std::optional<AttemptDecision> denied = refusal(cell, now)) return *denied;
     const std::uint64_t failures = cell.failures;
     cell.token += 1;
     cell.started = now;
@@ -361,12 +423,10 @@ class AttemptLimiter {
           if (!cell.active || cell.token != receipt.token_ || cell.started != receipt.started_) {
             return detail::stale_attempt_receipt();
           }
-          cell.active = false;
           if (success) {
-            cell.failures = 0;
-            cell.retry_at = std::numeric_limits<std::int64_t>::min();
-            cell.quiet_end = now;
+            cell.clear(now);
           } else {
+            cell.active = false;
             if (cell.failures < kMaxAttemptFailures) ++cell.failures;
             cell.retry_at = detail::add_saturating(now, policy_.delay_after(cell.failures).count());
             cell.quiet_end = detail::add_saturating(now, policy_.quiet_period.count());

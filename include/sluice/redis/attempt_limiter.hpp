@@ -23,6 +23,8 @@
 // Errors: Unavailable (connection refused or lost, server busy, loading, read-only),
 // DeadlineExceeded (no reply within the command timeout, or no free connection), Internal (a
 // reply of the wrong shape), FailedPrecondition (stale receipt), InvalidArgument. No retries.
+// Operators: `inspect` reports what `begin` would answer without writing anything; `reset` forgets
+// a subject (its attempt in flight, if any, ends and its receipt is stale).
 // Thread-safety: thread-safe; copies share one connection pool. Complexity: one round trip and
 // O(1) work on the server per operation.
 #ifndef SLUICE_REDIS_ATTEMPT_LIMITER_HPP_
@@ -96,6 +98,19 @@ class RedisAttemptLimiter {
   absl::Status fail(const AttemptReceipt& receipt) { return complete(receipt, "f", {}); }
   absl::Status abandon(const AttemptReceipt& receipt) { return complete(receipt, "f", {}); }
 
+  // --- Operators: inspect and reset one subject; errors as in the file comment.
+
+  // As AttemptLimiter::inspect: what `begin` would answer now (reason, retry_after, failures;
+  // an invalid receipt), decided at the server's TIME (clamped like begin's), without writing:
+  // no attempt, no lease, no key created, no expiry extended. Never kStoreFull.
+  absl::StatusOr<AttemptDecision> inspect(std::string_view subject) {
+    return inspect_at(subject, std::nullopt);
+  }
+  // As AttemptLimiter::reset: the next `begin` is decided as for a subject never seen; a receipt
+  // of the attempt in flight is stale from now on. The record is rewritten as after a success and
+  // expires within a millisecond; an absent key stays absent.
+  absl::Status reset(std::string_view subject) { return reset_at(subject, std::nullopt); }
+
   // Testing hooks: as above, with the server's clock replaced by `unix_time` (µs since the Unix
   // epoch, ≥ 0). Production code never calls them.
   absl::StatusOr<AttemptDecision> begin_at_for_testing(std::string_view subject,
@@ -107,6 +122,13 @@ class RedisAttemptLimiter {
   }
   absl::Status fail_at_for_testing(const AttemptReceipt& r, std::chrono::microseconds t) {
     return complete(r, "f", t);
+  }
+  absl::StatusOr<AttemptDecision> inspect_at_for_testing(std::string_view subject,
+                                                         std::chrono::microseconds unix_time) {
+    return inspect_at(subject, unix_time);
+  }
+  absl::Status reset_at_for_testing(std::string_view subject, std::chrono::microseconds unix_time) {
+    return reset_at(subject, unix_time);
   }
 
   // The Redis key holding `subject`'s record (for operators and tests; no raw subject bytes).
@@ -225,15 +247,39 @@ class RedisAttemptLimiter {
     return absl::InternalError("sluice::redis: attempt script reply of unexpected shape");
   }
 
-  absl::StatusOr<AttemptDecision> begin_at(std::string_view subject,
-                                           std::optional<std::chrono::microseconds> time) {
+  static absl::Status check_time(std::optional<std::chrono::microseconds> time) {
     if (time && time->count() < 0) {
       return absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
     }
+    return absl::OkStatus();
+  }
+
+  // Every time and wait in a reply is below 2^53 µs.
+  static constexpr std::int64_t kMaxMicros = std::int64_t{1} << 53;
+
+  // A {code, wait, failures} reply: 1 another attempt is active, 2 backoff, each with a wait
+  // ≥ 1 µs; from inspect also 0, where begin would admit, with wait 0.
+  static absl::StatusOr<AttemptDecision> state_of(const redisReply& reply) {
+    auto state = integers<3>(reply);
+    if (!state) return malformed();
+    const auto [code, wait, failures] = *state;
+    if (code > 2 || (code == 0) != (wait == 0) || wait >= kMaxMicros ||
+        static_cast<std::uint64_t>(failures) > kMaxAttemptFailures) {
+      return malformed();
+    }
+    constexpr AttemptReason kReasons[] = {AttemptReason::kAdmitted, AttemptReason::kAttemptActive,
+                                          AttemptReason::kBackoff};
+    return AttemptDecision{.reason = kReasons[code],
+                           .retry_after = std::chrono::microseconds{wait},
+                           .failures = static_cast<std::uint64_t>(failures)};
+  }
+
+  absl::StatusOr<AttemptDecision> begin_at(std::string_view subject,
+                                           std::optional<std::chrono::microseconds> time) {
+    if (absl::Status s = check_time(time); !s.ok()) return s;
     const KeyDigest d = digest(subject);
     absl::StatusOr<detail::ReplyPtr> reply = call(d, "b", 0, 0, time);
     if (!reply.ok()) return reply.status();
-    constexpr std::int64_t kMaxMicros = std::int64_t{1} << 53;
     if (auto admitted = integers<4>(**reply)) {
       const auto [code, token, started, failures] = *admitted;
       if (code != 0 || token < 1 || started >= kMaxMicros ||
@@ -245,25 +291,32 @@ class RedisAttemptLimiter {
           .receipt = AttemptReceipt(d, static_cast<std::uint64_t>(token), started * 1000),
           .failures = static_cast<std::uint64_t>(failures)};
     }
-    auto denied = integers<3>(**reply);
-    if (!denied) return malformed();
-    const auto [code, wait, failures] = *denied;
-    if ((code != 1 && code != 2) || wait < 1 || wait >= kMaxMicros ||
-        static_cast<std::uint64_t>(failures) > kMaxAttemptFailures) {
-      return malformed();
-    }
-    return AttemptDecision{
-        .reason = code == 1 ? AttemptReason::kAttemptActive : AttemptReason::kBackoff,
-        .retry_after = std::chrono::microseconds{wait},
-        .failures = static_cast<std::uint64_t>(failures)};
+    absl::StatusOr<AttemptDecision> denied = state_of(**reply);
+    if (denied.ok() && denied->admitted()) return malformed();  // begin admits with a receipt
+    return denied;
+  }
+
+  absl::StatusOr<AttemptDecision> inspect_at(std::string_view subject,
+                                             std::optional<std::chrono::microseconds> time) {
+    if (absl::Status s = check_time(time); !s.ok()) return s;
+    absl::StatusOr<detail::ReplyPtr> reply = call(digest(subject), "i", 0, 0, time);
+    if (!reply.ok()) return reply.status();
+    return state_of(**reply);
+  }
+
+  absl::Status reset_at(std::string_view subject, std::optional<std::chrono::microseconds> time) {
+    if (absl::Status s = check_time(time); !s.ok()) return s;
+    absl::StatusOr<detail::ReplyPtr> reply = call(digest(subject), "r", 0, 0, time);
+    if (!reply.ok()) return reply.status();
+    const auto result = integers<1>(**reply);
+    if (!result || (*result)[0] != 0) return malformed();
+    return absl::OkStatus();
   }
 
   absl::Status complete(const AttemptReceipt& receipt, std::string_view op,
                         std::optional<std::chrono::microseconds> time) {
     if (!receipt.valid()) return absl::InvalidArgumentError("attempt receipt is not valid");
-    if (time && time->count() < 0) {
-      return absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
-    }
+    if (absl::Status s = check_time(time); !s.ok()) return s;
     absl::StatusOr<detail::ReplyPtr> reply =
         call(receipt.subject_, op, receipt.token_, receipt.started_, time);
     if (!reply.ok()) return reply.status();

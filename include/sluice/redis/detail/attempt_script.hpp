@@ -3,8 +3,8 @@
 //
 //   EVALSHA <sha1> 1 <key> <op> <token> <started> <initial> <cap> <quiet> <lease> <time>
 //
-//   op        'b' begin, 's' succeed, 'f' fail (abandon is 'f')
-//   token, started   the receipt's fencing pair (completions only; "0" for begin)
+//   op        'b' begin, 's' succeed, 'f' fail (abandon is 'f'), 'i' inspect, 'r' reset
+//   token, started   the receipt's fencing pair (completions only; "0" otherwise)
 //   initial, cap, quiet, lease   the policy, whole microseconds
 //   time      "": read the clock with TIME; else a test-only server time (µs since the epoch)
 //
@@ -15,9 +15,13 @@
 // (PEXPIRE, relative to the server's clock) within a millisecond after quiet_end — never while
 // leased: quiet_end ≥ lease_end then — or, after a success, within the next millisecond, strictly
 // after the attempt's begin time, so a recreated key never repeats a (started, token) pair.
+// Inspect reads only: it writes nothing, not even `seen`, and leaves the expiry alone. Reset
+// rewrites an existing record as a success does (keeping token and started, so receipts issued
+// before stay fenced) and writes nothing for an absent key.
 //
 // Replies (integers): begin {0, token, started, failures} admitted, {1, wait, failures} another
-// attempt is active, {2, wait, failures} backoff; completions {0} done, {3} stale receipt.
+// attempt is active, {2, wait, failures} backoff; inspect as begin's denials, or {0, 0, failures}
+// where begin would admit; completions {0} done, {3} stale receipt; reset {0}.
 //
 // Exactness: Lua numbers are doubles. Times are ~2^51 µs today and the limiter validates every
 // duration to ≤ 2^50 µs, so every sum formed here (now + lease + cap or quiet) stays below 2^53;
@@ -66,6 +70,12 @@ local function delay(f)
   if d > cap then d = cap end
   return d
 end
+-- The denial begin answers now, if any.
+local function refusal()
+  if active then return {1, lease_end - now, failures} end
+  if now < retry_at then return {2, retry_at - now, failures} end
+  return nil
+end
 local function save(expire_at)
   local f = string.format
   redis.call('HSET', key, 'seen', f('%.0f', now), 'token', f('%.0f', token),
@@ -75,9 +85,20 @@ local function save(expire_at)
   redis.call('PEXPIRE', key, f('%.0f', math.floor((expire_at - now) / 1000) + 1))
 end
 
+-- Ends any attempt and forgets the failures (a success or a reset); token and started stay.
+local function clear()
+  active, failures, retry_at, quiet_end = false, 0, 0, now
+  save(now)
+end
+
+if op == 'i' then return refusal() or {0, 0, failures} end
+if op == 'r' then
+  if seen then clear() end
+  return {0}
+end
 if op == 'b' then
-  if active then return {1, lease_end - now, failures} end
-  if now < retry_at then return {2, retry_at - now, failures} end
+  local denied = refusal()
+  if denied then return denied end
   local before = failures
   local next_failures = failures
   if next_failures < max_failures then next_failures = next_failures + 1 end
@@ -90,11 +111,10 @@ if op == 'b' then
 end
 if op ~= 's' and op ~= 'f' then return redis.error_reply('sluice: unknown attempt operation') end
 if not active or token ~= tonumber(ARGV[2]) or started ~= tonumber(ARGV[3]) then return {3} end
-active = false
 if op == 's' then
-  failures, retry_at, quiet_end = 0, 0, now
-  save(now)
+  clear()
 else
+  active = false
   if failures < max_failures then failures = failures + 1 end
   retry_at, quiet_end = now + delay(failures), now + quiet
   save(quiet_end)
