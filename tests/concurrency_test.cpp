@@ -146,6 +146,57 @@ TEST_CASE("a stale permit cannot free a slot of the key after the key was forgot
   CHECK_FALSE(limiter.acquire("k").held());
 }
 
+TEST_CASE("inspect reports free slots and lease ends without taking a slot") {
+  sluice::ManualClock clock(100s);
+  Limiter limiter = make({.max_in_flight = 2, .lease = 30s}, clock);
+  CHECK(limiter.inspect("k") ==
+        sluice::Decision{.reason = Reason::kAllowed, .limit = 2, .remaining = 2});
+  CHECK(limiter.stats().size == 0);  // an inspected key takes no room
+  ConcurrencyPermit first = limiter.acquire("k");
+  clock.advance(5s);
+  const sluice::Decision one_held{
+      .reason = Reason::kAllowed, .limit = 2, .remaining = 1, .reset_after = 25s};
+  CHECK(limiter.inspect("k") == one_held);
+  CHECK(limiter.inspect("k") == one_held);  // consumes nothing
+  ConcurrencyPermit second = limiter.acquire("k");
+  REQUIRE(second.held());  // the inspects took no slot
+  clock.advance(5s);       // t = 110 s; leases end at 130 and 135 s
+  const sluice::Decision full{.reason = Reason::kQuotaExceeded,
+                              .limit = 2,
+                              .remaining = 0,
+                              .retry_after = 20s,
+                              .reset_after = 25s};
+  CHECK(limiter.inspect("k") == full);
+  CHECK(limiter.acquire("k").decision() == full);  // exactly what an acquire sees
+  clock.advance(20s);                              // the first lease runs out
+  CHECK(
+      limiter.inspect("k") ==
+      sluice::Decision{.reason = Reason::kAllowed, .limit = 2, .remaining = 1, .reset_after = 5s});
+}
+
+TEST_CASE("reset frees every slot of a key, and its old permits cannot free a later holder") {
+  sluice::ManualClock clock;
+  Limiter limiter = make({.max_in_flight = 2, .lease = 1h}, clock);
+  ConcurrencyPermit a = limiter.acquire("k");
+  ConcurrencyPermit b = limiter.acquire("k");
+  ConcurrencyPermit other = limiter.acquire("other");
+  REQUIRE(b.held());
+  REQUIRE_FALSE(limiter.acquire("k").held());
+  limiter.reset("k");
+  CHECK(limiter.stats().size == 1);  // only "other" keeps room
+  CHECK(limiter.inspect("k").remaining == 2);
+  CHECK(limiter.inspect("other").remaining == 1);  // other keys keep their permits
+  ConcurrencyPermit c = limiter.acquire("k");
+  ConcurrencyPermit d = limiter.acquire("k");
+  REQUIRE(c.held());
+  REQUIRE(d.held());
+  CHECK_FALSE(a.release());  // the slot a had now carries c's serial
+  CHECK_FALSE(b.release());
+  CHECK_FALSE(limiter.acquire("k").held());  // c and d still hold both slots
+  limiter.reset("never-seen");               // does nothing
+  CHECK(limiter.stats().size == 2);
+}
+
 TEST_CASE("a clock that steps back neither ends nor extends a lease") {
   sluice::ManualClock clock(10s);
   Limiter limiter = make({.max_in_flight = 1, .lease = 5s}, clock);

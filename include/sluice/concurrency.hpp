@@ -256,6 +256,39 @@ class ConcurrencyLimiter {
     return permit;
   }
 
+  // --- Operators: inspect and reset one key. Both may run concurrently with `acquire` and
+  // releases; each takes one shard lock, O(N).
+
+  // The key's state without taking a slot: limit = N; remaining = free slots now; allowed iff one
+  // is free, else kQuotaExceeded with retry_after until the earliest lease runs out; reset_after
+  // = until the last lease runs out (0 when no permit is held). A key never seen, or whose permits
+  // were all given back, reports N free. Stores nothing.
+  Decision inspect(std::string_view key) {
+    Core& core = *core_;
+    const std::int64_t at = core.now();
+    return std::visit(
+        [&](auto& store) {
+          return store.update(
+              store.digest(key), at,
+              [&](const auto& cell, std::int64_t now) { return untaken(survey(cell, now), now); },
+              [](const StoreFull& full) {  // unreachable: an inspected new key stays idle
+                return detail::store_full_decision(full);
+              });
+        },
+        core.store);
+  }
+
+  // Frees every slot of the key at once, as if each of its permits had been given back: its next
+  // acquire sees N free slots, and its room in the store is free. Permits taken before the reset
+  // stay objects their owners hold, but release nothing when destroyed (the fencing serial of a
+  // slot taken after the reset differs), so they cannot free a later holder's slot. Resetting a
+  // key that holds nothing does nothing. O(1) plus a probe.
+  void reset(std::string_view key) {
+    Core& core = *core_;
+    const std::int64_t at = core.now();
+    std::visit([&](auto& store) { store.forget(store.digest(key), at); }, core.store);
+  }
+
   StoreStats stats() const {
     return std::visit([](const auto& s) { return s.stats(); }, core_->store);
   }
@@ -273,39 +306,60 @@ class ConcurrencyLimiter {
   ConcurrencyLimiter(ConcurrencyLimit limit, const StoreOptions& options, ClockT clock)
       : core_(std::make_unique<Core>(limit, options, std::move(clock))) {}
 
+  // The key's first N slots at `now`: how many are held, the first free one (N if none), and
+  // the earliest and latest lease ends among the held ones.
+  struct Survey {
+    std::size_t free = 0;
+    std::uint64_t in_flight = 0;
+    std::int64_t earliest = std::numeric_limits<std::int64_t>::max();
+    std::int64_t latest = 0;
+  };
+  template <std::size_t S>
+  Survey survey(const detail::ConcurrencyCell<S>& cell, std::int64_t now) const noexcept {
+    const auto n = static_cast<std::size_t>(core_->limit.max_in_flight);
+    Survey out{.free = n, .latest = now};
+    for (std::size_t i = 0; i < n; ++i) {
+      const detail::PermitSlot& s = cell.slots[i];
+      if (detail::ConcurrencyCell<S>::held(s, now)) {
+        ++out.in_flight;
+        out.earliest = std::min(out.earliest, s.lease_end);
+        out.latest = std::max(out.latest, s.lease_end);
+      } else if (out.free == n) {
+        out.free = i;
+      }
+    }
+    return out;
+  }
+
+  // The decision of an acquire that found the key as `seen` and took nothing: allowed with
+  // remaining = free slots, or (all N held) denied until the earliest lease runs out.
+  Decision untaken(const Survey& seen, std::int64_t now) const noexcept {
+    const std::uint64_t n = core_->limit.max_in_flight;
+    Decision d{.reason = Reason::kAllowed,
+               .limit = n,
+               .remaining = n - seen.in_flight,
+               .reset_after = std::chrono::nanoseconds{seen.latest - now}};
+    if (seen.in_flight == n) {
+      d.reason = Reason::kQuotaExceeded;
+      d.retry_after = std::chrono::nanoseconds{seen.earliest - now};
+    }
+    return d;
+  }
+
   // Takes the first free of the key's first N slots, under the shard lock.
   template <std::size_t S>
   detail::Acquired take(detail::ConcurrencyCell<S>& cell, std::int64_t now,
                         std::uint64_t& last_serial) const {
-    const auto n = static_cast<std::size_t>(core_->limit.max_in_flight);
-    std::size_t free = n;
-    std::uint64_t in_flight = 0;
-    std::int64_t earliest = std::numeric_limits<std::int64_t>::max();
-    std::int64_t latest = now;
-    for (std::size_t i = 0; i < n; ++i) {
-      const detail::PermitSlot& s = cell.slots[i];
-      if (detail::ConcurrencyCell<S>::held(s, now)) {
-        ++in_flight;
-        earliest = std::min(earliest, s.lease_end);
-        latest = std::max(latest, s.lease_end);
-      } else if (free == n) {
-        free = i;
-      }
-    }
-    detail::Acquired got{.decision = {.reason = Reason::kAllowed, .limit = n}};
-    if (free == n) {
-      got.decision.reason = Reason::kQuotaExceeded;
-      got.decision.retry_after = std::chrono::nanoseconds{earliest - now};
-      got.decision.reset_after = std::chrono::nanoseconds{latest - now};
-      return got;
-    }
+    const Survey seen = survey(cell, now);
+    detail::Acquired got{.decision = untaken(seen, now)};
+    if (!got.decision.allowed()) return got;
     // lease_end ≤ 2^62 + 2^60: no overflow.
     const std::int64_t lease_end = now + core_->limit.lease.count();
-    cell.slots[free] = {.lease_end = lease_end, .serial = ++last_serial};
-    got.slot = free;
+    cell.slots[seen.free] = {.lease_end = lease_end, .serial = ++last_serial};
+    got.slot = seen.free;
     got.serial = last_serial;
-    got.decision.remaining = n - in_flight - 1;
-    got.decision.reset_after = std::chrono::nanoseconds{std::max(latest, lease_end) - now};
+    got.decision.remaining -= 1;
+    got.decision.reset_after = std::chrono::nanoseconds{std::max(seen.latest, lease_end) - now};
     return got;
   }
 
