@@ -87,12 +87,35 @@ Decision at(L& limiter, std::string_view key, nanoseconds t, std::uint64_t cost 
   return *d;
 }
 
+template <class L>
+Decision inspected(L& limiter, std::string_view key, nanoseconds t) {
+  absl::StatusOr<Decision> d = limiter.inspect_at_for_testing(key, t);
+  INFO(d.status());
+  REQUIRE(d.ok());
+  return *d;
+}
+
 std::string query(const std::string& sql) {
   std::string value;
   const std::string error = server().execute(sql, &value);
   INFO(error);
   REQUIRE(error.empty());
   return value;
+}
+
+// The rows stored for `key` under `limit` ("0" or "1").
+std::string rows_of(const Client& c, const sluice::postgres::Limit& limit, std::string_view key) {
+  std::string bytes;
+  sluice::postgres::detail::append_digest(bytes, c.digest(key, limit));
+  return query("SELECT count(*) FROM sluice.limit_state WHERE digest = '\\x" +
+               absl::BytesToHexString(bytes) + "'");
+}
+
+// The row count the database keeps for the shard of `key` under `limit`.
+std::string shard_rows(const Client& c, const sluice::postgres::Limit& limit,
+                       std::string_view key) {
+  return query("SELECT row_count FROM sluice.shards WHERE shard = " +
+               std::to_string(c.digest(key, limit).high >> 56));
 }
 
 // The in-memory and database limiters on one scripted random sequence: every decision equal.
@@ -114,11 +137,39 @@ void expect_same_decisions(Memory& memory, sluice::ManualClock& clock, Database&
   }
 }
 
+// As expect_same_decisions, with inspects and resets among the checks.
+template <class Memory, class Database>
+void expect_same_with_operators(Memory& memory, sluice::ManualClock& clock, Database& database,
+                                std::uint64_t max_cost, nanoseconds max_step, std::uint32_t seed) {
+  std::mt19937_64 random(seed);
+  const std::vector<std::string> keys = {"alpha", "beta", "gamma"};
+  for (int step = 0; step < 300; ++step) {
+    clock.advance(nanoseconds(
+        static_cast<std::int64_t>(random() % static_cast<std::uint64_t>(max_step.count() + 1))));
+    const std::string& key = keys[random() % keys.size()];
+    const std::uint64_t action = random() % 8;  // 0: reset, 1-2: inspect, else check
+    const std::uint64_t cost = random() % (max_cost + 1);
+    INFO("step " << step << " key " << key << " action " << action << " cost " << cost);
+    if (action == 0) {
+      memory.reset(key);
+      const absl::Status status = database.reset(key);
+      INFO(status);
+      REQUIRE(status.ok());
+    } else if (action <= 2) {
+      REQUIRE(memory.inspect(key) == inspected(database, key, kT0 + clock.now()));
+    } else {
+      absl::StatusOr<Decision> expected = memory.check(key, cost);
+      REQUIRE(expected.ok());
+      REQUIRE(*expected == at(database, key, kT0 + clock.now(), cost));
+    }
+  }
+}
+
 }  // namespace
 
 // --- schema ------------------------------------------------------------------------------------
 
-TEST_CASE("the migration installs version 1 and running it twice changes nothing") {
+TEST_CASE("the migration installs the current version and running it twice changes nothing") {
   auto pool = sluice::postgres::ConnectionPool::create(connection());
   REQUIRE(pool.ok());
   auto first = sluice::postgres::migrate(**pool);
@@ -129,8 +180,8 @@ TEST_CASE("the migration installs version 1 and running it twice changes nothing
       query("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'sluice'");
   auto second = sluice::postgres::migrate(**pool);
   REQUIRE(second.ok());
-  CHECK(*second == 1);
-  CHECK(query("SELECT count(*) FROM sluice.schema_version") == "1");
+  CHECK(*second == 2);
+  CHECK(query("SELECT count(*) FROM sluice.schema_version") == "2");
   CHECK(query("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'sluice'") == tables);
   CHECK(query("SELECT count(*) FROM sluice.shards") == "256");
 }
@@ -144,6 +195,43 @@ TEST_CASE("a check before the migration is a failed precondition that names the 
   absl::StatusOr<Decision> d = limiter.check("k");
   CHECK(d.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(std::string(d.status().message()).find("migrate") != std::string::npos);
+}
+
+TEST_CASE("a version 1 database migrates to version 2 keeping its rows, and then resets") {
+  query("CREATE DATABASE version1");
+  const std::string conninfo = server().conninfo() + " dbname=version1";
+  {  // What version 1's migration left behind: its step and its record.
+    PGconn* admin = PQconnectdb(conninfo.c_str());
+    REQUIRE(PQstatus(admin) == CONNECTION_OK);
+    const std::string sql =
+        std::string(
+            "BEGIN; CREATE SCHEMA sluice; CREATE TABLE sluice.schema_version (version integer "
+            "PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT "
+            "pg_catalog.clock_timestamp());") +
+        sluice::postgres::detail::kSchemaV1 +
+        "INSERT INTO sluice.schema_version (version) VALUES (1); COMMIT;";
+    PGresult* result = PQexec(admin, sql.c_str());
+    const std::string error = PQresultErrorMessage(result);
+    PQclear(result);
+    PQfinish(admin);
+    INFO(error);
+    REQUIRE(error.empty());
+  }
+  auto c = Client::create({.connection = {.conninfo = conninfo}, .key_seed = 42});
+  REQUIRE(c.ok());
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, *c, "v1"));
+  CHECK(at(limiter, "k", kT0, 2).remaining == 1);
+  const absl::Status before = limiter.reset("k");
+  CHECK(before.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(before.message()).find("migrate") != std::string::npos);
+
+  absl::StatusOr<int> version = sluice::postgres::migrate((*c)->pool());
+  INFO(version.status());
+  REQUIRE(version.ok());
+  CHECK(*version == 2);
+  CHECK(inspected(limiter, "k", kT0).remaining == 1);  // the row survived the upgrade
+  CHECK(limiter.reset("k").ok());
+  CHECK(inspected(limiter, "k", kT0) == Decision{.limit = 3, .remaining = 3});
 }
 
 // --- parity with the in-memory limiters ---------------------------------------------------------
@@ -219,6 +307,113 @@ TEST_CASE("the database holds digests only, never key bytes") {
               absl::BytesToHexString(hex) + "'") == "1");
   CHECK(query("SELECT count(*) FROM sluice.limit_state WHERE position('secret'::bytea IN digest) "
               "> 0") == "0");
+}
+
+// --- inspect and reset
+// ----------------------------------------------------------------------------
+
+TEST_CASE("inspecting a key never seen reports every window full and stores no row") {
+  auto c = client();
+  auto gcra = make(PostgresGcraLimiter::create(
+      {{.requests = 3, .period = 1s}, {.requests = 10, .period = 60s}}, c, "inspect-new"));
+  auto fixed = make(PostgresFixedWindowLimiter::create(
+      {{.limit = 4, .window = 1s}, {.limit = 10, .window = 10s}}, c, "inspect-new"));
+  CHECK(inspected(gcra, "never", kT0) == Decision{.limit = 3, .remaining = 3});
+  CHECK(gcra.inspect("never").value() == Decision{.limit = 3, .remaining = 3});
+  CHECK(inspected(fixed, "never", kT0) == Decision{.limit = 4, .remaining = 4});
+  CHECK(fixed.inspect("never").value() == Decision{.limit = 4, .remaining = 4});
+  CHECK(rows_of(*c, gcra.limit(), "never") == "0");
+  CHECK(rows_of(*c, fixed.limit(), "never") == "0");
+}
+
+TEST_CASE("inspect reports what a peek reports and consumes nothing") {
+  auto limiter = make(PostgresGcraLimiter::create(
+      {{.requests = 3, .period = 1s}, {.requests = 10, .period = 60s}}, client(), "inspect"));
+  for (int i = 0; i < 3; ++i) at(limiter, "k", kT0);
+  const Decision first = inspected(limiter, "k", kT0 + 400ms);
+  CHECK(first == Decision{.limit = 3, .remaining = 1, .reset_after = 600ms});
+  CHECK(inspected(limiter, "k", kT0 + 400ms) == first);
+  CHECK(at(limiter, "k", kT0 + 400ms, 0) == first);
+  CHECK(at(limiter, "k", kT0 + 400ms) ==
+        Decision{.limit = 3, .remaining = 0, .reset_after = 933'333'334ns});
+  CHECK(at(limiter, "k", kT0 + 400ms).reason == Reason::kQuotaExceeded);
+}
+
+TEST_CASE("a reset key gets its full burst back, as a key never seen, and frees its row") {
+  auto c = client();
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, c, "reset"));
+  for (int i = 0; i < 3; ++i) at(limiter, "k", kT0);
+  at(limiter, "other", kT0);
+  const Decision denied = at(limiter, "k", kT0);
+  CHECK(denied.reason == Reason::kQuotaExceeded);
+  const int shard_before = std::stoi(shard_rows(*c, limiter.limit(), "k"));
+
+  REQUIRE(limiter.reset("k").ok());
+  CHECK(rows_of(*c, limiter.limit(), "k") == "0");
+  CHECK(std::stoi(shard_rows(*c, limiter.limit(), "k")) == shard_before - 1);
+  CHECK(inspected(limiter, "k", kT0) == Decision{.limit = 3, .remaining = 3});
+  CHECK(at(limiter, "k", kT0) ==
+        Decision{.limit = 3, .remaining = 2, .reset_after = 333'333'334ns});
+  CHECK(at(limiter, "k", kT0).remaining == 1);
+  CHECK(at(limiter, "k", kT0).remaining == 0);
+  CHECK(at(limiter, "k", kT0) == denied);
+  CHECK(inspected(limiter, "other", kT0).remaining == 2);  // other keys are untouched
+}
+
+TEST_CASE("resetting a key never seen succeeds and changes nothing") {
+  auto c = client();
+  auto limiter =
+      make(PostgresFixedWindowLimiter::create({{.limit = 2, .window = 1s}}, c, "reset-new"));
+  const std::string total = query("SELECT sum(row_count) FROM sluice.shards");
+  CHECK(limiter.reset("nobody").ok());
+  CHECK(rows_of(*c, limiter.limit(), "nobody") == "0");
+  CHECK(query("SELECT sum(row_count) FROM sluice.shards") == total);
+  CHECK(query("SELECT count(*) FROM sluice.limit_state") == total);
+}
+
+TEST_CASE("a fixed-window key that is reset starts a new window at its next check") {
+  auto limiter =
+      make(PostgresFixedWindowLimiter::create({{.limit = 2, .window = 1s}}, client(), "reset-fw"));
+  at(limiter, "k", kT0, 2);
+  CHECK(inspected(limiter, "k", kT0 + 300ms) ==
+        Decision{.limit = 2, .remaining = 0, .reset_after = 700ms});
+  REQUIRE(limiter.reset("k").ok());
+  CHECK(inspected(limiter, "k", kT0 + 300ms) == Decision{.limit = 2, .remaining = 2});
+  CHECK(at(limiter, "k", kT0 + 300ms) == Decision{.limit = 2, .remaining = 1, .reset_after = 1s});
+}
+
+TEST_CASE("inspect and reset on the database clock") {
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 2, .period = 1h}}, client(), "ops-clock"));
+  CHECK(limiter.check("k").value().remaining == 1);
+  CHECK(limiter.check("k").value().remaining == 0);
+  const Decision now = limiter.inspect("k").value();
+  CHECK(now.reason == Reason::kAllowed);
+  CHECK(now.remaining == 0);
+  CHECK(now.retry_after == 0ns);
+  CHECK(now.reset_after > 3590s);  // an hour minus the test's own time
+  CHECK(now.reset_after <= 3600s);
+  REQUIRE(limiter.reset("k").ok());
+  CHECK(limiter.inspect("k").value() == Decision{.limit = 2, .remaining = 2});
+  CHECK(limiter.check("k").value().remaining == 1);
+}
+
+TEST_CASE("database GCRA inspects and resets in scripted sequences exactly as in memory") {
+  const std::vector<sluice::GcraWindow> windows = {{.requests = 3, .period = 1s, .burst = 5},
+                                                   {.requests = 20, .period = 60s}};
+  sluice::ManualClock clock;
+  auto memory = make(sluice::GcraLimiter<sluice::ManualClock>::create(windows, {}, clock));
+  auto database = make(PostgresGcraLimiter::create(windows, client(), "parity-ops-gcra"));
+  expect_same_with_operators(memory, clock, database, 5, 700ms, 17);
+}
+
+TEST_CASE("database fixed windows inspect and reset in scripted sequences exactly as in memory") {
+  const std::vector<sluice::FixedWindow> windows = {{.limit = 4, .window = 1s},
+                                                    {.limit = 10, .window = 10s}};
+  sluice::ManualClock clock;
+  auto memory = make(sluice::FixedWindowLimiter<sluice::ManualClock>::create(windows, {}, clock));
+  auto database = make(PostgresFixedWindowLimiter::create(windows, client(), "parity-ops-fixed"));
+  expect_same_with_operators(memory, clock, database, 4, 400ms, 19);
 }
 
 // --- batches -----------------------------------------------------------------------------------
@@ -364,6 +559,31 @@ TEST_CASE("the engine over PostgreSQL gives the in-memory engine's evaluations e
   }
 }
 
+TEST_CASE("the engine over PostgreSQL inspects and resets one rule's key by request attributes") {
+  const sluice::PolicyConfig config{
+      .policies = {{.name = "api",
+                    .rate_limits = {{.name = "per-ip",
+                                     .selector = {sluice::Selector::kIp},
+                                     .requests_per = {.minute = 3}}}}},
+      .routes = {{.name = "r", .path_prefix = "/", .policies = {"api"}}}};
+  sluice::ManualClock clock;
+  auto engine = make(sluice::postgres::PostgresRateLimitEngine::create(
+      config, {.client = client(), .time_for_testing = [clock] { return kT0 + clock.now(); }}));
+  const sluice::RequestContext one{.client_ip = "192.0.2.77", .route = "r", .path = "/x"};
+  const sluice::RequestContext other{.client_ip = "192.0.2.78", .route = "r", .path = "/x"};
+  REQUIRE(engine.evaluate(other).allowed);
+  for (int i = 0; i < 3; ++i) REQUIRE(engine.evaluate(one).allowed);
+  CHECK_FALSE(engine.evaluate(one).allowed);
+  auto spent = engine.inspect("api/per-ip", one);
+  REQUIRE(spent.ok());
+  CHECK(spent->remaining == 0);
+  REQUIRE(engine.reset("api/per-ip", one).ok());
+  CHECK(engine.inspect("api/per-ip", one)->remaining == 3);
+  CHECK(engine.inspect("api/per-ip", other)->remaining == 2);  // another client keeps its state
+  CHECK(engine.evaluate(one).allowed);
+  CHECK(engine.reset("api/nope", one).code() == absl::StatusCode::kNotFound);
+}
+
 TEST_CASE("an adaptive rule is refused by the engine over PostgreSQL, naming the rule") {
   sluice::PolicyConfig config{
       .policies = {{.name = "api",
@@ -396,6 +616,25 @@ TEST_CASE("a statement held past its timeout is DeadlineExceeded and consumes no
   CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(took < 1s);
   CHECK(at(limiter, "k", kT0, 0).remaining == 5);
+}
+
+TEST_CASE("a reset waits for the checks of its shard: held past its timeout it forgets nothing") {
+  auto c = client(300ms);
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 5, .period = 1s}}, c, "slow-reset"));
+  at(limiter, "k", kT0);
+  const int shard = static_cast<int>(c->digest("k", limiter.limit()).high >> 56);
+  PGconn* holder = PQconnectdb(server().conninfo().c_str());
+  REQUIRE(PQstatus(holder) == CONNECTION_OK);
+  PQclear(PQexec(holder,
+                 ("SELECT pg_advisory_lock(1936483173, " + std::to_string(shard) + ")").c_str()));
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status status = limiter.reset("k");
+  const auto took = std::chrono::steady_clock::now() - start;
+  PQfinish(holder);
+  CHECK(status.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took < 1s);
+  CHECK(inspected(limiter, "k", kT0).remaining == 4);
 }
 
 TEST_CASE("a reply later than the deadline is an unknown outcome, never retried") {
@@ -478,6 +717,17 @@ TEST_CASE("a stopped server is Unavailable within the timeout and a restart reco
   }
   REQUIRE(server().start().empty());
   CHECK(at(limiter, "k", kT0, 0) == Decision{.limit = 5, .remaining = 4, .reset_after = 200ms});
+}
+
+TEST_CASE("inspect and reset against a stopped server are Unavailable and change nothing") {
+  auto c = client(300ms);
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 5, .period = 1s}}, c, "down-ops"));
+  at(limiter, "k", kT0);
+  server().stop();
+  CHECK(limiter.reset("k").code() == absl::StatusCode::kUnavailable);
+  CHECK(limiter.inspect_at_for_testing("k", kT0).status().code() == absl::StatusCode::kUnavailable);
+  REQUIRE(server().start().empty());
+  CHECK(inspected(limiter, "k", kT0) == Decision{.limit = 5, .remaining = 4, .reset_after = 200ms});
 }
 
 TEST_CASE("TCP connections on 127.0.0.1 work like unix socket ones") {

@@ -3,7 +3,8 @@
 // A `Client` owns the connection pool and the key seed, and decides batches: every item of a
 // batch is decided in one call of the server-side function `sluice.check_v1` (one round trip, one
 // transaction) at one reading of the database clock, `pg_catalog.clock_timestamp()`. The
-// function locks the shards of the batch's keys in ascending order, decides, and stores.
+// function locks the shards of the batch's keys in ascending order, decides, and stores. `reset`
+// forgets one key in one call of `sluice.reset_v1`, under its shard's lock likewise.
 //
 //   auto client = sluice::postgres::Client::create({.connection = {.conninfo = "dbname=app"},
 //                                                    .key_seed = kFleetSeed});
@@ -23,7 +24,7 @@
 //     (includes the server's statement timeout, a terminated backend, no free connection).
 //   Unknown — the acknowledgement of the call's commit was lost (connection broken or reply
 //     later than statement_timeout + reply_grace): it may or may not have consumed.
-//   FailedPrecondition — the schema is not installed (call migrate).
+//   FailedPrecondition — the schema is not installed, or older than this header (call migrate).
 //   Internal — a reply out of shape.
 // Thread-safety: thread-safe; share one Client between limiters and engine generations.
 #ifndef SLUICE_POSTGRES_CLIENT_HPP_
@@ -95,6 +96,26 @@ class Client {
       std::span<const CheckItem> items, std::uint64_t cost, BatchMode mode,
       std::chrono::nanoseconds unix_time) {
     return call(items, cost, mode, unix_time);
+  }
+
+  // Forgets `key` under `limit`: deletes its row, so that its next check sees every window full,
+  // as for a key never seen; a key without a row is left as it is. One round trip (one
+  // transaction, under the key's shard lock: it falls wholly before or after each check of that
+  // shard). Errors as for check_all; Unknown means the row may or may not have been deleted, and
+  // resetting again is always safe.
+  absl::Status reset(std::string_view key, const Limit& limit) {
+    Param param{.value = {}, .binary = true};
+    detail::append_digest(param.value, digest(key, limit));
+    absl::StatusOr<ConnectionPool::Lease> lease = pool_->acquire();
+    if (!lease.ok()) return lease.status();
+    absl::StatusOr<detail::ResultPtr> r =
+        lease->run("sluice_reset_v1", "SELECT sluice.reset_v1($1::bytea)", std::span(&param, 1),
+                   detail::Effect::kWrites);
+    if (!r.ok()) return r.status();
+    if (PQntuples(r->get()) != 1 || PQnfields(r->get()) != 1 || PQgetisnull(r->get(), 0, 0)) {
+      return absl::InternalError("sluice::postgres: malformed reply from sluice.reset_v1");
+    }
+    return absl::OkStatus();
   }
 
   // The digest stored for `key` under `limit` (for operators and tests).

@@ -101,6 +101,12 @@ class PostgresEngineBackend {
   // Zeros: the rows live in the database (see the header comment).
   StoreStats rule_store_stats(std::size_t /*rule*/) const { return {}; }
 
+  // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset): one round trip
+  // (Client::reset; FailedPrecondition until the schema is migrated to version 2).
+  absl::Status reset_key(std::size_t rule, std::string_view key) {
+    return options_.client->reset(key, limits_[rule]);
+  }
+
   // Rule `rule`'s limit (windows as compiled, shortest first).
   const Limit& limit(std::size_t rule) const { return limits_[rule]; }
   const std::shared_ptr<Client>& client() const noexcept { return options_.client; }

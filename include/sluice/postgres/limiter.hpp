@@ -16,8 +16,11 @@
 //   else if (!d->allowed()) { respond_429(d->retry_after); }
 //
 // A capacity denial (Reason::kStoreFull) is returned for a new key whose shard is full; see
-// sluice/postgres/schema.hpp. One round trip per check and per batch.
-// Thread-safety: thread-safe (the client is); copies share the client.
+// sluice/postgres/schema.hpp. For operators, `inspect(key)` reports a key's state without
+// consuming anything and `reset(key)` forgets it, with the in-memory limiters' semantics.
+// One round trip per check, batch, inspect and reset; errors as listed in client.hpp.
+// Thread-safety: thread-safe (the client is); copies share the client. Every call may run
+// concurrently with every other, from any replica.
 #ifndef SLUICE_POSTGRES_LIMITER_HPP_
 #define SLUICE_POSTGRES_LIMITER_HPP_
 
@@ -72,6 +75,30 @@ class PostgresLimiter {
     absl::InlinedVector<CheckItem, 8> items;
     for (std::string_view key : keys) items.push_back({key, &limit_});
     return client_->check_all(items, cost, BatchMode::kAllOrNothing);
+  }
+
+  // --- Operators: inspect and reset one key.
+
+  // The key's state without consuming anything: exactly what check(key, 0) reports (see
+  // GcraLimiter::inspect and FixedWindowLimiter::inspect), decided at the database clock: reason
+  // kAllowed, retry_after 0, remaining = units a request could take now from the window with the
+  // least left, reset_after = until that window is full again (GCRA) or ends (fixed window; 0 if
+  // it has counted nothing). A key never seen, or idle, reports every window full. Writes
+  // nothing: it creates no row and never answers kStoreFull; a lost reply is Unavailable or
+  // DeadlineExceeded, never Unknown. One round trip.
+  absl::StatusOr<Decision> inspect(std::string_view key) { return check(key, 0); }
+
+  // Forgets the key: its next check sees every window full, as for a key never seen, and its row
+  // (and its slot in its shard) is free at once; a key without a row is left as it is. One round
+  // trip, serialized with the checks of the key's shard. Errors as for check (Unknown: the key
+  // may or may not have been forgotten; resetting again is always safe).
+  absl::Status reset(std::string_view key) { return client_->reset(key, limit_); }
+
+  // Testing hook: as inspect(), at `unix_time` (ns since the Unix epoch) instead of the database
+  // clock. Production code never calls it.
+  absl::StatusOr<Decision> inspect_at_for_testing(std::string_view key,
+                                                  std::chrono::nanoseconds unix_time) {
+    return check_at_for_testing(key, 0, unix_time);
   }
 
   // Testing hook: as check(), at `unix_time` (ns since the Unix epoch) instead of the database

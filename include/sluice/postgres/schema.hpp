@@ -22,7 +22,9 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,8 +37,10 @@
 
 namespace sluice::postgres {
 
-// The schema version this header installs and calls.
-inline constexpr int kSchemaVersion = 1;
+// The schema version this header installs and calls. Version 2 adds what `reset` calls; a
+// database at version 1 is upgraded in place by `migrate`, keeping every row.
+inline constexpr int kSchemaVersion = 2;
+static_assert(std::size(detail::kSchemaSteps) == static_cast<std::size_t>(kSchemaVersion));
 // Shards of the row bound: worst case rows = kShards × rows_per_shard.
 inline constexpr int kShards = 256;
 
@@ -53,6 +57,13 @@ inline absl::StatusOr<int> migrate(ConnectionPool& pool, const MigrationOptions&
   }
   absl::StatusOr<ConnectionPool::Lease> lease = pool.acquire();
   if (!lease.ok()) return lease.status();
+  std::string steps;
+  for (int version = 1; version <= kSchemaVersion; ++version) {
+    absl::StrAppend(
+        &steps, "IF NOT EXISTS (SELECT 1 FROM sluice.schema_version WHERE version = ", version,
+        ") THEN\n", detail::kSchemaSteps[version - 1],
+        "INSERT INTO sluice.schema_version (version) VALUES (", version, ");\nEND IF;\n");
+  }
   const std::string sql = absl::StrCat(
       "BEGIN;\n"
       "SET LOCAL client_min_messages = warning;\n"
@@ -64,11 +75,8 @@ inline absl::StatusOr<int> migrate(ConnectionPool& pool, const MigrationOptions&
       "CREATE TABLE IF NOT EXISTS sluice.schema_version (\n"
       "  version integer PRIMARY KEY,\n"
       "  applied_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp());\n"
-      "DO $migrate$ BEGIN\n"
-      "IF NOT EXISTS (SELECT 1 FROM sluice.schema_version WHERE version = 1) THEN\n",
-      detail::kSchemaV1,
-      "INSERT INTO sluice.schema_version (version) VALUES (1);\n"
-      "END IF;\n"
+      "DO $migrate$ BEGIN\n",
+      steps,
       "END $migrate$;\n"
       "UPDATE sluice.shards SET capacity = ",
       options.rows_per_shard, " WHERE capacity <> ", options.rows_per_shard,

@@ -1,10 +1,11 @@
-// Internal: the SQL of the schema that sluice::postgres::migrate installs. Version 1 creates the
+// Internal: the SQL of the schema that sluice::postgres::migrate installs, one step per version;
+// a step, once released, never changes (deployed databases have applied it). Version 1 creates the
 // schema `sluice`: a per-shard row counter, one row per key (digest, shard, idle time, state), and
-// the functions a check and a cleanup call. Every value is an exact integer (bigint, or numeric
-// for products that exceed 64 bits); times are ns since the Unix epoch from
-// pg_catalog.clock_timestamp(). Shard = the first byte of the key digest (256 shards); shard
-// locks are transaction-scoped advisory locks (class kLockClass, object = shard) taken in
-// ascending shard order.
+// the functions a check and a cleanup call; version 2 adds the function a reset calls. Every value
+// is an exact integer (bigint, or numeric for products that exceed 64 bits); times are ns since the
+// Unix epoch from pg_catalog.clock_timestamp(). Shard = the first byte of the key digest (256
+// shards); shard locks are transaction-scoped advisory locks (class kLockClass, object = shard)
+// taken in ascending shard order.
 #ifndef SLUICE_POSTGRES_DETAIL_SCHEMA_SQL_HPP_
 #define SLUICE_POSTGRES_DETAIL_SCHEMA_SQL_HPP_
 
@@ -281,6 +282,35 @@ BEGIN
 END
 $fn$;
 )sql";
+
+// Applied once, after version 1, when schema_version lacks version 2.
+inline constexpr const char* kSchemaV2 = R"sql(
+-- Forgets one key: deletes its row, if any, and frees its slot in its shard. Takes the shard's
+-- lock first, as a check does, so a reset falls wholly before or after each check of the shard
+-- (and, taken before any row lock, it cannot deadlock with them). Returns whether a row existed.
+CREATE FUNCTION sluice.reset_v1(p_digest bytea)
+RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  s integer;
+BEGIN
+  IF p_digest IS NULL OR length(p_digest) <> 16 THEN
+    RAISE EXCEPTION 'sluice.reset_v1: malformed arguments' USING ERRCODE = '22023';
+  END IF;
+  s := get_byte(p_digest, 0);
+  PERFORM pg_advisory_xact_lock(1936483173, s);
+  -- A statement after the lock: its snapshot includes every check that held the lock before.
+  DELETE FROM sluice.limit_state WHERE digest = p_digest;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  UPDATE sluice.shards SET row_count = row_count - 1 WHERE shard = s;
+  RETURN true;
+END
+$fn$;
+)sql";
+
+// The steps in order: step i installs version i + 1.
+inline constexpr const char* kSchemaSteps[] = {kSchemaV1, kSchemaV2};
 
 }  // namespace sluice::postgres::detail
 
