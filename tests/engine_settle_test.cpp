@@ -6,9 +6,16 @@
 #include <string_view>
 #include <utility>
 
+#include <random>
+#include <vector>
+
 #include "catch.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
+#ifdef SLUICE_TEST_REDIS
+#include "redis_fixture.hpp"
+#include "sluice/redis.hpp"
+#endif
 
 namespace {
 
@@ -40,7 +47,8 @@ Engine make(sluice::ManualClock clock, const sluice::PolicyConfig& c = config())
   return *std::move(engine);
 }
 
-std::uint64_t remaining(const Engine& engine, std::string_view rule) {
+template <class E>
+std::uint64_t remaining(const E& engine, std::string_view rule) {
   auto d = engine.inspect(rule, request(1));
   REQUIRE(d.ok());
   return d->remaining;
@@ -147,3 +155,145 @@ TEST_CASE("an adaptive rule settles at the factor it was evaluated with") {
   REQUIRE(engine.settle(s, 3).ok());
   CHECK(remaining(engine, "api/per-ip") == 2);
 }
+
+#ifdef SLUICE_TEST_REDIS
+namespace {
+
+using RedisEngine = sluice::redis::RedisRateLimitEngine;
+// The Redis engine decides at this Unix time plus the test's clock.
+constexpr std::chrono::nanoseconds kEpoch{std::int64_t{1'700'000'000} * 1'000'000'000};
+
+// `c`'s mode names the keys, so that each mode starts from fresh state on one server.
+RedisEngine make_redis(const sluice_test::RedisFixture& server, sluice::ManualClock clock,
+                       const sluice::PolicyConfig& c = config()) {
+  sluice::redis::ClientOptions options = server.options();
+  options.key_prefix +=
+      c.engine.consumption == sluice::ConsumptionMode::kEveryRule ? "every:" : "all:";
+  auto client = sluice::redis::Client::create(options);
+  REQUIRE(client.ok());
+  auto engine = RedisEngine::create(
+      c, {.client = *client, .time_for_testing = [clock] { return kEpoch + clock.now(); }});
+  INFO(engine.status());
+  REQUIRE(engine.ok());
+  return *std::move(engine);
+}
+
+}  // namespace
+
+TEST_CASE("over Redis, settling charges or refunds every live rule, once") {
+  sluice_test::RedisFixture server;
+  for (auto mode : {sluice::ConsumptionMode::kAllOrNothing, sluice::ConsumptionMode::kEveryRule}) {
+    sluice::ManualClock clock;
+    RedisEngine engine = make_redis(server, clock, config(mode));
+    sluice::Evaluation e;
+    RedisEngine::Settlement up, down;
+    engine.evaluate(request(2), e, up);
+    REQUIRE(e.allowed);
+    REQUIRE(up.open());
+    REQUIRE(engine.settle(up, 5).ok());
+    CHECK(remaining(engine, "api/per-ip") == 5);
+    CHECK(remaining(engine, "api/per-route") == 95);
+    CHECK(engine.settle(up, 5).code() == absl::StatusCode::kFailedPrecondition);
+    engine.evaluate(request(4), e, down);
+    REQUIRE(down.open());
+    REQUIRE(engine.settle(down, 1).ok());  // 3 back
+    CHECK(remaining(engine, "api/per-ip") == 4);
+    CHECK(remaining(engine, "api/per-route") == 94);
+  }
+}
+
+TEST_CASE("over Redis, a denied request leaves the settlement closed and nothing booked") {
+  sluice_test::RedisFixture server;
+  sluice::ManualClock clock;
+  RedisEngine engine = make_redis(server, clock);
+  REQUIRE(engine.evaluate(request(10)).allowed);
+  sluice::Evaluation e;
+  RedisEngine::Settlement s;
+  engine.evaluate(request(1), e, s);
+  CHECK_FALSE(e.allowed);
+  CHECK_FALSE(s.open());
+  CHECK(remaining(engine, "api/per-route") == 90);  // all or nothing: the denial took nothing
+}
+
+TEST_CASE("over Redis, a settlement from before a reset gives nothing back, and a charge lands") {
+  sluice_test::RedisFixture server;
+  sluice::ManualClock clock;
+  RedisEngine engine = make_redis(server, clock);
+  sluice::Evaluation e;
+  RedisEngine::Settlement refund, charge;
+  engine.evaluate(request(6), e, refund);
+  engine.evaluate(request(1), e, charge);
+  REQUIRE(refund.open());
+  REQUIRE(charge.open());
+  REQUIRE(engine.reset("api/per-ip", request(1)).ok());
+  REQUIRE(engine.evaluate(request(4)).allowed);  // the per-ip key now holds 4 of 10
+  REQUIRE(engine.settle(refund, 0).ok());
+  CHECK(remaining(engine, "api/per-ip") == 6);  // the reset key keeps what came after it
+  CHECK(remaining(engine, "api/per-route") == 95);  // 100 − 6 − 1 − 4 + 6: the unreset rule refunds
+  REQUIRE(engine.settle(charge, 3).ok());
+  CHECK(remaining(engine, "api/per-ip") == 4);
+}
+
+TEST_CASE("over Redis, settlements decide exactly as in memory (random script)") {
+  sluice_test::RedisFixture server;
+  for (auto mode : {sluice::ConsumptionMode::kAllOrNothing, sluice::ConsumptionMode::kEveryRule}) {
+    sluice::ManualClock clock;
+    Engine memory = make(clock, config(mode));
+    RedisEngine redis = make_redis(server, clock, config(mode));
+    std::mt19937_64 rng(mode == sluice::ConsumptionMode::kAllOrNothing ? 7 : 8);
+    const auto pick = [&](std::uint64_t n) {
+      return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(rng);
+    };
+    constexpr std::string_view kIps[] = {"203.0.113.1", "203.0.113.2"};
+    std::vector<std::pair<Engine::Settlement, RedisEngine::Settlement>> open;
+    for (int step = 0; step < 400; ++step) {
+      INFO("step " << step);
+      const std::string_view ip = kIps[pick(2)];
+      switch (pick(8)) {
+        case 0:
+        case 1:
+        case 2: {
+          const std::uint64_t cost = pick(6);
+          sluice::Evaluation em, er;
+          Engine::Settlement sm;
+          RedisEngine::Settlement sr;
+          memory.evaluate(request(cost, ip), em, sm);
+          redis.evaluate(request(cost, ip), er, sr);
+          REQUIRE(er.backend_error.ok());
+          REQUIRE(em.allowed == er.allowed);
+          REQUIRE(em.retry_after == er.retry_after);
+          REQUIRE(sm.open() == sr.open());
+          if (sm.open()) open.emplace_back(std::move(sm), std::move(sr));
+          break;
+        }
+        case 3:
+        case 4:
+          if (!open.empty()) {
+            const std::size_t i = pick(open.size());
+            const std::uint64_t actual = pick(16);
+            REQUIRE(memory.settle(open[i].first, actual).ok());
+            REQUIRE(redis.settle(open[i].second, actual).ok());
+            open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
+          }
+          break;
+        case 5:
+          if (pick(4) == 0) {
+            REQUIRE(memory.reset("api/per-ip", request(1, ip)).ok());
+            REQUIRE(redis.reset("api/per-ip", request(1, ip)).ok());
+          }
+          break;
+        default:
+          clock.advance(std::chrono::milliseconds(pick(700)));
+      }
+      for (std::string_view rule : {"api/per-ip", "api/per-route"}) {
+        auto dm = memory.inspect(rule, request(1, ip));
+        auto dr = redis.inspect(rule, request(1, ip));
+        REQUIRE(dm.ok());
+        REQUIRE(dr.ok());
+        INFO(rule);
+        REQUIRE(*dm == *dr);
+      }
+    }
+  }
+}
+#endif

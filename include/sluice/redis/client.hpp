@@ -89,6 +89,23 @@ class Client {
     return run_pipelined(items, std::nullopt);
   }
 
+  // Booking checks (for settling a cost later, as RedisRateLimitEngine's settlements do): as
+  // check_all and check_pipelined at the server's TIME (or at `time`, ns since the Unix epoch,
+  // for tests), and each also fills `bookings` with one entry per item: the TATs the item left
+  // and its key's reset count. An entry is meaningful only for an item that was admitted.
+  absl::StatusOr<std::vector<Decision>> check_all_booking(
+      std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
+      std::vector<detail::ItemBooking>& bookings) {
+    bookings.clear();
+    return run(items, time, &bookings);
+  }
+  std::vector<absl::StatusOr<Decision>> check_pipelined_booking(
+      std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
+      std::vector<detail::ItemBooking>& bookings) {
+    bookings.assign(items.size(), {});
+    return run_pipelined(items, time, &bookings);
+  }
+
   // Deletes `key`'s state under `limit` (one script call, one round trip): its next check sees
   // every window full, as for a key never seen. If the state held bookings, a marker key beside
   // it (`redis_key(...) + ":reset"`, same hash slot) records the reset until they would all have
@@ -226,12 +243,17 @@ class Client {
     return absl::OkStatus();
   }
 
+  // The script call for `items`; a booking check (`marked`) also names each key's reset marker.
   detail::ScriptCall make_call(std::span<const CheckItem> items,
-                               std::optional<std::chrono::nanoseconds> time) const {
+                               std::optional<std::chrono::nanoseconds> time, bool marked) const {
     std::vector<std::string> keys;
-    keys.reserve(items.size());
+    keys.reserve(marked ? 2 * items.size() : items.size());
     for (const CheckItem& item : items) {
       keys.push_back(redis_key(item.key, *item.limit));
+    }
+    if (marked) {
+      for (std::size_t i = 0; i < items.size(); ++i)
+        keys.push_back(absl::StrCat(keys[i], ":reset"));
     }
     return detail::ScriptCall::create(items, std::move(keys), time);
   }
@@ -299,11 +321,12 @@ class Client {
   }
 
   absl::StatusOr<std::vector<Decision>> run(std::span<const CheckItem> items,
-                                            std::optional<std::chrono::nanoseconds> time) {
+                                            std::optional<std::chrono::nanoseconds> time,
+                                            std::vector<detail::ItemBooking>* bookings = nullptr) {
     if (absl::Status status = validate(items); !status.ok()) {
       return status;
     }
-    const detail::ScriptCall call = make_call(items, time);
+    const detail::ScriptCall call = make_call(items, time, bookings != nullptr);
     const detail::Command command = call.evalsha(script_sha_);
     absl::StatusOr<detail::ConnectionPool::Lease> lease = pool_.acquire();
     if (!lease.ok()) {
@@ -318,11 +341,13 @@ class Client {
     if (!reply.ok()) {
       return reply.status();
     }
-    return detail::decode_reply(items, **reply);
+    return detail::decode_reply(items, **reply, bookings);
   }
 
+  // `bookings`, when set, has one entry per item, filled for each item decided.
   std::vector<absl::StatusOr<Decision>> run_pipelined(
-      std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time) {
+      std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
+      std::vector<detail::ItemBooking>* bookings = nullptr) {
     std::vector<absl::StatusOr<Decision>> results(items.size(),
                                                   absl::UnknownError("sluice::redis: not run"));
     std::vector<detail::ScriptCall> calls;
@@ -332,7 +357,7 @@ class Client {
         results[i] = status;
         continue;
       }
-      calls.push_back(make_call(items.subspan(i, 1), time));
+      calls.push_back(make_call(items.subspan(i, 1), time, bookings != nullptr));
       sent.push_back(i);
     }
     if (calls.empty()) {
@@ -352,7 +377,7 @@ class Client {
       }
       return results;
     }
-    decode_each(*lease, items, sent, commands, *replies, results);
+    decode_each(*lease, items, sent, commands, *replies, results, bookings);
     return results;
   }
 
@@ -361,7 +386,8 @@ class Client {
   void decode_each(detail::ConnectionPool::Lease& lease, std::span<const CheckItem> items,
                    std::span<const std::size_t> sent, std::span<const detail::Command> commands,
                    std::vector<detail::ReplyPtr>& replies,
-                   std::vector<absl::StatusOr<Decision>>& results) {
+                   std::vector<absl::StatusOr<Decision>>& results,
+                   std::vector<detail::ItemBooking>* bookings) {
     for (std::size_t k = 0; k < sent.size(); ++k) {
       absl::StatusOr<detail::ReplyPtr> reply = settle(lease, std::move(replies[k]), commands[k]);
       if (!reply.ok()) {
@@ -371,8 +397,10 @@ class Client {
         }
         continue;
       }
-      absl::StatusOr<std::vector<Decision>> one =
-          detail::decode_reply(items.subspan(sent[k], 1), **reply);
+      std::vector<detail::ItemBooking> booked;
+      absl::StatusOr<std::vector<Decision>> one = detail::decode_reply(
+          items.subspan(sent[k], 1), **reply, bookings != nullptr ? &booked : nullptr);
+      if (one.ok() && bookings != nullptr) (*bookings)[sent[k]] = std::move(booked[0]);
       results[sent[k]] =
           one.ok() ? absl::StatusOr<Decision>((*one)[0]) : absl::StatusOr<Decision>(one.status());
     }

@@ -50,6 +50,7 @@
 #include "sluice/engine.hpp"
 #include "sluice/policy.hpp"
 #include "sluice/redis/client.hpp"
+#include "sluice/redis/detail/booking.hpp"
 #include "sluice/redis/limit.hpp"
 #include "sluice/store.hpp"
 
@@ -79,7 +80,7 @@ class RedisEngineBackend {
       if (!limit.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(rule.label, ": ", limit.status().message()));
       }
-      backend.limits_.push_back(*std::move(limit));
+      backend.limits_.push_back(std::make_shared<const Limit>(*std::move(limit)));
       backend.labels_.push_back(rule.label);
     }
     return backend;
@@ -92,16 +93,8 @@ class RedisEngineBackend {
       return absl::OkStatus();
     }
     absl::InlinedVector<CheckItem, 8> items;
-    for (const RuleKey& k : keys) {
-      const Limit& limit = limits_[k.rule];
-      if (k.cost > limit.max_cost()) {  // before anything is sent: no rule consumes
-        return absl::InvalidArgumentError(
-            absl::StrCat(labels_[k.rule], ": cost exceeds the smallest burst and can never pass"));
-      }
-      items.push_back({.key = k.key, .limit = &limit, .cost = k.cost});
-    }
-    const std::optional<std::chrono::nanoseconds> time =
-        options_.time_for_testing ? std::optional(options_.time_for_testing()) : std::nullopt;
+    if (absl::Status s = make_items(keys, items); !s.ok()) return s;
+    const std::optional<std::chrono::nanoseconds> time = testing_time();
     if (mode == ConsumptionMode::kEveryRule) {
       return check_each(items, time, out);
     }
@@ -115,26 +108,100 @@ class RedisEngineBackend {
     return absl::OkStatus();
   }
 
+  // One live rule's admission of a request, kept to settle its cost later
+  // (BasicRateLimitEngine::settle). It holds the client and the rule's limit, so it outlives
+  // reloads.
+  struct Booking {
+    std::shared_ptr<Client> client{};
+    std::shared_ptr<const Limit> limit{};
+    detail::Receipt receipt{};  // the Redis key, the TATs booked, the reset count, the cost
+    std::function<std::chrono::nanoseconds()> time_for_testing{};
+  };
+
+  // `check_rules` that also records each key's booking when every key was admitted (else
+  // `bookings` is left empty): the same round trip, whose script also reads each key's reset
+  // count (sluice/redis/script.hpp).
+  absl::Status check_rules_booking(std::span<const RuleKey> keys, ConsumptionMode mode,
+                                   std::span<Decision> out, std::vector<Booking>& bookings) {
+    bookings.clear();
+    if (keys.empty()) return absl::OkStatus();
+    absl::InlinedVector<CheckItem, 8> items;
+    if (absl::Status s = make_items(keys, items); !s.ok()) return s;
+    const std::optional<std::chrono::nanoseconds> time = testing_time();
+    std::vector<detail::ItemBooking> booked;
+    if (mode == ConsumptionMode::kEveryRule) {
+      std::vector<absl::StatusOr<Decision>> decisions =
+          options_.client->check_pipelined_booking(items, time, booked);
+      for (std::size_t i = 0; i < decisions.size(); ++i) {
+        if (!decisions[i].ok()) return decisions[i].status();
+        out[i] = *decisions[i];
+      }
+    } else {
+      absl::StatusOr<std::vector<Decision>> decisions =
+          options_.client->check_all_booking(items, time, booked);
+      if (!decisions.ok()) return decisions.status();
+      std::copy(decisions->begin(), decisions->end(), out.begin());
+    }
+    if (!std::all_of(out.begin(), out.end(), [](const Decision& d) { return d.allowed(); })) {
+      return absl::OkStatus();
+    }
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const std::shared_ptr<const Limit>& limit = limits_[keys[i].rule];
+      bookings.push_back({.client = options_.client,
+                          .limit = limit,
+                          .receipt = {.key = options_.client->redis_key(keys[i].key, *limit),
+                                      .tats = std::move(booked[i].tats),
+                                      .serial = booked[i].serial,
+                                      .estimate = keys[i].cost},
+                          .time_for_testing = options_.time_for_testing});
+    }
+    return absl::OkStatus();
+  }
+
+  // Settles one booking at `units` (RedisGcraLimiter::settle's rules, one round trip): the key's
+  // state after it.
+  static absl::StatusOr<Decision> settle_booking(const Booking& b, std::uint64_t units) {
+    const std::optional<std::chrono::nanoseconds> time =
+        b.time_for_testing ? std::optional(b.time_for_testing()) : std::nullopt;
+    return detail::settle_receipt(*b.client, *b.limit, b.receipt, units, time);
+  }
+
   // Zeros: the keys live in Redis (see the class comment).
   StoreStats rule_store_stats(std::size_t /*rule*/) const { return {}; }
 
   // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset): one round trip.
   absl::Status reset_key(std::size_t rule, std::string_view key) {
-    const std::optional<std::chrono::nanoseconds> time =
-        options_.time_for_testing ? std::optional(options_.time_for_testing()) : std::nullopt;
-    return options_.client->reset(key, limits_[rule], time);
+    return options_.client->reset(key, *limits_[rule], testing_time());
   }
 
   // Rule `rule`'s limit (its limiter_windows, shortest first).
-  const Limit& limit(std::size_t rule) const { return limits_[rule]; }
+  const Limit& limit(std::size_t rule) const { return *limits_[rule]; }
   // The Redis key holding rule `rule`'s state for the engine key `key` (for operators and tests).
   std::string redis_key(std::size_t rule, std::string_view key) const {
-    return options_.client->redis_key(key, limits_[rule]);
+    return options_.client->redis_key(key, *limits_[rule]);
   }
   const std::shared_ptr<Client>& client() const noexcept { return options_.client; }
 
  private:
   explicit RedisEngineBackend(Options options) : options_(std::move(options)) {}
+
+  // One check item per key; InvalidArgument, before anything is sent, for a cost that can never
+  // pass its rule.
+  absl::Status make_items(std::span<const RuleKey> keys,
+                          absl::InlinedVector<CheckItem, 8>& items) const {
+    for (const RuleKey& k : keys) {
+      const Limit& limit = *limits_[k.rule];
+      if (k.cost > limit.max_cost()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(labels_[k.rule], ": cost exceeds the smallest burst and can never pass"));
+      }
+      items.push_back({.key = k.key, .limit = &limit, .cost = k.cost});
+    }
+    return absl::OkStatus();
+  }
+  std::optional<std::chrono::nanoseconds> testing_time() const {
+    return options_.time_for_testing ? std::optional(options_.time_for_testing()) : std::nullopt;
+  }
 
   // kEveryRule: one pipelined script call per item; the first error is the result.
   absl::Status check_each(std::span<const CheckItem> items,
@@ -152,8 +219,8 @@ class RedisEngineBackend {
   }
 
   Options options_;
-  std::vector<Limit> limits_;        // per compiled rule
-  std::vector<std::string> labels_;  // per compiled rule, for errors
+  std::vector<std::shared_ptr<const Limit>> limits_;  // per compiled rule; bookings share them
+  std::vector<std::string> labels_;                   // per compiled rule, for errors
 };
 
 static_assert(sluice::EngineBackend<RedisEngineBackend>);

@@ -43,6 +43,7 @@
 #include "sluice/detail/limiter_common.hpp"
 #include "sluice/rate_limiter.hpp"
 #include "sluice/redis/client.hpp"
+#include "sluice/redis/detail/booking.hpp"
 #include "sluice/redis/detail/exact_double.hpp"
 #include "sluice/redis/detail/script_reply.hpp"
 #include "sluice/redis/limit.hpp"
@@ -136,15 +137,12 @@ class RedisGcraLimiter {
    public:
     Receipt() = default;
 
-    std::uint64_t estimate() const noexcept { return estimate_; }
+    std::uint64_t estimate() const noexcept { return booked_.estimate; }
     bool open() const noexcept { return open_.is_open(); }
 
    private:
     friend class RedisGcraLimiter;
-    std::string key_;
-    std::vector<BookedWindow> windows_;
-    std::uint64_t serial_ = 0;
-    std::uint64_t estimate_ = 0;
+    detail::Receipt booked_;
     sluice::detail::OpenFlag open_;  // move-only: acted on at most once
   };
   struct Estimated {
@@ -202,9 +200,11 @@ class RedisGcraLimiter {
     for (const BookedWindow& w : reservation.windows_) {
       amounts.emplace_back(w.added_ns, w.added_frac);
     }
+    std::vector<absl::uint128> tats;
+    for (const BookedWindow& w : reservation.windows_) tats.push_back(w.tat);
     absl::StatusOr<Ints> reply =
-        call(reservation.key_, "g", amount_params(amounts),
-             give_back_extra(reservation.serial_, reservation.instant_, reservation.windows_));
+        call(reservation.key_, "g", detail::booking_params(limit_, amounts),
+             detail::give_back_extra(limit_, reservation.serial_, reservation.instant_, tats));
     if (!reply.ok()) return reply.status();
     if (reply->size() == 1 && (*reply)[0] == 3) return false;
     if (reply->size() != 3 + 2 * reservation.windows_.size() ||
@@ -233,8 +233,9 @@ class RedisGcraLimiter {
   absl::StatusOr<Estimated> check_estimated(std::string_view key, std::uint64_t estimate) {
     if (estimate > limit_.max_cost()) return cost_error();
     Estimated out;
-    out.receipt.key_ = client_->redis_key(key, limit_);
-    absl::StatusOr<Ints> reply = call(out.receipt.key_, "e", amount_params(estimate), "");
+    detail::Receipt& booked = out.receipt.booked_;
+    booked.key = client_->redis_key(key, limit_);
+    absl::StatusOr<Ints> reply = call(booked.key, "e", amount_params(estimate), "");
     if (!reply.ok()) return reply.status();
     const Ints& v = *reply;
     const std::size_t n = limit_.windows().size();
@@ -254,11 +255,10 @@ class RedisGcraLimiter {
                             : detail::denied_decision(limit_.windows(), scaled);
     if (admitted) {
       for (std::size_t i = 0; i < n; ++i) {
-        out.receipt.windows_.push_back(
-            {.tat = at * limit_.windows()[i].requests + scaled[i].after});
+        booked.tats.push_back(at * limit_.windows()[i].requests + scaled[i].after);
       }
-      out.receipt.serial_ = v[3];
-      out.receipt.estimate_ = estimate;
+      booked.serial = v[3];
+      booked.estimate = estimate;
       out.receipt.open_.open();
     }
     return out;
@@ -275,24 +275,7 @@ class RedisGcraLimiter {
     if (!receipt.open_.take()) {
       return absl::FailedPreconditionError("the receipt was settled already or never admitted");
     }
-    absl::StatusOr<Ints> reply =
-        actual > receipt.estimate_
-            ? call(receipt.key_, "c", amount_params(actual - receipt.estimate_), "")
-            : call(receipt.key_, "g", amount_params(receipt.estimate_ - actual),
-                   give_back_extra(receipt.serial_, kNever, receipt.windows_));
-    if (!reply.ok()) return reply.status();
-    const Ints& v = *reply;
-    const std::size_t n = limit_.windows().size();
-    if (v.size() != 3 + 2 * n || (v[0] != 0 && v[0] != 4)) return malformed();
-    std::vector<detail::ScaledWindow> scaled(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      const GcraWindow& w = limit_.windows()[i];
-      scaled[i].before = absl::uint128(v[3 + 2 * i]) * w.requests + v[4 + 2 * i];
-      scaled[i].after = scaled[i].before;
-      scaled[i].burst = absl::uint128(w.burst) * static_cast<std::uint64_t>(w.period.count());
-    }
-    return detail::admits(scaled) ? detail::admitted_decision(limit_.windows(), scaled)
-                                  : detail::denied_decision(limit_.windows(), scaled);
+    return detail::settle_receipt(*client_, limit_, receipt.booked_, actual, time_);
   }
 
   // Testing hook: every later call of this limiter (check, inspect, reset, the bookings) uses
@@ -330,15 +313,10 @@ class RedisGcraLimiter {
   RedisGcraLimiter(Limit limit, std::shared_ptr<Client> client)
       : limit_(std::move(limit)), client_(std::move(client)) {}
 
-  using Ints = std::vector<std::uint64_t>;
+  using Ints = detail::BookingInts;
   static constexpr std::uint64_t kNanos = 1'000'000'000;
-  static constexpr std::uint64_t kMaxAmountNs = std::uint64_t{1} << 52;
-  // An instant no give-back passes (a refund may come at any time).
-  static constexpr std::chrono::nanoseconds kNever{std::numeric_limits<std::int64_t>::max()};
 
-  static absl::Status malformed() {
-    return absl::InternalError("sluice::redis: booking script reply of unexpected shape");
-  }
+  static absl::Status malformed() { return detail::malformed_booking_reply(); }
   absl::Status cost_error() const {
     return absl::InvalidArgumentError(
         "sluice::redis: cost exceeds the smallest burst of the limit and can never pass");
@@ -349,75 +327,13 @@ class RedisGcraLimiter {
   static std::chrono::nanoseconds to_ns(absl::uint128 t) {
     return std::chrono::nanoseconds{static_cast<std::int64_t>(absl::Uint128Low64(t))};
   }
-
-  // Per window: `cost`·T as (ns, frac), then burst·T and requests (the scripts' layout).
   std::string amount_params(std::uint64_t cost) const {
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> amounts;
-    for (const GcraWindow& w : limit_.windows()) {
-      const absl::uint128 scaled =
-          absl::uint128(cost) * static_cast<std::uint64_t>(w.period.count());
-      amounts.emplace_back(
-          absl::Uint128Low64(std::min<absl::uint128>(scaled / w.requests, kMaxAmountNs)),
-          absl::Uint128Low64(scaled / w.requests >= kMaxAmountNs ? 0 : scaled % w.requests));
-    }
-    return amount_params(amounts);
+    return detail::booking_params(limit_, cost);
   }
-  std::string amount_params(
-      std::span<const std::pair<std::uint64_t, std::uint64_t>> amounts) const {
-    std::string p;
-    for (std::size_t i = 0; i < amounts.size(); ++i) {
-      const GcraWindow& w = limit_.windows()[i];
-      const absl::uint128 burst =
-          absl::uint128(w.burst) * static_cast<std::uint64_t>(w.period.count());
-      detail::append_double(p, amounts[i].first);
-      detail::append_double(p, amounts[i].second);
-      detail::append_double(p, absl::Uint128Low64(burst / w.requests));
-      detail::append_double(p, absl::Uint128Low64(burst % w.requests));
-      detail::append_double(p, w.requests);
-    }
-    return p;
-  }
-  // The give-back's extra argument: the reset count seen, the last instant, each window's
-  // booked TAT.
-  std::string give_back_extra(std::uint64_t serial, std::chrono::nanoseconds until,
-                              std::span<const BookedWindow> windows) const {
-    std::string x;
-    detail::append_double(x, serial);
-    const auto time = [&](std::uint64_t t) {
-      detail::append_double(x, std::min<std::uint64_t>(t / kNanos, 10'000'000'000));
-      detail::append_double(x, t / kNanos > 10'000'000'000 ? 0 : t % kNanos);
-    };
-    time(static_cast<std::uint64_t>(until.count()));
-    for (std::size_t i = 0; i < windows.size(); ++i) {
-      const std::uint64_t r = limit_.windows()[i].requests;
-      time(absl::Uint128Low64(windows[i].tat / r));
-      detail::append_double(x, absl::Uint128Low64(windows[i].tat % r));
-    }
-    return x;
-  }
-
-  // One booking-script call for `op` on `redis_key`; its reply as non-negative integers.
   absl::StatusOr<Ints> call(const std::string& redis_key, std::string_view op, std::string params,
                             std::string extra) {
-    std::vector<std::string> args = {redis_key,
-                                     absl::StrCat(redis_key, ":reset"),
-                                     std::string(op),
-                                     "",
-                                     "",
-                                     std::move(params),
-                                     std::move(extra)};
-    if (time_) Client::set_time_args(*time_, args[3], args[4]);
-    absl::StatusOr<detail::ReplyPtr> reply = client_->run_booking(args);
-    if (!reply.ok()) return reply.status();
-    const redisReply& r = **reply;
-    if (r.type != REDIS_REPLY_ARRAY) return malformed();
-    Ints out;
-    for (std::size_t i = 0; i < r.elements; ++i) {
-      const redisReply& e = *r.element[i];
-      if (e.type != REDIS_REPLY_INTEGER || e.integer < 0) return malformed();
-      out.push_back(static_cast<std::uint64_t>(e.integer));
-    }
-    return out;
+    return detail::call_booking(*client_, redis_key, op, std::move(params), std::move(extra),
+                                time_);
   }
 
   Limit limit_;

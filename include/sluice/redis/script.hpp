@@ -11,6 +11,9 @@
 //   redisCommand(context, "SCRIPT LOAD %b", body.data(), body.size());  // == client->script_sha()
 //
 // Call:  EVALSHA <sha1> <k> key_1 .. key_k <time_s> <time_ns> params_1 .. params_k
+//        A booking check (one that records what it took, to settle the cost later) passes 2k
+//        keys: key_1 .. key_k, then each key's reset marker (`<key>:reset`, see the booking
+//        script), and its reply ends with each marker's count.
 //
 // Units and layout (all numbers are IEEE doubles holding integers below 2^53, packed
 // little-endian with Redis's bundled `struct` library, so every value is exact):
@@ -23,7 +26,8 @@
 //                     at), then per window its debt (ns, frac) = TAT − w. No debt = a fresh window.
 //   reply             one string: doubles all_admitted (1/0), now_s, now_ns, then per item one
 //                     byte '1' followed by the state the decision was computed from, or '0'
-//                     when the key held no state.
+//                     when the key held no state; then, for a booking check, per item its
+//                     reset count (a double).
 //
 // Invariants: requests < 2^52 and burst·T ≤ 2^52 ns (`Limit::create` validates both), so every
 // debt is ≤ 2^52 ns, a debt plus a cost is < 2^53, and frac + frac < 2r < 2^53: every sum the
@@ -47,9 +51,12 @@ else
   now_s, now_ns = tonumber(ARGV[1]), tonumber(ARGV[2])
 end
 local sunpack, spack = struct.unpack, struct.pack
-local nkeys = #KEYS
+local nkeys = #ARGV - 2
+-- A booking check names each item's reset marker after the state keys.
+local marked = #KEYS == 2 * nkeys
 local pending, ttls, order, seen
 if nkeys > 1 then pending, ttls, order, seen = {}, {}, {}, {} end
+if marked and not ttls then ttls = {} end
 local all, s = 1, nil
 for i = 1, nkeys do
   local key, p = KEYS[i], ARGV[i + 2]
@@ -101,17 +108,32 @@ for i = 1, nkeys do
     local q = ((ts - now_s) * 1e9 + (tns - now_ns) + most) / 1e6
     local ttl = q - q % 1 + 1
     if ttl > 1e10 then ttl = 1e10 end
+    if ttls then ttls[key] = ttl end
     if nkeys == 1 then
       redis.call('SET', key, packed, 'PX', ttl)
     else
       if not pending[key] then order[#order + 1] = key end
-      pending[key], ttls[key] = packed, ttl
+      pending[key] = packed
+    end
+  end
+end
+-- Each item's reset count, when asked; an admitted booking keeps a raised count alive for as
+-- long as its key's state (so that it can give back, as the booking script's give-back does).
+local serials = ''
+if marked then
+  for i = 1, nkeys do
+    local marker = KEYS[nkeys + i]
+    local serial = tonumber(redis.call('GET', marker) or '0')
+    serials = serials .. spack('<d', serial)
+    local ttl = ttls[KEYS[i]]
+    if all == 1 and serial > 0 and ttl and redis.call('PTTL', marker) < ttl then
+      redis.call('PEXPIRE', marker, ttl)
     end
   end
 end
 if nkeys == 1 then
-  if s then return spack('<ddd', all, now_s, now_ns) .. '1' .. s end
-  return spack('<ddd', all, now_s, now_ns) .. '0'
+  if s then return spack('<ddd', all, now_s, now_ns) .. '1' .. s .. serials end
+  return spack('<ddd', all, now_s, now_ns) .. '0' .. serials
 end
 if all == 1 then
   for j = 1, #order do
@@ -119,7 +141,7 @@ if all == 1 then
     redis.call('SET', key, pending[key], 'PX', ttls[key])
   end
 end
-return spack('<ddd', all, now_s, now_ns) .. table.concat(seen)
+return spack('<ddd', all, now_s, now_ns) .. table.concat(seen) .. serials
 )lua";
 
 }  // namespace sluice::redis

@@ -37,7 +37,8 @@ struct ScriptCall {
   std::string time_s, time_ns;      // both "": the script reads TIME
   std::string num_keys;
 
-  // `redis_keys[i]` holds `items[i]`'s state; `time` (ns since the Unix epoch, ≥ 0) replaces
+  // `redis_keys[i]` holds `items[i]`'s state (a booking check then names each item's reset
+  // marker, in the same order); `time` (ns since the Unix epoch, ≥ 0) replaces
   // the server's clock when set.
   static ScriptCall create(std::span<const CheckItem> items, std::vector<std::string> redis_keys,
                            std::optional<std::chrono::nanoseconds> time) {
@@ -47,7 +48,7 @@ struct ScriptCall {
     for (const CheckItem& item : items) {
       call.params.push_back(window_params(item));
     }
-    call.num_keys = absl::StrCat(items.size());
+    call.num_keys = absl::StrCat(call.keys.size());  // 2 per item for a booking check
     if (time) {
       const auto ns = static_cast<std::uint64_t>(time->count());
       call.time_s = absl::StrCat(ns / kNanosPerSecond);

@@ -47,7 +47,15 @@ struct ScaledWindow {
 struct KeyState {
   bool present = false;  // the key held state
   absl::uint128
-      elapsed{};  // ns from its last write to the decision; 0 if none or the clock went back
+      elapsed{};       // ns from its last write to the decision; 0 if none or the clock went back
+  absl::uint128 at{};  // the time decided at: max(now, its last write), ns since the Unix epoch
+};
+
+// What a booking check took for one item, to settle its cost later: per window the TAT it left,
+// scaled (ns since the Unix epoch × requests + fraction), and the key's reset count.
+struct ItemBooking {
+  std::vector<absl::uint128> tats;
+  std::uint64_t serial = 0;
 };
 
 inline absl::Status malformed_reply() {
@@ -78,7 +86,7 @@ inline std::optional<KeyState> read_key_state(std::string_view in, std::size_t& 
   }
   const char marker = in[pos++];
   if (marker == '0') {
-    return KeyState{};
+    return KeyState{.at = now};
   }
   if (marker != '1') {
     return std::nullopt;
@@ -87,7 +95,9 @@ inline std::optional<KeyState> read_key_state(std::string_view in, std::size_t& 
   if (!written) {
     return std::nullopt;
   }
-  return KeyState{.present = true, .elapsed = now > *written ? now - *written : 0};
+  return KeyState{.present = true,
+                  .elapsed = now > *written ? now - *written : 0,
+                  .at = std::max(now, *written)};
 }
 
 // Each window's debt as stored, drained by the elapsed time, then with `item.cost` added.
@@ -173,9 +183,11 @@ inline Decision denied_decision(std::span<const GcraWindow> windows,
   return d;
 }
 
-// One decision per item, recomputed from the reply to the script call made for `items`.
-inline absl::StatusOr<std::vector<Decision>> decode_reply(std::span<const CheckItem> items,
-                                                          const redisReply& reply) {
+// One decision per item, recomputed from the reply to the script call made for `items`. For a
+// booking check (the call named the reset markers), `bookings` receives one ItemBooking per item.
+inline absl::StatusOr<std::vector<Decision>> decode_reply(
+    std::span<const CheckItem> items, const redisReply& reply,
+    std::vector<ItemBooking>* bookings = nullptr) {
   if (reply.type == REDIS_REPLY_ERROR) {
     return server_error_status(std::string_view(reply.str, reply.len));
   }
@@ -206,6 +218,22 @@ inline absl::StatusOr<std::vector<Decision>> decode_reply(std::span<const CheckI
     every_item_admitted = every_item_admitted && admitted;
     decisions.push_back(admitted ? admitted_decision(windows, *scaled)
                                  : denied_decision(windows, *scaled));
+    if (bookings != nullptr) {
+      ItemBooking& b = bookings->emplace_back();
+      for (std::size_t i = 0; i < windows.size(); ++i) {
+        b.tats.push_back(state->at * windows[i].requests + (*scaled)[i].after);
+      }
+    }
+  }
+  if (bookings != nullptr) {
+    for (ItemBooking& b : *bookings) {
+      const std::optional<std::uint64_t> serial =
+          read_double(in, pos, (std::uint64_t{1} << 53) - 1);
+      if (!serial) {
+        return malformed_reply();
+      }
+      b.serial = *serial;
+    }
   }
   if (pos != in.size() || every_item_admitted != (*all_admitted == 1)) {
     return malformed_reply();

@@ -1,0 +1,168 @@
+// sluice/redis/detail/booking.hpp — calls of the booking script (reserve, cancel, settle) shared
+// by RedisGcraLimiter and the engine's Redis backend. Internal.
+//
+// Builds the arguments sluice/redis/detail/booking_script.hpp documents from exact 128-bit
+// integers, sends one call, and reads its reply of non-negative integers. Settling a receipt
+// (charge the difference or give back the surplus, never past what the booking still holds ahead
+// of now, nothing after a reset of the key) lives here so that both users settle alike.
+//
+// Complexity: O(windows) per call, one round trip. Thread-safety: pure functions over a
+// thread-safe Client.
+#ifndef SLUICE_REDIS_DETAIL_BOOKING_HPP_
+#define SLUICE_REDIS_DETAIL_BOOKING_HPP_
+
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/numeric/int128.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/decision.hpp"
+#include "sluice/redis/client.hpp"
+#include "sluice/redis/detail/exact_double.hpp"
+#include "sluice/redis/detail/script_reply.hpp"
+#include "sluice/redis/limit.hpp"
+#include "sluice/window.hpp"
+
+namespace sluice::redis::detail {
+
+using BookingInts = std::vector<std::uint64_t>;
+
+// Most a reply's amount may be: a window's debt is bounded by 2^52 ns in Redis.
+inline constexpr std::uint64_t kMaxAmountNs = std::uint64_t{1} << 52;
+// An instant no give-back passes (a refund may come at any time).
+inline constexpr std::chrono::nanoseconds kNeverPasses{std::numeric_limits<std::int64_t>::max()};
+
+inline absl::Status malformed_booking_reply() {
+  return absl::InternalError("sluice::redis: booking script reply of unexpected shape");
+}
+
+// Per window: an amount·T as (ns, frac), then burst·T and requests (the scripts' layout).
+inline std::string booking_params(
+    const Limit& limit, std::span<const std::pair<std::uint64_t, std::uint64_t>> amounts) {
+  std::string p;
+  for (std::size_t i = 0; i < amounts.size(); ++i) {
+    const GcraWindow& w = limit.windows()[i];
+    const absl::uint128 burst =
+        absl::uint128(w.burst) * static_cast<std::uint64_t>(w.period.count());
+    append_double(p, amounts[i].first);
+    append_double(p, amounts[i].second);
+    append_double(p, absl::Uint128Low64(burst / w.requests));
+    append_double(p, absl::Uint128Low64(burst % w.requests));
+    append_double(p, w.requests);
+  }
+  return p;
+}
+
+// `cost`·T per window, saturated at 2^52 ns.
+inline std::string booking_params(const Limit& limit, std::uint64_t cost) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> amounts;
+  for (const GcraWindow& w : limit.windows()) {
+    const absl::uint128 scaled = absl::uint128(cost) * static_cast<std::uint64_t>(w.period.count());
+    const bool saturated = scaled / w.requests >= kMaxAmountNs;
+    amounts.emplace_back(saturated ? kMaxAmountNs : absl::Uint128Low64(scaled / w.requests),
+                         saturated ? 0 : absl::Uint128Low64(scaled % w.requests));
+  }
+  return booking_params(limit, amounts);
+}
+
+// A give-back's extra argument: the reset count the booking saw, the last instant it may give
+// back at, and each window's booked TAT (scaled: ns × requests + fraction).
+inline std::string give_back_extra(const Limit& limit, std::uint64_t serial,
+                                   std::chrono::nanoseconds until,
+                                   std::span<const absl::uint128> tats) {
+  std::string x;
+  append_double(x, serial);
+  const auto time = [&](std::uint64_t t) {
+    append_double(x, std::min<std::uint64_t>(t / kNanosPerSecond, 10'000'000'000));
+    append_double(x, t / kNanosPerSecond > 10'000'000'000 ? 0 : t % kNanosPerSecond);
+  };
+  time(static_cast<std::uint64_t>(until.count()));
+  for (std::size_t i = 0; i < tats.size(); ++i) {
+    const std::uint64_t r = limit.windows()[i].requests;
+    time(absl::Uint128Low64(tats[i] / r));
+    append_double(x, absl::Uint128Low64(tats[i] % r));
+  }
+  return x;
+}
+
+// One booking-script call of `op` on `redis_key`; its reply as non-negative integers.
+inline absl::StatusOr<BookingInts> call_booking(Client& client, const std::string& redis_key,
+                                                std::string_view op, std::string params,
+                                                std::string extra,
+                                                std::optional<std::chrono::nanoseconds> time) {
+  std::vector<std::string> args = {redis_key,
+                                   absl::StrCat(redis_key, ":reset"),
+                                   std::string(op),
+                                   "",
+                                   "",
+                                   std::move(params),
+                                   std::move(extra)};
+  if (time) Client::set_time_args(*time, args[3], args[4]);
+  absl::StatusOr<ReplyPtr> reply = client.run_booking(args);
+  if (!reply.ok()) return reply.status();
+  const redisReply& r = **reply;
+  if (r.type != REDIS_REPLY_ARRAY) return malformed_booking_reply();
+  BookingInts out;
+  for (std::size_t i = 0; i < r.elements; ++i) {
+    const redisReply& e = *r.element[i];
+    if (e.type != REDIS_REPLY_INTEGER || e.integer < 0) return malformed_booking_reply();
+    out.push_back(static_cast<std::uint64_t>(e.integer));
+  }
+  return out;
+}
+
+// The key's state after a give-back or charge ({0 or 4, t_s, t_ns, per window debt (ns, frac)}),
+// as `inspect` reports it.
+inline absl::StatusOr<Decision> state_after(const Limit& limit, const BookingInts& v) {
+  const std::size_t n = limit.windows().size();
+  if (v.size() != 3 + 2 * n || (v[0] != 0 && v[0] != 4)) return malformed_booking_reply();
+  std::vector<ScaledWindow> scaled(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const GcraWindow& w = limit.windows()[i];
+    scaled[i].before = absl::uint128(v[3 + 2 * i]) * w.requests + v[4 + 2 * i];
+    scaled[i].after = scaled[i].before;
+    scaled[i].burst = absl::uint128(w.burst) * static_cast<std::uint64_t>(w.period.count());
+  }
+  return admits(scaled) ? admitted_decision(limit.windows(), scaled)
+                        : denied_decision(limit.windows(), scaled);
+}
+
+// What an admitted estimated check booked, to settle it later.
+struct Receipt {
+  std::string key;                  // the Redis key (a digest, never the caller's key)
+  std::vector<absl::uint128> tats;  // per window, scaled
+  std::uint64_t serial = 0;         // the key's reset count when booked
+  std::uint64_t estimate = 0;
+};
+
+// Settles `r` at `actual` units: charges actual − estimate (into debt, saturating at 2^52 ns), or
+// gives back estimate − actual, bounded by what the booking still holds ahead of now, and nothing
+// if the key was reset since. Returns the key's state after it. One round trip.
+inline absl::StatusOr<Decision> settle_receipt(Client& client, const Limit& limit, const Receipt& r,
+                                               std::uint64_t actual,
+                                               std::optional<std::chrono::nanoseconds> time) {
+  absl::StatusOr<BookingInts> reply =
+      actual > r.estimate
+          ? call_booking(client, r.key, "c", booking_params(limit, actual - r.estimate), "", time)
+          : call_booking(client, r.key, "g", booking_params(limit, r.estimate - actual),
+                         give_back_extra(limit, r.serial, kNeverPasses, r.tats), time);
+  if (!reply.ok()) return reply.status();
+  return state_after(limit, *reply);
+}
+
+}  // namespace sluice::redis::detail
+
+#endif  // SLUICE_REDIS_DETAIL_BOOKING_HPP_
