@@ -100,6 +100,8 @@ TEST_CASE("model defaults match the documentation") {
   CHECK(config.gateway.global_policies.empty());
   CHECK(config.engine.consumption == sluice::ConsumptionMode::kAllOrNothing);
   CHECK(config.engine.on_backend_error == sluice::FailureMode::kFailOpen);
+  CHECK_FALSE(config.engine.local_share_permille.has_value());
+  CHECK(config.engine.local_retry_interval_ms == 1000);
   CHECK_FALSE(sluice::Bundle{}.dry_run);
   CHECK(sluice::validate(config).ok());  // nothing configured is a valid (empty) config
 }
@@ -563,4 +565,39 @@ TEST_CASE("selectors and modes round-trip through their config spelling") {
   CHECK(sluice::parse_failure_mode("fail_closed") == sluice::FailureMode::kFailClosed);
   CHECK(sluice::to_string(sluice::FailureMode::kFailOpen) == "fail_open");
   CHECK_FALSE(sluice::parse_failure_mode("open").has_value());
+  CHECK(sluice::parse_failure_mode("local") == sluice::FailureMode::kLocal);
+  CHECK(sluice::to_string(sluice::FailureMode::kLocal) == "local");
+}
+
+TEST_CASE("the local failure mode needs a share and bounds it and its retry interval") {
+  check_invalid_cases({
+      {[](auto& c) { c.engine.on_backend_error = sluice::FailureMode::kLocal; },
+       "engine.local_share_permille must be set when engine.on_backend_error is local (the "
+       "permille of every limit each replica enforces alone, e.g. 1000 / replicas)"},
+      {[](auto& c) {
+         c.engine.on_backend_error = sluice::FailureMode::kLocal;
+         c.engine.local_share_permille = 0;
+       },
+       "engine.local_share_permille must be in [1, 1000], got 0"},
+      {[](auto& c) { c.engine.local_share_permille = 1001; },
+       "engine.local_share_permille must be in [1, 1000], got 1001"},
+      {[](auto& c) { c.engine.local_retry_interval_ms = 0; },
+       "engine.local_retry_interval_ms must be in [1, 3600000], got 0"},
+      {[](auto& c) { c.engine.local_retry_interval_ms = 3'600'001; },
+       "engine.local_retry_interval_ms must be in [1, 3600000], got 3600001"},
+  });
+}
+
+TEST_CASE("the local failure mode is valid with a share at either end of its range") {
+  sluice::PolicyConfig config;
+  config.engine = {.on_backend_error = sluice::FailureMode::kLocal,
+                   .local_share_permille = 1,
+                   .local_retry_interval_ms = 3'600'000};
+  CHECK(sluice::validate(config).ok());
+  config.engine.local_share_permille = 1000;
+  config.engine.local_retry_interval_ms = 1;
+  CHECK(sluice::validate(config).ok());
+  // A share set under another mode is kept for a later switch to local, and still range-checked.
+  config.engine.on_backend_error = sluice::FailureMode::kFailClosed;
+  CHECK(sluice::validate(config).ok());
 }

@@ -280,8 +280,41 @@ TEST_CASE("an unknown consumption mode is an error naming the modes") {
 
 TEST_CASE("an unknown failure mode is an error naming the modes") {
   CHECK(error_of("engine: { on_backend_error: open }\n") ==
-        "1:29: engine.on_backend_error: unknown failure mode \"open\" (expected fail_open or "
-        "fail_closed)");
+        "1:29: engine.on_backend_error: unknown failure mode \"open\" (expected fail_open, "
+        "fail_closed or local)");
+}
+
+TEST_CASE("the local failure mode loads with its share and retry interval") {
+  auto config = sluice::yaml::load_config(
+      "engine:\n"
+      "  on_backend_error: local\n"
+      "  local_share_permille: 250\n"
+      "  local_retry_interval_ms: 500\n");
+  REQUIRE(config.ok());
+  CHECK(config->engine == sluice::EngineOptions{.on_backend_error = sluice::FailureMode::kLocal,
+                                                .local_share_permille = 250,
+                                                .local_retry_interval_ms = 500});
+}
+
+TEST_CASE("the local failure mode without a share is an error at the engine") {
+  CHECK(error_of("engine:\n  on_backend_error: local\n") ==
+        "2:3: engine.local_share_permille: must be set when engine.on_backend_error is local (the "
+        "permille of every limit each replica enforces alone, e.g. 1000 / replicas)");
+}
+
+TEST_CASE("a local share above 1000 permille is an error at the share") {
+  CHECK(error_of("engine: { on_backend_error: local, local_share_permille: 1001 }\n") ==
+        "1:58: engine.local_share_permille: must be in [1, 1000], got 1001");
+}
+
+TEST_CASE("a local retry interval of 0 ms is an error at the interval") {
+  CHECK(error_of("engine:\n  local_retry_interval_ms: 0\n") ==
+        "2:28: engine.local_retry_interval_ms: must be in [1, 3600000], got 0");
+}
+
+TEST_CASE("a local share that is not an integer is a type error") {
+  CHECK(error_of("engine: { local_share_permille: 0.5 }\n") ==
+        "1:33: engine.local_share_permille: expected a non-negative integer, got \"0.5\"");
 }
 
 TEST_CASE("a key given twice is an error rather than a silent override") {

@@ -35,6 +35,20 @@
 // rules under all their locks and commits only if every rule admits, so a denied request consumes
 // nothing anywhere; kEveryRule lets each admitting rule consume even when another denies.
 //
+// Backend failures (EngineOptions::on_backend_error; a bad cost is the request's fault, never a
+// backend failure): kFailOpen admits and kFailClosed denies, the error in `backend_error`.
+// kLocal decides the request in process instead, on the local share: the same rules with every
+// window's requests and burst scaled to max(1, floor(n × local_share_permille / 1000)), same
+// periods, in in-memory limiters kept for the engine's life (a reload keeps the local state of a
+// rule whose fingerprint and share are unchanged, like the shared state). Such an evaluation has
+// `degraded` set, OK `backend_error`, and fields from the local limiters; it opens no settlement.
+// After a failure, requests are decided locally at once, without calling the backend; the first
+// request at least `local_retry_interval_ms` after the failure calls it again (one per interval,
+// decided locally if it fails too), and once one succeeds decisions are shared again. The clock
+// of the local share and of that interval is the backend options' `clock` if they have one, else
+// the steady clock. A backend that fails mid-call (a timeout) still costs the requests already in
+// flight their wait; only later requests skip it. inspect() and reset() always ask the backend.
+//
 // Counters and events: stats() per rule and engine_stats() for the engine, kept across reloads
 // (sluice/prometheus.hpp writes them for Prometheus); an EngineEventHook passed to create()
 // receives dry-run denials, backend errors, evictions and reloads (sluice/engine_events.hpp).
@@ -58,6 +72,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -71,6 +86,7 @@
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/detail/limiter_common.hpp"
+#include "sluice/detail/local_mode.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/detail/xxhash.hpp"
 #include "sluice/engine_events.hpp"
@@ -122,6 +138,9 @@ struct Evaluation {
   HttpFields fields{};                       // to write into the response
   std::optional<RuleDecision> dry_denied{};  // first would-be denial of a dry-run bundle
   absl::Status backend_error{};  // OK unless the backend, the cost or the request was bad
+  // Rules of this request were decided in process on the local share, not by the backend
+  // (FailureMode::kLocal while the backend fails): the decision is this replica's alone.
+  bool degraded = false;
 };
 
 // Per-rule counters; no raw keys. For every evaluated request of cost ≥ 1 whose rules the backend
@@ -138,6 +157,9 @@ struct RuleStats {
   std::uint64_t dry_denied = 0;             // would-be denials of a dry-run rule
   StoreStats store{};                       // keys, evictions, capacity denials
   std::optional<AdaptiveState> adaptive{};  // an adaptive rule's controller, now
+  // Of the requests above (cost ≥ 1, decided), those this rule decided in process on the local
+  // share (FailureMode::kLocal) while the backend failed.
+  std::uint64_t degraded = 0;
 };
 
 // The counters of RuleStats without the label: reading them allocates nothing.
@@ -146,6 +168,7 @@ struct RuleCounts {
   std::uint64_t denied = 0;
   std::uint64_t dry_denied = 0;
   StoreStats store{};
+  std::uint64_t degraded = 0;
 };
 
 // Engine-wide counters. Every generation reloaded from an engine shares them with it, so they
@@ -155,6 +178,8 @@ struct EngineStats {
   std::uint64_t backend_errors = 0;  // evaluations during which the backend failed (not a bad cost)
   std::uint64_t reloads = 0;         // successful reloads
   std::uint64_t failed_reloads = 0;  // reloads that kept the previous generation
+  // Evaluations with Evaluation::degraded: decided (in part) on the local share (kLocal).
+  std::uint64_t degraded_evaluations = 0;
   friend bool operator==(const EngineStats&, const EngineStats&) = default;
 };
 
@@ -168,6 +193,20 @@ template <class B>
 requires requires { typename B::Booking; }
 struct BookingOf<B> {
   using type = typename B::Booking;
+};
+
+// The clock of the local failure mode: backend options' `clock` member if it is a Clock (the
+// in-memory backend's), else the steady clock.
+template <class Options>
+struct LocalClockOf {
+  using type = SteadyClock;
+  static type get(const Options& /*options*/) { return {}; }
+};
+template <class Options>
+requires Clock<std::remove_cvref_t<decltype(std::declval<const Options&>().clock)>>
+struct LocalClockOf<Options> {
+  using type = std::remove_cvref_t<decltype(std::declval<const Options&>().clock)>;
+  static type get(const Options& options) { return options.clock; }
 };
 }  // namespace detail
 
@@ -414,7 +453,8 @@ class BasicRateLimitEngine {
   // --- Settled cost: admit a request on an estimated cost (`RequestContext::cost`), then
   // settle every live rule at the actual cost once it is known (GcraLimiter::settle's rules:
   // a charge may put a key in debt, a refund gives back only what is still booked ahead).
-  // Backends with bookings: the in-memory one.
+  // Backends with bookings: the in-memory one and Redis (RedisEngineBackend); PostgreSQL answers
+  // Unimplemented.
 
   // What a request's live rules booked. Move-only, settled at most once. It holds the rules'
   // state (not the engine), so it stays valid across reloads and settles the rules that the
@@ -521,12 +561,11 @@ class BasicRateLimitEngine {
     const auto dry_keys = std::span<const RuleKey>(keys.data() + live.size(), dry.size());
 
     e.live_rules = live.size();
+    GroupOutcome live_outcome, dry_outcome;  // whether each group was decided on the local share
     if (!live.empty()) {
-      absl::Status status =
-          settlement != nullptr
-              ? check_live_booking(live_keys, std::span(decisions.data(), live.size()), *settlement)
-              : backend_->check_rules(live_keys, options_mode_,
-                                      std::span(decisions.data(), live.size()));
+      absl::Status status = check_group(live_keys, std::span(decisions.data(), live.size()),
+                                        settlement, live_outcome);
+      if (!live_outcome.failure.ok()) report_backend_error(live_outcome.failure);
       if (status.ok() && !factors.empty()) {
         in_requests(factors, 0, std::span(decisions.data(), live.size()));
       }
@@ -542,13 +581,19 @@ class BasicRateLimitEngine {
     }
     bool dry_decided = false;
     if (!dry.empty()) {
-      absl::Status status = evaluate_dry(e, dry, dry_keys, factors,
-                                         std::span(decisions.data() + live.size(), dry.size()));
+      absl::Status status =
+          evaluate_dry(e, dry, dry_keys, factors,
+                       std::span(decisions.data() + live.size(), dry.size()), dry_outcome);
       dry_decided = status.ok();
-      if (!dry_decided && e.backend_error.ok()) report_backend_error(status);
+      const absl::Status& failed = dry_decided ? dry_outcome.failure : status;
+      if (!failed.ok() && e.backend_error.ok() && live_outcome.failure.ok()) {
+        report_backend_error(failed);
+      }
     }
+    count_degraded(e, live, live_outcome.degraded && e.backend_error.ok(), dry,
+                   dry_outcome.degraded && dry_decided, request->cost);
     if (settlement != nullptr && e.allowed && e.backend_error.ok() && request->cost != 0 &&
-        settlement->bookings_.size() == live.size()) {
+        !live_outcome.degraded && settlement->bookings_.size() == live.size()) {
       settlement->estimate_ = request->cost;
       settlement->factors_.assign(
           factors.begin(),
@@ -615,7 +660,7 @@ class BasicRateLimitEngine {
   }
 
   // Forgets the rule's state for that key: its next request is decided as a new client's.
-  // Unimplemented for a backend without `reset_key` (the PostgreSQL backend).
+  // Unimplemented for a backend without `reset_key`.
   absl::Status reset(std::string_view rule_label, const RequestContext& raw) const {
     if constexpr (requires(Backend & b) { b.reset_key(std::size_t{}, std::string_view{}); }) {
       absl::StatusOr<RuleKeyFor> k = key_for(rule_label, raw);
@@ -664,7 +709,8 @@ class BasicRateLimitEngine {
                      .denied = counts.denied,
                      .dry_denied = counts.dry_denied,
                      .store = counts.store,
-                     .adaptive = adaptive_state(i)});
+                     .adaptive = adaptive_state(i),
+                     .degraded = counts.degraded});
     }
     return out;
   }
@@ -673,7 +719,8 @@ class BasicRateLimitEngine {
     return {.admitted = counters_[index]->admitted.load(std::memory_order_relaxed),
             .denied = counters_[index]->denied.load(std::memory_order_relaxed),
             .dry_denied = counters_[index]->dry_denied.load(std::memory_order_relaxed),
-            .store = backend_->rule_store_stats(index)};
+            .store = backend_->rule_store_stats(index),
+            .degraded = counters_[index]->degraded.load(std::memory_order_relaxed)};
   }
   // Rule `index`'s adaptive controller now (its factor, latency average, ...); none for a rule
   // without an adaptive policy. Takes the controller's mutex.
@@ -685,14 +732,21 @@ class BasicRateLimitEngine {
     return {.evaluations = totals_->evaluations.load(std::memory_order_relaxed),
             .backend_errors = totals_->backend_errors.load(std::memory_order_relaxed),
             .reloads = totals_->reloads.load(std::memory_order_relaxed),
-            .failed_reloads = totals_->failed_reloads.load(std::memory_order_relaxed)};
+            .failed_reloads = totals_->failed_reloads.load(std::memory_order_relaxed),
+            .degraded_evaluations = totals_->degraded_evaluations.load(std::memory_order_relaxed)};
   }
+  // This generation's EngineOptions::on_backend_error.
+  FailureMode failure_mode() const noexcept { return on_backend_error_; }
+  // True from a backend failure until the backend answers again (kLocal only: the other modes
+  // call the backend for every request and keep no such state).
+  bool backend_failing() const noexcept { return probe_ != nullptr && probe_->failing(); }
 
  private:
   struct RuleCounters {
     std::atomic<std::uint64_t> admitted{0};
     std::atomic<std::uint64_t> denied{0};
     std::atomic<std::uint64_t> dry_denied{0};
+    std::atomic<std::uint64_t> degraded{0};
     // Eviction events: the engine time (ns) of the next look at the store's eviction counter,
     // and the counter's value at the last event.
     std::atomic<std::int64_t> eviction_check_due{std::numeric_limits<std::int64_t>::min()};
@@ -703,9 +757,25 @@ class BasicRateLimitEngine {
     std::atomic<std::uint64_t> backend_errors{0};
     std::atomic<std::uint64_t> reloads{0};
     std::atomic<std::uint64_t> failed_reloads{0};
+    std::atomic<std::uint64_t> degraded_evaluations{0};
   };
   using RuleList = std::vector<std::uint32_t>;
   using ScopeMap = absl::flat_hash_map<std::string, RuleList>;
+  using LocalClock = typename detail::LocalClockOf<BackendOptions>::type;
+
+  // The local failure mode's in-process half: every rule with its windows scaled to the local
+  // share, on an in-memory backend, and per rule the largest cost (in limiter units) that the
+  // shared limit and the local share can hold.
+  struct LocalShare {
+    std::unique_ptr<InMemoryBackend<LocalClock>> backend;
+    std::vector<std::uint64_t> shared_max;
+    std::vector<std::uint64_t> local_max;
+  };
+  // How check_group decided one group of rules.
+  struct GroupOutcome {
+    bool degraded = false;  // on the local share
+    absl::Status failure;   // the backend's failure that sent it there, if the backend was called
+  };
 
   BasicRateLimitEngine() = default;
 
@@ -734,6 +804,16 @@ class BasicRateLimitEngine {
         Backend::create(compiled, previous ? previous->backend_.get() : nullptr, options);
     if (!backend.ok()) return backend.status();
     engine.backend_ = std::make_unique<Backend>(*std::move(backend));
+    // The backend's health outlives a generation: a reload during an outage stays local.
+    engine.probe_ = previous ? previous->probe_ : std::make_shared<detail::BackendProbe>();
+    engine.local_clock_ = detail::LocalClockOf<BackendOptions>::get(engine.options_);
+    engine.local_retry_interval_ = std::chrono::milliseconds(config.engine.local_retry_interval_ms);
+    if (config.engine.on_backend_error == FailureMode::kLocal) {
+      auto local = make_local_share(compiled, *config.engine.local_share_permille,
+                                    engine.local_clock_, previous);
+      if (!local.ok()) return local.status();
+      engine.local_ = *std::move(local);
+    }
     for (std::size_t i = 0; i < compiled.size(); ++i) {
       std::shared_ptr<RuleCounters> counters =
           previous ? previous->counters_for(compiled[i].fingerprint) : nullptr;
@@ -976,8 +1056,8 @@ class BasicRateLimitEngine {
   // The backend's error if it failed (nothing is counted then).
   absl::Status evaluate_dry(Evaluation& e, std::span<const std::uint32_t> dry,
                             std::span<const RuleKey> keys, std::span<const std::uint32_t> factors,
-                            std::span<Decision> out) const {
-    if (absl::Status s = backend_->check_rules(keys, options_mode_, out); !s.ok()) return s;
+                            std::span<Decision> out, GroupOutcome& outcome) const {
+    if (absl::Status s = check_group(keys, out, nullptr, outcome); !s.ok()) return s;
     if (!factors.empty()) in_requests(factors, factors.size() - keys.size(), out);
     for (std::size_t i = 0; i < dry.size(); ++i) {
       if (out[i].allowed()) continue;
@@ -989,6 +1069,88 @@ class BasicRateLimitEngine {
       }
     }
     return absl::OkStatus();
+  }
+
+  // Decides one group of rules (live or dry-run) into `out`: on the backend, or in local mode on
+  // the local share when the probe says the backend is failing or when the call fails (`outcome`
+  // says which, with the failure). A bad cost is InvalidArgument from either; in the other modes
+  // the backend's error is returned as it is.
+  absl::Status check_group(std::span<const RuleKey> keys, std::span<Decision> out,
+                           Settlement* settlement, GroupOutcome& outcome) const {
+    if (local_ != nullptr && !probe_->should_call(local_now(), local_retry_interval_)) {
+      outcome.degraded = true;
+      return check_local(keys, out);
+    }
+    absl::Status status = settlement != nullptr ? check_live_booking(keys, out, *settlement)
+                                                : backend_->check_rules(keys, options_mode_, out);
+    if (local_ == nullptr || status.code() == absl::StatusCode::kInvalidArgument) return status;
+    if (status.ok()) {
+      probe_->record_success();
+      return status;
+    }
+    probe_->record_failure(local_now(), local_retry_interval_);
+    if (settlement != nullptr) settlement->bookings_.clear();
+    outcome.failure = std::move(status);
+    outcome.degraded = true;
+    return check_local(keys, out);
+  }
+
+  // Decides `keys` on the local share. A cost the shared limit holds but the local bucket cannot
+  // takes the whole local bucket (admitted only when it is full); a cost the shared limit can
+  // never admit is InvalidArgument, as the backend answers it.
+  absl::Status check_local(std::span<const RuleKey> keys, std::span<Decision> out) const {
+    absl::InlinedVector<RuleKey, 16> local(keys.begin(), keys.end());
+    for (RuleKey& k : local) {
+      if (k.cost > local_->shared_max[k.rule]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            rules_[k.rule].compiled.label, ": cost exceeds the smallest burst and can never pass"));
+      }
+      k.cost = std::min(k.cost, local_->local_max[k.rule]);
+    }
+    return local_->backend->check_rules(local, options_mode_, out);
+  }
+
+  // The local clock's reading, saturated like every limiter's.
+  std::int64_t local_now() const { return detail::saturate_time(local_clock_.now().count()); }
+
+  // The local share of `rules` at `permille`; a rule whose fingerprint and share are unchanged
+  // keeps the local state `previous` had for it.
+  static absl::StatusOr<std::unique_ptr<LocalShare>> make_local_share(
+      std::span<const CompiledRule> rules, std::uint64_t permille, const LocalClock& clock,
+      const BasicRateLimitEngine* previous) {
+    auto local = std::make_unique<LocalShare>();
+    std::vector<CompiledRule> scaled(rules.begin(), rules.end());
+    for (CompiledRule& rule : scaled) {
+      local->shared_max.push_back(detail::smallest_bucket(limiter_windows(rule)));
+      rule.windows = detail::local_share_windows(std::move(rule.windows), permille);
+      append_key_part(rule.fingerprint, absl::StrCat("local share ", permille));
+      local->local_max.push_back(detail::smallest_bucket(limiter_windows(rule)));
+    }
+    const InMemoryBackend<LocalClock>* kept = previous != nullptr && previous->local_ != nullptr
+                                                  ? previous->local_->backend.get()
+                                                  : nullptr;
+    auto backend = InMemoryBackend<LocalClock>::create(
+        scaled, kept, typename InMemoryBackend<LocalClock>::Options{.clock = clock});
+    if (!backend.ok()) return backend.status();
+    local->backend = std::make_unique<InMemoryBackend<LocalClock>>(*std::move(backend));
+    return local;
+  }
+
+  // Counts an evaluation decided on the local share, and for a request of cost ≥ 1 each rule of
+  // the groups decided there.
+  void count_degraded(Evaluation& e, std::span<const std::uint32_t> live, bool live_degraded,
+                      std::span<const std::uint32_t> dry, bool dry_degraded,
+                      std::uint64_t cost) const {
+    e.degraded = live_degraded || dry_degraded;
+    if (!e.degraded) return;
+    totals_->degraded_evaluations.fetch_add(1, std::memory_order_relaxed);
+    if (cost == 0) return;
+    if (live_degraded) {
+      for (std::uint32_t r : live) counters_[r]->degraded.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (dry_degraded) {
+      for (std::uint32_t r : dry) counters_[r]->degraded.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 
   // Counts and reports a failed backend call; InvalidArgument (a bad cost) is the request's
@@ -1113,6 +1275,10 @@ class BasicRateLimitEngine {
   std::shared_ptr<EngineCounters> totals_;  // shared with every generation reloaded from this one
   ConsumptionMode options_mode_ = ConsumptionMode::kAllOrNothing;
   FailureMode on_backend_error_ = FailureMode::kFailOpen;
+  std::unique_ptr<LocalShare> local_;            // set iff on_backend_error_ is kLocal
+  std::shared_ptr<detail::BackendProbe> probe_;  // shared with every generation reloaded from this
+  LocalClock local_clock_{};
+  std::chrono::nanoseconds local_retry_interval_{std::chrono::seconds(1)};
   std::vector<RuleInfo> rules_;
   std::vector<std::shared_ptr<RuleCounters>> counters_;
   std::vector<std::shared_ptr<AdaptiveController>> controllers_;  // per rule; null unless adaptive

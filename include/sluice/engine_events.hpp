@@ -46,7 +46,9 @@ struct DryRunDenialEvent {
 
 // The backend failed to decide a request's rules (Unavailable, DeadlineExceeded, ...); the
 // request followed the engine's failure mode. A cost that a rule can never admit is a bad request
-// (InvalidArgument in Evaluation::backend_error), not a backend error, and raises no event.
+// (InvalidArgument in Evaluation::backend_error), not a backend error, and raises no event. Under
+// FailureMode::kLocal only calls that were made raise it: requests decided locally without
+// calling the backend (within the retry interval after a failure) raise none.
 struct BackendErrorEvent {
   absl::Status status{};
 };

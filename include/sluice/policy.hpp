@@ -30,6 +30,7 @@
 //   below 2^55 ns, and requests x period (ns) stays below 2^87 (fits absl::uint128).
 // - names (bundle, rule, route, service, listener, consumer): printable ASCII (0x20-0x7E), so they
 //   print unchanged in error text and in RFC 9651 strings (sluice/http_fields.hpp).
+// - engine.local_share_permille: 1 ... 1000; engine.local_retry_interval_ms: 1 ... 3600000.
 //
 // Units: requests are counts; windows are whole seconds in the model and nanoseconds once compiled.
 // Thread-safety: plain values (thread-compatible); every function is pure.
@@ -197,6 +198,9 @@ enum class ConsumptionMode {
 enum class FailureMode {
   kFailOpen,    // admit the request (default)
   kFailClosed,  // deny the request
+  // Decide the request in process on a share of every limit (EngineOptions::local_share_permille)
+  // and report it degraded; try the backend again after EngineOptions::local_retry_interval_ms.
+  kLocal,
 };
 
 constexpr std::string_view to_string(ConsumptionMode mode) noexcept {
@@ -219,12 +223,15 @@ constexpr std::string_view to_string(FailureMode mode) noexcept {
       return "fail_open";
     case FailureMode::kFailClosed:
       return "fail_closed";
+    case FailureMode::kLocal:
+      return "local";
   }
   return "unknown";
 }
 constexpr std::optional<FailureMode> parse_failure_mode(std::string_view text) noexcept {
   if (text == "fail_open") return FailureMode::kFailOpen;
   if (text == "fail_closed") return FailureMode::kFailClosed;
+  if (text == "local") return FailureMode::kLocal;
   return std::nullopt;
 }
 
@@ -232,6 +239,15 @@ constexpr std::optional<FailureMode> parse_failure_mode(std::string_view text) n
 struct EngineOptions {
   ConsumptionMode consumption = ConsumptionMode::kAllOrNothing;
   FailureMode on_backend_error = FailureMode::kFailOpen;
+  // kLocal: the share of every limit that each replica enforces in process while the backend
+  // fails, in permille (1 ... 1000): every window's requests and burst become
+  // max(1, floor(n × permille / 1000)), periods unchanged. Required when on_backend_error is
+  // kLocal (the right share depends on the replica count, e.g. 1000 / replicas, which the
+  // library cannot know); ignored otherwise.
+  std::optional<std::uint64_t> local_share_permille{};
+  // kLocal: after a backend failure, requests are decided locally at once, and the backend is
+  // tried again by at most one request per this interval (1 ... kMaxLocalRetryIntervalMs).
+  std::uint64_t local_retry_interval_ms = 1000;
 
   friend bool operator==(const EngineOptions&, const EngineOptions&) = default;
 };
@@ -255,6 +271,7 @@ struct PolicyConfig {
 inline constexpr std::uint64_t kMaxRequestsPerWindow = std::uint64_t{1} << 32;
 inline constexpr std::uint64_t kMaxWindowSeconds = std::uint64_t{365} * 24 * 3600;  // 31536000
 inline constexpr std::uint64_t kMaxBurst = std::uint64_t{1} << 32;
+inline constexpr std::uint64_t kMaxLocalRetryIntervalMs = 3'600'000;  // one hour
 // An adaptive rule's limiter counts thousandths of a request, so its counts stay 1000 times
 // below the limiters' range.
 inline constexpr std::uint64_t kMaxAdaptiveCount = kMaxRequestsPerWindow / 1000;  // 4294967
@@ -335,7 +352,8 @@ constexpr bool is_known(ConsumptionMode mode) noexcept {
   return mode == ConsumptionMode::kAllOrNothing || mode == ConsumptionMode::kEveryRule;
 }
 constexpr bool is_known(FailureMode mode) noexcept {
-  return mode == FailureMode::kFailOpen || mode == FailureMode::kFailClosed;
+  return mode == FailureMode::kFailOpen || mode == FailureMode::kFailClosed ||
+         mode == FailureMode::kLocal;
 }
 
 // InvalidArgument with the concatenation of `parts` (absl::StrCat).
@@ -843,6 +861,20 @@ inline absl::Status validate_engine(const EngineOptions& engine) {
   if (!detail::is_known(engine.on_backend_error)) {
     return detail::invalid("engine.on_backend_error: unknown mode ",
                            static_cast<long long>(engine.on_backend_error));
+  }
+  if (const std::optional<std::uint64_t>& share = engine.local_share_permille; share.has_value()) {
+    if (*share == 0 || *share > 1000) {
+      return detail::invalid("engine.local_share_permille must be in [1, 1000], got ", *share);
+    }
+  } else if (engine.on_backend_error == FailureMode::kLocal) {
+    return detail::invalid(
+        "engine.local_share_permille must be set when engine.on_backend_error is local (the "
+        "permille of every limit each replica enforces alone, e.g. 1000 / replicas)");
+  }
+  if (engine.local_retry_interval_ms == 0 ||
+      engine.local_retry_interval_ms > kMaxLocalRetryIntervalMs) {
+    return detail::invalid("engine.local_retry_interval_ms must be in [1, ",
+                           kMaxLocalRetryIntervalMs, "], got ", engine.local_retry_interval_ms);
   }
   return absl::OkStatus();
 }

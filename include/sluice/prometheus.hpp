@@ -15,6 +15,8 @@
 //   sluice_rule_keys                                                       (gauge)
 //   sluice_rule_limit_factor_permille (gauge), sluice_rule_limit_decreases_total (counter): only
 //   where the config has adaptive rules, one sample per adaptive rule
+//   sluice_engine_degraded_evaluations_total, sluice_rule_degraded_total (counters): only where
+//   the engine runs with `on_backend_error: local` or has decided a request on its local share
 // Rule families carry the labels `rule` (the rule's label, "<bundle>/<rule>") and `dry_run`
 // ("true"/"false"). Their meaning is that of sluice::EngineStats and sluice::RuleStats. Label
 // values are escaped as the format requires (backslash, double quote, line feed), so no name in a
@@ -97,10 +99,21 @@ void append_prometheus_text(std::string& out, const Engine& engine) {
         "Config reloads that failed and kept the previous config."},
        totals.failed_reloads},
   };
+  // The local failure mode's counters: where it is configured, or was before a reload.
+  const bool local =
+      engine.failure_mode() == FailureMode::kLocal || totals.degraded_evaluations != 0;
+  const Family degraded_evaluations{
+      "sluice_engine_degraded_evaluations_total", "counter",
+      "Evaluations decided in process on the local share while the limiter backend failed."};
   for (const auto& f : engine_families) {
     detail::append_prometheus_header(out, f.family);
     out.append(f.family.name);
     absl::StrAppend(&out, " ", f.value, "\n");
+  }
+  if (local) {
+    detail::append_prometheus_header(out, degraded_evaluations);
+    out.append(degraded_evaluations.name);
+    absl::StrAppend(&out, " ", totals.degraded_evaluations, "\n");
   }
 
   absl::InlinedVector<RuleCounts, 16> counts;
@@ -128,8 +141,12 @@ void append_prometheus_text(std::string& out, const Engine& engine) {
        [](const RuleCounts& c) { return c.store.capacity_denials; }},
       {{"sluice_rule_keys", "gauge", "Keys the rule's store holds."},
        [](const RuleCounts& c) { return c.store.size; }},
+      {{"sluice_rule_degraded_total", "counter",
+        "Requests the rule decided in process on the local share while the backend failed."},
+       [](const RuleCounts& c) { return c.degraded; }},
   };
   for (const auto& f : rule_families) {
+    if (!local && f.family.name == "sluice_rule_degraded_total") continue;
     detail::append_prometheus_header(out, f.family);
     for (std::size_t i = 0; i < counts.size(); ++i) {
       const CompiledRule& rule = engine.rule(i).compiled;

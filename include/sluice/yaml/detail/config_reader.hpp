@@ -286,15 +286,21 @@ class ConfigReader final : public NodeReader {
 
   EngineOptions read_engine(const YAML::Node& node, const std::string& path) {
     EngineOptions engine;
-    for (const Field& f : fields(node, path, {"consumption", "on_backend_error"})) {
+    for (const Field& f : fields(node, path,
+                                 {"consumption", "on_backend_error", "local_share_permille",
+                                  "local_retry_interval_ms"})) {
       if (f.key == "consumption") {
         engine.consumption =
             read_enum(f.value, f.path, "consumption mode", "all_or_nothing or every_rule",
                       [](std::string_view s) { return parse_consumption_mode(s); });
-      } else {
+      } else if (f.key == "on_backend_error") {
         engine.on_backend_error =
-            read_enum(f.value, f.path, "failure mode", "fail_open or fail_closed",
+            read_enum(f.value, f.path, "failure mode", "fail_open, fail_closed or local",
                       [](std::string_view s) { return parse_failure_mode(s); });
+      } else if (f.key == "local_share_permille") {
+        engine.local_share_permille = read_count(f.value, f.path);
+      } else {
+        engine.local_retry_interval_ms = read_count(f.value, f.path);
       }
     }
     return engine;
