@@ -29,6 +29,7 @@
 #include "sluice/redis/engine_backend.hpp"   // IWYU pragma: export
 #include "sluice/redis/limit.hpp"            // IWYU pragma: export
 #include "sluice/redis/limiter.hpp"          // IWYU pragma: export
+#include "sluice/redis/local_fallback.hpp"   // IWYU pragma: export
 #include "sluice/redis/options.hpp"          // IWYU pragma: export
 #include "sluice/redis/script.hpp"           // IWYU pragma: export
 
