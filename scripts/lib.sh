@@ -25,5 +25,5 @@ ensure_packages() {
 # Everything the build, the tests, the benchmarks and the demo use.
 SLUICE_PACKAGES=(cmake ninja-build g++ clang libclang-rt-14-dev git curl
   libabsl-dev libxxhash-dev catch2 libbenchmark-dev
-  libhiredis-dev redis-server libyaml-cpp-dev libcpp-httplib-dev libpq-dev postgresql prometheus
+  libhiredis-dev redis-server redis-tools libyaml-cpp-dev libcpp-httplib-dev libpq-dev postgresql prometheus
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev)
