@@ -10,14 +10,23 @@
 // BM_EngineDocumentedExample / BM_TwoLimitersDocumentedExample: the documented two-rule example
 // through RedisRateLimitEngine::evaluate (one round trip) and as two limiter checks (two).
 //
+// BM_SluiceCheckCoalesced / BM_SluiceCheckUncoalesced: single-key checks (Client::check, what
+// RedisGcraLimiter::check runs) with ClientOptions::coalesce on and off, on the same keys and
+// limit as BM_SluiceCheck. They report `checks_per_call` (checks / EVALSHA calls) and
+// `server_us_per_check` (INFO commandstats usec of evalsha / checks), comparable with the
+// reference's `server_us_per_call` (one check per call). Their *SharedKeys variants spread all
+// threads over 4 keys (a hot per-route or per-tenant limit): a call then writes each key once.
+//
 // Usage: build/bench/bench/redis_bench [--benchmark_filter=...]
 // Starts redis-server from PATH in a temporary directory (unix socket) and kills it at exit.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
@@ -73,6 +82,7 @@ return s
 struct Fixture {
   sluice_test::RedisServer server;
   std::shared_ptr<sr::Client> client;
+  std::shared_ptr<sr::Client> uncoalesced;     // the same server, ClientOptions::coalesce off
   sr::detail::ConnectionPool* pool = nullptr;  // the client's own: baselines share its connections
   std::optional<sr::Limit> limit;
   std::string float_sha, floor_sha;
@@ -138,24 +148,37 @@ void reset_stats(benchmark::State& state) {
   run(state, std::span(&reset, 1));
 }
 
-// INFO commandstats usec_per_call of `cmdstat` since the last CONFIG RESETSTAT; -1 if absent.
-double server_usec_per_call(std::string_view cmdstat) {
+// INFO commandstats `field` (calls, usec, usec_per_call) of `cmdstat` since the last CONFIG
+// RESETSTAT; -1 if absent.
+double server_stat(std::string_view cmdstat, std::string_view field) {
   sluice_test::Reply info = fixture->server.command({"INFO", "commandstats"});
   if (!info || info->type != REDIS_REPLY_STRING) {
     return -1;
   }
   const std::string_view text(info->str, info->len);
   const std::size_t at = text.find("cmdstat_" + std::string(cmdstat) + ":");
-  const std::size_t value = at == std::string_view::npos ? at : text.find("usec_per_call=", at);
-  if (value == std::string_view::npos) {
+  const std::string tag = std::string(field) + "=";
+  std::size_t value = at;
+  while (value != std::string_view::npos) {  // `tag` after the colon or a comma
+    value = text.find(tag, value + 1);
+    if (value != std::string_view::npos && (text[value - 1] == ':' || text[value - 1] == ',')) {
+      break;
+    }
+  }
+  if (at == std::string_view::npos || value == std::string_view::npos) {
     return -1;
   }
-  double usec = -1;
-  const std::string_view number = text.substr(value + 14);
-  if (std::from_chars(number.data(), number.data() + number.size(), usec).ec != std::errc()) {
+  double number = -1;
+  const std::string_view rest = text.substr(value + tag.size());
+  if (std::from_chars(rest.data(), rest.data() + rest.size(), number).ec != std::errc()) {
     return -1;
   }
-  return usec;
+  return number;
+}
+
+// INFO commandstats usec_per_call of `cmdstat` since the last CONFIG RESETSTAT; -1 if absent.
+double server_usec_per_call(std::string_view cmdstat) {
+  return server_stat(cmdstat, "usec_per_call");
 }
 
 // Reports usec_per_call of `cmdstat` (thread 0, after the timed loop: all threads are done).
@@ -192,6 +215,62 @@ void BM_SluiceCheck(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations());
   report_server_cost(state, "evalsha");
+}
+
+// --- single-key checks, coalesced or not: checks per call and server-side cost per check --------
+
+std::atomic<std::int64_t> checks_done{0};  // by every thread of the running benchmark
+
+constexpr int kSharedKeys = 4;  // the *SharedKeys rows: every thread cycles over the same 4 keys
+
+void single_key_checks(benchmark::State& state, sr::Client& client, bool shared_keys) {
+  if (state.thread_index() == 0) {
+    checks_done = 0;
+  }
+  reset_stats(state);
+  std::vector<std::string> keys;
+  keys.reserve(kKeysPerThread);
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    keys.push_back(shared_keys
+                       ? "bench:shared:" + std::to_string((state.thread_index() + i) % kSharedKeys)
+                       : thread_key(state, i));
+  }
+  int i = 0;
+  for (auto _ : state) {
+    absl::StatusOr<sluice::Decision> d =
+        client.check({.key = keys[i++ % kKeysPerThread], .limit = &*fixture->limit});
+    if (!d.ok() || !d->allowed()) {
+      state.SkipWithError(d.ok() ? "denied" : d.status().ToString().c_str());
+      break;
+    }
+    checks_done.fetch_add(1, std::memory_order_relaxed);
+  }
+  state.SetItemsProcessed(state.iterations());
+  if (state.thread_index() != 0) {
+    return;
+  }
+  // Thread 0, after the timed loop: every thread's checks are counted.
+  const double calls = server_stat("evalsha", "calls");
+  const double usec = server_stat("evalsha", "usec");
+  const auto checks = static_cast<double>(checks_done.load());
+  if (calls > 0 && usec >= 0 && checks > 0) {
+    state.counters["server_us_per_call"] = usec / calls;
+    state.counters["checks_per_call"] = checks / calls;
+    state.counters["server_us_per_check"] = usec / checks;
+  }
+}
+
+void BM_SluiceCheckCoalesced(benchmark::State& state) {
+  single_key_checks(state, *fixture->client, false);
+}
+void BM_SluiceCheckUncoalesced(benchmark::State& state) {
+  single_key_checks(state, *fixture->uncoalesced, false);
+}
+void BM_SluiceCheckCoalescedSharedKeys(benchmark::State& state) {
+  single_key_checks(state, *fixture->client, true);
+}
+void BM_SluiceCheckUncoalescedSharedKeys(benchmark::State& state) {
+  single_key_checks(state, *fixture->uncoalesced, true);
 }
 
 void BM_FloatGcraReference(benchmark::State& state) {
@@ -474,6 +553,10 @@ void concurrency(benchmark::internal::Benchmark* b) {
   b->Threads(1)->Threads(8)->Threads(32)->UseRealTime()->MinTime(2.0);
 }
 BENCHMARK(BM_SluiceCheck)->Apply(concurrency);
+BENCHMARK(BM_SluiceCheckCoalesced)->Apply(concurrency);
+BENCHMARK(BM_SluiceCheckUncoalesced)->Apply(concurrency);
+BENCHMARK(BM_SluiceCheckCoalescedSharedKeys)->Threads(32)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_SluiceCheckUncoalescedSharedKeys)->Threads(32)->UseRealTime()->MinTime(2.0);
 BENCHMARK(BM_PlainGet)->Apply(concurrency);
 BENCHMARK(BM_FloatGcraReference)->Apply(concurrency);
 BENCHMARK(BM_FloorScript)->Apply(concurrency);
@@ -507,6 +590,12 @@ int main(int argc, char** argv) {
     fail(client.status().ToString());
   }
   fixture->client = *client;
+  options.coalesce = false;
+  auto uncoalesced = sr::Client::create(options);
+  if (!uncoalesced.ok()) {
+    fail(uncoalesced.status().ToString());
+  }
+  fixture->uncoalesced = *uncoalesced;
   fixture->pool = &fixture->client->pool_for_testing();
   // Never denies: every check reserves and writes, the expensive path.
   auto limit =

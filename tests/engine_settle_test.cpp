@@ -171,6 +171,7 @@ RedisEngine make_redis(const sluice_test::RedisFixture& server, sluice::ManualCl
       c.engine.consumption == sluice::ConsumptionMode::kEveryRule ? "every:" : "all:";
   auto client = sluice::redis::Client::create(options);
   REQUIRE(client.ok());
+  sluice_test::hold_keys(**client);
   auto engine = RedisEngine::create(
       c, {.client = *client, .time_for_testing = [clock] { return kEpoch + clock.now(); }});
   INFO(engine.status());

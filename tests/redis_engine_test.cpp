@@ -45,19 +45,10 @@ using MemoryEngine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice
 constexpr nanoseconds kT0 = std::chrono::seconds(1'700'000'000);  // server time, ns since epoch
 // A private redis-server (sluice_test::RedisFixture) and the engine tests' own probes of it.
 struct Server : sluice_test::RedisFixture {
-  // A client whose script keeps every key an hour longer than its windows need. The testing time
-  // hook moves the script's clock but not the server's, which expires keys by real time: a key
-  // with a few ms of debt left at the hooked time could vanish before a step that, at the hooked
-  // time, still sees that debt. In production the two clocks are one, and an expired key equals a
-  // full bucket. Only the expiry changes; every decision is the bundled script's.
+  // A client whose scripts keep every key an hour longer than its windows need (hold_keys).
   std::shared_ptr<sluice::redis::Client> client_holding_keys() const {
     std::shared_ptr<sluice::redis::Client> c = client();
-    std::string script(sluice::redis::kGcraScript);
-    const std::string_view ttl = "local ttl = q - q % 1 + 1\n";
-    const std::size_t at = script.find(ttl);
-    REQUIRE(at != std::string::npos);
-    script.insert(at + ttl.size() - 1, " + 3600000");
-    c->replace_script_for_testing(std::move(script));
+    sluice_test::hold_keys(*c);
     return c;
   }
   // The names of the commands that clients send while `body` runs (not those a script issues).

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "catch.hpp"
@@ -26,6 +27,23 @@
 #include "sluice/redis/options.hpp"
 
 namespace sluice_test {
+
+// Makes `client`'s scripts keep every key an hour longer than its windows need. The testing-time
+// hooks move the scripts' clock but not the server's, which expires keys by real time: a key with
+// a few ms of debt left at the hooked time could vanish before a step that, at the hooked time,
+// still sees that debt. In production the two clocks are one, and an expired key equals a full
+// bucket. Only the expiry changes; every decision is the bundled scripts'.
+inline void hold_keys(sluice::redis::Client& client) {
+  const auto longer = [](std::string script) {
+    const std::string_view ttl = "local ttl = q - q % 1 + 1\n";
+    const std::size_t at = script.find(ttl);
+    REQUIRE(at != std::string::npos);
+    script.insert(at + ttl.size() - 1, " + 3600000");
+    return script;
+  };
+  client.replace_script_for_testing(longer(client.script_for_testing()));
+  client.replace_booking_script_for_testing(longer(client.booking_script_for_testing()));
+}
 
 struct RedisFixture {
   RedisServer redis;

@@ -127,7 +127,7 @@ class RedisServer {
     return out;
   }
 
- private:
+  // A TCP port of 127.0.0.1 that was free a moment ago (0 if none).
   static int free_port() {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return 0;
@@ -145,6 +145,7 @@ class RedisServer {
     return port;
   }
 
+ private:
   // The first executable `name` on PATH, or "".
   static std::string find_in_path(const std::string& name) {
     const char* path = std::getenv("PATH");

@@ -18,12 +18,19 @@
 // loading or read-only), DeadlineExceeded (no reply within the command timeout, or no free
 // connection), Internal (a reply of the wrong shape). Never a silent allow; a command that may
 // have reached the server is never sent again.
-// Thread-safety: thread-safe, except `replace_script_for_testing`.
+// Cluster: with ClientOptions::cluster, the client reads the slot map from the node it is given,
+// keeps one pool per primary, sends each key's calls to its slot's node, and follows MOVED, ASK
+// and TRYAGAIN (replies after which the command did not run) by the same deadline.
+// Coalescing: concurrent single-key checks (`check`, what RedisGcraLimiter::check runs) to one
+// node share script calls while one is in flight (ClientOptions::coalesce), each still decided
+// on its own.
+// Thread-safety: thread-safe, except the `replace_*_for_testing` hooks.
 #ifndef SLUICE_REDIS_CLIENT_HPP_
 #define SLUICE_REDIS_CLIENT_HPP_
 
 #include <hiredis/hiredis.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +39,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>  // TRYAGAIN's pause
 #include <utility>
 #include <vector>
 
@@ -42,7 +50,10 @@
 #include "absl/strings/string_view.h"
 #include "sluice/decision.hpp"
 #include "sluice/detail/xxhash.hpp"
+#include "sluice/redis/detail/booking_args.hpp"
 #include "sluice/redis/detail/booking_script.hpp"
+#include "sluice/redis/detail/cluster.hpp"
+#include "sluice/redis/detail/coalescer.hpp"
 #include "sluice/redis/detail/command.hpp"
 #include "sluice/redis/detail/connection_pool.hpp"
 #include "sluice/redis/detail/script_call.hpp"
@@ -57,7 +68,8 @@ namespace sluice::redis {
 
 class Client {
  public:
-  // InvalidArgument for max_connections 0, a timeout ≤ 0, or a TCP port outside 1..65535.
+  // InvalidArgument for max_connections 0, a timeout ≤ 0, a TCP port outside 1..65535, or
+  // max_coalesced_checks outside 1..1000.
   // Connects lazily: creation succeeds while Redis is down.
   static absl::StatusOr<std::shared_ptr<Client>> create(ClientOptions options = {}) {
     const ConnectionOptions& c = options.connection;
@@ -71,14 +83,24 @@ class Client {
     if (c.unix_socket.empty() && (c.port <= 0 || c.port > 65535)) {
       return absl::InvalidArgumentError("sluice::redis: port must be in 1..65535");
     }
+    if (options.cluster && !c.unix_socket.empty()) {
+      return absl::InvalidArgumentError(
+          "sluice::redis: a Cluster is reached over TCP: set connection.host and port, not "
+          "unix_socket");
+    }
+    if (options.max_coalesced_checks == 0 || options.max_coalesced_checks > 1000) {
+      return absl::InvalidArgumentError("sluice::redis: max_coalesced_checks must be in 1..1000");
+    }
     return std::shared_ptr<Client>(new Client(std::move(options)));
   }
 
   // Evaluates every item in one script call: if every item is admitted, every item's cost is
   // reserved; if any is denied, nothing changes anywhere. Returns one decision per item: what a
   // lone check of that item would have answered (an item repeated in the batch sees the
-  // earlier occurrences' reservation). On one Redis node only: in a Cluster every key must hash
-  // to one slot. InvalidArgument when a cost exceeds its limit's max_cost().
+  // earlier occurrences' reservation). In a Cluster (ClientOptions::cluster), items of several
+  // slots are decided per slot, the nodes in parallel, and the costs the admitting slots booked
+  // are given back when another slot denies (docs/redis.md, "Redis Cluster"). InvalidArgument
+  // when a cost exceeds its limit's max_cost().
   absl::StatusOr<std::vector<Decision>> check_all(std::span<const CheckItem> items) {
     return run(items, std::nullopt);
   }
@@ -88,6 +110,16 @@ class Client {
   std::vector<absl::StatusOr<Decision>> check_pipelined(std::span<const CheckItem> items) {
     return run_pipelined(items, std::nullopt);
   }
+
+  // One single-key check, decided exactly as check_all of the one item. With options().coalesce
+  // (on one node), checks that start while another is in flight queue and share one script call
+  // (sluice/redis/detail/coalescer.hpp); a lone check is sent at once. One deadline from its
+  // start (command_timeout) covers the queue too: a check still queued at its deadline is
+  // DeadlineExceeded and consumed nothing; one whose call was sent but whose reply was lost may
+  // have been counted, as any check whose reply is lost.
+  absl::StatusOr<Decision> check(const CheckItem& item) { return check_one(item, std::nullopt); }
+  // Checks that went out in one script call together with at least one other check.
+  std::uint64_t coalesced_checks() const { return coalescer_.coalesced_checks(); }
 
   // Booking checks (for settling a cost later, as RedisRateLimitEngine's settlements do): as
   // check_all and check_pipelined at the server's TIME (or at `time`, ns since the Unix epoch,
@@ -136,6 +168,19 @@ class Client {
     command.add(booking_sha_);
     command.add("2");
     for (const std::string& arg : args) command.add(arg);
+    if (cluster_ != nullptr) {
+      Routed call{.slot = detail::key_slot(args[0]),
+                  .command = std::move(command),
+                  .script = booking_script_,
+                  .sha = booking_sha_};
+      exchange_cluster(std::span(&call, 1), deadline());
+      if (!call.reply.ok()) return call.reply.status();
+      const redisReply& reply = **call.reply;
+      if (reply.type == REDIS_REPLY_ERROR) {
+        return detail::server_error_status(std::string_view(reply.str, reply.len));
+      }
+      return std::move(call.reply);
+    }
     absl::StatusOr<detail::ConnectionPool::Lease> lease = pool_.acquire();
     if (!lease.ok()) {
       return lease.status();
@@ -150,7 +195,7 @@ class Client {
       detail::Command load;
       load.add("SCRIPT");
       load.add("LOAD");
-      load.add(detail::kBookingScript);
+      load.add(booking_script_);
       const detail::Command both[] = {load, command};
       replies = detail::exchange(*lease, both);
       if (!replies.ok()) {
@@ -211,21 +256,58 @@ class Client {
     }
     return run_pipelined(items, unix_time);
   }
+  // Testing hook: as check(), decided at `unix_time` (as above); it coalesces with concurrent
+  // checks at the same `unix_time`.
+  absl::StatusOr<Decision> check_at_for_testing(const CheckItem& item,
+                                                std::chrono::nanoseconds unix_time) {
+    if (unix_time < std::chrono::nanoseconds::zero()) {
+      return absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
+    }
+    return check_one(item, unix_time);
+  }
+  // Testing hook: `items` as the one script call that concurrent check()s of them, queued in
+  // this order, would share, at `unix_time`; one result per item.
+  std::vector<absl::StatusOr<Decision>> check_coalesced_at_for_testing(
+      std::span<const CheckItem> items, std::chrono::nanoseconds unix_time) {
+    std::vector<absl::StatusOr<Decision>> results(items.size(),
+                                                  absl::UnknownError("sluice::redis: not run"));
+    absl::Status status = validate(items);
+    if (status.ok() && unix_time < std::chrono::nanoseconds::zero()) {
+      status = absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
+    }
+    if (!status.ok()) {
+      std::fill(results.begin(), results.end(), status);
+      return results;
+    }
+    run_each(items, unix_time,
+             std::chrono::steady_clock::now() + options_.connection.command_timeout, results);
+    return results;
+  }
   // Testing hook: run `body` instead of the bundled script (to prove that wrong replies become
   // errors). Not thread-safe: call before any concurrent check.
   void replace_script_for_testing(std::string body) {
     script_ = std::move(body);
     script_sha_ = detail::sha1_hex(script_);
   }
+  // Testing hook: the same for the booking script (sluice/redis/detail/booking_script.hpp).
+  void replace_booking_script_for_testing(std::string body) {
+    booking_script_ = std::move(body);
+    booking_sha_ = detail::sha1_hex(booking_script_);
+  }
+  const std::string& script_for_testing() const noexcept { return script_; }
+  const std::string& booking_script_for_testing() const noexcept { return booking_script_; }
   detail::ConnectionPool& pool_for_testing() noexcept { return pool_; }
 
  private:
   explicit Client(ClientOptions options)
       : options_(std::move(options)),
         pool_(options_.connection),
+        cluster_(options_.cluster ? std::make_unique<detail::ClusterRouter>(options_.connection)
+                                  : nullptr),
         script_(kGcraScript),
         script_sha_(detail::sha1_hex(script_)),
-        booking_sha_(detail::sha1_hex(detail::kBookingScript)) {}
+        booking_script_(detail::kBookingScript),
+        booking_sha_(detail::sha1_hex(booking_script_)) {}
 
   static absl::Status validate(std::span<const CheckItem> items) {
     if (items.empty()) {
@@ -279,11 +361,22 @@ class Client {
   // Loads the script (pipelined with `retry`) after a NOSCRIPT; returns retry's reply.
   absl::StatusOr<detail::ReplyPtr> reload_and_retry(detail::ConnectionPool::Lease& lease,
                                                     const detail::Command& retry) {
+    return load_and_retry(lease, script_, script_sha_, retry, /*asking=*/false);
+  }
+  // Loads `script` (whose SHA-1 is `sha`) and sends `retry` again, pipelined on the same
+  // connection (after ASKING when `asking`); returns retry's reply.
+  static absl::StatusOr<detail::ReplyPtr> load_and_retry(detail::ConnectionPool::Lease& lease,
+                                                         std::string_view script,
+                                                         std::string_view sha,
+                                                         const detail::Command& retry,
+                                                         bool asking) {
     detail::Command load;
     load.add("SCRIPT");
     load.add("LOAD");
-    load.add(script_);
-    const detail::Command commands[] = {load, retry};
+    load.add(script);
+    std::vector<detail::Command> commands = {load};
+    if (asking) commands.push_back(asking_command());
+    commands.push_back(retry);
     absl::StatusOr<std::vector<detail::ReplyPtr>> replies = detail::exchange(lease, commands);
     if (!replies.ok()) {
       return replies.status();
@@ -292,11 +385,10 @@ class Client {
     if (loaded.type == REDIS_REPLY_ERROR) {
       return detail::server_error_status(std::string_view(loaded.str, loaded.len));
     }
-    if (loaded.type != REDIS_REPLY_STRING ||
-        std::string_view(loaded.str, loaded.len) != script_sha_) {
+    if (loaded.type != REDIS_REPLY_STRING || std::string_view(loaded.str, loaded.len) != sha) {
       return absl::InternalError("sluice::redis: SCRIPT LOAD returned an unexpected SHA-1");
     }
-    return std::move((*replies)[1]);
+    return std::move(replies->back());
   }
 
   // The reply to `command` once the server has the script: a NOSCRIPT is repaired on the same
@@ -326,6 +418,7 @@ class Client {
     if (absl::Status status = validate(items); !status.ok()) {
       return status;
     }
+    if (cluster_ != nullptr) return run_cluster(items, time, bookings);
     const detail::ScriptCall call = make_call(items, time, bookings != nullptr);
     const detail::Command command = call.evalsha(script_sha_);
     absl::StatusOr<detail::ConnectionPool::Lease> lease = pool_.acquire();
@@ -342,6 +435,46 @@ class Client {
       return reply.status();
     }
     return detail::decode_reply(items, **reply, bookings);
+  }
+
+  absl::StatusOr<Decision> check_one(const CheckItem& item,
+                                     std::optional<std::chrono::nanoseconds> time) {
+    const detail::Deadline deadline =
+        std::chrono::steady_clock::now() + options_.connection.command_timeout;
+    if (!options_.coalesce || options_.cluster) {
+      absl::StatusOr<std::vector<Decision>> d = run(std::span(&item, 1), time);
+      if (!d.ok()) return d.status();
+      return (*d)[0];
+    }
+    if (absl::Status status = validate(std::span(&item, 1)); !status.ok()) return status;
+    return coalescer_.check(
+        item, time, deadline,
+        [this](std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> at,
+               detail::Deadline by,
+               std::span<absl::StatusOr<Decision>> results) { run_each(items, at, by, results); });
+  }
+
+  // One script call, by `deadline`, for single-key checks that coalesced: a lone check's call for
+  // one item, the independent-items mode (sluice/redis/script.hpp) for several. Never resent.
+  void run_each(std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
+                detail::Deadline deadline, std::span<absl::StatusOr<Decision>> results) {
+    const detail::ScriptCall call = make_call(items, time, /*marked=*/false);
+    detail::Command command = call.evalsha(script_sha_);
+    if (items.size() > 1) command.add(kIndependentItems);
+    absl::StatusOr<detail::ConnectionPool::Lease> lease = pool_.acquire(deadline);
+    absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
+        lease.ok() ? detail::exchange(*lease, std::span<const detail::Command>(&command, 1))
+                   : lease.status();
+    absl::StatusOr<detail::ReplyPtr> reply =
+        replies.ok() ? settle(*lease, std::move((*replies)[0]), command) : replies.status();
+    if (!reply.ok()) {
+      std::fill(results.begin(), results.end(), reply.status());
+      return;
+    }
+    detail::decode_independent_replies(items, **reply, results);
+    for (std::size_t i = 0; (*reply)->type == REDIS_REPLY_ARRAY && i < (*reply)->elements; ++i) {
+      if (needs_new_connection(*(*reply)->element[i])) lease->mark_broken();  // e.g. READONLY
+    }
   }
 
   // `bookings`, when set, has one entry per item, filled for each item decided.
@@ -361,6 +494,30 @@ class Client {
       sent.push_back(i);
     }
     if (calls.empty()) {
+      return results;
+    }
+    if (cluster_ != nullptr) {
+      std::vector<Routed> routed;
+      routed.reserve(calls.size());
+      for (const detail::ScriptCall& call : calls) {
+        routed.push_back({.slot = detail::key_slot(call.keys[0]),
+                          .command = call.evalsha(script_sha_),
+                          .script = script_,
+                          .sha = script_sha_});
+      }
+      exchange_cluster(routed, deadline());
+      for (std::size_t k = 0; k < sent.size(); ++k) {
+        if (!routed[k].reply.ok()) {
+          results[sent[k]] = routed[k].reply.status();
+          continue;
+        }
+        std::vector<detail::ItemBooking> booked;
+        absl::StatusOr<std::vector<Decision>> one = detail::decode_reply(
+            items.subspan(sent[k], 1), **routed[k].reply, bookings != nullptr ? &booked : nullptr);
+        if (one.ok() && bookings != nullptr) (*bookings)[sent[k]] = std::move(booked[0]);
+        results[sent[k]] =
+            one.ok() ? absl::StatusOr<Decision>((*one)[0]) : absl::StatusOr<Decision>(one.status());
+      }
       return results;
     }
     std::vector<detail::Command> commands;
@@ -411,11 +568,276 @@ class Client {
     }
   }
 
+  // --- Redis Cluster ---------------------------------------------------------------------------
+
+  // One command of a Cluster call: the slot it serves, the command, the script to load if the
+  // node answers NOSCRIPT (and its SHA-1), and its reply once answered.
+  struct Routed {
+    std::size_t slot = 0;
+    detail::Command command;
+    std::string_view script;
+    std::string_view sha;
+    absl::StatusOr<detail::ReplyPtr> reply = absl::UnknownError("sluice::redis: not sent");
+  };
+  // Redirections followed per command at most (a slot moved twice during one check is rare).
+  static constexpr int kMaxRedirects = 5;
+
+  detail::Deadline deadline() const {
+    return std::chrono::steady_clock::now() + options_.connection.command_timeout;
+  }
+
+  // Sends every call to the node serving its slot: one pipelined write per node, all written
+  // before any is read, so the nodes work in parallel (one round trip of the slowest); then
+  // follows MOVED, ASK and TRYAGAIN replies one command at a time. Those replies mean the command
+  // did not run, so sending it again is safe; nothing else is ever sent twice.
+  void exchange_cluster(std::span<Routed> calls, detail::Deadline deadline) {
+    std::vector<NodeBatch> batches;
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      absl::StatusOr<detail::ConnectionPool*> pool =
+          cluster_->pool_for_slot(calls[i].slot, deadline);
+      if (!pool.ok()) {
+        calls[i].reply = pool.status();
+        continue;
+      }
+      auto batch = std::find_if(batches.begin(), batches.end(),
+                                [&](const NodeBatch& b) { return b.pool == *pool; });
+      if (batch == batches.end()) {
+        batches.push_back({.pool = *pool, .which = {i}});
+      } else {
+        batch->which.push_back(i);
+      }
+    }
+    for (NodeBatch& b : batches) write_batch(calls, b, deadline);
+    for (NodeBatch& b : batches) read_batch(calls, b);
+    for (Routed& call : calls) follow_redirects(call, deadline);
+  }
+
+  // Calls for one node: written together, then read together.
+  struct NodeBatch {
+    detail::ConnectionPool* pool = nullptr;
+    std::vector<std::size_t> which;  // indices into the calls
+    bool asking = false;             // ASKING first (one call after an ASK redirection)
+    std::unique_ptr<detail::ConnectionPool::Lease> lease{};  // set while its replies are due
+  };
+
+  void write_batch(std::span<Routed> calls, NodeBatch& b, detail::Deadline deadline) {
+    absl::StatusOr<detail::ConnectionPool::Lease> lease = b.pool->acquire(deadline);
+    if (!lease.ok()) {
+      for (std::size_t i : b.which) calls[i].reply = lease.status();
+      cluster_->mark_stale();  // a node that cannot be reached may have failed over
+      return;
+    }
+    b.lease = std::make_unique<detail::ConnectionPool::Lease>(*std::move(lease));
+    std::vector<detail::Command> commands;
+    if (b.asking) commands.push_back(asking_command());
+    for (std::size_t i : b.which) commands.push_back(calls[i].command);
+    if (absl::Status sent = detail::send(*b.lease, commands); !sent.ok()) {
+      for (std::size_t i : b.which) calls[i].reply = sent;
+      cluster_->mark_stale();
+      b.lease.reset();
+    }
+  }
+
+  void read_batch(std::span<Routed> calls, NodeBatch& b) {
+    if (!b.lease) return;
+    detail::ConnectionPool::Lease& lease = *b.lease;
+    const std::size_t offset = b.asking ? 1 : 0;
+    absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
+        detail::receive(lease, b.which.size() + offset);
+    if (!replies.ok()) {
+      for (std::size_t i : b.which) calls[i].reply = replies.status();
+      cluster_->mark_stale();
+      b.lease.reset();
+      return;
+    }
+    for (std::size_t k = 0; k < b.which.size(); ++k) {
+      Routed& call = calls[b.which[k]];
+      detail::ReplyPtr reply = std::move((*replies)[k + offset]);
+      if (is_noscript(*reply)) {
+        if (lease.get() == nullptr) {
+          call.reply = absl::UnavailableError("sluice::redis: connection lost");
+          continue;
+        }
+        absl::StatusOr<detail::ReplyPtr> retried =
+            load_and_retry(lease, call.script, call.sha, call.command, b.asking);
+        if (!retried.ok()) {
+          call.reply = retried.status();
+          continue;
+        }
+        reply = std::move(*retried);
+      }
+      if (is_node_state_error(*reply)) {
+        lease.mark_broken();
+        cluster_->mark_stale();
+      }
+      call.reply = std::move(reply);
+    }
+    b.lease.reset();  // back to the pool
+  }
+
+  // While `call`'s reply is MOVED, ASK or TRYAGAIN: sends it again where the reply says (MOVED
+  // also repoints the slot; TRYAGAIN, a multi-key command meeting a slot in migration, waits a
+  // millisecond), by the same deadline, at most kMaxRedirects times.
+  void follow_redirects(Routed& call, detail::Deadline deadline) {
+    for (int hop = 0;
+         hop < kMaxRedirects && call.reply.ok() && detail::is_redirect_or_retry(**call.reply);
+         ++hop) {
+      const std::optional<detail::Redirect> to = detail::parse_redirect(**call.reply);
+      detail::ConnectionPool* pool = nullptr;
+      if (to) {
+        if (!to->ask) cluster_->moved(*to);
+        pool = cluster_->pool_for_address(to->host, to->port);
+        if (pool == nullptr) {
+          call.reply = absl::UnavailableError("sluice::redis: too many Cluster node addresses");
+          return;
+        }
+      } else {
+        if (detail::time_left(deadline) <= std::chrono::milliseconds(2)) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        absl::StatusOr<detail::ConnectionPool*> p = cluster_->pool_for_slot(call.slot, deadline);
+        if (!p.ok()) {
+          call.reply = p.status();
+          return;
+        }
+        pool = *p;
+      }
+      NodeBatch b{.pool = pool, .which = {0}, .asking = to.has_value() && to->ask};
+      write_batch(std::span(&call, 1), b, deadline);
+      read_batch(std::span(&call, 1), b);
+    }
+  }
+
+  // check_all in a Cluster. Items of one slot are one script call, as on one node. Items of
+  // several slots are one booking check per slot, sent to their nodes in parallel; if any slot
+  // denies (or fails), what the admitting slots booked is given back by the booking script
+  // (all-or-nothing, except for a slot whose reply was lost: whether it booked is unknown).
+  absl::StatusOr<std::vector<Decision>> run_cluster(std::span<const CheckItem> items,
+                                                    std::optional<std::chrono::nanoseconds> time,
+                                                    std::vector<detail::ItemBooking>* bookings) {
+    std::vector<std::pair<std::size_t, std::vector<std::size_t>>> groups;  // slot, items
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const std::size_t slot = detail::key_slot(redis_key(items[i].key, *items[i].limit));
+      auto group = std::find_if(groups.begin(), groups.end(),
+                                [&](const auto& g) { return g.first == slot; });
+      if (group == groups.end()) {
+        groups.push_back({slot, {i}});
+      } else {
+        group->second.push_back(i);
+      }
+    }
+    const bool several = groups.size() > 1;
+    const bool marked = bookings != nullptr || several;
+    std::vector<std::vector<CheckItem>> group_items(groups.size());
+    std::vector<detail::ScriptCall> scripts;
+    std::vector<Routed> routed;
+    scripts.reserve(groups.size());
+    routed.reserve(groups.size());
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      for (std::size_t i : groups[g].second) group_items[g].push_back(items[i]);
+      scripts.push_back(make_call(group_items[g], time, marked));
+      routed.push_back({.slot = groups[g].first,
+                        .command = scripts.back().evalsha(script_sha_),
+                        .script = script_,
+                        .sha = script_sha_});
+    }
+    exchange_cluster(routed, deadline());
+    std::vector<Decision> decisions(items.size());
+    std::vector<detail::ItemBooking> booked(items.size());
+    std::vector<bool> admitted(groups.size(), false);
+    absl::Status error;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      absl::StatusOr<std::vector<Decision>> d =
+          routed[g].reply.ok() ? absl::StatusOr<std::vector<Decision>>(absl::UnknownError(""))
+                               : routed[g].reply.status();
+      std::vector<detail::ItemBooking> b;
+      if (routed[g].reply.ok()) {
+        d = detail::decode_reply(group_items[g], **routed[g].reply, marked ? &b : nullptr);
+      }
+      if (!d.ok()) {
+        if (error.ok()) error = d.status();
+        continue;
+      }
+      admitted[g] =
+          std::all_of(d->begin(), d->end(), [](const Decision& x) { return x.allowed(); });
+      for (std::size_t k = 0; k < groups[g].second.size(); ++k) {
+        decisions[groups[g].second[k]] = (*d)[k];
+        if (marked) booked[groups[g].second[k]] = std::move(b[k]);
+      }
+    }
+    const bool all =
+        error.ok() && std::all_of(admitted.begin(), admitted.end(), [](bool a) { return a; });
+    if (several && !all) {
+      give_back(items, groups, admitted, booked, time);
+    }
+    if (!error.ok()) return error;
+    if (bookings != nullptr) *bookings = std::move(booked);
+    return decisions;
+  }
+
+  // Gives back, with the booking script, every cost the admitted groups booked. Best effort: a
+  // give-back that fails leaves its cost taken (never more admitted than the limit).
+  void give_back(std::span<const CheckItem> items,
+                 std::span<const std::pair<std::size_t, std::vector<std::size_t>>> groups,
+                 const std::vector<bool>& admitted, std::span<const detail::ItemBooking> booked,
+                 std::optional<std::chrono::nanoseconds> time) {
+    std::vector<std::vector<std::string>> args;
+    std::vector<std::size_t> slots;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      if (!admitted[g]) continue;
+      for (std::size_t i : groups[g].second) {
+        if (items[i].cost == 0) continue;
+        const std::string key = redis_key(items[i].key, *items[i].limit);
+        std::vector<std::string>& a = args.emplace_back();
+        a = {key,
+             absl::StrCat(key, ":reset"),
+             "g",
+             "",
+             "",
+             detail::booking_params(*items[i].limit, items[i].cost),
+             detail::give_back_extra(*items[i].limit, booked[i].serial, detail::kNeverPasses,
+                                     booked[i].tats)};
+        if (time) set_time_args(*time, a[3], a[4]);
+        slots.push_back(groups[g].first);
+      }
+    }
+    std::vector<Routed> calls;
+    calls.reserve(args.size());
+    for (std::size_t k = 0; k < args.size(); ++k) {
+      detail::Command command;
+      command.add("EVALSHA");
+      command.add(booking_sha_);
+      command.add("2");
+      for (const std::string& arg : args[k]) command.add(arg);
+      calls.push_back({.slot = slots[k],
+                       .command = std::move(command),
+                       .script = booking_script_,
+                       .sha = booking_sha_});
+    }
+    if (!calls.empty()) exchange_cluster(calls, deadline());
+  }
+
+  static detail::Command asking_command() {
+    detail::Command c;
+    c.add("ASKING");
+    return c;
+  }
+
+  // READONLY (a replica), MASTERDOWN, LOADING, CLUSTERDOWN: this node cannot serve now.
+  static bool is_node_state_error(const redisReply& reply) {
+    if (reply.type != REDIS_REPLY_ERROR) return false;
+    const std::string_view error(reply.str, reply.len);
+    const std::string_view code = error.substr(0, error.find(' '));
+    return code == "READONLY" || code == "MASTERDOWN" || code == "LOADING" || code == "CLUSTERDOWN";
+  }
+
   const ClientOptions options_;
-  detail::ConnectionPool pool_;
+  detail::ConnectionPool pool_;                     // one node (unused in Cluster mode)
+  std::unique_ptr<detail::ClusterRouter> cluster_;  // Cluster mode: a pool per node
   std::string script_;
   std::string script_sha_;
+  std::string booking_script_;
   std::string booking_sha_;
+  detail::Coalescer coalescer_{options_.max_coalesced_checks};  // single-key checks, one node
 };
 
 }  // namespace sluice::redis

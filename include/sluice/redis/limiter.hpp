@@ -28,7 +28,6 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -78,15 +77,11 @@ class RedisGcraLimiter {
   }
 
   // cost 0 peeks (reports availability, changes nothing); a cost above the smallest burst is
-  // InvalidArgument. One round trip, bounded by the client's timeouts.
+  // InvalidArgument. One round trip, bounded by the client's timeouts; concurrent checks share
+  // script calls when the client coalesces (ClientOptions::coalesce), each decided on its own.
   absl::StatusOr<Decision> check(std::string_view key, std::uint64_t cost = 1) {
     if (time_) return check_at_for_testing(key, cost, *time_);
-    const CheckItem item{.key = key, .limit = &limit_, .cost = cost};
-    absl::StatusOr<std::vector<Decision>> d = client_->check_all(std::span(&item, 1));
-    if (!d.ok()) {
-      return d.status();
-    }
-    return (*d)[0];
+    return client_->check({.key = key, .limit = &limit_, .cost = cost});
   }
 
   // The key's state without consuming anything: exactly what check(key, 0) reports (see
@@ -294,13 +289,7 @@ class RedisGcraLimiter {
   // Unix epoch). Production code never calls it.
   absl::StatusOr<Decision> check_at_for_testing(std::string_view key, std::uint64_t cost,
                                                 std::chrono::nanoseconds unix_time) {
-    const CheckItem item{.key = key, .limit = &limit_, .cost = cost};
-    absl::StatusOr<std::vector<Decision>> d =
-        client_->check_all_at_for_testing(std::span(&item, 1), unix_time);
-    if (!d.ok()) {
-      return d.status();
-    }
-    return (*d)[0];
+    return client_->check_at_for_testing({.key = key, .limit = &limit_, .cost = cost}, unix_time);
   }
 
   // Sorted shortest period first; Decision::binding_window indexes this.

@@ -55,6 +55,17 @@ struct ClientOptions {
   // Seeds the key digest. Every replica sharing limits must use the same seed; keep it secret so
   // clients cannot aim their keys at one Cluster slot.
   std::uint64_t key_seed = 0;
+  // Redis Cluster: `connection` names one node (host and port, not a unix socket) to learn the
+  // slot map from; each key then goes to the node serving its slot, every node with a pool of
+  // `connection`'s options. See Client for what is atomic across nodes.
+  bool cluster = false;
+  // Single-key checks (RedisGcraLimiter::check and inspect) that start while another is in
+  // flight queue and go out together as one script call: one TIME, up to max_coalesced_checks
+  // keys, each check decided on its own exactly as separate checks in that order would be. A
+  // lone check is sent at once. Each keeps its own command_timeout. Not in Cluster mode (one
+  // script's keys must share a slot). check_all and the bookings are never coalesced.
+  bool coalesce = true;
+  std::size_t max_coalesced_checks = 64;  // 1..1000: bounds one call's arguments and reply
 };
 
 }  // namespace sluice::redis

@@ -14,6 +14,13 @@
 //        A booking check (one that records what it took, to settle the cost later) passes 2k
 //        keys: key_1 .. key_k, then each key's reset marker (`<key>:reset`, see the booking
 //        script), and its reply ends with each marker's count.
+//        Independent items: `kIndependentItems` ("each") after params_k. Every item is then
+//        decided at its turn exactly as k separate checks in this order at the one `now`
+//        would be (a key repeated later sees the earlier consumption), and each key left
+//        changed is written once; the reply is an array of k elements, element i being item
+//        i's reply as a lone check's (below) or that item's own error (a key of another type;
+//        a write the server refuses, OOM or READONLY, as it would refuse each lone check's).
+//        Never atomic across items; not for booking checks.
 //
 // Units and layout (all numbers are IEEE doubles holding integers below 2^53, packed
 // little-endian with Redis's bundled `struct` library, so every value is exact):
@@ -51,27 +58,23 @@ else
   now_s, now_ns = tonumber(ARGV[1]), tonumber(ARGV[2])
 end
 local sunpack, spack = struct.unpack, struct.pack
+local each = ARGV[#ARGV] == 'each'
 local nkeys = #ARGV - 2
--- A booking check names each item's reset marker after the state keys.
-local marked = #KEYS == 2 * nkeys
-local pending, ttls, order, seen
-if nkeys > 1 then pending, ttls, order, seen = {}, {}, {}, {} end
-if marked and not ttls then ttls = {} end
-local all, s = 1, nil
-for i = 1, nkeys do
-  local key, p = KEYS[i], ARGV[i + 2]
+if each then nkeys = nkeys - 1 end
+-- One item (parameters p) against its key's state s (false: none). Returns an error message;
+-- or nil, the verdict, and for an admitted item that consumes, its new state and its time to
+-- live (ms).
+local function decide(p, s)
   local n = #p / 40
-  if n < 1 or n % 1 ~= 0 then return redis.error_reply('sluice: malformed parameters') end
-  s = pending and pending[key]
-  if not s then s = redis.call('GET', key) end
+  if n < 1 or n % 1 ~= 0 then return 'sluice: malformed parameters' end
   -- ts, tns: the time this item is decided at (now, or the key's later write time: a clock
   -- that went back replenishes nothing); e: ns elapsed since the key's write.
   local ts, tns, e = now_s, now_ns, 0
   if s then
-    if #s ~= 16 + 16 * n then return redis.error_reply('sluice: state of unexpected size') end
+    if #s ~= 16 + 16 * n then return 'sluice: state of unexpected size' end
     local ws, wns = sunpack('<dd', s)
     if not (ws >= 0 and ws <= 1e10 and wns >= 0 and wns < 1e9 and wns % 1 == 0) then
-      return redis.error_reply('sluice: corrupt state')
+      return 'sluice: corrupt state'
     end
     if now_s < ws or (now_s == ws and now_ns < wns) then
       ts, tns = ws, wns
@@ -79,7 +82,6 @@ for i = 1, nkeys do
       e = (now_s - ws) * 1e9 + (now_ns - wns)
     end
   end
-  if seen then seen[i] = s and '1' .. s or '0' end
   local ok, consumes, most, packed = true, false, 0, ''
   local d, f
   for w = 1, n do
@@ -88,7 +90,7 @@ for i = 1, nkeys do
     if s then
       d, f = sunpack('<dd', s, 16 * w + 1)
       if not (d >= 0 and d <= 4503599627370496 and f >= 0 and f < r) then
-        return redis.error_reply('sluice: corrupt state')
+        return 'sluice: corrupt state'
       end
       d = d - e
       if d < 0 then d, f = 0, 0 end
@@ -100,14 +102,72 @@ for i = 1, nkeys do
     if n > 1 then packed = packed .. spack('<dd', d, f) end
     if d > most then most = d end
   end
+  if not (ok and consumes) then return nil, ok end
+  if n == 1 then packed = spack('<dddd', ts, tns, d, f) else packed = spack('<dd', ts, tns) .. packed end
+  -- Expire when every window is full again: ms, rounded up, from the server's clock.
+  local q = ((ts - now_s) * 1e9 + (tns - now_ns) + most) / 1e6
+  local ttl = q - q % 1 + 1
+  if ttl > 1e10 then ttl = 1e10 end
+  return nil, true, packed, ttl
+end
+if each then
+  -- Independent items: each decided at its turn, as separate checks in this order would be (a
+  -- repeated key sees the earlier occurrence's consumption); each item's reply or error. Until a
+  -- write has succeeded, an admitted item writes at once and a refused write (OOM, READONLY) is
+  -- its error, as a lone check's would be. After one has, Redis refuses no later write of this
+  -- script: each key changed since is written once, at the end, with its last state and TTL.
+  local head = {[true] = spack('<ddd', 1, now_s, now_ns), [false] = spack('<ddd', 0, now_s, now_ns)}
+  local got, known, replies = redis.call('MGET', unpack(KEYS)), {}, {}
+  local wrote, dirty, ttls = false, {}, {}
+  for i = 1, nkeys do
+    local key = KEYS[i]
+    -- MGET reads a key of another type as nil: only GET tells it from no key.
+    local s = known[key]
+    if s == nil then s = got[i] or redis.pcall('GET', key) end
+    local err, ok, packed, ttl
+    if type(s) == 'table' then
+      err = s.err
+    else
+      err, ok, packed, ttl = decide(ARGV[i + 2], s)
+      if packed and not wrote then
+        local set = redis.pcall('SET', key, packed, 'PX', ttl)
+        if set.err then err = set.err else wrote = true end
+      elseif packed then
+        if not ttls[key] then dirty[#dirty + 1] = key end
+        ttls[key] = ttl
+      end
+      if not err then known[key] = packed or s end
+    end
+    if err then
+      replies[i] = redis.error_reply(err)
+    elseif s then
+      replies[i] = head[ok] .. '1' .. s
+    else
+      replies[i] = head[ok] .. '0'
+    end
+  end
+  for j = 1, #dirty do
+    local key = dirty[j]
+    redis.call('SET', key, known[key], 'PX', ttls[key])
+  end
+  return replies
+end
+-- A booking check names each item's reset marker after the state keys.
+local marked = #KEYS == 2 * nkeys
+local pending, ttls, order, seen
+if nkeys > 1 then pending, ttls, order, seen = {}, {}, {}, {} end
+if marked and not ttls then ttls = {} end
+local all, s = 1, nil
+for i = 1, nkeys do
+  local key = KEYS[i]
+  s = pending and pending[key]
+  if not s then s = redis.call('GET', key) end
+  if seen then seen[i] = s and '1' .. s or '0' end
+  local err, ok, packed, ttl = decide(ARGV[i + 2], s)
+  if err then return redis.error_reply(err) end
   if not ok then
     all = 0
-  elseif consumes then
-    if n == 1 then packed = spack('<dddd', ts, tns, d, f) else packed = spack('<dd', ts, tns) .. packed end
-    -- Expire when every window is full again: ms, rounded up, from the server's clock.
-    local q = ((ts - now_s) * 1e9 + (tns - now_ns) + most) / 1e6
-    local ttl = q - q % 1 + 1
-    if ttl > 1e10 then ttl = 1e10 end
+  elseif packed then
     if ttls then ttls[key] = ttl end
     if nkeys == 1 then
       redis.call('SET', key, packed, 'PX', ttl)
@@ -143,6 +203,9 @@ if all == 1 then
 end
 return spack('<ddd', all, now_s, now_ns) .. table.concat(seen) .. serials
 )lua";
+
+// The tag that, after the parameters, selects the independent-items mode (see above).
+inline constexpr std::string_view kIndependentItems = "each";
 
 }  // namespace sluice::redis
 

@@ -32,6 +32,24 @@ inline absl::StatusOr<std::vector<ReplyPtr>> exchange(ConnectionPool::Lease& lea
   return replies;
 }
 
+// The two halves of `exchange`, for talking to several connections at once: write to each, then
+// read from each. Each closes the connection on an error.
+inline absl::Status send(ConnectionPool::Lease& lease, std::span<const Command> commands) {
+  absl::Status sent = send_on(lease.get(), lease.deadline(), commands);
+  if (!sent.ok()) {
+    lease.mark_broken();
+  }
+  return sent;
+}
+inline absl::StatusOr<std::vector<ReplyPtr>> receive(ConnectionPool::Lease& lease,
+                                                     std::size_t count) {
+  absl::StatusOr<std::vector<ReplyPtr>> replies = receive_on(lease.get(), lease.deadline(), count);
+  if (!replies.ok()) {
+    lease.mark_broken();
+  }
+  return replies;
+}
+
 }  // namespace sluice::redis::detail
 
 #endif  // SLUICE_REDIS_DETAIL_COMMAND_HPP_

@@ -96,10 +96,10 @@ class SocketDeadline {
   std::chrono::steady_clock::time_point armed_at_{};
 };
 
-// Sends `commands` in one write (pipelined) and reads one reply per command, all by `end`. After
-// an error the connection is unusable (a reply may be half read): the caller closes it.
-inline absl::StatusOr<std::vector<ReplyPtr>> exchange_on(redisContext* context, Deadline end,
-                                                         std::span<const Command> commands) {
+// Sends `commands` in one write (pipelined), by `end`. After an error the connection is unusable:
+// the caller closes it.
+inline absl::Status send_on(redisContext* context, Deadline end,
+                            std::span<const Command> commands) {
   SigpipeGuard guard;
   SocketDeadline deadline(*context, end);
   const auto fail = [&](absl::Status status) {
@@ -121,25 +121,43 @@ inline absl::StatusOr<std::vector<ReplyPtr>> exchange_on(redisContext* context, 
       return fail(io_status(*context, errno, "write"));
     }
   }
+  return absl::OkStatus();
+}
+
+// Reads `count` replies (to commands sent before), by `end`. After an error the connection is
+// unusable (a reply may be half read): the caller closes it.
+inline absl::StatusOr<std::vector<ReplyPtr>> receive_on(redisContext* context, Deadline end,
+                                                        std::size_t count) {
+  SocketDeadline deadline(*context, end);
   std::vector<ReplyPtr> replies;
-  replies.reserve(commands.size());
-  while (replies.size() < commands.size()) {
+  replies.reserve(count);
+  while (replies.size() < count) {
     void* reply = nullptr;
     if (redisGetReplyFromReader(context, &reply) != REDIS_OK) {
-      return fail(io_status(*context, errno, "reply"));
+      return io_status(*context, errno, "reply");
     }
     if (reply != nullptr) {
       replies.emplace_back(static_cast<redisReply*>(reply));
       continue;
     }
     if (absl::Status armed = deadline.arm(); !armed.ok()) {
-      return fail(armed);
+      return armed;
     }
     if (redisBufferRead(context) != REDIS_OK) {
-      return fail(io_status(*context, errno, "read"));
+      return io_status(*context, errno, "read");
     }
   }
   return replies;
+}
+
+// Sends `commands` in one write (pipelined) and reads one reply per command, all by `end`. After
+// an error the connection is unusable (a reply may be half read): the caller closes it.
+inline absl::StatusOr<std::vector<ReplyPtr>> exchange_on(redisContext* context, Deadline end,
+                                                         std::span<const Command> commands) {
+  if (absl::Status sent = send_on(context, end, commands); !sent.ok()) {
+    return sent;
+  }
+  return receive_on(context, end, commands.size());
 }
 
 }  // namespace sluice::redis::detail

@@ -8,6 +8,7 @@
 //
 //   absl::StatusOr<std::vector<sluice::Decision>> decisions =
 //       sluice::redis::detail::decode_reply(items, *reply);  // one decision per item
+//   sluice::redis::detail::decode_independent_replies(items, *reply, results);  // one per item
 //
 // Complexity: O(items × windows). Thread-safety: pure functions.
 #ifndef SLUICE_REDIS_DETAIL_SCRIPT_REPLY_HPP_
@@ -239,6 +240,36 @@ inline absl::StatusOr<std::vector<Decision>> decode_reply(
     return malformed_reply();
   }
   return decisions;
+}
+
+// One item's decision from a lone check's reply (decode_reply's rules).
+inline absl::StatusOr<Decision> decode_one(const CheckItem& item, const redisReply& reply) {
+  absl::StatusOr<std::vector<Decision>> d = decode_reply(std::span(&item, 1), reply);
+  if (!d.ok()) {
+    return d.status();
+  }
+  return (*d)[0];
+}
+
+// One result per item of a call of independent single-key checks: for one item, a lone check's
+// reply; for several, the independent-items reply (sluice/redis/script.hpp), an array of each
+// item's own reply or error, each decoded and cross-checked as a lone check's. An error reply
+// or an array of the wrong size is every item's status.
+inline void decode_independent_replies(std::span<const CheckItem> items, const redisReply& reply,
+                                       std::span<absl::StatusOr<Decision>> results) {
+  if (items.size() == 1) {
+    results[0] = decode_one(items[0], reply);
+    return;
+  }
+  absl::Status whole;
+  if (reply.type == REDIS_REPLY_ERROR) {
+    whole = server_error_status(std::string_view(reply.str, reply.len));
+  } else if (reply.type != REDIS_REPLY_ARRAY || reply.elements != items.size()) {
+    whole = malformed_reply();
+  }
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    results[i] = whole.ok() ? decode_one(items[i], *reply.element[i]) : whole;
+  }
 }
 
 }  // namespace sluice::redis::detail

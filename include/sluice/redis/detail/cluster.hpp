@@ -1,0 +1,340 @@
+// sluice/redis/detail/cluster.hpp — Redis Cluster routing: key slots, the slot map, one
+// connection pool per node, redirections. Internal: `Client` owns one in Cluster mode.
+//
+// A key's slot is CRC16 (XMODEM) of its hash tag (the text between the first '{' and the next
+// '}', when not empty) or of the whole key, modulo 16384: the same function as the server's.
+// The slot map comes from CLUSTER SLOTS, asked of any node this router knows (the seed first);
+// each node that owns slots gets a ConnectionPool of its own, opened lazily, with the seed's
+// options (timeouts, max_connections, memory check) and the node's address. A MOVED reply
+// repoints that one slot at once and makes the next call refresh the whole map (at most one
+// refresh at a time, and at most one per kMinRefreshInterval unless a slot is unknown); a node
+// that cannot be reached makes the next call refresh too, which is how a failover is found.
+//
+// Bounds: at most kMaxNodes distinct node addresses (an address a reply names beyond that is
+// refused, never connected to), 16384 slot entries, a refresh reads at most one reply.
+//
+//   sluice::redis::detail::ClusterRouter router(connection_options);  // the seed node
+//   absl::StatusOr<sluice::redis::detail::ConnectionPool*> pool =
+//       router.pool_for_slot(sluice::redis::detail::key_slot(key), deadline);
+//
+// Thread-safety: thread-safe. Pools live as long as the router: a lease never outlives it.
+#ifndef SLUICE_REDIS_DETAIL_CLUSTER_HPP_
+#define SLUICE_REDIS_DETAIL_CLUSTER_HPP_
+
+#include <hiredis/hiredis.h>
+
+#include <array>
+#include <charconv>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "sluice/detail/mutex.hpp"
+#include "sluice/redis/detail/command.hpp"
+#include "sluice/redis/detail/connection_pool.hpp"
+#include "sluice/redis/detail/io.hpp"
+#include "sluice/redis/options.hpp"
+
+namespace sluice::redis::detail {
+
+inline constexpr std::size_t kClusterSlots = 16384;
+
+// CRC16-CCITT (XMODEM: polynomial 0x1021, initial 0), the checksum Redis Cluster hashes keys
+// with. Neither hiredis nor Abseil exposes it, so it is written here, table-driven.
+inline constexpr std::array<std::uint16_t, 256> kCrc16Table = [] {
+  std::array<std::uint16_t, 256> table{};
+  for (std::uint32_t i = 0; i < 256; ++i) {
+    std::uint32_t crc = i << 8;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc & 0x8000) != 0 ? (crc << 1) ^ 0x1021 : crc << 1;
+    table[i] = static_cast<std::uint16_t>(crc);
+  }
+  return table;
+}();
+
+inline std::uint16_t crc16(std::string_view data) noexcept {
+  std::uint16_t crc = 0;
+  for (const char c : data) {
+    crc = static_cast<std::uint16_t>(
+        (crc << 8) ^ kCrc16Table[((crc >> 8) ^ static_cast<unsigned char>(c)) & 0xff]);
+  }
+  return crc;
+}
+
+// The Cluster slot of `key`, as the server computes it.
+inline std::size_t key_slot(std::string_view key) noexcept {
+  const std::size_t open = key.find('{');
+  if (open != std::string_view::npos) {
+    const std::size_t close = key.find('}', open + 1);
+    if (close != std::string_view::npos && close != open + 1) {
+      key = key.substr(open + 1, close - open - 1);
+    }
+  }
+  return crc16(key) & (kClusterSlots - 1);
+}
+
+// A redirection reply: "MOVED <slot> <host>:<port>" or "ASK <slot> <host>:<port>".
+struct Redirect {
+  bool ask = false;  // ASK: this one command goes to the target, after ASKING
+  std::size_t slot = 0;
+  std::string host;
+  int port = 0;
+};
+
+// The redirection an error reply names, if it is a well-formed one.
+inline std::optional<Redirect> parse_redirect(const redisReply& reply) {
+  if (reply.type != REDIS_REPLY_ERROR) return std::nullopt;
+  std::string_view text(reply.str, reply.len);
+  Redirect r;
+  if (text.starts_with("MOVED ")) {
+    text.remove_prefix(6);
+  } else if (text.starts_with("ASK ")) {
+    r.ask = true;
+    text.remove_prefix(4);
+  } else {
+    return std::nullopt;
+  }
+  const std::size_t space = text.find(' ');
+  if (space == std::string_view::npos) return std::nullopt;
+  const std::string_view slot = text.substr(0, space);
+  const std::string_view address = text.substr(space + 1);
+  const std::size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return std::nullopt;
+  const std::string_view port = address.substr(colon + 1);
+  if (std::from_chars(slot.data(), slot.data() + slot.size(), r.slot).ptr !=
+          slot.data() + slot.size() ||
+      r.slot >= kClusterSlots ||
+      std::from_chars(port.data(), port.data() + port.size(), r.port).ptr !=
+          port.data() + port.size() ||
+      r.port <= 0 || r.port > 65535) {
+    return std::nullopt;
+  }
+  r.host = std::string(address.substr(0, colon));
+  return r;
+}
+
+// True for the replies after which a command was not executed and may be sent again: a
+// redirection, or TRYAGAIN (a multi-key command during a slot migration).
+inline bool is_redirect_or_retry(const redisReply& reply) {
+  if (reply.type != REDIS_REPLY_ERROR) return false;
+  const std::string_view text(reply.str, reply.len);
+  return text.starts_with("MOVED ") || text.starts_with("ASK ") || text.starts_with("TRYAGAIN");
+}
+
+class ClusterRouter {
+ public:
+  static constexpr std::size_t kMaxNodes = 1024;
+  static constexpr std::chrono::milliseconds kMinRefreshInterval{100};
+
+  // `seed`: the first node to ask for the slot map (host and port; a unix socket is not a
+  // Cluster address); every node's pool takes its other options.
+  explicit ClusterRouter(ConnectionOptions seed) : seed_(std::move(seed)) {
+    seed_.unix_socket.clear();
+    sluice::detail::MutexLock lock(mu_);
+    slot_node_.fill(kUnknown);
+    (void)node_locked(seed_.host, seed_.port);
+  }
+  ClusterRouter(const ClusterRouter&) = delete;
+  ClusterRouter& operator=(const ClusterRouter&) = delete;
+
+  // The pool of the node serving `slot`; refreshes the map first when it is stale or does not
+  // know the slot. Unavailable when no node answers with a map that covers the slot.
+  absl::StatusOr<ConnectionPool*> pool_for_slot(std::size_t slot, Deadline deadline) {
+    bool known = false;
+    bool stale = false;
+    {
+      sluice::detail::MutexLock lock(mu_);
+      known = slot_node_[slot] != kUnknown;
+      stale = stale_;
+    }
+    if (!known || stale) {
+      absl::Status refreshed = refresh(deadline, /*force=*/!known);
+      if (!refreshed.ok() && !known) return refreshed;
+    }
+    sluice::detail::MutexLock lock(mu_);
+    const std::uint16_t node = slot_node_[slot];
+    if (node == kUnknown) {
+      return absl::UnavailableError(
+          absl::StrCat("sluice::redis: no Cluster node serves slot ", slot));
+    }
+    return nodes_[node].pool.get();
+  }
+
+  // The pool of the node at host:port (created if new); nullptr past kMaxNodes.
+  ConnectionPool* pool_for_address(const std::string& host, int port) {
+    sluice::detail::MutexLock lock(mu_);
+    const std::optional<std::uint16_t> node = node_locked(host, port);
+    return node ? nodes_[*node].pool.get() : nullptr;
+  }
+
+  // A MOVED reply: `slot` is now served at host:port. Repoints it and marks the map stale.
+  // False if the address cannot be added (kMaxNodes).
+  bool moved(const Redirect& r) {
+    sluice::detail::MutexLock lock(mu_);
+    const std::optional<std::uint16_t> node = node_locked(r.host, r.port);
+    if (!node) return false;
+    slot_node_[r.slot] = *node;
+    stale_ = true;
+    return true;
+  }
+
+  // A node failed to answer: the next call refreshes the map (a failover may have moved slots).
+  void mark_stale() {
+    sluice::detail::MutexLock lock(mu_);
+    stale_ = true;
+  }
+
+  // Asks the known nodes, seed first, for CLUSTER SLOTS until one answers, and replaces the map.
+  // Unless `force`, does nothing within kMinRefreshInterval of the last refresh. One refresh at
+  // a time: a caller that finds one running returns at once and uses the current map.
+  absl::Status refresh(Deadline deadline, bool force) {
+    std::vector<ConnectionPool*> pools;
+    {
+      sluice::detail::MutexLock lock(mu_);
+      if (refreshing_) {
+        // Another caller is refreshing: one that needs the map waits for it, by its deadline.
+        if (force) {
+          mu_.wait_for(deadline - std::chrono::steady_clock::now(),
+                       [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !refreshing_; });
+        }
+        return absl::OkStatus();
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (!force && now - last_refresh_ < kMinRefreshInterval) return absl::OkStatus();
+      refreshing_ = true;
+      last_refresh_ = now;
+      for (const Node& n : nodes_) pools.push_back(n.pool.get());
+    }
+    absl::Status last = absl::UnavailableError("sluice::redis: no Cluster node to ask");
+    bool done = false;
+    for (ConnectionPool* pool : pools) {
+      absl::StatusOr<std::vector<std::pair<std::size_t, std::pair<std::string, int>>>> ranges =
+          ask_slots(*pool, deadline);
+      if (!ranges.ok()) {
+        last = ranges.status();
+        if (time_left(deadline) <= std::chrono::microseconds::zero()) break;
+        continue;
+      }
+      sluice::detail::MutexLock lock(mu_);
+      std::array<std::uint16_t, kClusterSlots> map;
+      map.fill(kUnknown);
+      bool complete = true;
+      for (const auto& [packed, address] : *ranges) {
+        const std::size_t first = packed >> 16;
+        const std::size_t last_slot = packed & 0xffff;
+        const std::optional<std::uint16_t> node = node_locked(address.first, address.second);
+        if (!node) {
+          complete = false;
+          continue;
+        }
+        for (std::size_t s = first; s <= last_slot; ++s) map[s] = *node;
+      }
+      slot_node_ = map;
+      stale_ = !complete;
+      done = true;
+      break;
+    }
+    sluice::detail::MutexLock lock(mu_);
+    refreshing_ = false;
+    mu_.notify_all();
+    return done ? absl::OkStatus() : last;
+  }
+
+  // Known node addresses (for tests and operators).
+  std::vector<std::string> node_addresses() const {
+    sluice::detail::MutexLock lock(mu_);
+    std::vector<std::string> out;
+    for (const Node& n : nodes_) out.push_back(absl::StrCat(n.host, ":", n.port));
+    return out;
+  }
+
+ private:
+  static constexpr std::uint16_t kUnknown = 0xffff;
+
+  struct Node {
+    std::string host;
+    int port = 0;
+    std::unique_ptr<ConnectionPool> pool;
+  };
+
+  std::optional<std::uint16_t> node_locked(const std::string& host, int port)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      if (nodes_[i].port == port && nodes_[i].host == host) return static_cast<std::uint16_t>(i);
+    }
+    if (nodes_.size() >= kMaxNodes) return std::nullopt;
+    ConnectionOptions options = seed_;
+    options.host = host;
+    options.port = port;
+    nodes_.push_back({host, port, std::make_unique<ConnectionPool>(std::move(options))});
+    return static_cast<std::uint16_t>(nodes_.size() - 1);
+  }
+
+  // CLUSTER SLOTS of one node: per range, (first << 16 | last) and its primary's address.
+  static absl::StatusOr<std::vector<std::pair<std::size_t, std::pair<std::string, int>>>> ask_slots(
+      ConnectionPool& pool, Deadline deadline) {
+    absl::StatusOr<ConnectionPool::Lease> lease = pool.acquire(deadline);
+    if (!lease.ok()) return lease.status();
+    Command command;
+    command.add("CLUSTER");
+    command.add("SLOTS");
+    absl::StatusOr<std::vector<ReplyPtr>> replies =
+        exchange(*lease, std::span<const Command>(&command, 1));
+    if (!replies.ok()) return replies.status();
+    const redisReply& r = *(*replies)[0];
+    const auto malformed = [] {
+      return absl::InternalError("sluice::redis: CLUSTER SLOTS reply of unexpected shape");
+    };
+    if (r.type == REDIS_REPLY_ERROR) {
+      return absl::UnavailableError(
+          absl::StrCat("sluice::redis: CLUSTER SLOTS: ", absl::string_view(r.str, r.len)));
+    }
+    if (r.type != REDIS_REPLY_ARRAY || r.elements > kClusterSlots) return malformed();
+    std::vector<std::pair<std::size_t, std::pair<std::string, int>>> out;
+    for (std::size_t i = 0; i < r.elements; ++i) {
+      const redisReply& range = *r.element[i];
+      if (range.type != REDIS_REPLY_ARRAY || range.elements < 3) return malformed();
+      const redisReply& first = *range.element[0];
+      const redisReply& last = *range.element[1];
+      const redisReply& primary = *range.element[2];
+      if (first.type != REDIS_REPLY_INTEGER || last.type != REDIS_REPLY_INTEGER ||
+          first.integer < 0 || last.integer < first.integer ||
+          last.integer >= static_cast<long long>(kClusterSlots) ||
+          primary.type != REDIS_REPLY_ARRAY || primary.elements < 2 ||
+          primary.element[0]->type != REDIS_REPLY_STRING ||
+          primary.element[1]->type != REDIS_REPLY_INTEGER || primary.element[1]->integer <= 0 ||
+          primary.element[1]->integer > 65535) {
+        return malformed();
+      }
+      std::string host(primary.element[0]->str, primary.element[0]->len);
+      // An empty or "?" endpoint means: the address this reply came from.
+      if (host.empty() || host == "?") host = pool.options().host;
+      out.push_back(
+          {static_cast<std::size_t>(first.integer) << 16 | static_cast<std::size_t>(last.integer),
+           {std::move(host), static_cast<int>(primary.element[1]->integer)}});
+    }
+    return out;
+  }
+
+  ConnectionOptions seed_;
+  mutable sluice::detail::Mutex mu_;
+  std::vector<Node> nodes_ ABSL_GUARDED_BY(mu_);
+  std::array<std::uint16_t, kClusterSlots> slot_node_ ABSL_GUARDED_BY(mu_);
+  bool stale_ ABSL_GUARDED_BY(mu_) = false;
+  bool refreshing_ ABSL_GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point last_refresh_ ABSL_GUARDED_BY(mu_){};
+};
+
+}  // namespace sluice::redis::detail
+
+#endif  // SLUICE_REDIS_DETAIL_CLUSTER_HPP_

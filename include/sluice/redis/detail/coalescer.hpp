@@ -1,0 +1,257 @@
+// sluice/redis/detail/coalescer.hpp — concurrent single-key checks to one node as one call.
+// Internal: `Client` passes each single-key check through its own (ClientOptions::coalesce).
+//
+// While one call is in flight, further checks queue. When it returns, its leader hands each member
+// its result, then the lead to the oldest queued check, which takes up to `max_batch` queued
+// checks (those decided at its time: in production all are decided at the server's TIME) and
+// sends them as one call with `send`. No thread of its own: a lone check finds nothing in flight
+// and is sent at once, by its own thread.
+//
+//   sluice::redis::detail::Coalescer coalescer(64);
+//   absl::StatusOr<sluice::Decision> d = coalescer.check(item, std::nullopt, deadline,
+//       [&](std::span<const sluice::redis::CheckItem> items,
+//           std::optional<std::chrono::nanoseconds> time, sluice::redis::detail::Deadline by,
+//           std::span<absl::StatusOr<sluice::Decision>> results) { /* one call, by `by` */ });
+//
+// Deadlines: every check brings its own. A queued check whose deadline passes leaves the queue
+// with DeadlineExceeded, never sent (it consumed nothing); a batch is sent with the earliest
+// deadline of its members, so no member waits past its own. A call that may have run is never
+// sent again: its members get its error.
+// Memory: the queue holds one pointer per blocked caller (each entry lives on its caller's stack),
+// so it is bounded by the number of threads checking at once, each for at most its deadline; a
+// batch holds at most `max_batch` items.
+// Locks: the queue's lock guards only the queue; each waiting check has its own lock, on which
+// it sleeps and is woken (taken after the queue's lock, never before it), so handing out a
+// batch's results does not make its members contend for the queue.
+// Complexity: a check joins in O(1), leaves or leads in O(queued checks).
+// Thread-safety: thread-safe. `send` runs on the leading caller's thread, under no lock.
+#ifndef SLUICE_REDIS_DETAIL_COALESCER_HPP_
+#define SLUICE_REDIS_DETAIL_COALESCER_HPP_
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sluice/decision.hpp"
+#include "sluice/detail/mutex.hpp"
+#include "sluice/redis/detail/io.hpp"
+#include "sluice/redis/limit.hpp"
+
+namespace sluice::redis::detail {
+
+class Coalescer {
+ public:
+  // `max_batch` ≥ 1: the most checks one call carries.
+  explicit Coalescer(std::size_t max_batch) : max_batch_(std::max<std::size_t>(max_batch, 1)) {}
+  Coalescer(const Coalescer&) = delete;
+  Coalescer& operator=(const Coalescer&) = delete;
+
+  // Decides `item` at `time` (nullopt: the server's TIME) by `deadline`, alone or in a batch:
+  // `send(items, time, deadline, results)` makes one call for a batch and fills one result per
+  // item. `item.key` and `item.limit` must stay valid until it returns (they do: it blocks).
+  template <class Send>
+  absl::StatusOr<Decision> check(const CheckItem& item,
+                                 std::optional<std::chrono::nanoseconds> time, Deadline deadline,
+                                 Send&& send) {
+    Waiter me(item, time, deadline);
+    if (!join(me)) {
+      if (std::optional<absl::StatusOr<Decision>> done = wait(me)) {
+        return *std::move(done);  // decided in another's batch, or out of time while queued
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {  // handed the lead too late to use it
+      hand_lead(pass_lead(0));
+      return expired();
+    }
+    return lead(me, send);
+  }
+
+  // Checks waiting to be sent now.
+  std::size_t queued() const {
+    sluice::detail::MutexLock lock(mu_);
+    return queue_.size();
+  }
+  // Checks that went out in one call together with at least one other check.
+  std::uint64_t coalesced_checks() const {
+    sluice::detail::MutexLock lock(mu_);
+    return coalesced_;
+  }
+  // Calls made (each carrying one check or a batch).
+  std::uint64_t calls() const {
+    sluice::detail::MutexLock lock(mu_);
+    return calls_;
+  }
+
+ private:
+  enum class Phase { kWaiting, kLead, kDone };
+
+  // One caller's check, on its stack. Others reach it only through the queue, or as a member of
+  // the batch or the next leader they took out of it.
+  struct Waiter {
+    Waiter(const CheckItem& i, std::optional<std::chrono::nanoseconds> t, Deadline d)
+        : item(i), time(t), deadline(d) {}
+
+    const CheckItem item;
+    const std::optional<std::chrono::nanoseconds> time;
+    const Deadline deadline;
+    sluice::detail::Mutex mu;  // notified with it held: after unlocking, nobody touches *this
+    Phase phase ABSL_GUARDED_BY(mu) = Phase::kWaiting;
+    absl::StatusOr<Decision> result ABSL_GUARDED_BY(mu) =
+        absl::UnknownError("sluice::redis: not decided");
+  };
+
+  // True if nothing is in flight: `me` leads at once. Otherwise `me` is queued.
+  bool join(Waiter& me) {
+    sluice::detail::MutexLock lock(mu_);
+    if (!busy_) {  // nothing in flight, so nothing queued
+      busy_ = true;
+      return true;
+    }
+    queue_.push_back(&me);
+    return false;
+  }
+
+  // `me`'s result once it is done (decided in a batch, or out of time while queued); nullopt
+  // once it is handed the lead.
+  std::optional<absl::StatusOr<Decision>> wait(Waiter& me) {
+    absl::StatusOr<Decision> result = absl::UnknownError("sluice::redis: not decided");
+    Phase phase = sleep(me, me.deadline, result);
+    if (phase == Phase::kWaiting) {
+      if (leave(me)) {
+        return absl::StatusOr<Decision>(expired());
+      }
+      // Taken out of the queue already: into a batch, whose deadline is at most ours, or to lead.
+      while (phase == Phase::kWaiting) {
+        phase = sleep(me, std::chrono::steady_clock::now() + std::chrono::seconds(1), result);
+      }
+    }
+    if (phase == Phase::kLead) {
+      return std::nullopt;
+    }
+    return result;
+  }
+
+  // Sleeps until `me` leaves kWaiting or `until` passes; returns its phase, and when it is done
+  // moves its result into `result`.
+  static Phase sleep(Waiter& me, Deadline until, absl::StatusOr<Decision>& result) {
+    sluice::detail::MutexLock lock(me.mu);
+    me.mu.wait_for(until - std::chrono::steady_clock::now(),
+                   [&me]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // called with me.mu held
+                     return me.phase != Phase::kWaiting;
+                   });
+    if (me.phase == Phase::kDone) {
+      result = std::move(me.result);
+    }
+    return me.phase;
+  }
+
+  // Out of time while queued: true if `me` was still queued, and now has left the queue.
+  bool leave(Waiter& me) {
+    sluice::detail::MutexLock lock(mu_);
+    const auto at = std::find(queue_.begin(), queue_.end(), &me);
+    if (at == queue_.end()) {
+      return false;
+    }
+    queue_.erase(at);
+    return true;
+  }
+
+  // Sends `me` and the queued checks of its time (up to max_batch in all) as one call, hands each
+  // member its result, then passes the lead on.
+  template <class Send>
+  absl::StatusOr<Decision> lead(Waiter& me, Send& send) {
+    std::vector<Waiter*> batch = {&me};
+    std::vector<Waiter*> late;
+    take_batch(me, batch, late);
+    for (Waiter* w : late) finish(*w, expired());
+    std::vector<CheckItem> items;
+    items.reserve(batch.size());
+    Deadline by = me.deadline;
+    for (const Waiter* w : batch) {
+      items.push_back(w->item);
+      by = std::min(by, w->deadline);
+    }
+    std::vector<absl::StatusOr<Decision>> results(
+        batch.size(), absl::InternalError("sluice::redis: no result for a coalesced check"));
+    send(std::span<const CheckItem>(items), me.time, by,
+         std::span<absl::StatusOr<Decision>>(results));
+    // Members first: those that check again meanwhile join the next batch, so it carries more.
+    for (std::size_t i = 1; i < batch.size(); ++i) finish(*batch[i], std::move(results[i]));
+    hand_lead(pass_lead(batch.size()));
+    return std::move(results[0]);
+  }
+
+  // Moves the queued checks of `leader`'s time (up to max_batch - 1) into `batch`, in queue
+  // order, and those already out of time into `late`.
+  void take_batch(const Waiter& leader, std::vector<Waiter*>& batch, std::vector<Waiter*>& late) {
+    const auto now = std::chrono::steady_clock::now();
+    sluice::detail::MutexLock lock(mu_);
+    std::erase_if(queue_, [&](Waiter* w) {
+      if (w->deadline <= now) {
+        late.push_back(w);
+        return true;
+      }
+      if (batch.size() < max_batch_ && w->time == leader.time) {
+        batch.push_back(w);
+        return true;
+      }
+      return false;
+    });
+  }
+
+  // A call of `sent` checks has returned (0: none was sent): the oldest queued check is the next
+  // leader (returned), or nothing is in flight any more (nullptr).
+  Waiter* pass_lead(std::size_t sent) {
+    sluice::detail::MutexLock lock(mu_);
+    calls_ += sent > 0 ? 1 : 0;
+    coalesced_ += sent > 1 ? sent : 0;
+    if (queue_.empty()) {
+      busy_ = false;
+      return nullptr;
+    }
+    Waiter* next = queue_.front();
+    queue_.pop_front();
+    return next;
+  }
+
+  static void hand_lead(Waiter* next) {
+    if (next == nullptr) {
+      return;
+    }
+    sluice::detail::MutexLock lock(next->mu);
+    next->phase = Phase::kLead;
+    next->mu.notify_all();
+  }
+
+  static void finish(Waiter& w, absl::StatusOr<Decision> result) {
+    sluice::detail::MutexLock lock(w.mu);
+    w.result = std::move(result);
+    w.phase = Phase::kDone;
+    w.mu.notify_all();
+  }
+
+  static absl::Status expired() {
+    return absl::DeadlineExceededError(
+        "sluice::redis: the command timeout passed while the check waited to be sent");
+  }
+
+  const std::size_t max_batch_;
+  mutable sluice::detail::Mutex mu_;
+  std::deque<Waiter*> queue_ ABSL_GUARDED_BY(mu_);  // oldest first
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;          // a call is in flight (or being prepared)
+  std::uint64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t coalesced_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace sluice::redis::detail
+
+#endif  // SLUICE_REDIS_DETAIL_COALESCER_HPP_

@@ -1,0 +1,244 @@
+// Redis Cluster: routing by slot, all-or-nothing across nodes, a slot moved during traffic, a
+// failover. Against a real local cluster (three primaries, three replicas) that this process
+// starts once (tests/support/redis_cluster.hpp).
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "redis_cluster.hpp"
+#include "redis_fixture.hpp"
+#include "sluice/clock.hpp"
+#include "sluice/engine.hpp"
+#include "sluice/redis.hpp"
+#include "sluice/redis/detail/cluster.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using sluice::redis::RedisGcraLimiter;
+using sluice_test::RedisCluster;
+
+constexpr std::chrono::nanoseconds kT0{std::int64_t{1'700'000'000} * 1'000'000'000};
+
+RedisCluster& cluster() {
+  RedisCluster& c = RedisCluster::shared();
+  INFO(c.error());
+  REQUIRE(c.error().empty());
+  return c;
+}
+
+// A client of the cluster whose keys are namespaced by `prefix` (each test its own).
+std::shared_ptr<sluice::redis::Client> client(std::string prefix) {
+  sluice::redis::ClientOptions o;
+  o.connection.host = "127.0.0.1";
+  o.connection.port = cluster().seed_port();
+  o.connection.connect_timeout = 1s;
+  o.connection.command_timeout = 1s;
+  o.key_prefix = std::move(prefix);
+  o.key_seed = 42;
+  o.cluster = true;
+  auto c = sluice::redis::Client::create(o);
+  INFO(c.status());
+  REQUIRE(c.ok());
+  sluice_test::hold_keys(**c);  // the tests decide at hooked times
+  return *std::move(c);
+}
+
+RedisGcraLimiter limiter(std::shared_ptr<sluice::redis::Client> c,
+                         std::vector<sluice::GcraWindow> windows) {
+  auto l = RedisGcraLimiter::create(std::move(windows), std::move(c));
+  INFO(l.status());
+  REQUIRE(l.ok());
+  l->set_time_for_testing(kT0);
+  return *std::move(l);
+}
+
+int primary_of_key(const RedisGcraLimiter& l, std::string_view key) {
+  return cluster().primary_of(sluice::redis::detail::key_slot(l.redis_key(key)));
+}
+
+int admitted(RedisGcraLimiter& l, std::string_view key, int n) {
+  int count = 0;
+  for (int i = 0; i < n; ++i) {
+    absl::StatusOr<sluice::Decision> d = l.check(key);
+    INFO(d.status());
+    REQUIRE(d.ok());
+    count += d->allowed() ? 1 : 0;
+  }
+  return count;
+}
+
+}  // namespace
+
+TEST_CASE("the key slot is the server's, hash tags included") {
+  // Values from the Redis Cluster specification's test vectors and CLUSTER KEYSLOT.
+  CHECK(sluice::redis::detail::crc16("123456789") == 0x31C3);
+  for (std::string_view key :
+       {"foo", "{user1000}.following", "a{}b", "{}{x}", "x{y", "sluice:{ab}"}) {
+    sluice_test::Reply r = cluster().command(0, {"CLUSTER", "KEYSLOT", key});
+    REQUIRE(r);
+    REQUIRE(r->type == REDIS_REPLY_INTEGER);
+    CHECK(sluice::redis::detail::key_slot(key) == static_cast<std::size_t>(r->integer));
+  }
+}
+
+TEST_CASE("in a Cluster, every key's budget holds exactly, keys spread over every primary") {
+  RedisGcraLimiter l = limiter(client("spread:"), {{.requests = 5, .period = 1h}});
+  std::set<int> primaries;
+  for (int k = 0; k < 40; ++k) {
+    const std::string key = "client-" + std::to_string(k);
+    primaries.insert(primary_of_key(l, key));
+    CHECK(admitted(l, key, 7) == 5);
+  }
+  CHECK(primaries.size() == 3);
+}
+
+TEST_CASE("in a Cluster, a batch over several nodes is all-or-nothing: admitted nodes give back") {
+  auto c = client("aon:");
+  auto wide = sluice::redis::Limit::create({{.requests = 10, .period = 1h}});
+  auto narrow = sluice::redis::Limit::create({{.requests = 1, .period = 1h}});
+  REQUIRE(wide.ok());
+  REQUIRE(narrow.ok());
+  // Two keys whose state lives on different primaries.
+  RedisGcraLimiter probe = limiter(c, {{.requests = 10, .period = 1h}});
+  std::string a = "a", b;
+  for (int i = 0; b.empty(); ++i) {
+    std::string candidate = "b" + std::to_string(i);
+    if (cluster().primary_of(sluice::redis::detail::key_slot(c->redis_key(candidate, *narrow))) !=
+        cluster().primary_of(sluice::redis::detail::key_slot(c->redis_key(a, *wide)))) {
+      b = candidate;
+    }
+  }
+  const sluice::redis::CheckItem items[] = {{.key = a, .limit = &*wide, .cost = 1},
+                                            {.key = b, .limit = &*narrow, .cost = 1}};
+  auto first = c->check_all_at_for_testing(items, kT0);
+  REQUIRE(first.ok());
+  CHECK((*first)[0].allowed());
+  CHECK((*first)[1].allowed());
+  for (int i = 0; i < 5; ++i) {
+    auto denied = c->check_all_at_for_testing(items, kT0);
+    REQUIRE(denied.ok());
+    CHECK((*denied)[1].reason == sluice::Reason::kQuotaExceeded);
+  }
+  // Only the first batch consumed in the wide limit: each denied batch was given back.
+  const sluice::redis::CheckItem peek[] = {{.key = a, .limit = &*wide, .cost = 0}};
+  auto state = c->check_all_at_for_testing(peek, kT0);
+  REQUIRE(state.ok());
+  CHECK((*state)[0].remaining == 9);
+}
+
+TEST_CASE("the engine over a Cluster decides exactly as in memory (random script)") {
+  const sluice::PolicyConfig config{
+      .policies = {{.name = "api",
+                    .rate_limits = {{.name = "per-ip",
+                                     .selector = {sluice::Selector::kIp},
+                                     .requests_per = {.s = 2, .minute = 10},
+                                     .burst = 3},
+                                    {.name = "per-route",
+                                     .selector = {sluice::Selector::kRoute},
+                                     .requests_per = {.minute = 15}}}}},
+      .routes = {{.name = "r", .path_prefix = "/", .policies = {"api"}}}};
+  sluice::ManualClock clock;
+  auto memory = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>::create(
+      config, {.clock = clock});
+  REQUIRE(memory.ok());
+  auto redis = sluice::redis::RedisRateLimitEngine::create(
+      config,
+      {.client = client("engine:"), .time_for_testing = [clock] { return kT0 + clock.now(); }});
+  REQUIRE(redis.ok());
+  std::mt19937_64 rng(3);
+  const sluice::WallTime kWall{std::chrono::seconds(1'700'000'000)};  // the fields' Reset base
+  constexpr std::string_view kIps[] = {"198.51.100.1", "198.51.100.2", "198.51.100.3"};
+  for (int i = 0; i < 300; ++i) {
+    INFO("request " << i);
+    if (rng() % 3 == 0) clock.advance(std::chrono::milliseconds(rng() % 900));
+    const sluice::RequestContext request{.client_ip = kIps[rng() % 3],
+                                         .route = "r",
+                                         .path = "/x",
+                                         .cost = rng() % 3,
+                                         .wall_time = kWall};
+    const sluice::Evaluation expected = memory->evaluate(request);
+    const sluice::Evaluation actual = redis->evaluate(request);
+    REQUIRE(actual.backend_error.ok());
+    REQUIRE(actual.allowed == expected.allowed);
+    REQUIRE(actual.binding == expected.binding);
+    REQUIRE(actual.fields == expected.fields);
+  }
+}
+
+TEST_CASE("a slot moved between primaries keeps every budget, step by step and under traffic") {
+  RedisCluster& rc = cluster();
+  RedisGcraLimiter l = limiter(client("move:"), {{.requests = 20, .period = 1h}});
+  const std::string key = "moving";
+  const std::size_t slot = sluice::redis::detail::key_slot(l.redis_key(key));
+  const int from = rc.primary_of(slot);
+  const int to = rc.primary_of((slot + 5461) % 16384) != from
+                     ? rc.primary_of((slot + 5461) % 16384)
+                     : rc.primary_of((slot + 10922) % 16384);
+  REQUIRE(from >= 0);
+  REQUIRE(to >= 0);
+  REQUIRE(from != to);
+  int total = admitted(l, key, 4);  // state on the source
+  REQUIRE(rc.begin_move(slot, to).empty());
+  total += admitted(l, key, 4);  // MIGRATING: the source still holds the key and serves it
+  REQUIRE(rc.migrate_keys(slot, from, to).empty());
+  total += admitted(l, key, 4);  // the key is on the target: ASK, then ASKING there
+  REQUIRE(rc.finish_move(slot, from, to).empty());
+  total += admitted(l, key, 4);  // MOVED once, then the target directly
+  CHECK(total == 16);
+  CHECK(rc.primary_of(slot) == to);
+
+  // Under traffic: four threads spend forty keys' budgets while a slot of theirs moves back.
+  std::vector<std::string> keys;
+  for (int k = 0; k < 40; ++k) keys.push_back("busy-" + std::to_string(k));
+  keys.push_back(key);  // already 16 of 20 spent
+  std::atomic<int> spent{0};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 8; ++round) {
+        for (std::size_t k = static_cast<std::size_t>(t); k < keys.size(); k += 4) {
+          absl::StatusOr<sluice::Decision> d = l.check(keys[k]);
+          if (!d.ok()) {
+            ++errors;
+          } else if (d->allowed()) {
+            ++spent;
+          }
+        }
+      }
+    });
+  }
+  const std::string moved = rc.move_slot(slot, from);
+  for (std::thread& t : threads) t.join();
+  CHECK(moved.empty());
+  CHECK(errors.load() == 0);
+  // 40 fresh keys × 8 checks against 20 each, plus the old key's last 4 of 20 (8 checks).
+  CHECK(spent.load() == 40 * 8 + 4);
+  CHECK(admitted(l, key, 1) == 0);
+}
+
+TEST_CASE("a failover to a replica keeps every budget; the client finds the new primary") {
+  RedisCluster& rc = cluster();
+  RedisGcraLimiter l = limiter(client("failover:"), {{.requests = 10, .period = 1h}});
+  const std::string key = "tenant";
+  const std::size_t slot = sluice::redis::detail::key_slot(l.redis_key(key));
+  const int primary = rc.primary_of(slot);
+  const int replica = rc.replica_of(primary);
+  REQUIRE(replica >= 0);
+  CHECK(admitted(l, key, 6) == 6);
+  const std::string failed_over = rc.fail_over(replica);
+  INFO(failed_over);
+  REQUIRE(failed_over.empty());
+  CHECK(rc.primary_of(slot) == replica);
+  // The old primary now answers MOVED (it is a replica); the client follows and repoints.
+  CHECK(admitted(l, key, 6) == 4);
+}

@@ -1,0 +1,430 @@
+// Coalescing: concurrent single-key checks to one Redis node share script calls.
+//
+// Against a real redis-server each test case starts, and (for the queue's own rules) against the
+// coalescer with a fake call that the test holds in flight. Budgets are asserted to exact totals
+// at a frozen server time (the testing time hook) or against limits that refill far slower than
+// the test runs. Sleeps appear only to hold a server stopped; no rate is measured by sleeping.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "catch.hpp"
+#include "redis_fixture.hpp"
+#include "redis_server.hpp"
+#include "sluice/redis.hpp"
+#include "sluice/redis/detail/coalescer.hpp"
+
+namespace {
+
+using sluice::Decision;
+using sluice::GcraWindow;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+using std::chrono::seconds;
+
+using Server = sluice_test::RedisFixture;
+namespace sr = sluice::redis;
+
+constexpr nanoseconds kT0 = seconds(1'700'000'000);  // a server time, ns since the Unix epoch
+
+sr::Limit make_limit(std::vector<GcraWindow> windows) {
+  absl::StatusOr<sr::Limit> limit = sr::Limit::create(std::move(windows));
+  REQUIRE(limit.ok());
+  return *std::move(limit);
+}
+
+std::shared_ptr<sr::Client> make_client(sr::ClientOptions options) {
+  absl::StatusOr<std::shared_ptr<sr::Client>> client = sr::Client::create(std::move(options));
+  INFO(client.status());
+  REQUIRE(client.ok());
+  return *std::move(client);
+}
+
+sr::RedisGcraLimiter make_limiter(std::vector<GcraWindow> windows,
+                                  std::shared_ptr<sr::Client> client) {
+  auto limiter = sr::RedisGcraLimiter::create(std::move(windows), std::move(client));
+  INFO(limiter.status());
+  REQUIRE(limiter.ok());
+  return *std::move(limiter);
+}
+
+// INFO commandstats calls of `command` since the last CONFIG RESETSTAT (0 if none).
+long long calls_of(const Server& s, std::string_view command) {
+  sluice_test::Reply info = s.redis.command({"INFO", "commandstats"});
+  REQUIRE(info);
+  REQUIRE(info->type == REDIS_REPLY_STRING);
+  const std::string text(info->str, info->len);
+  const std::string tag = "cmdstat_" + std::string(command) + ":calls=";
+  const std::size_t at = text.find(tag);
+  return at == std::string::npos ? 0 : std::stoll(text.substr(at + tag.size()));
+}
+
+void reset_stats(const Server& s) { s.redis.command({"CONFIG", "RESETSTAT"}); }
+
+// Runs `body(thread_index)` on `threads` threads at once and joins them.
+template <class Body>
+void on_threads(int threads, Body body) {
+  std::vector<std::thread> running;
+  running.reserve(threads);
+  for (int t = 0; t < threads; ++t) running.emplace_back(body, t);
+  for (std::thread& thread : running) thread.join();
+}
+
+// Resumes a stopped server when the test case ends, however it ends.
+struct ResumeOnExit {
+  sluice_test::RedisServer& server;
+  ~ResumeOnExit() { server.resume(); }
+};
+
+// A fake call for the coalescer: records each batch's keys and, while `hold` is set, keeps the
+// call in flight until the test releases it.
+struct FakeCalls {
+  std::mutex mu;
+  std::vector<std::vector<std::string>> batches;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> hold{true};
+  std::atomic<int> in_flight{0};
+
+  auto sender() {
+    return [this](std::span<const sr::CheckItem> items, std::optional<nanoseconds>,
+                  sr::detail::Deadline, std::span<absl::StatusOr<Decision>> results) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        std::vector<std::string>& keys = batches.emplace_back();
+        for (const sr::CheckItem& item : items) keys.emplace_back(item.key);
+      }
+      ++in_flight;
+      if (hold) released.wait();
+      for (absl::StatusOr<Decision>& r : results) r = Decision{};
+      --in_flight;
+    };
+  }
+};
+
+// Waits (without sleeping) until `ready()` holds; fails the test after 10 s.
+template <class Ready>
+void spin_until(Ready ready) {
+  const auto give_up = std::chrono::steady_clock::now() + seconds(10);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= give_up) FAIL("gave up waiting");
+    std::this_thread::yield();
+  }
+}
+
+}  // namespace
+
+// --- budgets under concurrency ----------------------------------------------------------------
+
+TEST_CASE("thirty-two threads on a few keys admit exactly each key's budget at a frozen time") {
+  Server s;
+  std::shared_ptr<sr::Client> client = s.client();
+  // Two limits sharing one client, so that one call carries items of both.
+  auto hourly = make_limiter({{.requests = 100, .period = seconds(3600)}}, client);
+  auto stacked = make_limiter(
+      {{.requests = 5, .period = seconds(1)}, {.requests = 20, .period = seconds(60)}}, client);
+  hourly.set_time_for_testing(kT0);
+  stacked.set_time_for_testing(kT0);
+  const std::vector<std::string> keys = {"a", "b", "c", "d", "e", "f"};  // e, f: stacked
+  std::vector<std::atomic<int>> admitted(keys.size());
+  std::atomic<int> errors{0};
+  on_threads(32, [&](int t) {
+    for (int i = 0; i < 40; ++i) {
+      const std::size_t k = static_cast<std::size_t>(t * 40 + i) % keys.size();
+      absl::StatusOr<Decision> d = k < 4 ? hourly.check(keys[k]) : stacked.check(keys[k]);
+      if (!d.ok()) {
+        errors.fetch_add(1);
+      } else if (d->allowed()) {
+        admitted[k].fetch_add(1);
+      }
+    }
+  });
+  CHECK(errors.load() == 0);
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    INFO(keys[k]);
+    CHECK(admitted[k].load() == (k < 4 ? 100 : 5));
+  }
+  CHECK(client->coalesced_checks() > 0);
+}
+
+TEST_CASE("concurrent checks share script calls: fewer EVALSHA calls than checks") {
+  Server s;
+  std::shared_ptr<sr::Client> client = s.client();
+  // A token every 36 s: nothing refills while the test runs, so exactly 100 pass.
+  auto limiter = make_limiter({{.requests = 100, .period = seconds(3600)}}, client);
+  REQUIRE(limiter.inspect("warm-up").ok());  // the script is loaded, a connection open
+  reset_stats(s);
+  std::atomic<int> admitted{0}, errors{0};
+  on_threads(32, [&](int t) {
+    for (int i = 0; i < 25; ++i) {
+      absl::StatusOr<Decision> d = limiter.check(t % 2 == 0 ? "even" : "odd");
+      if (!d.ok()) {
+        errors.fetch_add(1);
+      } else if (d->allowed()) {
+        admitted.fetch_add(1);
+      }
+    }
+  });
+  CHECK(errors.load() == 0);
+  CHECK(admitted.load() == 200);  // 100 per key
+  const long long calls = calls_of(s, "evalsha");
+  INFO("evalsha calls: " << calls << ", coalesced checks: " << client->coalesced_checks());
+  CHECK(calls < 32 * 25);
+  CHECK(client->coalesced_checks() > 0);
+  CHECK(calls_of(s, "time") == calls);  // one TIME per call, however many checks it carries
+}
+
+TEST_CASE("a lone check is sent at once as one script call of its own") {
+  Server s;
+  std::shared_ptr<sr::Client> client = s.client();
+  auto limiter = make_limiter({{.requests = 10, .period = seconds(1)}}, client);
+  REQUIRE(limiter.inspect("warm-up").ok());
+  reset_stats(s);
+  for (int i = 0; i < 5; ++i) {
+    REQUIRE(limiter.check("k").ok());
+  }
+  CHECK(calls_of(s, "evalsha") == 5);
+  CHECK(calls_of(s, "mget") == 0);  // the lone check's own script path
+  CHECK(client->coalesced_checks() == 0);
+}
+
+TEST_CASE("with coalescing off every check is a script call of its own") {
+  Server s;
+  sr::ClientOptions options = s.options();
+  options.coalesce = false;
+  std::shared_ptr<sr::Client> client = make_client(options);
+  auto limiter = make_limiter({{.requests = 1'000'000, .period = seconds(1)}}, client);
+  REQUIRE(limiter.inspect("warm-up").ok());
+  reset_stats(s);
+  std::atomic<int> errors{0};
+  on_threads(8, [&](int) {
+    for (int i = 0; i < 20; ++i) errors += limiter.check("k").ok() ? 0 : 1;
+  });
+  CHECK(errors.load() == 0);
+  CHECK(calls_of(s, "evalsha") == 8 * 20);
+  CHECK(client->coalesced_checks() == 0);
+}
+
+TEST_CASE("no call carries more than max_coalesced_checks checks") {
+  Server s;
+  sr::ClientOptions options = s.options();
+  options.max_coalesced_checks = 4;
+  std::shared_ptr<sr::Client> client = make_client(options);
+  auto limiter = make_limiter({{.requests = 1'000'000, .period = seconds(1)}}, client);
+  REQUIRE(limiter.inspect("warm-up").ok());
+  reset_stats(s);
+  std::atomic<int> errors{0};
+  on_threads(16, [&](int t) {
+    for (int i = 0; i < 20; ++i) errors += limiter.check("k" + std::to_string(t)).ok() ? 0 : 1;
+  });
+  CHECK(errors.load() == 0);
+  CHECK(calls_of(s, "evalsha") >= 16 * 20 / 4);
+}
+
+TEST_CASE("max_coalesced_checks outside 1..1000 is an invalid argument") {
+  sr::ClientOptions options;
+  options.max_coalesced_checks = 0;
+  CHECK(sr::Client::create(options).status().code() == absl::StatusCode::kInvalidArgument);
+  options.max_coalesced_checks = 1001;
+  CHECK(sr::Client::create(options).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+// --- each check decided on its own --------------------------------------------------------------
+
+TEST_CASE("a coalesced call decides each check exactly as separate checks in that order") {
+  Server s;
+  std::shared_ptr<sr::Client> together = s.client();
+  sr::ClientOptions apart_options = s.options();
+  apart_options.key_prefix = "apart:";  // the same keys, in state of their own
+  apart_options.coalesce = false;
+  std::shared_ptr<sr::Client> apart = make_client(apart_options);
+  const sr::Limit three = make_limit({{.requests = 3, .period = seconds(1)}});
+  const sr::Limit stacked = make_limit(
+      {{.requests = 2, .period = seconds(1), .burst = 3}, {.requests = 4, .period = seconds(60)}});
+  // Denials in the middle do not stop later items; a repeated key sees earlier consumption;
+  // cost 0 peeks; several limits in one call.
+  const std::vector<sr::CheckItem> items = {{.key = "a", .limit = &three},
+                                            {.key = "a", .limit = &three, .cost = 2},
+                                            {.key = "a", .limit = &three},
+                                            {.key = "b", .limit = &three, .cost = 3},
+                                            {.key = "a", .limit = &three, .cost = 0},
+                                            {.key = "s", .limit = &stacked, .cost = 2},
+                                            {.key = "s", .limit = &stacked, .cost = 2},
+                                            {.key = "s", .limit = &stacked},
+                                            {.key = "b", .limit = &three},
+                                            {.key = "c", .limit = &three, .cost = 0}};
+  for (const nanoseconds t : {kT0, kT0 + milliseconds(400), kT0 + milliseconds(401)}) {
+    const std::vector<absl::StatusOr<Decision>> coalesced =
+        together->check_coalesced_at_for_testing(items, t);
+    REQUIRE(coalesced.size() == items.size());
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      INFO("at +" << (t - kT0).count() << " ns, item " << i);
+      absl::StatusOr<std::vector<Decision>> alone =
+          apart->check_all_at_for_testing(std::span(&items[i], 1), t);
+      REQUIRE(alone.ok());
+      REQUIRE(coalesced[i].ok());
+      CHECK(*coalesced[i] == (*alone)[0]);
+    }
+  }
+  // At the first instant: a(1) admitted, a(2) admitted, a(1) denied, b(3) admitted.
+  const std::vector<absl::StatusOr<Decision>> first =
+      together->check_coalesced_at_for_testing(items, kT0 + seconds(10));
+  CHECK((first[0].ok() && first[0]->allowed()));
+  CHECK((first[1].ok() && first[1]->allowed()));
+  CHECK((first[2].ok() && !first[2]->allowed()));
+  CHECK((first[3].ok() && first[3]->allowed()));
+}
+
+TEST_CASE("a key of the wrong type fails only its own check in a coalesced call") {
+  Server s;
+  std::shared_ptr<sr::Client> client = s.client();
+  const sr::Limit limit = make_limit({{.requests = 3, .period = seconds(1)}});
+  const std::string bad = client->redis_key("bad", limit);
+  s.redis.command({"HSET", bad, "field", "value"});
+  const std::vector<sr::CheckItem> items = {{.key = "good", .limit = &limit},
+                                            {.key = "bad", .limit = &limit},
+                                            {.key = "new", .limit = &limit}};
+  const std::vector<absl::StatusOr<Decision>> results =
+      client->check_coalesced_at_for_testing(items, kT0);
+  CHECK((results[0].ok() && results[0]->allowed()));
+  CHECK(results[1].status().code() == absl::StatusCode::kInternal);  // as a lone check of it
+  CHECK((results[2].ok() && results[2]->allowed()));
+  absl::StatusOr<std::vector<Decision>> alone =
+      client->check_all_at_for_testing(std::span(&items[1], 1), kT0);
+  CHECK(alone.status().code() == absl::StatusCode::kInternal);
+}
+
+TEST_CASE("a server that refuses writes fails each admitted check of a call, as it would alone") {
+  Server s;
+  std::shared_ptr<sr::Client> client = s.client();
+  const sr::Limit three = make_limit({{.requests = 3, .period = seconds(1)}});
+  // Every write is refused (NOREPLICAS) while reads still answer.
+  s.redis.command({"CONFIG", "SET", "min-replicas-to-write", "1"});
+  const std::vector<sr::CheckItem> items = {{.key = "a", .limit = &three},
+                                            {.key = "a", .limit = &three, .cost = 0},
+                                            {.key = "b", .limit = &three},
+                                            {.key = "a", .limit = &three, .cost = 3}};
+  const std::vector<absl::StatusOr<Decision>> coalesced =
+      client->check_coalesced_at_for_testing(items, kT0);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    INFO("item " << i << ": " << coalesced[i].status());
+    absl::StatusOr<std::vector<Decision>> alone =
+        client->check_all_at_for_testing(std::span(&items[i], 1), kT0);
+    REQUIRE(coalesced[i].status().code() == alone.status().code());
+    if (alone.ok()) CHECK(*coalesced[i] == (*alone)[0]);
+  }
+  CHECK(coalesced[0].status().code() == absl::StatusCode::kUnavailable);
+  CHECK((coalesced[1].ok() && coalesced[1]->remaining == 3));  // nothing was taken before it
+  s.redis.command({"CONFIG", "SET", "min-replicas-to-write", "0"});
+  const std::vector<absl::StatusOr<Decision>> after =
+      client->check_coalesced_at_for_testing(items, kT0);
+  CHECK((after[0].ok() && after[0]->allowed() && after[0]->remaining == 2));
+  CHECK((after[3].ok() && !after[3]->allowed()));  // sees a's earlier consumption
+}
+
+// --- deadlines ----------------------------------------------------------------------------------
+
+TEST_CASE("checks queued behind a call to a stopped server return DeadlineExceeded in time") {
+  Server s;
+  std::shared_ptr<sr::Client> client = s.client(milliseconds(300));
+  auto limiter = make_limiter({{.requests = 100, .period = seconds(3600)}}, client);
+  REQUIRE(limiter.inspect("k").ok());  // a connection is open and idle
+  std::vector<absl::StatusOr<Decision>> results(8, absl::UnknownError("not run"));
+  std::vector<milliseconds> elapsed(8);
+  {
+    s.redis.stop();
+    ResumeOnExit resume{s.redis};
+    on_threads(8, [&](int t) {
+      const auto start = std::chrono::steady_clock::now();
+      results[t] = limiter.check("k");
+      elapsed[t] =
+          std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+    });
+  }
+  for (int t = 0; t < 8; ++t) {
+    INFO("thread " << t << ": " << results[t].status() << " after " << elapsed[t].count() << " ms");
+    CHECK(results[t].status().code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(elapsed[t] < milliseconds(300 + 700));
+  }
+  absl::StatusOr<Decision> after = limiter.inspect("k");  // the server answers again
+  INFO(after.status());
+  CHECK(after.ok());
+}
+
+TEST_CASE("a queued check whose deadline passes leaves the queue unsent and is DeadlineExceeded") {
+  sr::detail::Coalescer coalescer(64);
+  const sr::Limit limit = make_limit({{.requests = 3, .period = seconds(1)}});
+  FakeCalls calls;
+  const auto far = [] { return std::chrono::steady_clock::now() + seconds(10); };
+  absl::StatusOr<Decision> first = absl::UnknownError("not run");
+  std::thread in_flight([&] {
+    first = coalescer.check({.key = "first", .limit = &limit}, std::nullopt, far(), calls.sender());
+  });
+  spin_until([&] { return calls.in_flight.load() == 1; });
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<Decision> late = coalescer.check({.key = "late", .limit = &limit}, std::nullopt,
+                                                  start + milliseconds(50), calls.sender());
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK(late.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(waited >= milliseconds(50));
+  CHECK(waited < milliseconds(50 + 700));
+  CHECK(calls.in_flight.load() == 1);  // it gave up while the first call was still in flight
+  absl::StatusOr<Decision> next = absl::UnknownError("not run");
+  std::thread queued([&] {
+    next = coalescer.check({.key = "next", .limit = &limit}, std::nullopt, far(), calls.sender());
+  });
+  spin_until([&] { return coalescer.queued() == 1; });
+  calls.release.set_value();
+  in_flight.join();
+  queued.join();
+  CHECK(first.ok());
+  CHECK(next.ok());
+  const std::vector<std::vector<std::string>> expected = {{"first"}, {"next"}};
+  CHECK(calls.batches == expected);  // "late" was never sent
+}
+
+TEST_CASE("queued checks go out together, in order, at most max_batch per call, one time each") {
+  sr::detail::Coalescer coalescer(4);
+  const sr::Limit limit = make_limit({{.requests = 3, .period = seconds(1)}});
+  FakeCalls calls;
+  const auto far = [] { return std::chrono::steady_clock::now() + seconds(10); };
+  absl::StatusOr<Decision> first = absl::UnknownError("not run");
+  std::thread in_flight([&] {
+    first = coalescer.check({.key = "first", .limit = &limit}, std::nullopt, far(), calls.sender());
+  });
+  spin_until([&] { return calls.in_flight.load() == 1; });
+  // Queued one at a time so that the queue order is known: q0..q9, q1 and q7 at another time.
+  std::vector<std::thread> queued;
+  const std::vector<std::string> keys = {"q0", "q1", "q2", "q3", "q4",
+                                         "q5", "q6", "q7", "q8", "q9"};
+  std::vector<absl::StatusOr<Decision>> results(keys.size(), absl::UnknownError("not run"));
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const std::optional<nanoseconds> time =
+        i == 1 || i == 7 ? std::optional<nanoseconds>(kT0) : std::nullopt;
+    queued.emplace_back([&, i, time] {
+      results[i] = coalescer.check({.key = keys[i], .limit = &limit}, time, far(), calls.sender());
+    });
+    spin_until([&] { return coalescer.queued() == i + 1; });
+  }
+  calls.hold = false;
+  calls.release.set_value();
+  in_flight.join();
+  for (std::thread& t : queued) t.join();
+  CHECK(first.ok());
+  for (const absl::StatusOr<Decision>& r : results) CHECK(r.ok());
+  const std::vector<std::vector<std::string>> expected = {
+      {"first"}, {"q0", "q2", "q3", "q4"}, {"q1", "q7"}, {"q5", "q6", "q8", "q9"}};
+  CHECK(calls.batches == expected);
+  CHECK(coalescer.coalesced_checks() == 10);
+  CHECK(coalescer.calls() == 4);
+}
