@@ -211,6 +211,29 @@ TEST_CASE("a killed Redis leaves a client exactly the local share, every decisio
   CHECK(limiter.degraded());
 }
 
+TEST_CASE("inspect and reset reach Redis while it answers, and the local share while it fails") {
+  sluice_test::RedisFixture server;
+  ManualClock clock;
+  LocalFallbackLimiter<ManualClock> limiter = fallback(shared_limiter(server), clock);
+  checks(limiter, "client", 10);
+  absl::StatusOr<FallbackDecision> spent = limiter.inspect("client");
+  REQUIRE(spent.ok());
+  CHECK_FALSE(spent->degraded);
+  CHECK(spent->decision.remaining == 0);
+  REQUIRE(limiter.reset("client").ok());
+  CHECK(limiter.inspect("client")->decision.remaining == 10);  // Redis forgot the key
+
+  server.redis.kill();
+  CHECK(checks(limiter, "client", 5).admitted == 5);  // the local share: 5 of 5
+  absl::StatusOr<FallbackDecision> local = limiter.inspect("client");
+  REQUIRE(local.ok());
+  CHECK(local->degraded);
+  CHECK(local->decision.remaining == 0);
+  // Redis is down: the reset reports it, and still frees the key in the local share.
+  CHECK_FALSE(limiter.reset("client").ok());
+  CHECK(limiter.inspect("client")->decision.remaining == 5);
+}
+
 TEST_CASE("a Redis that stops answering costs one timeout, then checks are local at once") {
   sluice_test::RedisFixture server;
   ManualClock clock;

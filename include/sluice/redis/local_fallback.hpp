@@ -127,6 +127,17 @@ class LocalFallbackLimiter {
     return FallbackDecision{.decision = *d, .degraded = true};
   }
 
+  // The key's state without consuming anything: check(key, 0) — Redis's state, or while Redis
+  // fails the local share's (then `degraded`, and counted as a degraded decision).
+  absl::StatusOr<FallbackDecision> inspect(std::string_view key) { return check(key, 0); }
+
+  // Forgets the key in the local share (always, at once) and in Redis (one round trip, whose
+  // error — Unavailable, DeadlineExceeded — is returned: the shared state is then unchanged).
+  absl::Status reset(std::string_view key) {
+    state_->local.reset(key);
+    return shared_.reset(key);
+  }
+
   // Checks decided on the local share (peeks included), over this limiter's life.
   std::uint64_t degraded_decisions() const noexcept {
     return state_->degraded.load(std::memory_order_relaxed);
