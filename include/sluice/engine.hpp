@@ -436,7 +436,7 @@ class BasicRateLimitEngine {
     if (on_event_) {
       std::size_t kept = 0;
       for (const RuleInfo& info : engine->rules_) {
-        kept += by_fingerprint_.contains(info.compiled.fingerprint) ? 1 : 0;
+        if (by_fingerprint_.contains(info.compiled.fingerprint)) ++kept;
       }
       on_event_(ReloadEvent{.rules = engine->rules_.size(), .rules_kept = kept});
     }
@@ -522,6 +522,14 @@ class BasicRateLimitEngine {
  private:
   static constexpr bool kBackendBooks = requires { typename Backend::Booking; };
 
+  // How check_group decided one group of rules.
+  struct GroupOutcome {
+    bool degraded = false;  // on the local share
+    absl::Status failure;   // the backend's failure that sent it there, if the backend was called
+  };
+
+  // The request path, in the order it runs: identity, rule selection, keys, the backend's
+  // decisions (live rules, then dry-run ones), then the counters, events and observer.
   void evaluate_into(const RequestContext& raw, Evaluation& e, Settlement* settlement) const {
     HttpFields recycled = std::move(e.fields);
     e = Evaluation{};
@@ -539,67 +547,20 @@ class BasicRateLimitEngine {
     }
     RuleGroup live, dry;
     select_rules(*request, live, dry);
-
-    // Keys for both groups in one buffer; views are taken once it stops growing.
-    thread_local std::string buffer;
-    buffer.clear();
-    absl::InlinedVector<std::pair<std::size_t, std::size_t>, 16> spans;
-    const ClientAddress address = ClientAddress::parse(request->client_ip);
-    for (std::uint32_t r : live) spans.push_back(append_key(buffer, r, *request, address));
-    for (std::uint32_t r : dry) spans.push_back(append_key(buffer, r, *request, address));
-    absl::InlinedVector<RuleKey, 16> keys;
-    for (std::size_t i = 0; i < spans.size(); ++i) {
-      keys.push_back({.rule = i < live.size() ? live[i] : dry[i - live.size()],
-                      .key = std::string_view(buffer).substr(spans[i].first, spans[i].second),
-                      .cost = request->cost});
-    }
-    // Adaptive rules take their cost in thousandths of a request, scaled by the factor.
-    absl::InlinedVector<std::uint32_t, 16> factors;  // per key; 0 for a fixed rule
-    if (adaptive_rules_ != 0) apply_factors(keys, factors);
-    absl::InlinedVector<Decision, 16> decisions(keys.size());
-    const auto live_keys = std::span<const RuleKey>(keys.data(), live.size());
-    const auto dry_keys = std::span<const RuleKey>(keys.data() + live.size(), dry.size());
-
-    e.live_rules = live.size();
+    thread_local std::string buffer;  // the keys' bytes; RequestKeys views into it
+    const RequestKeys keys = request_keys(*request, live, dry, buffer);
+    absl::InlinedVector<Decision, 16> decisions(keys.keys.size());
     GroupOutcome live_outcome, dry_outcome;  // whether each group was decided on the local share
+    e.live_rules = live.size();
     if (!live.empty()) {
-      absl::Status status = check_group(live_keys, std::span(decisions.data(), live.size()),
-                                        settlement, live_outcome);
-      if (!live_outcome.failure.ok()) report_backend_error(live_outcome.failure);
-      if (status.ok() && !factors.empty()) {
-        in_requests(factors, 0, std::span(decisions.data(), live.size()));
-      }
-      if (!status.ok()) {
-        report_backend_error(status);
-        e.backend_error = std::move(status);
-        e.allowed = e.backend_error.code() != absl::StatusCode::kInvalidArgument &&
-                    on_backend_error_ == FailureMode::kFailOpen;
-      } else {
-        decide_live(e, live, std::span<const Decision>(decisions.data(), live.size()), *request,
-                    recycled);
-      }
+      decide_live_group(e, *request, live, keys, decisions, settlement, recycled, live_outcome);
     }
-    bool dry_decided = false;
-    if (!dry.empty()) {
-      absl::Status status =
-          evaluate_dry(e, dry, dry_keys, factors,
-                       std::span(decisions.data() + live.size(), dry.size()), dry_outcome);
-      dry_decided = status.ok();
-      const absl::Status& failed = dry_decided ? dry_outcome.failure : status;
-      if (!failed.ok() && e.backend_error.ok() && live_outcome.failure.ok()) {
-        report_backend_error(failed);
-      }
-    }
+    const bool dry_decided =
+        !dry.empty() && decide_dry_group(e, live, dry, keys, decisions, live_outcome, dry_outcome);
     count_degraded(e, live, live_outcome.degraded && e.backend_error.ok(), dry,
                    dry_outcome.degraded && dry_decided, request->cost);
-    if (settlement != nullptr && e.allowed && e.backend_error.ok() && request->cost != 0 &&
-        !live_outcome.degraded && settlement->bookings_.size() == live.size()) {
-      settlement->estimate_ = request->cost;
-      settlement->factors_.assign(
-          factors.begin(),
-          factors.begin() + static_cast<std::ptrdiff_t>(factors.empty() ? 0 : live.size()));
-      settlement->factors_.resize(live.size(), 0);
-      settlement->open_.open();
+    if (settlement != nullptr && !live_outcome.degraded) {
+      open_settlement(*settlement, e, live, keys.factors, request->cost);
     }
     if (e.allowed && e.backend_error.ok() && request->cost != 0) {
       for (std::uint32_t r : live) counters_[r]->admitted.fetch_add(1, std::memory_order_relaxed);
@@ -612,6 +573,85 @@ class BasicRateLimitEngine {
       report_evictions(dry);
     }
     if (observer_) observer_(e);
+  }
+
+  // Every selected rule's key, live rules first, with its cost; and, where adaptive rules exist,
+  // each key's factor (0 for a fixed rule), since adaptive rules take their cost in thousandths of
+  // a request scaled by the factor.
+  struct RequestKeys {
+    absl::InlinedVector<RuleKey, 16> keys;
+    absl::InlinedVector<std::uint32_t, 16> factors;
+  };
+  RequestKeys request_keys(const RequestContext& request, std::span<const std::uint32_t> live,
+                           std::span<const std::uint32_t> dry, std::string& buffer) const {
+    // Keys for both groups in one buffer; views are taken once it stops growing.
+    buffer.clear();
+    absl::InlinedVector<std::pair<std::size_t, std::size_t>, 16> spans;
+    const ClientAddress address = ClientAddress::parse(request.client_ip);
+    for (std::uint32_t r : live) spans.push_back(append_key(buffer, r, request, address));
+    for (std::uint32_t r : dry) spans.push_back(append_key(buffer, r, request, address));
+    RequestKeys out;
+    for (std::size_t i = 0; i < spans.size(); ++i) {
+      out.keys.push_back({.rule = i < live.size() ? live[i] : dry[i - live.size()],
+                          .key = std::string_view(buffer).substr(spans[i].first, spans[i].second),
+                          .cost = request.cost});
+    }
+    if (adaptive_rules_ != 0) apply_factors(out.keys, out.factors);
+    return out;
+  }
+
+  // The live rules decide the request: all of them admit it, or it is denied and none consumes.
+  void decide_live_group(Evaluation& e, const RequestContext& request,
+                         std::span<const std::uint32_t> live, const RequestKeys& keys,
+                         std::span<Decision> decisions, Settlement* settlement,
+                         HttpFields& recycled, GroupOutcome& outcome) const {
+    const std::span<Decision> out = decisions.first(live.size());
+    absl::Status status =
+        check_group(std::span(keys.keys).first(live.size()), out, settlement, outcome);
+    if (!outcome.failure.ok()) report_backend_error(outcome.failure);
+    if (status.ok() && !keys.factors.empty()) in_requests(keys.factors, 0, out);
+    if (!status.ok()) {
+      report_backend_error(status);
+      e.backend_error = std::move(status);
+      e.allowed = e.backend_error.code() != absl::StatusCode::kInvalidArgument &&
+                  on_backend_error_ == FailureMode::kFailOpen;
+      return;
+    }
+    decide_live(e, live, std::span<const Decision>(out), request, recycled);
+  }
+
+  // The dry-run rules, after the live ones; true if they were decided. A backend failure is
+  // reported once per evaluation: here only if the live rules reported none.
+  bool decide_dry_group(Evaluation& e, std::span<const std::uint32_t> live,
+                        std::span<const std::uint32_t> dry, const RequestKeys& keys,
+                        std::span<Decision> decisions, const GroupOutcome& live_outcome,
+                        GroupOutcome& outcome) const {
+    const absl::Status status =
+        evaluate_dry(e, dry, std::span(keys.keys).subspan(live.size(), dry.size()), keys.factors,
+                     decisions.subspan(live.size(), dry.size()), outcome);
+    const bool decided = status.ok();
+    const absl::Status& failed = decided ? outcome.failure : status;
+    if (!failed.ok() && e.backend_error.ok() && live_outcome.failure.ok()) {
+      report_backend_error(failed);
+    }
+    return decided;
+  }
+
+  // An admitted request's settlement: opened once every live rule booked its cost, with each
+  // rule's factor so that settle charges at the factor the request was evaluated at.
+  static void open_settlement(Settlement& settlement, const Evaluation& e,
+                              std::span<const std::uint32_t> live,
+                              std::span<const std::uint32_t> factors, std::uint64_t cost) {
+    if (!e.allowed || !e.backend_error.ok() || cost == 0 ||
+        settlement.bookings_.size() != live.size()) {
+      return;
+    }
+    settlement.estimate_ = cost;
+    settlement.factors_.assign(
+        factors.begin(),
+        factors.begin() + static_cast<std::ptrdiff_t>(factors.empty() ? 0 : live.size()));
+    settlement.factors_.resize(live.size(), 0);
+    settlement.open_.open();
   }
 
  public:
@@ -771,11 +811,6 @@ class BasicRateLimitEngine {
     std::vector<std::uint64_t> shared_max;
     std::vector<std::uint64_t> local_max;
   };
-  // How check_group decided one group of rules.
-  struct GroupOutcome {
-    bool degraded = false;  // on the local share
-    absl::Status failure;   // the backend's failure that sent it there, if the backend was called
-  };
 
   BasicRateLimitEngine() = default;
   // Constructs options_ in place (not default-constructed, then assigned: GCC 12 at -O2 with
@@ -802,29 +837,51 @@ class BasicRateLimitEngine {
         engine.rules_.push_back(describe(rule));
       }
     }
+    if (absl::Status s = engine.start_backend(compiled, config.engine, previous); !s.ok()) return s;
+    engine.keep_rule_state(compiled, previous);
+    engine.attach_scopes(config, bundle_rules);
+    return engine;
+  }
+
+  // The backend over `compiled`, taking over `previous`'s state, its health, and the local share
+  // where the local failure mode is configured.
+  absl::Status start_backend(const std::vector<CompiledRule>& compiled,
+                             const EngineOptions& engine_options,
+                             const BasicRateLimitEngine* previous) {
     auto backend =
-        Backend::create(compiled, previous ? previous->backend_.get() : nullptr, engine.options_);
+        Backend::create(compiled, previous ? previous->backend_.get() : nullptr, options_);
     if (!backend.ok()) return backend.status();
-    engine.backend_ = std::make_unique<Backend>(*std::move(backend));
+    backend_ = std::make_unique<Backend>(*std::move(backend));
     // The backend's health outlives a generation: a reload during an outage stays local.
-    engine.probe_ = previous ? previous->probe_ : std::make_shared<detail::BackendProbe>();
-    engine.local_clock_ = detail::LocalClockOf<BackendOptions>::get(engine.options_);
-    engine.local_retry_interval_ = std::chrono::milliseconds(config.engine.local_retry_interval_ms);
-    if (config.engine.on_backend_error == FailureMode::kLocal) {
-      auto local = make_local_share(compiled, *config.engine.local_share_permille,
-                                    engine.local_clock_, previous);
+    probe_ = previous ? previous->probe_ : std::make_shared<detail::BackendProbe>();
+    local_clock_ = detail::LocalClockOf<BackendOptions>::get(options_);
+    local_retry_interval_ = std::chrono::milliseconds(engine_options.local_retry_interval_ms);
+    if (engine_options.on_backend_error == FailureMode::kLocal) {
+      auto local =
+          make_local_share(compiled, *engine_options.local_share_permille, local_clock_, previous);
       if (!local.ok()) return local.status();
-      engine.local_ = *std::move(local);
+      local_ = *std::move(local);
     }
+    return absl::OkStatus();
+  }
+
+  // Per rule: its counters and adaptive controller, kept from `previous` for an unchanged rule.
+  void keep_rule_state(const std::vector<CompiledRule>& compiled,
+                       const BasicRateLimitEngine* previous) {
     for (std::size_t i = 0; i < compiled.size(); ++i) {
       std::shared_ptr<RuleCounters> counters =
           previous ? previous->counters_for(compiled[i].fingerprint) : nullptr;
-      engine.counters_.push_back(counters ? counters : std::make_shared<RuleCounters>());
-      engine.controllers_.push_back(engine.controller_for(compiled[i], previous));
-      if (compiled[i].adaptive) ++engine.adaptive_rules_;
-      engine.by_fingerprint_.emplace(compiled[i].fingerprint, i);
+      counters_.push_back(counters ? counters : std::make_shared<RuleCounters>());
+      controllers_.push_back(controller_for(compiled[i], previous));
+      if (compiled[i].adaptive) ++adaptive_rules_;
+      by_fingerprint_.emplace(compiled[i].fingerprint, i);
     }
+  }
 
+  // Which rules each consumer, route, service, listener and the gateway attach, and the routes in
+  // match order.
+  void attach_scopes(const PolicyConfig& config,
+                     absl::flat_hash_map<std::string, RuleList>& bundle_rules) {
     auto attach = [&](const std::vector<std::string>& names) {
       RuleList out;
       for (const std::string& name : names) {
@@ -833,28 +890,26 @@ class BasicRateLimitEngine {
       return out;
     };
     for (const Consumer& c : config.consumers) {
-      engine.consumer_rules_[c.name] = attach(c.policies);
-      for (const std::string& credential : c.credentials) engine.credentials_[credential] = c.name;
+      consumer_rules_[c.name] = attach(c.policies);
+      for (const std::string& credential : c.credentials) credentials_[credential] = c.name;
     }
     for (const Route& r : config.routes) {
-      engine.route_rules_[r.name] = attach(r.policies);
-      engine.route_services_[r.name] = r.service;
+      route_rules_[r.name] = attach(r.policies);
+      route_services_[r.name] = r.service;
     }
-    for (const Service& s : config.services) engine.service_rules_[s.name] = attach(s.policies);
-    for (const Listener& l : config.listeners) engine.listener_rules_[l.name] = attach(l.policies);
-    engine.global_rules_ = attach(config.gateway.global_policies);
-    engine.exempt_paths_ = config.gateway.exempt_paths;
-    engine.routes_ = config.routes;
+    for (const Service& s : config.services) service_rules_[s.name] = attach(s.policies);
+    for (const Listener& l : config.listeners) listener_rules_[l.name] = attach(l.policies);
+    global_rules_ = attach(config.gateway.global_policies);
+    exempt_paths_ = config.gateway.exempt_paths;
+    routes_ = config.routes;
     // Precedence for match_route: the longest prefix first; on equal prefixes a route bound to a
     // listener before one on every listener.
-    std::stable_sort(engine.routes_.begin(), engine.routes_.end(),
-                     [](const Route& a, const Route& b) {
-                       if (a.path_prefix.size() != b.path_prefix.size()) {
-                         return a.path_prefix.size() > b.path_prefix.size();
-                       }
-                       return !a.listener.empty() && b.listener.empty();
-                     });
-    return engine;
+    std::stable_sort(routes_.begin(), routes_.end(), [](const Route& a, const Route& b) {
+      if (a.path_prefix.size() != b.path_prefix.size()) {
+        return a.path_prefix.size() > b.path_prefix.size();
+      }
+      return !a.listener.empty() && b.listener.empty();
+    });
   }
 
   static RuleInfo describe(const CompiledRule& rule) {

@@ -185,14 +185,14 @@ inline HttpFields response_fields(const Decision& decision, WallTime now) {
 
 // One Quota Policy Item of RateLimit-Policy: `"<name>";q=<quota>;w=<window seconds>`.
 struct QuotaPolicy {
-  std::string_view name;               // the policy's identifier; must outlive the call
+  std::string_view name{};             // the policy's identifier; must outlive the call
   std::uint64_t quota = 0;             // q: requests per window
   std::chrono::nanoseconds window{0};  // w: rounded up to whole seconds, at least 1 (w is non-zero)
 };
 
 // One Service Limit Item of RateLimit: `"<name>";r=<available>;t=<effective window seconds>`.
 struct ServiceLimit {
-  std::string_view name;                         // the policy's identifier; must outlive the call
+  std::string_view name{};                       // the policy's identifier; must outlive the call
   std::uint64_t available = 0;                   // r: quota units left
   std::chrono::nanoseconds effective_window{0};  // t: rounded up to whole seconds (0 allowed)
 };

@@ -77,15 +77,20 @@ inline void append_prometheus_header(std::string& out, const PrometheusFamily& f
   }
 }
 
-}  // namespace detail
+// One sample of a per-rule family: `name{rule="<label>",dry_run="<bool>"} value`.
+inline void append_rule_sample(std::string& out, std::string_view name, const CompiledRule& rule,
+                               std::uint64_t value) {
+  out.append(name);
+  out.append("{rule=\"");
+  append_prometheus_label_value(out, rule.label);
+  absl::StrAppend(&out, "\",dry_run=\"", rule.dry_run ? "true" : "false", "\"} ", value, "\n");
+}
 
-// Appends every counter of `engine` (a BasicRateLimitEngine) to `out`.
-template <class Engine>
-void append_prometheus_text(std::string& out, const Engine& engine) {
-  using Family = detail::PrometheusFamily;
-  const EngineStats totals = engine.engine_stats();
+// The engine's own counters; the degraded family only where the local failure mode is (or was)
+// configured, `local`.
+inline void append_engine_families(std::string& out, const EngineStats& totals, bool local) {
   const struct {
-    Family family;
+    PrometheusFamily family;
     std::uint64_t value = 0;
   } engine_families[] = {
       {{"sluice_engine_evaluations_total", "counter",
@@ -98,28 +103,25 @@ void append_prometheus_text(std::string& out, const Engine& engine) {
       {{"sluice_engine_failed_reloads_total", "counter",
         "Config reloads that failed and kept the previous config."},
        totals.failed_reloads},
+      {{"sluice_engine_degraded_evaluations_total", "counter",
+        "Evaluations decided in process on the local share while the limiter backend failed."},
+       totals.degraded_evaluations},
   };
-  // The local failure mode's counters: where it is configured, or was before a reload.
-  const bool local =
-      engine.failure_mode() == FailureMode::kLocal || totals.degraded_evaluations != 0;
-  const Family degraded_evaluations{
-      "sluice_engine_degraded_evaluations_total", "counter",
-      "Evaluations decided in process on the local share while the limiter backend failed."};
   for (const auto& f : engine_families) {
-    detail::append_prometheus_header(out, f.family);
+    if (!local && f.family.name == "sluice_engine_degraded_evaluations_total") continue;
+    append_prometheus_header(out, f.family);
     out.append(f.family.name);
     absl::StrAppend(&out, " ", f.value, "\n");
   }
-  if (local) {
-    detail::append_prometheus_header(out, degraded_evaluations);
-    out.append(degraded_evaluations.name);
-    absl::StrAppend(&out, " ", totals.degraded_evaluations, "\n");
-  }
+}
 
+// Every rule's counters, one family at a time.
+template <class Engine>
+void append_rule_families(std::string& out, const Engine& engine, bool local) {
   absl::InlinedVector<RuleCounts, 16> counts;
   for (std::size_t i = 0; i < engine.rule_count(); ++i) counts.push_back(engine.rule_counts(i));
   const struct {
-    Family family;
+    PrometheusFamily family;
     std::uint64_t (*value)(const RuleCounts&) = nullptr;
   } rule_families[] = {
       {{"sluice_rule_allowed_total", "counter",
@@ -147,18 +149,16 @@ void append_prometheus_text(std::string& out, const Engine& engine) {
   };
   for (const auto& f : rule_families) {
     if (!local && f.family.name == "sluice_rule_degraded_total") continue;
-    detail::append_prometheus_header(out, f.family);
+    append_prometheus_header(out, f.family);
     for (std::size_t i = 0; i < counts.size(); ++i) {
-      const CompiledRule& rule = engine.rule(i).compiled;
-      out.append(f.family.name);
-      out.append("{rule=\"");
-      detail::append_prometheus_label_value(out, rule.label);
-      absl::StrAppend(&out, "\",dry_run=\"", rule.dry_run ? "true" : "false", "\"} ",
-                      f.value(counts[i]), "\n");
+      append_rule_sample(out, f.family.name, engine.rule(i).compiled, f.value(counts[i]));
     }
   }
+}
 
-  // Adaptive rules: the limit factor each runs at, and how often it was cut.
+// Adaptive rules: the limit factor each runs at, and how often it was cut.
+template <class Engine>
+void append_adaptive_families(std::string& out, const Engine& engine) {
   absl::InlinedVector<std::pair<std::size_t, AdaptiveState>, 4> adaptive;
   for (std::size_t i = 0; i < engine.rule_count(); ++i) {
     if (std::optional<AdaptiveState> state = engine.adaptive_state(i)) {
@@ -167,7 +167,7 @@ void append_prometheus_text(std::string& out, const Engine& engine) {
   }
   if (adaptive.empty()) return;
   const struct {
-    Family family;
+    PrometheusFamily family;
     std::uint64_t (*value)(const AdaptiveState&) = nullptr;
   } adaptive_families[] = {
       {{"sluice_rule_limit_factor_permille", "gauge",
@@ -178,16 +178,25 @@ void append_prometheus_text(std::string& out, const Engine& engine) {
        [](const AdaptiveState& a) { return a.decreases; }},
   };
   for (const auto& f : adaptive_families) {
-    detail::append_prometheus_header(out, f.family);
+    append_prometheus_header(out, f.family);
     for (const auto& [i, state] : adaptive) {
-      const CompiledRule& rule = engine.rule(i).compiled;
-      out.append(f.family.name);
-      out.append("{rule=\"");
-      detail::append_prometheus_label_value(out, rule.label);
-      absl::StrAppend(&out, "\",dry_run=\"", rule.dry_run ? "true" : "false", "\"} ",
-                      f.value(state), "\n");
+      append_rule_sample(out, f.family.name, engine.rule(i).compiled, f.value(state));
     }
   }
+}
+
+}  // namespace detail
+
+// Appends every counter of `engine` (a BasicRateLimitEngine) to `out`.
+template <class Engine>
+void append_prometheus_text(std::string& out, const Engine& engine) {
+  const EngineStats totals = engine.engine_stats();
+  // The local failure mode's counters: where it is configured, or was before a reload.
+  const bool local =
+      engine.failure_mode() == FailureMode::kLocal || totals.degraded_evaluations != 0;
+  detail::append_engine_families(out, totals, local);
+  detail::append_rule_families(out, engine, local);
+  detail::append_adaptive_families(out, engine);
 }
 
 // The text of append_prometheus_text in a new string.

@@ -132,7 +132,9 @@ inline void append_ipv6(std::string& out, const Ipv6Bytes& bytes) {
     return;
   }
   std::array<unsigned, 8> groups{};
-  for (std::size_t i = 0; i < groups.size(); ++i) groups[i] = bytes[2 * i] << 8 | bytes[2 * i + 1];
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    groups[i] = static_cast<unsigned>(bytes[2 * i] << 8 | bytes[2 * i + 1]);
+  }
   std::size_t run_start = groups.size(), run_length = 1;  // runs of one are not compressed
   for (std::size_t i = 0; i < groups.size();) {
     std::size_t j = i;

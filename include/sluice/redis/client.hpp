@@ -334,8 +334,9 @@ class Client {
       keys.push_back(redis_key(item.key, *item.limit));
     }
     if (marked) {
-      for (std::size_t i = 0; i < items.size(); ++i)
+      for (std::size_t i = 0; i < items.size(); ++i) {
         keys.push_back(absl::StrCat(keys[i], ":reset"));
+      }
     }
     return detail::ScriptCall::create(items, std::move(keys), time);
   }

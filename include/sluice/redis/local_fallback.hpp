@@ -157,7 +157,7 @@ class LocalFallbackLimiter {
   struct State {
     GcraLimiter<ClockT> local;
     ClockT clock;
-    std::chrono::nanoseconds retry_interval;
+    std::chrono::nanoseconds retry_interval{0};
     std::uint64_t shared_max = 0;  // the shared limit's smallest burst
     std::uint64_t local_max = 0;   // the local share's smallest burst
     sluice::detail::BackendProbe probe{};

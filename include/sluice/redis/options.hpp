@@ -40,7 +40,7 @@ enum class MemoryCheck {
 struct ConnectionOptions {
   std::string host = "127.0.0.1";
   int port = 6379;
-  std::string unix_socket;                         // non-empty: connect here, not to host:port
+  std::string unix_socket{};                       // non-empty: connect here, not to host:port
   std::chrono::milliseconds connect_timeout{200};  // caps each new connection's connect
   // One deadline per check, from its start: the wait for a free connection, a connect, the write
   // and every read all end by it, however slowly a peer trickles bytes.

@@ -226,7 +226,7 @@ class ClusterRouter {
         continue;
       }
       sluice::detail::MutexLock lock(mu_);
-      std::array<std::uint16_t, kClusterSlots> map;
+      std::array<std::uint16_t, kClusterSlots> map{};
       map.fill(kUnknown);
       bool complete = true;
       for (const auto& [packed, address] : *ranges) {
@@ -329,7 +329,7 @@ class ClusterRouter {
   ConnectionOptions seed_;
   mutable sluice::detail::Mutex mu_;
   std::vector<Node> nodes_ ABSL_GUARDED_BY(mu_);
-  std::array<std::uint16_t, kClusterSlots> slot_node_ ABSL_GUARDED_BY(mu_);
+  std::array<std::uint16_t, kClusterSlots> slot_node_ ABSL_GUARDED_BY(mu_){};
   bool stale_ ABSL_GUARDED_BY(mu_) = false;
   bool refreshing_ ABSL_GUARDED_BY(mu_) = false;
   std::chrono::steady_clock::time_point last_refresh_ ABSL_GUARDED_BY(mu_){};

@@ -80,7 +80,7 @@ inline std::optional<std::uint64_t> read_double(std::string_view in, std::size_t
     return std::nullopt;
   }
   std::uint64_t bits = 0;
-  for (int i = 0; i < 8; ++i) {
+  for (std::size_t i = 0; i < 8; ++i) {
     bits |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[pos + i])) << (8 * i);
   }
   pos += 8;

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "sluice/policy.hpp"
 #include "sluice/yaml/detail/error.hpp"
 #include "sluice/yaml/detail/nesting.hpp"
@@ -123,7 +124,7 @@ class ConfigReader final : public NodeReader {
         adaptive.max_hold = std::chrono::seconds(std::min(n, kTooLongMs));
         member = "max_hold";
       }
-      remember(path + "." + member, f.value.Mark());
+      remember(absl::StrCat(path, ".", member), f.value.Mark());
     }
     return adaptive;
   }
