@@ -128,11 +128,17 @@ expect "missing password status" "${status[bad]}" 400
 if grep -q -e "guess" -e "correct horse" "$work/stdout" "$work/stderr"; then
   fail "the server printed a password"
 fi
-if [ -n "$redis_server" ]; then  # the records were in Redis, under hashed keys only
+if [ -n "$redis_server" ]; then  # the records were in Redis, under hashed keys only, no TTL
   keys=$(redis-cli -s "$work/redis.sock" --scan 2>/dev/null || true)
-  if ! grep -qE '^login:\{[0-9a-f]{32}\}$' <<<"$keys" || grep -qi alice <<<"$keys"; then
+  if ! grep -qE '^login:\{attempts\}:[0-9a-f]{32}$' <<<"$keys" ||
+    grep -vqE '^login:\{attempts\}:([0-9a-f]{32}|index)$' <<<"$keys" ||
+    grep -qi alice <<<"$keys"; then
     fail "unexpected Redis keys: $keys"
   fi
+  for key in $keys; do  # no TTL: no volatile-* eviction policy may pick an attempt record
+    ttl=$(redis-cli -s "$work/redis.sock" pttl "$key" 2>/dev/null || true)
+    expect "PTTL of $key" "$ttl" -1
+  done
 fi
 
 if [ "$failures" -ne 0 ]; then

@@ -17,16 +17,25 @@
 //
 // Units: the policy must be whole microseconds (Redis TIME's resolution), each duration at most
 // kMaxAttemptDuration, so the script's doubles stay exact integers. Decisions report
-// nanoseconds. Keys: prefix + "{" + 32 hex digits + "}" — a seeded XXH3-128 digest of the
-// subject bound to the policy's fingerprint, a Cluster hash tag; Redis never sees the subject. A
-// key expires just after its quiet period ends, never while an attempt is leased.
+// nanoseconds. Keys: prefix + "{attempts}:" + 32 hex digits — a seeded XXH3-128 digest of the
+// subject bound to the policy's fingerprint; Redis never sees the subject.
+// Storage: failure state is never evicted to make room. Records carry no Redis TTL, so no
+// volatile-* maxmemory policy (the rate limiters' volatile-ttl included) can evict them; the
+// limiter expires them itself through an index (prefix + "{attempts}:index", a sorted set of
+// when each record goes idle: just after its quiet period ends, never while an attempt is
+// leased): every writing operation deletes up to 16 idle records. At most
+// AttemptStoreOptions::max_records records exist per key prefix; a new subject beyond that is
+// denied with kStoreFull (as the in-memory limiter's full store), subjects already tracked keep
+// working. A server whose memory is full answers OOM: Unavailable, never an admission. A record
+// that an earlier version kept at prefix + "{" + 32 hex + "}" (with a TTL) is read while the
+// subject has no record and moved by its next write, so upgrading forgets no failure.
 // Errors: Unavailable (connection refused or lost, server busy, loading, read-only),
 // DeadlineExceeded (no reply within the command timeout, or no free connection), Internal (a
 // reply of the wrong shape), FailedPrecondition (stale receipt), InvalidArgument. No retries.
 // Operators: `inspect` reports what `begin` would answer without writing anything; `reset` forgets
 // a subject (its attempt in flight, if any, ends and its receipt is stale).
 // Thread-safety: thread-safe; copies share one connection pool. Complexity: one round trip and
-// O(1) work on the server per operation.
+// O(log n) work on the server per operation (n records under the prefix).
 #ifndef SLUICE_REDIS_ATTEMPT_LIMITER_HPP_
 #define SLUICE_REDIS_ATTEMPT_LIMITER_HPP_
 
@@ -63,13 +72,24 @@ namespace sluice::redis {
 // The longest policy duration the Redis attempt limiter takes: 2^50 µs (about 35.7 years).
 inline constexpr std::chrono::microseconds kMaxAttemptDuration{std::int64_t{1} << 50};
 
+// The bound on the records one key prefix holds in Redis. Plain value.
+struct AttemptStoreOptions {
+  // Subjects with a record at once, over every attempt limiter sharing the key prefix; in
+  // [1, 2^32]. A new subject beyond it is denied with kStoreFull. Size it for the subjects that
+  // can be failing within one quiet period, and `maxmemory` for it (docs/attempts.md).
+  std::uint64_t max_records = 100'000;
+};
+
 class RedisAttemptLimiter {
  public:
   // InvalidArgument for an invalid policy, a duration that is not whole microseconds or above
-  // kMaxAttemptDuration, or invalid connection options. Connects lazily: creation succeeds while
-  // Redis is down; operations then report Unavailable.
+  // kMaxAttemptDuration, max_records outside [1, 2^32], a key prefix whose first '{' is directly
+  // followed by '}' (an empty hash tag: the records would not share one slot), or invalid
+  // connection options. Connects lazily: creation succeeds while Redis is down; operations then
+  // report Unavailable.
   static absl::StatusOr<RedisAttemptLimiter> create(AttemptPolicy policy,
-                                                    ClientOptions options = {}) {
+                                                    ClientOptions options = {},
+                                                    AttemptStoreOptions store = {}) {
     if (absl::Status s = policy.validate(); !s.ok()) return s;
     for (auto [name, d] :
          {std::pair{"initial_delay", policy.initial_delay},
@@ -81,11 +101,12 @@ class RedisAttemptLimiter {
                          " must be whole microseconds and at most 2^50 us, got ", d.count(), "ns"));
       }
     }
+    if (absl::Status s = validate(options.key_prefix, store); !s.ok()) return s;
     // The client validates the connection options exactly as for every other Redis limiter.
     if (absl::StatusOr<std::shared_ptr<Client>> c = Client::create(options); !c.ok()) {
       return c.status();
     }
-    return RedisAttemptLimiter(policy, std::move(options));
+    return RedisAttemptLimiter(policy, std::move(options), store);
   }
 
   // As AttemptLimiter::begin; errors as in the file comment.
@@ -133,15 +154,43 @@ class RedisAttemptLimiter {
 
   // The Redis key holding `subject`'s record (for operators and tests; no raw subject bytes).
   std::string redis_key(std::string_view subject) const { return key_of(digest(subject)); }
+  // Where versions before the index kept `subject`'s record, with a TTL: prefix + "{" + 32 hex
+  // digits + "}". A record found there is adopted (moved to redis_key) by its next write.
+  std::string legacy_redis_key(std::string_view subject) const {
+    return legacy_key_of(digest(subject));
+  }
+  // The sorted set indexing every record under the key prefix by when it goes idle; ZCARD of it
+  // is the number of records the bound counts.
+  std::string index_key() const { return absl::StrCat(shared_->options.key_prefix, kTag, "index"); }
+  const AttemptStoreOptions& store_options() const noexcept { return shared_->store; }
   const AttemptPolicy& policy() const noexcept { return shared_->policy; }
   // SHA-1 of the script body, as EVALSHA names it.
   const std::string& script_sha() const noexcept { return shared_->sha; }
 
  private:
+  // Every key of the limiter carries this hash tag after the prefix: a record, the index, and the
+  // records a sweep deletes all live in one Cluster slot.
+  static constexpr char kTag[] = "{attempts}:";
+
+  static absl::Status validate(std::string_view prefix, const AttemptStoreOptions& store) {
+    if (store.max_records < 1 || store.max_records > (std::uint64_t{1} << 32)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sluice::redis: attempt max_records must be in [1, 2^32], got ", store.max_records));
+    }
+    if (const std::size_t open = prefix.find('{');
+        open != std::string_view::npos && prefix.substr(open, 2) == "{}") {
+      return absl::InvalidArgumentError(
+          "sluice::redis: the attempt limiter's key_prefix holds an empty hash tag '{}', which "
+          "would spread its keys over Cluster slots; remove the braces or put a name in them");
+    }
+    return absl::OkStatus();
+  }
+
   struct Shared {
-    Shared(const AttemptPolicy& p, ClientOptions o)
+    Shared(const AttemptPolicy& p, ClientOptions o, const AttemptStoreOptions& s)
         : policy(p),
           options(std::move(o)),
+          store(s),
           pool(options.connection),
           sha(detail::sha1_hex(detail::kAttemptScript)) {
       const std::uint64_t fingerprint = p.fingerprint();
@@ -151,13 +200,15 @@ class RedisAttemptLimiter {
     }
     const AttemptPolicy policy;
     const ClientOptions options;
+    const AttemptStoreOptions store;
     detail::ConnectionPool pool;
     const std::string sha;
     std::uint64_t seed = 0;  // the key seed bound to the policy's fingerprint
   };
 
-  RedisAttemptLimiter(const AttemptPolicy& policy, ClientOptions options)
-      : shared_(std::make_shared<Shared>(policy, std::move(options))) {}
+  RedisAttemptLimiter(const AttemptPolicy& policy, ClientOptions options,
+                      const AttemptStoreOptions& store)
+      : shared_(std::make_shared<Shared>(policy, std::move(options), store)) {}
 
   KeyDigest digest(std::string_view subject) const {
     const XXH128_hash_t h = XXH3_128bits_withSeed(subject.data(), subject.size(), shared_->seed);
@@ -166,13 +217,19 @@ class RedisAttemptLimiter {
     return d;
   }
   std::string key_of(const KeyDigest& d) const {
+    return absl::StrCat(shared_->options.key_prefix, kTag, hex(d));
+  }
+  // Where earlier versions kept the record (with a TTL); the script adopts what it finds there.
+  std::string legacy_key_of(const KeyDigest& d) const {
+    return absl::StrCat(shared_->options.key_prefix, "{", hex(d), "}");
+  }
+  static std::string hex(const KeyDigest& d) {
     char bytes[16];
     for (int i = 0; i < 8; ++i) {
       bytes[i] = static_cast<char>(d.high >> (56 - 8 * i));
       bytes[8 + i] = static_cast<char>(d.low >> (56 - 8 * i));
     }
-    return absl::StrCat(shared_->options.key_prefix, "{",
-                        absl::BytesToHexString(absl::string_view(bytes, sizeof bytes)), "}");
+    return absl::BytesToHexString(absl::string_view(bytes, sizeof bytes));
   }
 
   static std::string micros(std::int64_t ns) { return absl::StrCat(ns / 1000); }
@@ -183,11 +240,14 @@ class RedisAttemptLimiter {
                                         std::uint64_t token, std::int64_t started_ns,
                                         std::optional<std::chrono::microseconds> time) {
     const AttemptPolicy& p = shared_->policy;
-    // EVALSHA sha 1 key op token started initial cap quiet lease time (see attempt_script.hpp).
-    const std::array<std::string, 12> args = {"EVALSHA",
+    // EVALSHA sha 3 record index legacy op token started initial cap quiet lease time
+    // max_records sweep (see attempt_script.hpp).
+    const std::array<std::string, 16> args = {"EVALSHA",
                                               shared_->sha,
-                                              "1",
+                                              "3",
                                               key_of(d),
+                                              index_key(),
+                                              legacy_key_of(d),
                                               std::string(op),
                                               absl::StrCat(token),
                                               micros(started_ns),
@@ -195,7 +255,9 @@ class RedisAttemptLimiter {
                                               micros(p.delay_cap.count()),
                                               micros(p.quiet_period.count()),
                                               micros(p.lease.count()),
-                                              time ? absl::StrCat(time->count()) : std::string()};
+                                              time ? absl::StrCat(time->count()) : std::string(),
+                                              absl::StrCat(shared_->store.max_records),
+                                              absl::StrCat(detail::kAttemptSweep)};
     detail::Command evalsha;
     for (const std::string& arg : args) evalsha.add(arg);
 
@@ -257,18 +319,20 @@ class RedisAttemptLimiter {
   // Every time and wait in a reply is below 2^53 µs.
   static constexpr std::int64_t kMaxMicros = std::int64_t{1} << 53;
 
-  // A {code, wait, failures} reply: 1 another attempt is active, 2 backoff, each with a wait
-  // ≥ 1 µs; from inspect also 0, where begin would admit, with wait 0.
+  // A {code, wait, failures} reply: 1 another attempt is active, 2 backoff, 3 the store is full
+  // (with 0 failures), each with a wait ≥ 1 µs; from inspect also 0, where begin would admit,
+  // with wait 0.
   static absl::StatusOr<AttemptDecision> state_of(const redisReply& reply) {
     auto state = integers<3>(reply);
     if (!state) return malformed();
     const auto [code, wait, failures] = *state;
-    if (code > 2 || (code == 0) != (wait == 0) || wait >= kMaxMicros ||
-        static_cast<std::uint64_t>(failures) > kMaxAttemptFailures) {
+    if (code > 3 || (code == 0) != (wait == 0) || wait >= kMaxMicros ||
+        static_cast<std::uint64_t>(failures) > kMaxAttemptFailures ||
+        (code == 3 && failures != 0)) {
       return malformed();
     }
     constexpr AttemptReason kReasons[] = {AttemptReason::kAdmitted, AttemptReason::kAttemptActive,
-                                          AttemptReason::kBackoff};
+                                          AttemptReason::kBackoff, AttemptReason::kStoreFull};
     return AttemptDecision{.reason = kReasons[code],
                            .retry_after = std::chrono::microseconds{wait},
                            .failures = static_cast<std::uint64_t>(failures)};
@@ -301,7 +365,9 @@ class RedisAttemptLimiter {
     if (absl::Status s = check_time(time); !s.ok()) return s;
     absl::StatusOr<detail::ReplyPtr> reply = call(digest(subject), "i", 0, 0, time);
     if (!reply.ok()) return reply.status();
-    return state_of(**reply);
+    absl::StatusOr<AttemptDecision> state = state_of(**reply);
+    if (state.ok() && state->reason == AttemptReason::kStoreFull) return malformed();
+    return state;
   }
 
   absl::Status reset_at(std::string_view subject, std::optional<std::chrono::microseconds> time) {
