@@ -31,11 +31,13 @@
 // until it is answered. The listener and the trusted proxies are read once, at start.
 //
 // Upstream (--upstream http://HOST:PORT): admitted requests on a route are proxied there (GET,
-// path and query, 2 s to connect, 10 s to answer) and the upstream's answer is passed back, with
-// the rate-limit fields. Every answer (its latency, status and Retry-After; no answer counts as
-// status 0 and is answered 502) is fed to the adaptive rules that applied to the request, so a
-// slow or failing upstream shrinks their limits (docs/adaptive.md). Without --upstream the
-// gateway answers routed requests itself with the route as JSON.
+// the normalized path the route was matched on, and the query; 2 s to connect, 10 s to answer)
+// and the upstream's answer is passed back, with the rate-limit fields. A path that cannot be
+// normalized without guessing is answered 400 (sluice/request_path.hpp). Every answer (its
+// latency, status and Retry-After; no answer counts as status 0 and is answered 502) is fed to
+// the adaptive rules that applied to the request, so a slow or failing upstream shrinks their
+// limits (docs/adaptive.md). Without --upstream the gateway answers routed requests itself with
+// the route as JSON.
 //
 // Cheap attacks it bounds (bounded_server.hpp, kLimits below):
 // - slow clients: a request's line, headers and body must arrive within 10 s of the first byte
@@ -252,7 +254,9 @@ class Gateway {
     client.set_read_timeout(std::chrono::seconds(10));
     client.set_write_timeout(std::chrono::seconds(2));
     const auto start = std::chrono::steady_clock::now();
-    const httplib::Result result = client.Get(request.path, request.params, httplib::Headers{});
+    client.set_url_encode(false);  // the normalized path goes out byte for byte
+    // The path the request was limited on, never the raw one (see sluice/httplib.hpp).
+    const httplib::Result result = client.Get(limited.path, request.params, httplib::Headers{});
     const std::chrono::nanoseconds latency = std::chrono::steady_clock::now() - start;
     sluice::UpstreamResponse fed{.latency = latency, .status = 0};
     if (result) {
