@@ -9,6 +9,7 @@
 #include "catch.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
+#include "sluice/request_path.hpp"
 
 using namespace std::chrono_literals;
 using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
@@ -566,4 +567,56 @@ TEST_CASE("bad address prefixes and trusted proxies are rejected naming their pa
   config.policies[0].rate_limits[0].address_prefixes.reset();
   config.gateway.trusted_proxies = {"10.0.0.0/8", "not-a-network"};
   CHECK(sluice::validate(config).message().substr(0, 28) == "gateway.trusted_proxies[1]: ");
+}
+
+TEST_CASE("a request path is normalized before it is matched, and an ambiguous one is refused") {
+  struct Case {
+    std::string raw;
+    std::string normalized;  // "" when refused
+  };
+  const std::vector<Case> cases = {
+      {"/", "/"},
+      {"/v1/items", "/v1/items"},
+      {"/v1/items/", "/v1/items/"},
+      {"/v1/items/../../login", "/login"},
+      {"/v1/items/%2e%2e/%2E%2E/login", "/login"},
+      {"/v1/items/.%2e/.%2E/login", "/login"},
+      {"/v1/./items/./42", "/v1/items/42"},
+      {"/v1/items/..", "/v1/"},
+      {"/v1/items/.", "/v1/items/"},
+      {"/v1//items///42", "/v1/items/42"},
+      {"/v1/items//../login", "/v1/login"},
+      {"/v1/%69tems/%7E%2D%5F", "/v1/items/~-_"},              // unreserved characters decoded
+      {"/v1/a%20b/%3b/%e2%82%ac", "/v1/a%20b/%3B/%E2%82%AC"},  // others kept, hex upper case
+      {"/v1/...", "/v1/..."},                                  // not a dot segment
+      {"/v1/..a/.b", "/v1/..a/.b"},
+      {"/..", ""},                          // climbs above the root
+      {"/v1/../../login", ""},              // climbs above the root
+      {"/%2e%2e/login", ""},                // climbs above the root
+      {"/v1/items%2F..%2F..%2Flogin", ""},  // an encoded '/'
+      {"/v1/items%2f..", ""},
+      {"/v1/items%5C..", ""},  // an encoded '\'
+      {"/v1/items\\..\\login", ""},
+      {"/v1/items%00", ""},
+      {"/v1/items/..;/login", ""},  // a dot segment with parameters
+      {"/v1/%", ""},
+      {"/v1/%4", ""},
+      {"/v1/%zz", ""},
+      {"/v1/a\tb", ""},
+      {"v1/items", ""},
+      {"", ""},
+      {"http://example.com/v1/items", ""},
+  };
+  for (const Case& c : cases) {
+    INFO("raw path: " << c.raw);
+    const absl::StatusOr<std::string> normalized = sluice::normalize_request_path(c.raw);
+    if (c.normalized.empty()) {
+      CHECK(normalized.status().code() == absl::StatusCode::kInvalidArgument);
+    } else {
+      REQUIRE(normalized.ok());
+      CHECK(*normalized == c.normalized);
+    }
+  }
+  CHECK(sluice::normalize_request_path("/v1/../../etc").status().message() ==
+        "the path climbs above the root");
 }

@@ -9,7 +9,9 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
@@ -219,6 +221,70 @@ TEST_CASE("a request keeps the engine generation it evaluated with while a reloa
   CHECK(response.body == "answered");
   std::lock_guard lock(mutex);
   CHECK(seen_route == "items");
+}
+
+namespace {
+
+// items_config, plus route `login` (/login: 1 per minute for the route) and a global limit of 4
+// per minute per client address.
+sluice::PolicyConfig items_and_login_config() {
+  sluice::PolicyConfig config = items_config();
+  config.policies.push_back(
+      {.name = "login-throttle",
+       .rate_limits = {rule("per-route", {Selector::kRoute}, {.minute = 1})}});
+  config.policies.push_back(
+      {.name = "global", .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 4})}});
+  config.routes.push_back(
+      {.name = "login", .path_prefix = "/login", .policies = {"login-throttle"}});
+  config.gateway.global_policies = {"global"};
+  return config;
+}
+
+}  // namespace
+
+TEST_CASE("a path with dot segments is limited by the route it resolves to and handed on so") {
+  sluice::ManualClock clock;
+  Limiter::Options options = options_with();
+  std::mutex mutex;
+  std::vector<std::string> handed_on;
+  options.on_admitted = [&](const httplib::Request&, httplib::Response& response,
+                            const Limiter::LimitedRequest& limited) {
+    std::lock_guard lock(mutex);
+    handed_on.push_back(absl::StrCat(std::string(limited.route ? limited.route->route : "(none)"),
+                                     " ", limited.path));
+    response.set_content("ok", "text/plain");
+    return Limiter::HandlerResponse::Handled;
+  };
+  const TestServer server(
+      Limiter(make_engine(items_and_login_config(), clock), std::move(options)));
+
+  CHECK(server.get("/v1/items/../../login").status == 200);
+  const httplib::Response encoded = server.get("/v1/items/%2e%2e/%2E%2E/login");
+  CHECK(encoded.status == 429);  // the login route's one request per minute is spent
+  CHECK(header(encoded, "RateLimit-Policy") == R"("login-throttle/per-route/minute";q=1;w=60)");
+  CHECK(server.get("/v1/items/.%2e/.%2E/login").status == 429);
+  std::lock_guard lock(mutex);
+  CHECK(handed_on == std::vector<std::string>{"login /login"});
+}
+
+TEST_CASE("an ambiguous path is answered 400, and counts against the global limits") {
+  sluice::ManualClock clock;
+  const TestServer server(Limiter(make_engine(items_and_login_config(), clock), options_with()));
+  for (const char* path :
+       {"/../login", "/v1/items%2F..%2F..%2Flogin", "/v1/items%5C..%5Clogin", "/v1/items%00"}) {
+    INFO(path);
+    const httplib::Response refused = server.get(path);
+    CHECK(refused.status == 400);
+    CHECK(refused.body == "{\"error\":\"ambiguous request path\"}\n");
+  }
+  CHECK(server.get("/../login").status == 429);  // the client's 4 per minute are spent
+}
+
+TEST_CASE("a path the server's own routes would read differently is answered 400") {
+  sluice::ManualClock clock;
+  const TestServer server(Limiter(make_engine(items_config(), clock), options_with()));
+  CHECK(server.get("/v1/./items").status == 400);  // limited as /v1/items, routed as written
+  CHECK(server.get("/v1/items").status == 200);
 }
 
 TEST_CASE("without an engine every request is answered 503") {

@@ -1,9 +1,13 @@
 #include "sluice/yaml/reloading_engine.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,7 +22,7 @@
 #include "sluice/engine.hpp"
 
 using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
-using Holder = sluice::yaml::ReloadingEngine<Engine>;
+using Holder = sluice::yaml::ReloadingEngine<Engine, sluice::ManualClock>;
 using sluice::testing::on_route;
 
 namespace {
@@ -79,22 +83,47 @@ struct ReloadLog {
   }
 };
 
-std::unique_ptr<Holder> make(const std::string& path, sluice::ManualClock clock,
-                             const ReloadLog& log = {}) {
+constexpr std::chrono::seconds kSettle{1};
+
+// The holder's two time sources: its limiters' clock, and the one that times a changed file's
+// settling.
+struct Clocks {
+  sluice::ManualClock limiters;
+  sluice::ManualClock settle;
+};
+
+absl::StatusOr<std::unique_ptr<Holder>> try_make(const std::string& path, const Clocks& clocks,
+                                                 const ReloadLog& log = {}) {
   Holder::Options options;         // assigned member-wise: GCC 12 -O2 reports a false
   options.backend.store.seed = 1;  // maybe-uninitialized for nested designated initializers
-  options.backend.clock = clock;
+  options.backend.clock = clocks.limiters;
   options.on_event = log.hook();
-  auto holder = Holder::create(path, std::move(options));
+  options.clock = clocks.settle;
+  options.settle = kSettle;
+  return Holder::create(path, std::move(options));
+}
+
+std::unique_ptr<Holder> make(const std::string& path, const Clocks& clocks,
+                             const ReloadLog& log = {}) {
+  auto holder = try_make(path, clocks, log);
   REQUIRE(holder.ok());
   return *std::move(holder);
 }
 
 // poll()'s outcome as text: "reloaded", "unchanged" or the error.
-std::string poll(Holder& holder) {
+std::string poll_now(Holder& holder) {
   const absl::StatusOr<bool> polled = holder.poll();
   if (!polled.ok()) return polled.status().ToString();
   return *polled ? "reloaded" : "unchanged";
+}
+
+// What a poller sees of a file that then stays as it is: a poll now, and when that one found
+// nothing to load, another one settle interval later.
+std::string poll(Holder& holder, Clocks& clocks) {
+  const std::string first = poll_now(holder);
+  if (first != "unchanged") return first;
+  clocks.settle.advance(kSettle);
+  return poll_now(holder);
 }
 
 int admitted(const Engine& engine, int n) {
@@ -109,9 +138,9 @@ TEST_CASE("a spent budget stays spent after reloading an edited file with the sa
   TempDir dir;
   const std::string path = dir.file("gateway.yaml");
   write(path, config_text(2));
-  sluice::ManualClock clock;
+  Clocks clocks;
   ReloadLog log;
-  auto holder = make(path, clock, log);
+  auto holder = make(path, clocks, log);
   CHECK(admitted(*holder->current(), 3) == 2);
 
   // Another bundle is added; `api/per-ip` is unchanged.
@@ -119,7 +148,7 @@ TEST_CASE("a spent budget stays spent after reloading an edited file with the sa
                           "  - name: other\n"
                           "    rate_limits: [{ name: per-route, selector: [route], "
                           "requests_per: { minute: 100 } }]\n"));
-  REQUIRE(poll(*holder) == "reloaded");
+  REQUIRE(poll(*holder, clocks) == "reloaded");
   CHECK(holder->current()->rule_count() == 2);
   CHECK(admitted(*holder->current(), 1) == 0);  // still spent
   CHECK(log.take() == std::vector<std::string>{"OK"});
@@ -134,14 +163,16 @@ TEST_CASE("a broken file keeps the last good config serving and reports the erro
   TempDir dir;
   const std::string path = dir.file("gateway.yaml");
   write(path, config_text(2));
-  sluice::ManualClock clock;
+  Clocks clocks;
   ReloadLog log;
-  auto holder = make(path, clock, log);
+  auto holder = make(path, clocks, log);
   const std::shared_ptr<const Engine> good = holder->current();
 
   std::string broken = config_text(2);
   broken.replace(broken.find("s: 2"), 4, "s: 0");
   write(path, broken);
+  CHECK(poll_now(*holder) == "unchanged");  // settling
+  clocks.settle.advance(kSettle);
   const absl::StatusOr<bool> polled = holder->poll();
   REQUIRE_FALSE(polled.ok());
   CHECK(polled.status().code() == absl::StatusCode::kInvalidArgument);
@@ -152,19 +183,19 @@ TEST_CASE("a broken file keeps the last good config serving and reports the erro
   CHECK(log.take() ==
         std::vector<std::string>{absl::StrCat("INVALID_ARGUMENT: ", polled.status().message())});
 
-  CHECK(poll(*holder) == "unchanged");  // the same broken content is not reported again
+  CHECK(poll(*holder, clocks) == "unchanged");  // the same broken content is not reported again
   CHECK(holder->current()->engine_stats().failed_reloads == 1);
   CHECK_FALSE(holder->reload().ok());  // an explicit reload tries (and reports) again
   CHECK(holder->current()->engine_stats().failed_reloads == 2);
 
   write(path, "policies: [\n");  // not YAML at all
-  CHECK(holder->poll().status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(poll(*holder, clocks).starts_with("INVALID_ARGUMENT: "));
   std::filesystem::remove(path);
   CHECK(holder->poll().status().code() == absl::StatusCode::kNotFound);
   CHECK(holder->current() == good);
 
   write(path, config_text(2));  // fixed: the same content as the good generation's
-  CHECK(poll(*holder) == "reloaded");
+  CHECK(poll(*holder, clocks) == "reloaded");
   CHECK(holder->current() != good);
   CHECK(admitted(*holder->current(), 1) == 0);  // and its state carried over
 }
@@ -173,12 +204,12 @@ TEST_CASE("poll reloads nothing while the file's content is unchanged") {
   TempDir dir;
   const std::string path = dir.file("gateway.yaml");
   write(path, config_text(2));
-  sluice::ManualClock clock;
-  auto holder = make(path, clock);
+  Clocks clocks;
+  auto holder = make(path, clocks);
   const std::shared_ptr<const Engine> first = holder->current();
-  CHECK(poll(*holder) == "unchanged");
+  CHECK(poll(*holder, clocks) == "unchanged");
   write(path, config_text(2));  // rewritten (new mtime), same bytes
-  CHECK(poll(*holder) == "unchanged");
+  CHECK(poll(*holder, clocks) == "unchanged");
   CHECK(holder->current() == first);
   CHECK(holder->current()->engine_stats().reloads == 0);
 }
@@ -187,8 +218,8 @@ TEST_CASE("a view from a held generation stays valid after a reload replaced it"
   TempDir dir;
   const std::string path = dir.file("gateway.yaml");
   write(path, config_text(2, "public"));
-  sluice::ManualClock clock;
-  auto holder = make(path, clock);
+  Clocks clocks;
+  auto holder = make(path, clocks);
   std::shared_ptr<const Engine> request_engine = holder->current();  // one request's generation
   const auto match = request_engine->match_route("", "/v1/items");
   REQUIRE(match.has_value());
@@ -210,8 +241,8 @@ TEST_CASE("current() and evaluate run concurrently with reloads") {
   TempDir dir;
   const std::string path = dir.file("gateway.yaml");
   write(path, config_text(1000));
-  sluice::ManualClock clock;
-  auto holder = make(path, clock);
+  Clocks clocks;
+  auto holder = make(path, clocks);
   std::atomic<bool> done{false};
   std::atomic<int> evaluations{0};
   std::vector<std::thread> readers;
@@ -237,4 +268,159 @@ TEST_CASE("current() and evaluate run concurrently with reloads") {
   CHECK(evaluations.load() > 0);
   CHECK(holder->current()->engine_stats().reloads == 40);
   CHECK(holder->current()->match_route("", "/v1/x")->route == "b");
+}
+
+TEST_CASE("a changed file is loaded only once it has stayed the same for the settle interval") {
+  using std::chrono::nanoseconds;
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  Clocks clocks;
+  auto holder = make(path, clocks);
+  const std::shared_ptr<const Engine> first = holder->current();
+
+  write(path, config_text(3));
+  CHECK(poll_now(*holder) == "unchanged");  // just changed: the writer may not be done
+  clocks.settle.advance(kSettle - nanoseconds(1));
+  CHECK(poll_now(*holder) == "unchanged");
+  write(path, config_text(4));  // changed again: the interval starts over
+  clocks.settle.advance(nanoseconds(1));
+  CHECK(poll_now(*holder) == "unchanged");
+  clocks.settle.advance(kSettle - nanoseconds(1));
+  CHECK(poll_now(*holder) == "unchanged");
+  // The same bytes written again (a new modification time): the interval starts over too.
+  std::filesystem::last_write_time(
+      path, std::filesystem::last_write_time(path) + std::chrono::seconds(1));
+  clocks.settle.advance(nanoseconds(1));
+  CHECK(poll_now(*holder) == "unchanged");
+  clocks.settle.advance(kSettle - nanoseconds(1));
+  CHECK(poll_now(*holder) == "unchanged");
+  CHECK(holder->current() == first);
+
+  clocks.settle.advance(nanoseconds(1));
+  CHECK(poll_now(*holder) == "reloaded");
+  CHECK(admitted(*holder->current(), 5) == 4);
+}
+
+namespace {
+
+// examples/gateway/gateway.yaml, found from this file's place in the source tree.
+std::string example_gateway_yaml() {
+  const std::filesystem::path source = std::filesystem::path(__FILE__).parent_path().parent_path();
+  std::ifstream in(source / "examples" / "gateway" / "gateway.yaml", std::ios::binary);
+  REQUIRE(in);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Where a writer of `text` could stall: every byte of the `listeners:` section (its prefixes
+// that end there are valid configs without a rule), and the middle and end of every other line.
+std::vector<std::size_t> pieces_of(const std::string& text) {
+  const std::size_t listeners = text.find("\nlisteners:");
+  const std::size_t after = text.find("\n\n", listeners + 1);
+  REQUIRE(after != std::string::npos);
+  std::vector<std::size_t> ends;
+  for (std::size_t end = listeners; end <= after; ++end) ends.push_back(end);
+  for (std::size_t start = 0; start < text.size();) {
+    const std::size_t line_end = std::min(text.find('\n', start), text.size() - 1);
+    ends.push_back(start + (line_end - start) / 2);
+    ends.push_back(line_end);
+    start = line_end + 1;
+  }
+  return ends;
+}
+
+}  // namespace
+
+TEST_CASE("a config file written in pieces never replaces the running config with fewer rules") {
+  const std::string full = example_gateway_yaml();
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, full);
+  Clocks clocks;
+  auto holder = make(path, clocks);
+  const std::size_t rules = holder->current()->rule_count();
+  REQUIRE(rules == 8);
+
+  std::size_t refused_for_dropping_every_rule = 0;
+  for (const std::size_t written : pieces_of(full)) {
+    write(path, full.substr(0, written));  // the writer has got this far...
+    REQUIRE(poll_now(*holder) == "unchanged");
+    clocks.settle.advance(kSettle);  // ...and stalls there, so the prefix is stable
+    const absl::StatusOr<bool> polled = holder->poll();
+    if (polled.status().code() == absl::StatusCode::kFailedPrecondition) {
+      ++refused_for_dropping_every_rule;
+    }
+    INFO("the first " << written << " bytes");
+    REQUIRE(holder->current()->rule_count() == rules);
+  }
+  // Prefixes that end inside `listeners:` are valid configs without a rule.
+  CHECK(refused_for_dropping_every_rule > 0);
+  write(path, full);
+  CHECK(poll(*holder, clocks) == "reloaded");
+  CHECK(holder->current()->rule_count() == rules);
+}
+
+TEST_CASE("a Kubernetes ConfigMap update, a rename of the ..data symlink, is picked up") {
+  namespace fs = std::filesystem;
+  TempDir dir;
+  // The kubelet's layout: gateway.yaml -> ..data/gateway.yaml, ..data -> a timestamped directory.
+  const std::string old_version = "..2026_01_01_00_00_00.000000001";
+  const std::string new_version = "..2026_01_01_00_01_00.000000002";
+  fs::create_directory(dir.file(old_version));
+  write(dir.file(old_version + "/gateway.yaml"), config_text(2, "public"));
+  fs::create_directory_symlink(old_version, dir.file("..data"));
+  fs::create_symlink("..data/gateway.yaml", dir.file("gateway.yaml"));
+  Clocks clocks;
+  auto holder = make(dir.file("gateway.yaml"), clocks);
+  REQUIRE(holder->current()->match_route("", "/v1/x")->route == "public");
+
+  // An update: the new version in a new directory, a new link to it renamed over ..data (one
+  // atomic step), the old directory removed.
+  fs::create_directory(dir.file(new_version));
+  write(dir.file(new_version + "/gateway.yaml"), config_text(2, "renamed"));
+  fs::create_directory_symlink(new_version, dir.file("..data_tmp"));
+  fs::rename(dir.file("..data_tmp"), dir.file("..data"));
+  fs::remove_all(dir.file(old_version));
+
+  CHECK(poll(*holder, clocks) == "reloaded");
+  CHECK(holder->current()->match_route("", "/v1/x")->route == "renamed");
+}
+
+TEST_CASE("a config that drops every rule is refused unless it says limits_nothing") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  Clocks clocks;
+  ReloadLog log;
+  auto holder = make(path, clocks, log);
+
+  write(path, "listeners:\n  - name: public\n");
+  const std::string refused = poll(*holder, clocks);
+  CHECK(refused ==
+        absl::StrCat("FAILED_PRECONDITION: ", path,
+                     ": this config attaches no rule, where the running one attaches 1, so it "
+                     "would limit nothing; if the file is still being written, replace it "
+                     "atomically instead (write a temporary file, then rename it over this one); "
+                     "to remove every rule on purpose, add `limits_nothing: true`"));
+  CHECK(log.take() == std::vector<std::string>{refused});
+  CHECK(holder->current()->engine_stats().failed_reloads == 1);
+  CHECK(admitted(*holder->current(), 3) == 2);  // the running config still limits
+
+  write(path, "limits_nothing: true\nlisteners:\n  - name: public\n");
+  CHECK(poll(*holder, clocks) == "reloaded");
+  CHECK(holder->current()->rule_count() == 0);
+  CHECK(admitted(*holder->current(), 3) == 3);
+  CHECK(log.take() == std::vector<std::string>{"OK"});
+}
+
+TEST_CASE("the first load must attach a rule unless the config says limits_nothing") {
+  TempDir dir;
+  Clocks clocks;
+  write(dir.file("empty.yaml"), "listeners: [{ name: public }]\n");
+  CHECK(try_make(dir.file("empty.yaml"), clocks).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  write(dir.file("none.yaml"), "limits_nothing: true\n");
+  auto holder = try_make(dir.file("none.yaml"), clocks);
+  REQUIRE(holder.ok());
+  CHECK((*holder)->current()->rule_count() == 0);
 }

@@ -133,6 +133,12 @@ TEST_CASE("an empty mapping is a valid config that limits nothing") {
   CHECK(*config == sluice::PolicyConfig{});
 }
 
+TEST_CASE("limits_nothing: true loads as spelled on a config without rules") {
+  auto config = sluice::yaml::load_config("limits_nothing: true\nlisteners: [{ name: public }]\n");
+  REQUIRE(config.ok());
+  CHECK(config->limits_nothing);
+}
+
 TEST_CASE("engine modes and an empty exempt list load as spelled") {
   auto config = sluice::yaml::load_config(
       "engine: {consumption: every_rule, on_backend_error: fail_closed}\n"
@@ -149,6 +155,14 @@ TEST_CASE("engine modes and an empty exempt list load as spelled") {
 TEST_CASE("an unknown top-level key is an error that suggests the key meant") {
   CHECK(error_of("polices:\n  - name: a\n") ==
         "1:1: (root): unknown key \"polices\" (did you mean \"policies\"?)");
+}
+
+TEST_CASE("limits_nothing on a config that attaches rules is an error at the flag") {
+  CHECK(error_of("limits_nothing: true\n"
+                 "policies: [{ name: a, rate_limit: { requests: 5, window_seconds: 60 } }]\n"
+                 "gateway: { global_policies: [a] }\n") ==
+        "1:17: limits_nothing: is true, but the config attaches 1 rule; remove limits_nothing "
+        "(it lets a config without rules replace a running one)");
 }
 
 TEST_CASE("a typo in a rule key is an error rather than a dropped burst") {

@@ -2,7 +2,8 @@
 // sluice::RateLimitEngine compiled from a YAML config (examples/gateway/gateway.yaml).
 //
 //   sluice_gateway examples/gateway/gateway.yaml [--port 8080] [--listener public]
-//                  [--trusted-proxy CIDR]... [--reload-poll-ms 1000] [--upstream http://HOST:PORT]
+//                  [--trusted-proxy CIDR]... [--reload-poll-ms 1000] [--reload-settle-ms 1000]
+//                  [--upstream http://HOST:PORT]
 //
 // It binds 127.0.0.1 only; `--port 0` (the default) picks a free port. The first line on stdout is
 // "sluice_gateway: listening on http://127.0.0.1:<port> ...". The limiting is sluice's cpp-httplib
@@ -22,17 +23,21 @@
 // SIGINT or SIGTERM stops the server.
 //
 // Reload (sluice::yaml::ReloadingEngine): the config file is polled every --reload-poll-ms
-// (default 1000; 0 turns polling off) and reloaded when its content changed, and reloaded on
-// SIGHUP. Unchanged rules keep their state; a broken file is logged and the last good config
-// keeps serving. Each request holds the generation it was evaluated with until it is answered.
-// The listener and the trusted proxies are read once, at start.
+// (default 1000; 0 turns polling off) and reloaded when its content changed and has then stayed
+// the same for --reload-settle-ms (default 1000), and reloaded on SIGHUP. Unchanged rules keep
+// their state; a broken file, or one that attaches no rule without `limits_nothing: true`, is
+// logged and the last good config keeps serving. Replace the file atomically (write a temporary
+// file, then rename it over the config). Each request holds the generation it was evaluated with
+// until it is answered. The listener and the trusted proxies are read once, at start.
 //
 // Upstream (--upstream http://HOST:PORT): admitted requests on a route are proxied there (GET,
-// path and query, 2 s to connect, 10 s to answer) and the upstream's answer is passed back, with
-// the rate-limit fields. Every answer (its latency, status and Retry-After; no answer counts as
-// status 0 and is answered 502) is fed to the adaptive rules that applied to the request, so a
-// slow or failing upstream shrinks their limits (docs/adaptive.md). Without --upstream the
-// gateway answers routed requests itself with the route as JSON.
+// the normalized path the route was matched on, and the query; 2 s to connect, 10 s to answer)
+// and the upstream's answer is passed back, with the rate-limit fields. A path that cannot be
+// normalized without guessing is answered 400 (sluice/request_path.hpp). Every answer (its
+// latency, status and Retry-After; no answer counts as status 0 and is answered 502) is fed to
+// the adaptive rules that applied to the request, so a slow or failing upstream shrinks their
+// limits (docs/adaptive.md). Without --upstream the gateway answers routed requests itself with
+// the route as JSON.
 //
 // Cheap attacks it bounds (bounded_server.hpp, kLimits below):
 // - slow clients: a request's line, headers and body must arrive within 10 s of the first byte
@@ -82,14 +87,16 @@ struct Options {
   std::string config_path;
   int port = 0;
   std::optional<std::string> listener;
-  std::vector<std::string> trusted_proxies;     // CIDRs, besides the config's
-  std::chrono::milliseconds reload_poll{1000};  // 0: reload on SIGHUP only
-  std::optional<std::string> upstream;          // "http://host:port"
+  std::vector<std::string> trusted_proxies;       // CIDRs, besides the config's
+  std::chrono::milliseconds reload_poll{1000};    // 0: reload on SIGHUP only
+  std::chrono::milliseconds reload_settle{1000};  // a change must stay this long to be loaded
+  std::optional<std::string> upstream;            // "http://host:port"
 };
 
 constexpr std::string_view kUsage =
     "usage: sluice_gateway CONFIG.yaml [--port N] [--listener NAME] [--trusted-proxy CIDR]...\n"
-    "                      [--reload-poll-ms N] [--upstream http://HOST:PORT]\n";
+    "                      [--reload-poll-ms N] [--reload-settle-ms N] [--upstream "
+    "http://HOST:PORT]\n";
 
 // What one connection may cost (see the top comment and bounded_server.hpp).
 constexpr gateway::ServerLimits kLimits{.workers = 64,
@@ -118,6 +125,10 @@ std::optional<Options> parse_args(int argc, char** argv) {
       std::optional<int> ms = parse_int(argv[++i], 24 * 3600 * 1000);
       if (!ms) return std::nullopt;
       options.reload_poll = std::chrono::milliseconds(*ms);
+    } else if (arg == "--reload-settle-ms" && i + 1 < argc) {
+      std::optional<int> ms = parse_int(argv[++i], 24 * 3600 * 1000);
+      if (!ms) return std::nullopt;
+      options.reload_settle = std::chrono::milliseconds(*ms);
     } else if (arg == "--upstream" && i + 1 < argc) {
       std::string_view url = argv[++i];
       if (!url.starts_with("http://") || url.size() == 7) return std::nullopt;
@@ -243,7 +254,9 @@ class Gateway {
     client.set_read_timeout(std::chrono::seconds(10));
     client.set_write_timeout(std::chrono::seconds(2));
     const auto start = std::chrono::steady_clock::now();
-    const httplib::Result result = client.Get(request.path, request.params, httplib::Headers{});
+    client.set_url_encode(false);  // the normalized path goes out byte for byte
+    // The path the request was limited on, never the raw one (see sluice/httplib.hpp).
+    const httplib::Result result = client.Get(limited.path, request.params, httplib::Headers{});
     const std::chrono::nanoseconds latency = std::chrono::steady_clock::now() - start;
     sluice::UpstreamResponse fed{.latency = latency, .status = 0};
     if (result) {
@@ -290,8 +303,8 @@ std::optional<Loaded> load(Options& options) {
   absl::StatusOr<sluice::ClientAddressResolver> resolver =
       sluice::ClientAddressResolver::create(trusted);
   if (!resolver.ok()) return fail(resolver.status());
-  absl::StatusOr<std::unique_ptr<Holder>> holder =
-      Holder::create(options.config_path, {.on_event = &Gateway::on_event});
+  absl::StatusOr<std::unique_ptr<Holder>> holder = Holder::create(
+      options.config_path, {.on_event = &Gateway::on_event, .settle = options.reload_settle});
   if (!holder.ok()) return fail(holder.status());
   return Loaded{*std::move(holder), *std::move(resolver)};
 }

@@ -719,7 +719,8 @@ class BasicRateLimitEngine {
     std::optional<std::string_view> service{};
   };
   // The route with the longest path_prefix that starts `path`, among routes on `listener` (or
-  // on every listener).
+  // on every listener). `path` must be normalized (sluice/request_path.hpp), and the request
+  // must be served on that same path: a raw path climbs out of a prefix with dot segments.
   std::optional<RouteMatch> match_route(std::string_view listener, std::string_view path) const {
     for (const auto& route : routes_) {  // sorted longest prefix first
       if (!route.listener.empty() && route.listener != listener) continue;

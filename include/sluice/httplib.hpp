@@ -31,14 +31,24 @@
 //   counts for `credential` rules only when it belongs to a consumer; an unknown token is limited
 //   like an anonymous caller (by address), and `LimitedRequest::consumer` stays empty so that a
 //   handler can answer 401.
-// - Route: the longest `path_prefix` that starts the path; the body is never read here, so a
-//   denied or pre-answered request costs no body bytes.
+// - Route: the longest `path_prefix` that starts the normalized path (sluice/request_path.hpp:
+//   unreserved percent-encodings decoded, dot segments removed, repeated '/' merged), taken from
+//   the request target as sent, never from cpp-httplib's decoded `request.path`, in which an
+//   encoded '/' is no longer told apart. `LimitedRequest::path` is that path: a proxy forwards
+//   exactly it, so the upstream serves the path the request was limited on. A path that cannot be
+//   normalized without guessing (it climbs above the root, encodes '/', '\' or NUL, ...) is
+//   limited as unrouted (the listener and global rules apply) and then answered 400. A request
+//   handed on to the server's own routes (on_admitted absent or Unhandled) whose normalized path
+//   decodes to another path than the one cpp-httplib routes on (`/v1/./items`) is answered 400
+//   too: the server's routes would serve a path the request was not limited on.
+// - The body is never read here, so a denied or pre-answered request costs no body bytes.
 // - Backend errors: with `on_backend_error: fail_open` the request passes (the error is seen by
 //   `on_evaluated`); a request the engine denies for an error is answered 503, not 429.
 //
 // Thread-safety: `operator()` is const and may run on all the server's threads at once when the
-// source and the callbacks may. Cost per request: one resolve (O(header bytes)), one route match
-// (O(routes)), one credential lookup, one `evaluate`. No floating point, no exceptions thrown.
+// source and the callbacks may. Cost per request: one resolve (O(header bytes)), one path
+// normalization (O(path bytes)), one route match (O(routes)), one credential lookup, one
+// `evaluate`. No floating point, no exceptions thrown.
 #ifndef SLUICE_HTTPLIB_HPP_
 #define SLUICE_HTTPLIB_HPP_
 
@@ -57,6 +67,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -65,6 +76,7 @@
 #include "sluice/client_address.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
+#include "sluice/request_path.hpp"
 
 namespace sluice {
 
@@ -83,6 +95,9 @@ class HttplibLimiter {
     std::optional<std::string_view> credential{};  // as presented, known or not
     std::optional<std::string_view> consumer{};    // set iff the credential is a consumer's
     std::string_view listener{};                   // Options::listener
+    // The normalized path routes were matched on, and what a proxy forwards; "" when the path
+    // was refused (then route is empty and the request is answered 400 unless denied).
+    std::string path{};
     Evaluation evaluation{};
   };
 
@@ -139,8 +154,18 @@ class HttplibLimiter {
       deny(limited.evaluation, response);
       return HandlerResponse::Handled;
     }
-    if (options_.on_admitted) return options_.on_admitted(request, response, limited);
-    return HandlerResponse::Unhandled;
+    if (limited.path.empty()) {
+      respond_json(response, 400, R"({"error":"ambiguous request path"})");
+      return HandlerResponse::Handled;
+    }
+    const HandlerResponse handled = options_.on_admitted
+                                        ? options_.on_admitted(request, response, limited)
+                                        : HandlerResponse::Unhandled;
+    if (handled == HandlerResponse::Unhandled && !routed_as_limited(request, limited.path)) {
+      respond_json(response, 400, R"({"error":"ambiguous request path"})");
+      return HandlerResponse::Handled;
+    }
+    return handled;
   }
 
   // The token of `Authorization: Bearer <token>` (scheme case-insensitive), a view into
@@ -161,12 +186,12 @@ class HttplibLimiter {
   // failing and recovers after. Call it once per answer, from `on_admitted` or later while
   // `limited.engine` is held; a request that never reached the upstream feeds nothing. The
   // request is the one `limited` was evaluated from (same path, address, credential).
-  static absl::Status record_upstream(const httplib::Request& request,
+  static absl::Status record_upstream([[maybe_unused]] const httplib::Request& request,
                                       const LimitedRequest& limited,
                                       const UpstreamResponse& upstream) {
     if (!limited.engine || limited.evaluation.exempt) return absl::OkStatus();
     const std::string client_ip = limited.client.to_string();
-    return limited.engine->record_upstream(context_for(request, limited, client_ip), upstream);
+    return limited.engine->record_upstream(context_for(limited, client_ip), upstream);
   }
 
   // An upstream answer as the adaptive controllers read it: `status` (0: no answer: refused,
@@ -195,20 +220,50 @@ class HttplibLimiter {
     limited.client = options_.resolver.resolve(request.remote_addr, joined(request, "Forwarded"),
                                                joined(request, "X-Forwarded-For"));
     limited.listener = options_.listener;
-    limited.route = engine.match_route(options_.listener, request.path);
+    absl::StatusOr<std::string> path = normalize_request_path(raw_path(request));
+    if (path.ok()) {
+      limited.path = *std::move(path);
+      limited.route = engine.match_route(options_.listener, limited.path);
+    }
     limited.credential = options_.credential ? options_.credential(request) : bearer_token(request);
     if (limited.credential) limited.consumer = engine.consumer_for(*limited.credential);
 
     const std::string client_ip = limited.client.to_string();
-    RequestContext context = context_for(request, limited, client_ip);
+    RequestContext context = context_for(limited, client_ip);
     if (options_.wall_clock) context.wall_time = options_.wall_clock();
     limited.evaluation = engine.evaluate(context);
   }
 
-  // The engine's view of `request`: `client_ip` (the resolved address as text) must outlive it.
-  static RequestContext context_for(const httplib::Request& request, const LimitedRequest& limited,
-                                    const std::string& client_ip) {
-    RequestContext context{.client_ip = client_ip, .path = request.path};
+  // The path as the client sent it, still percent-encoded: the request target before '?' (a
+  // request built by hand, without a target: its path).
+  static std::string_view raw_path(const httplib::Request& request) {
+    if (request.target.empty()) return request.path;
+    const std::string_view target = request.target;
+    return target.substr(0, target.find('?'));
+  }
+
+  // Whether cpp-httplib's own routing, which matches `request.path` (the target's path with every
+  // percent-encoding decoded), reads the path the request was limited on.
+  static bool routed_as_limited(const httplib::Request& request, std::string_view path) {
+    std::string decoded;
+    decoded.reserve(path.size());
+    for (std::size_t i = 0; i < path.size(); ++i) {
+      int byte = 0;  // a normalized path's percent-encodings are well formed
+      if (path[i] == '%' && i + 2 < path.size() &&
+          std::from_chars(path.data() + i + 1, path.data() + i + 3, byte, 16).ptr ==
+              path.data() + i + 3) {
+        decoded.push_back(static_cast<char>(byte));
+        i += 2;
+      } else {
+        decoded.push_back(path[i]);
+      }
+    }
+    return decoded == request.path;
+  }
+
+  // The engine's view of the request: `client_ip` (the resolved address as text) must outlive it.
+  static RequestContext context_for(const LimitedRequest& limited, const std::string& client_ip) {
+    RequestContext context{.client_ip = client_ip, .path = limited.path};
     if (limited.consumer) {
       context.credential = limited.credential;
       context.consumer = limited.consumer;

@@ -46,6 +46,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -261,6 +262,11 @@ struct PolicyConfig {
   std::vector<Consumer> consumers{};
   Gateway gateway{};
   EngineOptions engine{};
+  // Says that this config attaches no rule on purpose. A reloading holder refuses a config that
+  // attaches no rule (a file read while still being written looks like that) unless it is set;
+  // validate() refuses it on a config that attaches a rule, so that it cannot linger at the top
+  // of a file whose truncated copy would then be applied.
+  bool limits_nothing = false;
 
   friend bool operator==(const PolicyConfig&, const PolicyConfig&) = default;
 };
@@ -881,10 +887,43 @@ inline absl::Status validate_engine(const EngineOptions& engine) {
 
 }  // namespace detail
 
+// The rules that can apply to a request: those of every bundle attached at some scope (consumer,
+// route, service, listener, global), each bundle once, dry-run bundles included. Linear in the
+// config's size.
+inline std::size_t attached_rule_count(const PolicyConfig& config) {
+  std::unordered_set<std::string_view> attached;
+  auto attach = [&](const std::vector<std::string>& names) {
+    attached.insert(names.begin(), names.end());
+  };
+  for (const Consumer& c : config.consumers) attach(c.policies);
+  for (const Route& r : config.routes) attach(r.policies);
+  for (const Service& s : config.services) attach(s.policies);
+  for (const Listener& l : config.listeners) attach(l.policies);
+  attach(config.gateway.global_policies);
+  std::size_t rules = 0;
+  for (const Bundle& bundle : config.policies) {
+    if (attached.contains(bundle.name)) rules += detail::rule_count(bundle);
+  }
+  return rules;
+}
+
+namespace detail {
+
+inline absl::Status validate_limits_nothing(const PolicyConfig& config) {
+  if (!config.limits_nothing) return absl::OkStatus();
+  const std::size_t rules = attached_rule_count(config);
+  if (rules == 0) return absl::OkStatus();
+  return invalid("limits_nothing: is true, but the config attaches ", rules,
+                 rules == 1 ? " rule" : " rules",
+                 "; remove limits_nothing (it lets a config without rules replace a running one)");
+}
+
+}  // namespace detail
+
 // Checks a whole config and returns the first problem as InvalidArgument naming its path, e.g.
 // "policies[0].rate_limits[1].requests_per.s must be > 0" or
 // "routes[2].policies[0]: unknown bundle \"x\"". Order: policies, services, listeners, routes,
-// consumers, gateway, engine; within each, declaration order.
+// consumers, gateway, engine, limits_nothing; within each, declaration order.
 inline absl::Status validate(const PolicyConfig& config) {
   detail::NameIndex bundles, services, listeners;
   absl::Status s = detail::check_sizes(config);
@@ -904,6 +943,7 @@ inline absl::Status validate(const PolicyConfig& config) {
   if (s.ok()) s = detail::validate_consumers(config, bundles);
   if (s.ok()) s = detail::validate_gateway(config.gateway, bundles, config.policies);
   if (s.ok()) s = detail::validate_engine(config.engine);
+  if (s.ok()) s = detail::validate_limits_nothing(config);
   return s;
 }
 

@@ -29,6 +29,7 @@ expect() { # expect WHAT ACTUAL EXPECTED
 start() {
   local name=$1
   shift
+  : >"$work/$name.out" # before the server starts: the loop below reads it at once (set -e)
   "$@" >"$work/$name.out" 2>"$work/$name.err" &
   started_pid=$!
   server_pids+=("$started_pid")

@@ -27,6 +27,15 @@
 // a file without changing it reloads nothing. A file that cannot be read (e.g. missing) is
 // reported on every poll until it can.
 //
+// A file being written: writers should replace the file atomically (write a temporary file,
+// rename it over this one). For those that do not, `poll()` loads a change only once the file's
+// size, modification time and content have stayed the same for Options::settle (default 1 s,
+// timed by `SettleClock`), and every load refuses (FailedPrecondition, reported like an invalid
+// file) a config that attaches no rule (sluice::attached_rule_count) unless it says
+// `limits_nothing: true`: a prefix of a config is often valid YAML that attaches nothing.
+// `reload()` loads the file as it is now, without the settle interval. Paths through symlinks
+// are followed on every read, so a Kubernetes ConfigMap's `..data` swap is picked up.
+//
 // Thread-safety: `current()` may be called from any thread at any time and never waits for a
 // reload: a reload reads and compiles off to the side and publishes by swapping one pointer.
 // The pointer is guarded by a spin bit held only for a reference-count increment (reader) or a
@@ -39,6 +48,8 @@
 #ifndef SLUICE_YAML_RELOADING_ENGINE_HPP_
 #define SLUICE_YAML_RELOADING_ENGINE_HPP_
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -49,6 +60,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/clock.hpp"
 #include "sluice/detail/mutex.hpp"
 #include "sluice/detail/spin_lock.hpp"
 #include "sluice/detail/xxhash.hpp"
@@ -59,28 +71,35 @@
 
 namespace sluice::yaml {
 
-template <class Engine = RateLimitEngine>
+template <class Engine = RateLimitEngine, Clock SettleClock = SteadyClock>
 class ReloadingEngine {
  public:
   struct Options {
     typename Engine::BackendOptions backend{};
     typename Engine::Observer observer{};
     EngineEventHook on_event{};  // also receives every reload's outcome
+    // poll() loads a changed file only once its size, modification time and content have stayed
+    // the same for this long (0: at once).
+    std::chrono::nanoseconds settle = std::chrono::seconds(1);
+    SettleClock clock{};  // measures `settle`
   };
 
-  // Loads `path` and compiles the first generation; its errors are load_config_file's or the
-  // engine's (nothing is served without a first good config).
+  // Loads `path` and compiles the first generation; its errors are load_config_file's, the
+  // engine's, or FailedPrecondition for a config that attaches no rule without saying
+  // `limits_nothing: true` (nothing is served without a first good config).
   static absl::StatusOr<std::unique_ptr<ReloadingEngine>> create(std::string path,
                                                                  Options options = {}) {
     absl::StatusOr<std::string> text = detail::read_config_file(path);
     if (!text.ok()) return text.status();
     absl::StatusOr<PolicyConfig> config = load(path, *text);
     if (!config.ok()) return config.status();
+    if (absl::Status s = check_attaches_a_rule(path, *config, std::nullopt); !s.ok()) return s;
     auto engine =
         Engine::create(*config, std::move(options.backend), options.observer, options.on_event);
     if (!engine.ok()) return engine.status();
     return std::unique_ptr<ReloadingEngine>(new ReloadingEngine(
-        std::move(path), std::make_shared<const Engine>(*std::move(engine)), version_of(*text)));
+        std::move(path), std::make_shared<const Engine>(*std::move(engine)), version_of(*text),
+        attached_rule_count(*config), options.settle, std::move(options.clock)));
   }
 
   ReloadingEngine(const ReloadingEngine&) = delete;
@@ -101,15 +120,22 @@ class ReloadingEngine {
     return reload_from(*text);
   }
 
-  // Reloads if the file's content changed since the last load (or rejected load): true if a new
-  // generation was published, false if nothing changed, the error if the changed file was bad
-  // (reported once per content).
+  // Reloads if the file's content changed since the last load (or rejected load) and has since
+  // stayed the same (size, modification time and content) for Options::settle: true if a new
+  // generation was published, false if nothing changed or the change is still settling, the
+  // error if the changed file was bad (reported once per content).
   absl::StatusOr<bool> poll() {
     sluice::detail::MutexLock lock(reload_mutex_);
-    absl::StatusOr<std::string> text = detail::read_config_file(path_);
-    if (!text.ok()) return fail(text.status());
-    if (version_of(*text) == seen_) return false;
-    absl::Status status = reload_from(*text);
+    absl::StatusOr<detail::ConfigSnapshot> file = detail::read_config_snapshot(path_);
+    if (!file.ok()) return fail(file.status());
+    const Version version = version_of(file->text);
+    if (version == seen_) {
+      settling_.reset();
+      return false;
+    }
+    if (!settled(*file, version)) return false;
+    settling_.reset();
+    absl::Status status = reload_from(file->text);
     if (!status.ok()) return status;
     return true;
   }
@@ -125,8 +151,21 @@ class ReloadingEngine {
     friend bool operator==(const Version&, const Version&) = default;
   };
 
-  ReloadingEngine(std::string path, std::shared_ptr<const Engine> first, Version version)
-      : path_(std::move(path)), current_(std::move(first)), seen_(version) {}
+  // A changed file as poll() first saw it, and when (SettleClock time).
+  struct Settling {
+    Version version;
+    detail::FileStamp stamp;
+    std::chrono::nanoseconds since{};
+  };
+
+  ReloadingEngine(std::string path, std::shared_ptr<const Engine> first, Version version,
+                  std::size_t attached, std::chrono::nanoseconds settle, SettleClock clock)
+      : path_(std::move(path)),
+        settle_(settle),
+        clock_(std::move(clock)),
+        current_(std::move(first)),
+        seen_(version),
+        attached_(attached) {}
 
   static Version version_of(const std::string& text) {
     const XXH128_hash_t hash = XXH3_128bits(text.data(), text.size());
@@ -142,13 +181,32 @@ class ReloadingEngine {
     return config;
   }
 
+  // Whether `file` (changed, as `version`) has looked the same since poll() first saw it so, at
+  // least settle_ ago. A file that changed while it was read starts no interval.
+  bool settled(const detail::ConfigSnapshot& file, const Version& version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mutex_) {
+    if (!file.steady) {
+      settling_.reset();
+      return false;
+    }
+    const std::chrono::nanoseconds now = clock_.now();
+    if (!settling_ || settling_->version != version || settling_->stamp != file.stamp) {
+      settling_ = Settling{.version = version, .stamp = file.stamp, .since = now};
+    }
+    return now - settling_->since >= settle_;
+  }
+
   absl::Status reload_from(const std::string& text) ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mutex_) {
     seen_ = version_of(text);
     absl::StatusOr<PolicyConfig> config = load(path_, text);
     if (!config.ok()) return fail(config.status());
+    if (absl::Status s = check_attaches_a_rule(path_, *config, attached_); !s.ok()) {
+      return fail(s);
+    }
     // Engine::reload counts and reports its own outcome.
     absl::StatusOr<Engine> next = current()->reload(*config);
     if (!next.ok()) return next.status();
+    attached_ = attached_rule_count(*config);
     std::shared_ptr<const Engine> published = std::make_shared<const Engine>(*std::move(next));
     {
       sluice::detail::SpinLockHolder hold(current_lock_);
@@ -157,16 +215,33 @@ class ReloadingEngine {
     return absl::OkStatus();  // `published` now holds the old generation and lets go of it here
   }
 
+  // A config that attaches no rule is what a file read while being written often is (a prefix
+  // that ends before the first attachment is valid YAML): refused unless it says so.
+  static absl::Status check_attaches_a_rule(const std::string& path, const PolicyConfig& config,
+                                            std::optional<std::size_t> running) {
+    if (config.limits_nothing || attached_rule_count(config) > 0) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": this config attaches no rule",
+        running ? absl::StrCat(", where the running one attaches ", *running) : "",
+        ", so it would limit nothing; if the file is still being written, replace it atomically "
+        "instead (write a temporary file, then rename it over this one); to remove every rule on "
+        "purpose, add `limits_nothing: true`"));
+  }
+
   absl::Status fail(absl::Status status) {
     current()->report_failed_reload(status);
     return status;
   }
 
   const std::string path_;
+  const std::chrono::nanoseconds settle_;
+  const SettleClock clock_;
   mutable sluice::detail::SpinLock current_lock_;
   std::shared_ptr<const Engine> current_ ABSL_GUARDED_BY(current_lock_);
   sluice::detail::Mutex reload_mutex_;  // serializes reload and poll; never taken by current()
   Version seen_ ABSL_GUARDED_BY(reload_mutex_);  // the content last loaded or rejected
+  std::optional<Settling> settling_ ABSL_GUARDED_BY(reload_mutex_);  // a change not loaded yet
+  std::size_t attached_ ABSL_GUARDED_BY(reload_mutex_);  // attached_rule_count of the running one
 };
 
 }  // namespace sluice::yaml

@@ -1,4 +1,5 @@
-// Internal to sluice::yaml: reads a config file, at most kMaxConfigBytes of it.
+// Internal to sluice::yaml: reads a config file, at most kMaxConfigBytes of it, and what stat(2)
+// says of it around the read.
 // Thread-safety: reentrant (reads errno of the calling thread). O(file size), bounded.
 #ifndef SLUICE_YAML_DETAIL_CONFIG_FILE_HPP_
 #define SLUICE_YAML_DETAIL_CONFIG_FILE_HPP_
@@ -6,10 +7,14 @@
 #include <array>
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <fstream>
 #include <new>
 #include <string>
 #include <system_error>
+#include <utility>
+
+#include <sys/stat.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -56,6 +61,42 @@ inline absl::StatusOr<std::string> read_config_file(const std::string& path) {
         format_error({}, "", absl::StrCat("the config is more than ", kMaxConfigBytes, " bytes"))));
   }
   return text;
+}
+
+// What stat(2) says of a file (through symlinks): its size and modification time.
+struct FileStamp {
+  std::int64_t size = 0;
+  std::int64_t modified_s = 0;   // seconds since the Unix epoch
+  std::int64_t modified_ns = 0;  // and nanoseconds within that second
+  friend bool operator==(const FileStamp&, const FileStamp&) = default;
+};
+
+inline absl::StatusOr<FileStamp> stamp_of(const std::string& path) {
+  struct stat info {};
+  errno = 0;
+  if (::stat(path.c_str(), &info) != 0) return file_error(path, "cannot stat the config file");
+  return FileStamp{.size = static_cast<std::int64_t>(info.st_size),
+                   .modified_s = static_cast<std::int64_t>(info.st_mtim.tv_sec),
+                   .modified_ns = static_cast<std::int64_t>(info.st_mtim.tv_nsec)};
+}
+
+// The file's content and stamp. `steady` is false when the file changed while it was read (its
+// stamp before and after differ, or its size is not the bytes read): a writer is at work.
+struct ConfigSnapshot {
+  std::string text;
+  FileStamp stamp;
+  bool steady = false;
+};
+
+inline absl::StatusOr<ConfigSnapshot> read_config_snapshot(const std::string& path) {
+  absl::StatusOr<FileStamp> before = stamp_of(path);
+  if (!before.ok()) return before.status();
+  absl::StatusOr<std::string> text = read_config_file(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<FileStamp> after = stamp_of(path);
+  if (!after.ok()) return after.status();
+  const bool steady = *before == *after && after->size == static_cast<std::int64_t>(text->size());
+  return ConfigSnapshot{.text = *std::move(text), .stamp = *after, .steady = steady};
 }
 
 }  // namespace sluice::yaml::detail

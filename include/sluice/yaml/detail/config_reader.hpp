@@ -30,9 +30,9 @@ class ConfigReader final : public NodeReader {
  public:
   PolicyConfig load(const YAML::Node& root) {
     PolicyConfig config;
-    for (const Field& f : fields(
-             root, "",
-             {"policies", "routes", "services", "listeners", "consumers", "gateway", "engine"})) {
+    for (const Field& f : fields(root, "",
+                                 {"policies", "routes", "services", "listeners", "consumers",
+                                  "gateway", "engine", "limits_nothing"})) {
       if (f.key == "policies") {
         config.policies = read_list<Bundle>(f.value, f.path, &ConfigReader::read_bundle);
       } else if (f.key == "routes") {
@@ -47,6 +47,8 @@ class ConfigReader final : public NodeReader {
         config.consumers = read_list<Consumer>(f.value, f.path, &ConfigReader::read_consumer);
       } else if (f.key == "gateway") {
         config.gateway = read_gateway(f.value, f.path);
+      } else if (f.key == "limits_nothing") {
+        config.limits_nothing = read_bool(f.value, f.path);
       } else {
         config.engine = read_engine(f.value, f.path);
       }
