@@ -66,8 +66,10 @@ inline constexpr std::chrono::microseconds kMaxAttemptDuration{std::int64_t{1} <
 class RedisAttemptLimiter {
  public:
   // InvalidArgument for an invalid policy, a duration that is not whole microseconds or above
-  // kMaxAttemptDuration, or invalid connection options. Connects lazily: creation succeeds while
-  // Redis is down; operations then report Unavailable.
+  // kMaxAttemptDuration, or invalid connection options; FailedPrecondition, naming the fix, for a
+  // server that fails the server check (as Client::verify_server). Creation succeeds while Redis
+  // cannot be reached (operations then report Unavailable); the server is checked when a
+  // connection first opens.
   static absl::StatusOr<RedisAttemptLimiter> create(AttemptPolicy policy,
                                                     ClientOptions options = {}) {
     if (absl::Status s = policy.validate(); !s.ok()) return s;
@@ -85,7 +87,13 @@ class RedisAttemptLimiter {
     if (absl::StatusOr<std::shared_ptr<Client>> c = Client::create(options); !c.ok()) {
       return c.status();
     }
-    return RedisAttemptLimiter(policy, std::move(options));
+    RedisAttemptLimiter limiter(policy, std::move(options));
+    const detail::Deadline deadline =
+        std::chrono::steady_clock::now() + limiter.shared_->options.connection.command_timeout;
+    if (absl::Status verdict = limiter.shared_->pool.verify_server(deadline); !verdict.ok()) {
+      return verdict;
+    }
+    return limiter;
   }
 
   // As AttemptLimiter::begin; errors as in the file comment.
@@ -142,7 +150,7 @@ class RedisAttemptLimiter {
     Shared(const AttemptPolicy& p, ClientOptions o)
         : policy(p),
           options(std::move(o)),
-          pool(options.connection),
+          pool(options.connection, options.cluster),
           sha(detail::sha1_hex(detail::kAttemptScript)) {
       const std::uint64_t fingerprint = p.fingerprint();
       unsigned char bytes[8];

@@ -54,8 +54,10 @@ namespace sluice::redis {
 // Models sluice::RateLimiter.
 class RedisGcraLimiter {
  public:
-  // InvalidArgument for invalid windows (see Limit::create) or options. Connects lazily:
-  // creation succeeds while Redis is down; checks then report Unavailable.
+  // InvalidArgument for invalid windows (see Limit::create) or options; FailedPrecondition,
+  // naming the fix, for a server that cannot hold the limits (Client::verify_server). Creation
+  // succeeds while Redis cannot be reached (checks then report Unavailable); the server is checked
+  // when a connection first opens.
   static absl::StatusOr<RedisGcraLimiter> create(std::vector<GcraWindow> windows,
                                                  ClientOptions options = {}) {
     absl::StatusOr<std::shared_ptr<Client>> client = Client::create(std::move(options));
@@ -73,6 +75,7 @@ class RedisGcraLimiter {
     if (!limit.ok()) {
       return limit.status();
     }
+    if (absl::Status verdict = client->verify_server(); !verdict.ok()) return verdict;
     return RedisGcraLimiter(*std::move(limit), std::move(client));
   }
 
