@@ -60,11 +60,17 @@ class RedisGcraLimiter {
   // when a connection first opens.
   static absl::StatusOr<RedisGcraLimiter> create(std::vector<GcraWindow> windows,
                                                  ClientOptions options = {}) {
+    absl::StatusOr<Limit> limit = Limit::create(std::move(windows));
+    if (!limit.ok()) {
+      return limit.status();
+    }
+    // Checks the server once (verify_server): the other overload's check would be a second wait
+    // while Redis cannot be reached.
     absl::StatusOr<std::shared_ptr<Client>> client = Client::create(std::move(options));
     if (!client.ok()) {
       return client.status();
     }
-    return create(std::move(windows), *std::move(client));
+    return RedisGcraLimiter(*std::move(limit), *std::move(client));
   }
   static absl::StatusOr<RedisGcraLimiter> create(std::vector<GcraWindow> windows,
                                                  std::shared_ptr<Client> client) {
