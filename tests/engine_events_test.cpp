@@ -1,6 +1,5 @@
 #include "sluice/engine_events.hpp"
 
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -37,7 +36,8 @@ struct Recorder {
               return absl::StrCat("dry-run ", std::string(e.rule_label), " rule=", e.rule,
                                   " retry_after_ms=", e.decision.retry_after / 1ms);
             } else if constexpr (std::is_same_v<E, sluice::BackendErrorEvent>) {
-              return absl::StrCat("backend-error ", e.status.ToString());
+              return absl::StrCat("backend-error ", e.status.ToString(),
+                                  " suppressed=", e.suppressed);
             } else if constexpr (std::is_same_v<E, sluice::EvictionEvent>) {
               return absl::StrCat("evicted ", std::string(e.rule_label), " rule=", e.rule,
                                   " n=", e.evicted);
@@ -73,36 +73,52 @@ Engine make(const sluice::PolicyConfig& config, sluice::ManualClock clock, const
   return *std::move(engine);
 }
 
-// An in-memory backend that fails every check while `*failing` is set.
+// An in-memory backend that fails every check with `*failure` while it is not OK. Its clock (the
+// inner backend's ManualClock) is the engine's time.
 class FlakyBackend {
  public:
   using Inner = sluice::InMemoryBackend<sluice::ManualClock>;
   struct Options {
     Inner::Options inner{};
-    std::shared_ptr<std::atomic<bool>> failing = std::make_shared<std::atomic<bool>>(false);
+    std::shared_ptr<absl::Status> failure = std::make_shared<absl::Status>();
   };
   static absl::StatusOr<FlakyBackend> create(std::span<const sluice::CompiledRule> rules,
                                              const FlakyBackend* previous, const Options& options) {
     auto inner = Inner::create(rules, previous ? &previous->inner_ : nullptr, options.inner);
     if (!inner.ok()) return inner.status();
-    return FlakyBackend(*std::move(inner), options.failing);
+    return FlakyBackend(*std::move(inner), options.failure);
   }
   absl::Status check_rules(std::span<const sluice::RuleKey> keys, sluice::ConsumptionMode mode,
                            std::span<sluice::Decision> out) {
-    if (failing_->load()) return absl::UnavailableError("backend down (test)");
+    if (!failure_->ok()) return *failure_;
     return inner_.check_rules(keys, mode, out);
   }
   sluice::StoreStats rule_store_stats(std::size_t rule) const {
     return inner_.rule_store_stats(rule);
   }
+  std::chrono::nanoseconds now() const { return inner_.now(); }
 
  private:
-  FlakyBackend(Inner inner, std::shared_ptr<std::atomic<bool>> failing)
-      : inner_(std::move(inner)), failing_(std::move(failing)) {}
+  FlakyBackend(Inner inner, std::shared_ptr<absl::Status> failure)
+      : inner_(std::move(inner)), failure_(std::move(failure)) {}
   Inner inner_;
-  std::shared_ptr<std::atomic<bool>> failing_;
+  std::shared_ptr<absl::Status> failure_;  // set by the test's thread only
 };
 static_assert(sluice::EngineBackend<FlakyBackend>);
+using FlakyEngine = sluice::BasicRateLimitEngine<FlakyBackend>;
+
+FlakyEngine make_flaky(sluice::ManualClock clock, const Recorder& events,
+                       const FlakyBackend::Options& options) {
+  FlakyBackend::Options o = options;  // assigned member-wise: GCC 12 -O2 reports a false
+  o.inner.store.seed = 1;             // maybe-uninitialized for the nested designated initializer
+  o.inner.clock = clock;
+  auto engine = FlakyEngine::create(config_with_shadow(), o, {}, events.hook());
+  REQUIRE(engine.ok());
+  return *std::move(engine);
+}
+
+const absl::Status kDown = absl::UnavailableError("backend down (test)");
+const absl::Status kSlow = absl::DeadlineExceededError("backend slow (test)");
 
 }  // namespace
 
@@ -118,26 +134,91 @@ TEST_CASE("a dry-run denial reports the rule's label and would-be decision, neve
   CHECK(lines[0].find("203.0.113") == std::string::npos);
 }
 
-TEST_CASE("a failing backend reports one backend error per evaluation and counts it") {
+TEST_CASE("a failing backend reports a backend error and counts it") {
   sluice::ManualClock clock;
   Recorder events;
-  FlakyBackend::Options options;  // assigned member-wise: GCC 12 -O2 reports a false
-  options.inner.store.seed = 1;   // maybe-uninitialized for the nested designated initializer
-  options.inner.clock = clock;
-  auto engine = sluice::BasicRateLimitEngine<FlakyBackend>::create(config_with_shadow(), options,
-                                                                   {}, events.hook());
-  REQUIRE(engine.ok());
-  options.failing->store(true);
-  const sluice::Evaluation e = engine->evaluate(on_route("203.0.113.7", "r"));
+  FlakyBackend::Options options;
+  FlakyEngine engine = make_flaky(clock, events, options);
+  *options.failure = kDown;
+  const sluice::Evaluation e = engine.evaluate(on_route("203.0.113.7", "r"));
   CHECK(e.allowed);  // fail-open by default
   CHECK(events.take() ==
-        std::vector<std::string>{"backend-error UNAVAILABLE: backend down (test)"});
-  CHECK(engine->engine_stats() == sluice::EngineStats{.evaluations = 1, .backend_errors = 1});
+        std::vector<std::string>{"backend-error UNAVAILABLE: backend down (test) suppressed=0"});
+  CHECK(engine.engine_stats() == sluice::EngineStats{.evaluations = 1, .backend_errors = 1});
 
-  options.failing->store(false);
-  CHECK(engine->evaluate(on_route("203.0.113.7", "r")).allowed);
+  *options.failure = absl::OkStatus();
+  CHECK(engine.evaluate(on_route("203.0.113.7", "r")).allowed);
   CHECK(events.take().empty());
-  CHECK(engine->engine_stats() == sluice::EngineStats{.evaluations = 2, .backend_errors = 1});
+  CHECK(engine.engine_stats() == sluice::EngineStats{.evaluations = 2, .backend_errors = 1});
+}
+
+TEST_CASE("backend errors are reported at most once a second with the count of those held back") {
+  sluice::ManualClock clock;
+  Recorder events;
+  FlakyBackend::Options options;
+  FlakyEngine engine = make_flaky(clock, events, options);
+  *options.failure = kDown;
+  for (int i = 0; i < 13; ++i) engine.evaluate(on_route("203.0.113.7", "r"));
+  CHECK(events.take() ==
+        std::vector<std::string>{"backend-error UNAVAILABLE: backend down (test) suppressed=0"});
+  CHECK(engine.engine_stats().backend_errors == 13);  // the counter counts every one
+
+  clock.advance(999ms);
+  engine.evaluate(on_route("203.0.113.7", "r"));
+  CHECK(events.take().empty());
+
+  clock.advance(1ms);  // t = 1 s: the next event carries the 13 held back
+  engine.evaluate(on_route("203.0.113.7", "r"));
+  engine.evaluate(on_route("203.0.113.7", "r"));
+  CHECK(events.take() ==
+        std::vector<std::string>{"backend-error UNAVAILABLE: backend down (test) suppressed=13"});
+
+  clock.advance(1s);  // t = 2 s
+  engine.evaluate(on_route("203.0.113.7", "r"));
+  CHECK(events.take() ==
+        std::vector<std::string>{"backend-error UNAVAILABLE: backend down (test) suppressed=1"});
+  CHECK(engine.engine_stats().backend_errors == 17);
+}
+
+TEST_CASE("each status code of backend errors is rate-limited on its own") {
+  sluice::ManualClock clock;
+  Recorder events;
+  FlakyBackend::Options options;
+  FlakyEngine engine = make_flaky(clock, events, options);
+  for (const absl::Status& failure : {kDown, kSlow, kDown, kSlow, kSlow}) {
+    *options.failure = failure;
+    engine.evaluate(on_route("203.0.113.7", "r"));
+  }
+  CHECK(events.take() == std::vector<std::string>{
+                             "backend-error UNAVAILABLE: backend down (test) suppressed=0",
+                             "backend-error DEADLINE_EXCEEDED: backend slow (test) suppressed=0"});
+
+  clock.advance(1s);
+  engine.evaluate(on_route("203.0.113.7", "r"));  // still slow
+  *options.failure = kDown;
+  engine.evaluate(on_route("203.0.113.7", "r"));
+  CHECK(events.take() == std::vector<std::string>{
+                             "backend-error DEADLINE_EXCEEDED: backend slow (test) suppressed=2",
+                             "backend-error UNAVAILABLE: backend down (test) suppressed=1"});
+}
+
+TEST_CASE("a reloaded generation keeps holding back the backend errors of the previous one") {
+  sluice::ManualClock clock;
+  Recorder events;
+  FlakyBackend::Options options;
+  FlakyEngine engine = make_flaky(clock, events, options);
+  *options.failure = kDown;
+  engine.evaluate(on_route("203.0.113.7", "r"));
+  engine.evaluate(on_route("203.0.113.7", "r"));
+  auto next = engine.reload(config_with_shadow());
+  REQUIRE(next.ok());
+  events.take();
+  next->evaluate(on_route("203.0.113.7", "r"));
+  CHECK(events.take().empty());
+  clock.advance(1s);
+  next->evaluate(on_route("203.0.113.7", "r"));
+  CHECK(events.take() ==
+        std::vector<std::string>{"backend-error UNAVAILABLE: backend down (test) suppressed=2"});
 }
 
 TEST_CASE("a cost no rule can admit is the request's error, not a backend error") {

@@ -292,6 +292,19 @@ TEST_CASE("threads beginning on one subject over redis get exactly one receipt")
   CHECK(admitted.load() == 1);  // the lease (5 s) outlasts the test
 }
 
+TEST_CASE("a stock redis-server is refused when the attempt limiter is created") {
+  Server server;
+  server.redis.set_extra_args({"--maxmemory", "0", "--maxmemory-policy", "noeviction"});
+  REQUIRE(server.redis.restart().empty());
+  auto refused = RedisAttemptLimiter::create(kPolicy, server.options());
+  INFO(refused.status());
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(refused.status().message().find("CONFIG SET maxmemory <bytes>") != std::string_view::npos);
+
+  server.redis.kill();  // unreachable: created all the same
+  REQUIRE(RedisAttemptLimiter::create(kPolicy, server.options()).ok());
+}
+
 TEST_CASE("a killed redis gives Unavailable and a restarted one recovers") {
   Server server;
   RedisAttemptLimiter limiter = make(server);

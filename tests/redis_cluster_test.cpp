@@ -90,6 +90,16 @@ TEST_CASE("the key slot is the server's, hash tags included") {
   }
 }
 
+TEST_CASE("a single-node client pointed at a Cluster node is refused at creation") {
+  sluice::redis::ClientOptions o;
+  o.connection.host = "127.0.0.1";
+  o.connection.port = cluster().seed_port();
+  auto c = sluice::redis::Client::create(o);
+  INFO(c.status());
+  CHECK(c.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(c.status().message().find("set ClientOptions::cluster = true") != std::string_view::npos);
+}
+
 TEST_CASE("in a Cluster, every key's budget holds exactly, keys spread over every primary") {
   RedisGcraLimiter l = limiter(client("spread:"), {{.requests = 5, .period = 1h}});
   std::set<int> primaries;

@@ -311,6 +311,34 @@ TEST_CASE("a killed Redis fails open or closed as configured and a restart recov
   CHECK(open.evaluate(on_route("10.0.0.1", "public")).backend_error.ok());
 }
 
+TEST_CASE("a client and an engine over a stock redis-server are refused at creation") {
+  Server server;
+  server.redis.set_extra_args({"--maxmemory", "0", "--maxmemory-policy", "noeviction"});
+  REQUIRE(server.redis.restart().empty());
+  auto client = sluice::redis::Client::create(server.options(milliseconds(300)));
+  INFO(client.status());
+  CHECK(client.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(client.status().message().find("CONFIG SET maxmemory-policy volatile-ttl") !=
+        std::string_view::npos);
+
+  // A client made while Redis was down is created all the same; the engine checks the server.
+  server.redis.kill();
+  auto lazy = sluice::redis::Client::create(server.options(milliseconds(300)));
+  REQUIRE(lazy.ok());
+  REQUIRE(server.redis.restart().empty());
+  auto engine = RedisRateLimitEngine::create(documented_example(), {.client = *lazy});
+  INFO(engine.status());
+  CHECK(engine.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(engine.status().message().find("CONFIG SET maxmemory <bytes>") != std::string_view::npos);
+  CHECK(server.redis.keys().empty());
+
+  REQUIRE(server.redis.command({"CONFIG", "SET", "maxmemory", "64mb"}));
+  REQUIRE(server.redis.command({"CONFIG", "SET", "maxmemory-policy", "volatile-ttl"}));
+  RedisRateLimitEngine fixed = make(documented_example(), {.client = *lazy});
+  CHECK(admitted(fixed, on_route("10.0.0.1", "public"), 1) == 1);
+  CHECK_FALSE(server.redis.keys().empty());
+}
+
 TEST_CASE("a reload over Redis keeps an unchanged rule's state and starts a changed rule fresh") {
   Server server;
   sluice::PolicyConfig config{

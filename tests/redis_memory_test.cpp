@@ -1,9 +1,10 @@
 // sluice::redis and the server's memory bound, against a real redis-server each test starts.
 //
-// A new connection reads maxmemory and maxmemory-policy and refuses settings under which a spray
-// of identities either grows memory without bound or evicts a spent budget. Under the accepted
-// settings (a bound and volatile-ttl) a spray of fifty times what fits evicts the sprayed keys,
-// and a client whose budget is spent stays limited throughout.
+// Creating a limiter, and every new connection, reads maxmemory and maxmemory-policy and refuses
+// settings under which a spray of identities either grows memory without bound or evicts a spent
+// budget, with the commands that fix them. Under the accepted settings (a bound and volatile-ttl)
+// a spray of fifty times what fits evicts the sprayed keys, and a client whose budget is spent
+// stays limited throughout.
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -30,6 +31,15 @@ using sluice::redis::MemoryCheck;
 using std::chrono::seconds;
 
 constexpr std::uint64_t kPerHour = 5;
+
+// What a freshly installed redis-server runs with: no memory bound, and noeviction.
+const std::vector<std::string> kStockSettings = {"--maxmemory", "0", "--maxmemory-policy",
+                                                 "noeviction"};
+
+bool contains(const absl::Status& status, std::string_view text) {
+  return std::string_view(status.message().data(), status.message().size()).find(text) !=
+         std::string_view::npos;
+}
 
 sluice::redis::RedisGcraLimiter make_limiter(sluice::redis::ClientOptions options) {
   auto limiter = sluice::redis::RedisGcraLimiter::create(
@@ -113,27 +123,46 @@ std::uint64_t bytes_per_key(sluice_test::RedisFixture& s, int n) {
 
 }  // namespace
 
-TEST_CASE("a server without a memory bound is refused before any key is written") {
+TEST_CASE(
+    "a stock redis-server is refused when the limiter is created with the settings that fix it") {
   sluice_test::RedisFixture s;
-  config_set(s.redis, "maxmemory", "0");
+  s.redis.set_extra_args(kStockSettings);
+  REQUIRE(s.redis.restart().empty());
+  auto refused = sluice::redis::RedisGcraLimiter::create(
+      {{.requests = kPerHour, .period = seconds(3600)}}, s.options(kSprayTimeout));
+  INFO(refused.status());
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(contains(refused.status(), "maxmemory is 0"));
+  CHECK(contains(refused.status(), "CONFIG SET maxmemory <bytes>"));
+  CHECK(contains(refused.status(), "CONFIG SET maxmemory-policy volatile-ttl"));
+  CHECK(s.redis.keys().empty());
+
+  config_set(s.redis, "maxmemory", "64mb");
+  config_set(s.redis, "maxmemory-policy", "volatile-ttl");
   auto limiter = make_limiter(s.options(kSprayTimeout));
   absl::StatusOr<Decision> d = limiter.check("k");
   INFO(d.status());
-  CHECK(d.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(d.status().message().find("maxmemory is 0") != std::string_view::npos);
-  CHECK(s.redis.keys().empty());
+  CHECK((d.ok() && d->allowed()));
 }
 
-TEST_CASE("an eviction policy other than volatile-ttl is refused, naming the policy") {
+TEST_CASE("an eviction policy other than volatile-ttl is refused at creation saying what it does") {
   sluice_test::RedisFixture s;
-  const std::string policy =
-      GENERATE("allkeys-lru", "volatile-lru", "allkeys-random", "volatile-lfu", "noeviction");
+  const auto [policy, effect] = GENERATE(table<std::string, std::string>(
+      {{"allkeys-lru", "evicts any key, least recently used first"},
+       {"allkeys-lfu", "evicts any key, least frequently used first"},
+       {"allkeys-random", "evicts any key at random"},
+       {"volatile-lru", "evicts keys with an expiry, least recently used first"},
+       {"volatile-lfu", "evicts keys with an expiry, least frequently used first"},
+       {"volatile-random", "evicts keys with an expiry at random"},
+       {"noeviction", "evicts nothing: once maxmemory is reached every write fails with OOM"}}));
   config_set(s.redis, "maxmemory-policy", policy);
-  auto limiter = make_limiter(s.options(kSprayTimeout));
-  absl::StatusOr<Decision> d = limiter.check("k");
-  INFO(d.status());
-  CHECK(d.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(d.status().message().find(policy) != std::string_view::npos);
+  auto refused = sluice::redis::RedisGcraLimiter::create(
+      {{.requests = kPerHour, .period = seconds(3600)}}, s.options(kSprayTimeout));
+  INFO(refused.status());
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(
+      contains(refused.status(), absl::StrCat("maxmemory-policy is ", policy, ", which ", effect)));
+  CHECK(contains(refused.status(), "CONFIG SET maxmemory-policy volatile-ttl"));
   CHECK(s.redis.keys().empty());
 }
 
@@ -147,7 +176,23 @@ TEST_CASE("opting out of the bound accepts unbounded memory and noeviction but n
   config_set(s.redis, "maxmemory-policy", "noeviction");
   CHECK(make_limiter(options).check("b").ok());
   config_set(s.redis, "maxmemory-policy", "allkeys-lru");
-  CHECK(make_limiter(options).check("c").status().code() == absl::StatusCode::kFailedPrecondition);
+  auto refused = sluice::redis::RedisGcraLimiter::create(
+      {{.requests = kPerHour, .period = seconds(3600)}}, options);
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("a limiter created while Redis is down checks the server when it first answers") {
+  sluice_test::RedisFixture s;
+  s.redis.kill();
+  auto limiter = make_limiter(s.options(kSprayTimeout));  // unreachable: created all the same
+  CHECK(limiter.check("k").status().code() == absl::StatusCode::kUnavailable);
+  s.redis.set_extra_args(kStockSettings);
+  REQUIRE(s.redis.restart().empty());
+  absl::StatusOr<Decision> d = limiter.check("k");
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(contains(d.status(), "CONFIG SET maxmemory-policy volatile-ttl"));
+  CHECK(s.redis.keys().empty());
 }
 
 TEST_CASE("settings are read on every new connection so a reconfigured server is refused") {
@@ -159,15 +204,16 @@ TEST_CASE("settings are read on every new connection so a reconfigured server is
   CHECK(limiter.check("k").status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_CASE("a server with CONFIG renamed is refused unless the check is skipped") {
+TEST_CASE("a server with CONFIG renamed is refused at creation unless the check is skipped") {
   sluice_test::RedisFixture s;
   s.redis.set_extra_args({"--rename-command", "CONFIG", ""});
   REQUIRE(s.redis.restart().empty());
   auto options = s.options(kSprayTimeout);
-  absl::StatusOr<Decision> refused = make_limiter(options).check("k");
+  auto refused = sluice::redis::RedisGcraLimiter::create(
+      {{.requests = kPerHour, .period = seconds(3600)}}, options);
   INFO(refused.status());
   CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(refused.status().message().find("MemoryCheck::kSkip") != std::string_view::npos);
+  CHECK(contains(refused.status(), "MemoryCheck::kSkip"));
   options.connection.memory_check = MemoryCheck::kSkip;
   absl::StatusOr<Decision> skipped = make_limiter(options).check("k");
   INFO(skipped.status());

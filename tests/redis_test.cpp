@@ -15,6 +15,7 @@
 #include "redis_fixture.hpp"
 #include "redis_server.hpp"
 #include "sluice/redis.hpp"
+#include "sluice/redis/detail/server_check.hpp"
 
 namespace {
 
@@ -440,6 +441,32 @@ TEST_CASE("an unreachable server is Unavailable") {
   options.connection.unix_socket = "/nonexistent/sluice-redis.sock";
   auto limiter = make_limiter({{.requests = 1, .period = seconds(1)}}, options);
   CHECK(limiter.check("k").status().code() == absl::StatusCode::kUnavailable);
+}
+
+TEST_CASE("a client set for Redis Cluster is refused at creation by a server that is not one") {
+  Server s;
+  sluice::redis::ClientOptions options = s.options();
+  options.connection.unix_socket.clear();
+  options.connection.port = s.redis.port();
+  options.cluster = true;
+  auto client = sluice::redis::Client::create(options);
+  INFO(client.status());
+  CHECK(client.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(client.status().message().find("set ClientOptions::cluster = false") !=
+        std::string_view::npos);
+}
+
+TEST_CASE("a server older than the scripts need is refused, naming the version to run") {
+  using sluice::redis::detail::server_version_status;
+  const absl::Status old = server_version_status("4.0.14");
+  CHECK(old.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(old.message().find("Redis 4.0.14") != std::string_view::npos);
+  CHECK(old.message().find("Redis 5.0 or later") != std::string_view::npos);
+  CHECK(server_version_status("5.0.0").ok());
+  CHECK(server_version_status("7.0.15").ok());
+  CHECK(server_version_status("10.1.2").ok());
+  CHECK(server_version_status("").code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(server_version_status("x.y").code() == absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("a script flush is repaired transparently by reloading the script") {

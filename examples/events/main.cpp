@@ -16,7 +16,11 @@ void log_event(const sluice::EngineEvent& event) {
                 static_cast<int>(d->rule_label.size()), d->rule_label.data(),
                 static_cast<long long>(d->decision.retry_after.count() / 1'000'000));
   } else if (const auto* b = std::get_if<sluice::BackendErrorEvent>(&event)) {
-    std::printf("backend error: %s\n", b->status.ToString().c_str());
+    // At most one a second per status code; `suppressed` counts those held back before it.
+    std::printf(
+        "limiter backend failed, requests follow on_backend_error: %s (%llu more since "
+        "the last report)\n",
+        b->status.ToString().c_str(), static_cast<unsigned long long>(b->suppressed));
   } else if (const auto* e = std::get_if<sluice::EvictionEvent>(&event)) {
     std::printf("rule %.*s: %llu live keys evicted\n", static_cast<int>(e->rule_label.size()),
                 e->rule_label.data(), static_cast<unsigned long long>(e->evicted));

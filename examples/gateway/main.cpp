@@ -20,6 +20,8 @@
 // paths get no fields: /healthz, /readyz, and /metrics (sluice/prometheus.hpp: every engine and
 // rule counter, and the factor of adaptive rules).
 // Dry-run denials are logged to stderr with the rule's label; credentials are never logged.
+// Backend failures are logged from the engine's events: at most one line per status code per
+// second, with the count of failures since the previous line.
 // SIGINT or SIGTERM stops the server.
 //
 // Reload (sluice::yaml::ReloadingEngine): the config file is polled every --reload-poll-ms
@@ -69,6 +71,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -186,7 +189,8 @@ class Gateway {
   explicit Gateway(std::optional<std::string> upstream) : upstream_(std::move(upstream)) {}
 
   // Logs a dry-run rule's would-be denial (with the rule's label, never a credential) and a
-  // limiter error.
+  // request that the limiter refused as invalid. Backend failures, which repeat on every request
+  // while they last, are logged from the engine's rate-limited events instead (on_event).
   static void log(const httplib::Request& request, const LimitedRequest& limited) {
     const sluice::Evaluation& e = limited.evaluation;
     if (e.dry_denied) {
@@ -199,14 +203,24 @@ class Gateway {
           loggable(limited.client.to_string()).c_str(),
           static_cast<long long>(sluice::retry_after_seconds(e.dry_denied->decision.retry_after)));
     }
-    if (!e.backend_error.ok()) {
-      std::fprintf(stderr, "sluice_gateway: limiter error: %s\n",
-                   std::string(e.backend_error.message()).c_str());
+    if (e.backend_error.code() == absl::StatusCode::kInvalidArgument) {
+      std::fprintf(stderr, "sluice_gateway: request refused by the limiter: %s\n",
+                   loggable(std::string(e.backend_error.message())).c_str());
     }
   }
 
-  // Logs a reload's outcome (the engine's event hook; other events are logged by `log`).
+  // Logs a reload's outcome and backend failures (the engine's event hook: at most one backend
+  // event per status code per second, counting those held back); dry-run denials are logged by
+  // `log`.
   static void on_event(const sluice::EngineEvent& event) {
+    if (const auto* failed = std::get_if<sluice::BackendErrorEvent>(&event)) {
+      std::fprintf(stderr,
+                   "sluice_gateway: limiter backend failed, requests follow on_backend_error: %s "
+                   "(%llu more since the last report)\n",
+                   loggable(failed->status.ToString()).c_str(),
+                   static_cast<unsigned long long>(failed->suppressed));
+      return;
+    }
     const auto* reload = std::get_if<sluice::ReloadEvent>(&event);
     if (reload == nullptr) return;
     if (reload->status.ok()) {

@@ -60,6 +60,7 @@
 #define SLUICE_ENGINE_HPP_
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <concepts>
@@ -793,12 +794,21 @@ class BasicRateLimitEngine {
     std::atomic<std::int64_t> eviction_check_due{std::numeric_limits<std::int64_t>::min()};
     std::atomic<std::uint64_t> evictions_reported{0};
   };
+  // Backend error events of one status code: the engine time (ns) from which the next one may be
+  // raised, and how many were held back since the last one.
+  struct BackendErrorGate {
+    std::atomic<std::int64_t> due{std::numeric_limits<std::int64_t>::min()};
+    std::atomic<std::uint64_t> held{0};
+  };
+  // absl::StatusCode values are 0 ... 16 (kUnauthenticated); any other shares kUnknown's gate.
+  static constexpr std::size_t kStatusCodes = 17;
   struct EngineCounters {
     std::atomic<std::uint64_t> evaluations{0};
     std::atomic<std::uint64_t> backend_errors{0};
     std::atomic<std::uint64_t> reloads{0};
     std::atomic<std::uint64_t> failed_reloads{0};
     std::atomic<std::uint64_t> degraded_evaluations{0};
+    std::array<BackendErrorGate, kStatusCodes> backend_error_gates{};  // by status code
   };
   using RuleList = std::vector<std::uint32_t>;
   using ScopeMap = absl::flat_hash_map<std::string, RuleList>;
@@ -1211,31 +1221,46 @@ class BasicRateLimitEngine {
     }
   }
 
-  // Counts and reports a failed backend call; InvalidArgument (a bad cost) is the request's
-  // fault, not the backend's.
+  // Counts a failed backend call and reports it, at most once per status code per
+  // kEngineEventInterval of engine time: a failure that raises no event is counted in the next
+  // event of its code. InvalidArgument (a bad cost) is the request's fault, not the backend's.
   void report_backend_error(const absl::Status& status) const {
     if (status.code() == absl::StatusCode::kInvalidArgument) return;
     totals_->backend_errors.fetch_add(1, std::memory_order_relaxed);
-    if (on_event_) on_event_(BackendErrorEvent{.status = status});
+    if (!on_event_) return;
+    const auto code = static_cast<std::size_t>(status.code());
+    BackendErrorGate& gate =
+        totals_->backend_error_gates[code < kStatusCodes
+                                         ? code
+                                         : static_cast<std::size_t>(absl::StatusCode::kUnknown)];
+    if (!claim_event(gate.due, event_time())) {
+      gate.held.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    on_event_(BackendErrorEvent{.status = status,
+                                .suppressed = gate.held.exchange(0, std::memory_order_relaxed)});
   }
 
   std::int64_t event_time() const { return now().count(); }
 
-  // Reports new evictions of `rules`, looking at each rule's store at most once per second of
-  // engine time (one thread wins the look); the counter's growth since the last event is the
-  // event's count, so no eviction goes unreported.
+  // True for the one caller that may raise an event at `now` (ns of engine time) under the gate
+  // `due`: `now` has reached it, and this caller moved it one kEngineEventInterval past `now`.
+  static bool claim_event(std::atomic<std::int64_t>& due, std::int64_t now) {
+    constexpr std::int64_t kInterval = std::chrono::nanoseconds(kEngineEventInterval).count();
+    std::int64_t next = due.load(std::memory_order_relaxed);
+    return now >= next && due.compare_exchange_strong(next, detail::saturate_time(now) + kInterval,
+                                                      std::memory_order_relaxed);
+  }
+
+  // Reports new evictions of `rules`, looking at each rule's store at most once per
+  // kEngineEventInterval of engine time (one thread wins the look); the counter's growth since
+  // the last event is the event's count, so no eviction goes unreported.
   void report_evictions(std::span<const std::uint32_t> rules) const {
-    constexpr std::int64_t kInterval = std::chrono::nanoseconds(std::chrono::seconds(1)).count();
     if (rules.empty()) return;
     const std::int64_t now = event_time();
     for (std::uint32_t r : rules) {
       RuleCounters& c = *counters_[r];
-      std::int64_t due = c.eviction_check_due.load(std::memory_order_relaxed);
-      if (now < due ||
-          !c.eviction_check_due.compare_exchange_strong(due, detail::saturate_time(now) + kInterval,
-                                                        std::memory_order_relaxed)) {
-        continue;
-      }
+      if (!claim_event(c.eviction_check_due, now)) continue;
       const std::uint64_t evicted = backend_->rule_store_stats(r).live_evicted;
       std::uint64_t reported = c.evictions_reported.load(std::memory_order_relaxed);
       while (evicted > reported && !c.evictions_reported.compare_exchange_weak(

@@ -2,11 +2,15 @@
 // errors, evictions and reloads.
 //
 // A `BasicRateLimitEngine` (sluice/engine.hpp) takes an `EngineEventHook` at creation and keeps it
-// across reloads. The hook receives one `EngineEvent`, a variant of the four event types:
+// across reloads. The hook receives one `EngineEvent`, a variant of the four event types. Backend
+// errors and evictions, which a fault repeats on every request, are rate-limited (at most one
+// event per kind per second, with a count of what was held back), so a hook may log every event:
 //
 //   sluice::EngineEventHook hook = [](const sluice::EngineEvent& event) {
 //     if (const auto* d = std::get_if<sluice::DryRunDenialEvent>(&event)) {
 //       log("dry-run rule ", d->rule_label, " would deny");
+//     } else if (const auto* b = std::get_if<sluice::BackendErrorEvent>(&event)) {
+//       log("limiter backend failed: ", b->status, " (", b->suppressed, " more held back)");
 //     } else if (const auto* r = std::get_if<sluice::ReloadEvent>(&event)) {
 //       if (!r->status.ok()) log("reload failed: ", r->status.message());
 //     }
@@ -26,6 +30,7 @@
 #ifndef SLUICE_ENGINE_EVENTS_HPP_
 #define SLUICE_ENGINE_EVENTS_HPP_
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -44,19 +49,31 @@ struct DryRunDenialEvent {
   Decision decision{};            // what the rule would have answered (retry_after, limit, ...)
 };
 
-// The backend failed to decide a request's rules (Unavailable, DeadlineExceeded, ...); the
-// request followed the engine's failure mode. A cost that a rule can never admit is a bad request
-// (InvalidArgument in Evaluation::backend_error), not a backend error, and raises no event. Under
-// FailureMode::kLocal only calls that were made raise it: requests decided locally without
-// calling the backend (within the retry interval after a failure) raise none.
+// Events that a fault can repeat on every request are rate-limited: at most one per kind per
+// kEngineEventInterval of the engine's time (the backend's clock when it has one, such as the
+// in-memory backend's; else the steady clock), each counting what was held back before it.
+inline constexpr std::chrono::seconds kEngineEventInterval{1};
+
+// The backend failed to decide a request's rules (Unavailable, DeadlineExceeded, a server
+// refused as misconfigured: FailedPrecondition, ...), and the request followed the engine's
+// failure mode (fail-open: admitted; fail-closed: denied; local: decided on the local share).
+// Rate-limited per status code: at most one event per code per kEngineEventInterval; the
+// failures of that code in between raise no event and are counted in the next event of that
+// code (`suppressed`). EngineStats::backend_errors counts every failure, reported or not.
+// A cost that a rule can never admit is a bad request (InvalidArgument in
+// Evaluation::backend_error), not a backend error, and raises no event. Under FailureMode::kLocal
+// only calls that were made raise it: requests decided locally without calling the backend
+// (within the retry interval after a failure) raise none.
 struct BackendErrorEvent {
-  absl::Status status{};
+  absl::Status status{};  // this failure (the held-back ones had the same code)
+  // Failures of the same status code since the previous event of that code that raised no event.
+  std::uint64_t suppressed = 0;
 };
 
 // Live keys of a rule were evicted from its full store: each got a fresh bucket (fail-open).
-// At most one event per rule per second of the engine's clock: the engine looks at the rule's
-// eviction counter on a request the rule applies to, at most once a second, so `evicted` sums
-// every eviction since the previous event for this rule (none is dropped, several are reported
+// At most one event per rule per kEngineEventInterval: the engine looks at the rule's eviction
+// counter on a request the rule applies to, at most once an interval, so `evicted` sums every
+// eviction since the previous event for this rule (none is dropped, several are reported
 // together).
 struct EvictionEvent {
   std::string_view rule_label{};

@@ -85,8 +85,9 @@ class RedisAttemptLimiter {
   // InvalidArgument for an invalid policy, a duration that is not whole microseconds or above
   // kMaxAttemptDuration, max_records outside [1, 2^32], a key prefix whose first '{' is directly
   // followed by '}' (an empty hash tag: the records would not share one slot), or invalid
-  // connection options. Connects lazily: creation succeeds while Redis is down; operations then
-  // report Unavailable.
+  // connection options; FailedPrecondition, naming the fix, for a server that fails the server
+  // check (as Client::verify_server). Creation succeeds while Redis cannot be reached (operations
+  // then report Unavailable); the server is checked when a connection first opens.
   static absl::StatusOr<RedisAttemptLimiter> create(AttemptPolicy policy,
                                                     ClientOptions options = {},
                                                     AttemptStoreOptions store = {}) {
@@ -106,7 +107,13 @@ class RedisAttemptLimiter {
     if (absl::StatusOr<std::shared_ptr<Client>> c = Client::create(options); !c.ok()) {
       return c.status();
     }
-    return RedisAttemptLimiter(policy, std::move(options), store);
+    RedisAttemptLimiter limiter(policy, std::move(options), store);
+    const detail::Deadline deadline =
+        std::chrono::steady_clock::now() + limiter.shared_->options.connection.command_timeout;
+    if (absl::Status verdict = limiter.shared_->pool.verify_server(deadline); !verdict.ok()) {
+      return verdict;
+    }
+    return limiter;
   }
 
   // As AttemptLimiter::begin; errors as in the file comment.
@@ -191,7 +198,7 @@ class RedisAttemptLimiter {
         : policy(p),
           options(std::move(o)),
           store(s),
-          pool(options.connection),
+          pool(options.connection, options.cluster),
           sha(detail::sha1_hex(detail::kAttemptScript)) {
       const std::uint64_t fingerprint = p.fingerprint();
       unsigned char bytes[8];

@@ -16,8 +16,10 @@
 // seeded XXH3-128 digest + "}" (a Cluster hash tag), never the key itself.
 // Errors: InvalidArgument (bad cost), Unavailable (connection refused or lost, server busy,
 // loading or read-only), DeadlineExceeded (no reply within the command timeout, or no free
-// connection), Internal (a reply of the wrong shape). Never a silent allow; a command that may
-// have reached the server is never sent again.
+// connection), Internal (a reply of the wrong shape), FailedPrecondition (a server that fails the
+// server check — too old, the other Cluster mode, unsafe memory settings — found at creation, or
+// on a connection opened later). Never a silent allow; a command that may have reached the server
+// is never sent again.
 // Cluster: with ClientOptions::cluster, the client reads the slot map from the node it is given,
 // keeps one pool per primary, sends each key's calls to its slot's node, and follows MOVED, ASK
 // and TRYAGAIN (replies after which the command did not run) by the same deadline.
@@ -69,8 +71,9 @@ namespace sluice::redis {
 class Client {
  public:
   // InvalidArgument for max_connections 0, a timeout ≤ 0, a TCP port outside 1..65535, or
-  // max_coalesced_checks outside 1..1000.
-  // Connects lazily: creation succeeds while Redis is down.
+  // max_coalesced_checks outside 1..1000. FailedPrecondition, naming the fix, for a server that
+  // cannot hold the limits (verify_server). Creation succeeds while Redis cannot be reached: the
+  // server is then checked when a connection first opens.
   static absl::StatusOr<std::shared_ptr<Client>> create(ClientOptions options = {}) {
     const ConnectionOptions& c = options.connection;
     if (c.max_connections == 0) {
@@ -91,7 +94,24 @@ class Client {
     if (options.max_coalesced_checks == 0 || options.max_coalesced_checks > 1000) {
       return absl::InvalidArgumentError("sluice::redis: max_coalesced_checks must be in 1..1000");
     }
-    return std::shared_ptr<Client>(new Client(std::move(options)));
+    std::shared_ptr<Client> client(new Client(std::move(options)));
+    if (absl::Status verdict = client->verify_server(); !verdict.ok()) return verdict;
+    return client;
+  }
+
+  // Checks the server (its version, Cluster mode against ClientOptions::cluster, and memory
+  // settings against ConnectionOptions::memory_check; see docs/redis.md) on one connection, by
+  // command_timeout: FailedPrecondition, naming the fix, when it fails. OK when it passed, and OK
+  // when the server cannot be reached now (it is then checked on the first connection that
+  // opens, and every check fails until it passes). After a pass it returns at once. In a Cluster
+  // the node `connection` names is checked here, every other node when first connected.
+  absl::Status verify_server() {
+    detail::ConnectionPool* pool =
+        cluster_ != nullptr
+            ? cluster_->pool_for_address(options_.connection.host, options_.connection.port)
+            : &pool_;
+    if (pool == nullptr) return absl::OkStatus();  // never: the seed is the first node known
+    return pool->verify_server(deadline());
   }
 
   // Evaluates every item in one script call: if every item is admitted, every item's cost is

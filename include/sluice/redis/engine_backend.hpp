@@ -66,7 +66,10 @@ class RedisEngineBackend {
   };
 
   // InvalidArgument naming the rule's label when its windows are outside the script's exact
-  // range (kMaxRequests, kMaxRefill), or when `options.client` is null. Connects lazily.
+  // range (kMaxRequests, kMaxRefill), or when `options.client` is null. FailedPrecondition,
+  // naming the fix, for a server that cannot hold the limits (Client::verify_server: asked of
+  // the server once per client, so a reload costs nothing once it passed). Succeeds while Redis
+  // cannot be reached: the server is checked when a connection first opens.
   static absl::StatusOr<RedisEngineBackend> create(std::span<const CompiledRule> rules,
                                                    const RedisEngineBackend* /*previous*/,
                                                    const Options& options) {
@@ -83,6 +86,7 @@ class RedisEngineBackend {
       backend.limits_.push_back(std::make_shared<const Limit>(*std::move(limit)));
       backend.labels_.push_back(rule.label);
     }
+    if (absl::Status verdict = options.client->verify_server(); !verdict.ok()) return verdict;
     return backend;
   }
 

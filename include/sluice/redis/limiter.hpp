@@ -54,15 +54,23 @@ namespace sluice::redis {
 // Models sluice::RateLimiter.
 class RedisGcraLimiter {
  public:
-  // InvalidArgument for invalid windows (see Limit::create) or options. Connects lazily:
-  // creation succeeds while Redis is down; checks then report Unavailable.
+  // InvalidArgument for invalid windows (see Limit::create) or options; FailedPrecondition,
+  // naming the fix, for a server that cannot hold the limits (Client::verify_server). Creation
+  // succeeds while Redis cannot be reached (checks then report Unavailable); the server is checked
+  // when a connection first opens.
   static absl::StatusOr<RedisGcraLimiter> create(std::vector<GcraWindow> windows,
                                                  ClientOptions options = {}) {
+    absl::StatusOr<Limit> limit = Limit::create(std::move(windows));
+    if (!limit.ok()) {
+      return limit.status();
+    }
+    // Checks the server once (verify_server): the other overload's check would be a second wait
+    // while Redis cannot be reached.
     absl::StatusOr<std::shared_ptr<Client>> client = Client::create(std::move(options));
     if (!client.ok()) {
       return client.status();
     }
-    return create(std::move(windows), *std::move(client));
+    return RedisGcraLimiter(*std::move(limit), *std::move(client));
   }
   static absl::StatusOr<RedisGcraLimiter> create(std::vector<GcraWindow> windows,
                                                  std::shared_ptr<Client> client) {
@@ -73,6 +81,7 @@ class RedisGcraLimiter {
     if (!limit.ok()) {
       return limit.status();
     }
+    if (absl::Status verdict = client->verify_server(); !verdict.ok()) return verdict;
     return RedisGcraLimiter(*std::move(limit), std::move(client));
   }
 

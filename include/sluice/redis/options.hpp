@@ -20,19 +20,23 @@
 
 namespace sluice::redis {
 
-// What a new connection requires of the server's memory settings (read with CONFIG GET). Every
-// limited identity is a key until its windows refill; a spray of identities grows the key set
-// without bound unless the server has `maxmemory`, and only `volatile-ttl` evicts the keys closest
-// to fresh first (a spent budget's key is among the last to go). Other eviction policies can
-// evict a spent budget's key: the next check then admits again, unnoticed. A refused server
-// makes every check FailedPrecondition, saying which setting and how to opt out.
+// What the server check (at creation, and on every new connection) requires of the server's
+// memory settings (read with CONFIG GET). Every limited identity is a key until its windows
+// refill; a spray of identities grows the key set without bound unless the server has
+// `maxmemory`, and only `volatile-ttl` evicts the keys closest to fresh first (a spent budget's
+// key is among the last to go). The other evicting policies can evict a spent budget's key (the
+// next check then admits again, unnoticed); `noeviction` fails every write once the bound is
+// reached. A refused server fails creation (Client::create, the limiters' and the engine's
+// create) with FailedPrecondition naming the setting, the CONFIG SET that fixes it and the
+// opt-out; a server first reached after creation fails every check with it instead.
 enum class MemoryCheck {
   kRequireBounded,  // maxmemory > 0 and maxmemory-policy volatile-ttl (the default)
   // Also accepts maxmemory 0 (memory grows with the identities seen) and noeviction (writes fail
   // with OOM: errors, never a silent allow). Still refuses policies that evict other keys.
   kAllowUnbounded,
-  // Sends no CONFIG GET: for servers where CONFIG is renamed or denied by an ACL. The operator
-  // vouches for the settings.
+  // Sends no INFO or CONFIG GET and checks nothing (not the version or Cluster mode either): for
+  // servers where those commands are renamed or denied by an ACL. The operator vouches for the
+  // settings.
   kSkip,
 };
 
@@ -46,7 +50,7 @@ struct ConnectionOptions {
   // and every read all end by it, however slowly a peer trickles bytes.
   std::chrono::milliseconds command_timeout{200};
   std::size_t max_connections = 16;                         // open at once, idle or in use
-  MemoryCheck memory_check = MemoryCheck::kRequireBounded;  // on every new connection
+  MemoryCheck memory_check = MemoryCheck::kRequireBounded;  // at creation, each new connection
 };
 
 struct ClientOptions {

@@ -5,10 +5,11 @@
 // '}', when not empty) or of the whole key, modulo 16384: the same function as the server's.
 // The slot map comes from CLUSTER SLOTS, asked of any node this router knows (the seed first);
 // each node that owns slots gets a ConnectionPool of its own, opened lazily, with the seed's
-// options (timeouts, max_connections, memory check) and the node's address. A MOVED reply
-// repoints that one slot at once and makes the next call refresh the whole map (at most one
-// refresh at a time, and at most one per kMinRefreshInterval unless a slot is unknown); a node
-// that cannot be reached makes the next call refresh too, which is how a failover is found.
+// options (timeouts, max_connections, server check, which requires a Cluster node) and the
+// node's address. A MOVED reply repoints that one slot at once and makes the next call refresh
+// the whole map (at most one refresh at a time, and at most one per kMinRefreshInterval unless a
+// slot is unknown); a node that cannot be reached makes the next call refresh too, which is how
+// a failover is found.
 //
 // Bounds: at most kMaxNodes distinct node addresses (an address a reply names beyond that is
 // refused, never connected to), 16384 slot entries, a refresh reads at most one reply.
@@ -276,7 +277,8 @@ class ClusterRouter {
     ConnectionOptions options = seed_;
     options.host = host;
     options.port = port;
-    nodes_.push_back({host, port, std::make_unique<ConnectionPool>(std::move(options))});
+    nodes_.push_back(
+        {host, port, std::make_unique<ConnectionPool>(std::move(options), /*cluster=*/true)});
     return static_cast<std::uint16_t>(nodes_.size() - 1);
   }
 

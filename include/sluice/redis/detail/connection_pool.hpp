@@ -4,7 +4,9 @@
 // A connection that failed is closed, never reused; the next acquire opens a fresh one (that is
 // the reconnect). An idle connection is probed before it is handed out (one poll(2), no I/O): one
 // the server closed meanwhile (a restart) is replaced before any command is written to it.
-// Connections open lazily, so a pool exists while Redis is down.
+// Connections open lazily, so a pool exists while Redis is down. Each new connection is checked
+// (server_check.hpp: version, Cluster mode, memory settings) before its first use; a server that
+// fails the check is refused: FailedPrecondition naming the fix.
 //
 // Every lease carries the deadline of the one check it serves: the wait for a connection, the
 // connect, and every write and read of `exchange` (command.hpp) end by it.
@@ -25,6 +27,7 @@
 #include <sys/time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <utility>
@@ -35,7 +38,7 @@
 #include "absl/status/statusor.h"
 #include "sluice/detail/mutex.hpp"
 #include "sluice/redis/detail/io.hpp"
-#include "sluice/redis/detail/memory_check.hpp"
+#include "sluice/redis/detail/server_check.hpp"
 #include "sluice/redis/detail/status.hpp"
 #include "sluice/redis/options.hpp"
 
@@ -79,7 +82,10 @@ class ConnectionPool {
     Deadline deadline_;
   };
 
-  explicit ConnectionPool(ConnectionOptions options) : options_(std::move(options)) {}
+  // `cluster`: the server must be a Redis Cluster node (else a standalone server).
+  explicit ConnectionPool(ConnectionOptions options, bool cluster = false)
+      : options_(std::move(options)),
+        required_{.memory = options_.memory_check, .cluster = cluster} {}
   ConnectionPool(const ConnectionPool&) = delete;
   ConnectionPool& operator=(const ConnectionPool&) = delete;
   ~ConnectionPool() {
@@ -135,6 +141,19 @@ class ConnectionPool {
     }
   }
 
+  // The server's verdict, asked once: FailedPrecondition naming the fix when the server fails the
+  // check; OK when a connection passed it (then at once on every later call), and OK when no
+  // connection could be opened by `deadline` (Unavailable, DeadlineExceeded, no free
+  // connection): the first connection that opens later is checked instead.
+  absl::Status verify_server(Deadline deadline) {
+    if (verified_.load(std::memory_order_acquire)) return absl::OkStatus();
+    absl::StatusOr<Lease> lease = acquire(deadline);
+    if (lease.ok() || lease.status().code() != absl::StatusCode::kFailedPrecondition) {
+      return absl::OkStatus();
+    }
+    return lease.status();
+  }
+
   // Connections open now, idle or leased.
   std::size_t open_connections() const {
     sluice::detail::MutexLock lock(mu_);
@@ -167,7 +186,7 @@ class ConnectionPool {
     return context.err == 0 && poll(&probe, 1, 0) == 0;
   }
 
-  absl::StatusOr<redisContext*> connect(Deadline deadline) const {
+  absl::StatusOr<redisContext*> connect(Deadline deadline) {
     const std::chrono::microseconds left = time_left(deadline);
     if (left <= std::chrono::microseconds::zero()) {
       return absl::DeadlineExceededError("sluice::redis: no time left to connect");
@@ -187,15 +206,17 @@ class ConnectionPool {
       redisFree(context);
       return status;
     }
-    if (absl::Status status = check_memory_settings(context, deadline, options_.memory_check);
-        !status.ok()) {
+    if (absl::Status status = check_server(context, deadline, required_); !status.ok()) {
       redisFree(context);
       return status;
     }
+    verified_.store(true, std::memory_order_release);
     return context;
   }
 
   const ConnectionOptions options_;
+  const ServerRequirements required_;
+  std::atomic<bool> verified_{false};  // a connection passed check_server
   mutable sluice::detail::Mutex mu_;
   std::vector<redisContext*> idle_ ABSL_GUARDED_BY(mu_);
   std::size_t open_ ABSL_GUARDED_BY(mu_) = 0;  // idle + leased

@@ -1,54 +1,81 @@
-// sluice/redis/detail/memory_check.hpp — refuse a server whose memory is unbounded or whose
-// eviction can silently forget a spent budget. Internal: the pool runs it on each new connection.
+// sluice/redis/detail/memory_check.hpp — the verdict on a server's memory settings: refuse one
+// whose memory is unbounded or whose eviction policy can forget a spent budget, with the commands
+// that fix it. Internal: the server check (server_check.hpp) reads the settings and asks here.
 //
-//   absl::Status ok = sluice::redis::detail::check_memory_settings(
-//       context, deadline, sluice::redis::MemoryCheck::kRequireBounded);
-//   // FailedPrecondition: "maxmemory is 0 ..." / "maxmemory-policy is allkeys-lru ..."
+//   absl::Status ok = sluice::redis::detail::memory_settings_status(
+//       0, "noeviction", sluice::redis::MemoryCheck::kRequireBounded);
+//   // FailedPrecondition: "... maxmemory is 0 ...; run CONFIG SET maxmemory <bytes> and ..."
 //
-// Thread-safety: uses one connection, which one thread holds at a time.
+// Thread-safety: pure functions.
 #ifndef SLUICE_REDIS_DETAIL_MEMORY_CHECK_HPP_
 #define SLUICE_REDIS_DETAIL_MEMORY_CHECK_HPP_
 
 #include <hiredis/hiredis.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
-#include <span>
 #include <string_view>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "sluice/redis/detail/io.hpp"
 #include "sluice/redis/options.hpp"
 
 namespace sluice::redis::detail {
 
+// What `policy` does when the server reaches maxmemory ("" for a policy sluice does not know).
+inline std::string_view eviction_effect(std::string_view policy) {
+  struct Known {
+    std::string_view policy;
+    std::string_view effect;
+  };
+  static constexpr Known kKnown[] = {
+      {"allkeys-lru", "evicts any key, least recently used first"},
+      {"allkeys-lfu", "evicts any key, least frequently used first"},
+      {"allkeys-random", "evicts any key at random"},
+      {"volatile-lru", "evicts keys with an expiry, least recently used first"},
+      {"volatile-lfu", "evicts keys with an expiry, least frequently used first"},
+      {"volatile-random", "evicts keys with an expiry at random"},
+      {"noeviction", "evicts nothing: once maxmemory is reached every write fails with OOM"}};
+  for (const Known& k : kKnown) {
+    if (k.policy == policy) return k.effect;
+  }
+  return "";
+}
+
 // The verdict on settings read from the server (`maxmemory` in bytes).
 inline absl::Status memory_settings_status(std::uint64_t maxmemory, std::string_view policy,
                                            MemoryCheck mode) {
-  const absl::string_view shown(policy.data(), policy.size());
-  if (mode == MemoryCheck::kSkip) {
-    return absl::OkStatus();
-  }
+  if (mode == MemoryCheck::kSkip) return absl::OkStatus();
   const bool unbounded_allowed = mode == MemoryCheck::kAllowUnbounded;
   if (maxmemory == 0) {
     if (unbounded_allowed) return absl::OkStatus();
     return absl::FailedPreconditionError(
-        "sluice::redis: the server's maxmemory is 0 (unbounded): a spray of identities grows it "
-        "without limit; set maxmemory and maxmemory-policy volatile-ttl, or opt out with "
+        "sluice::redis: the server's maxmemory is 0 (unbounded): every identity a limiter sees "
+        "stays a key until its windows refill, so a spray of identities grows the server's memory "
+        "without limit; run CONFIG SET maxmemory <bytes> and CONFIG SET maxmemory-policy "
+        "volatile-ttl (and write both into redis.conf), or accept unbounded memory with "
         "memory_check = MemoryCheck::kAllowUnbounded");
   }
   if (policy == "volatile-ttl" || (unbounded_allowed && policy == "noeviction")) {
     return absl::OkStatus();
   }
+  const absl::string_view shown(policy.data(), std::min<std::size_t>(policy.size(), 64));
+  const std::string_view effect = eviction_effect(policy);
+  const bool refuses_writes = policy == "noeviction";
   return absl::FailedPreconditionError(absl::StrCat(
-      "sluice::redis: the server's maxmemory-policy is ", shown.substr(0, 64),
-      ", which can evict a spent budget and admit it again unnoticed; set volatile-ttl",
-      unbounded_allowed ? " (or noeviction)" : "",
-      ", or opt out with memory_check = MemoryCheck::kSkip"));
+      "sluice::redis: the server's maxmemory-policy is ", shown, ", which ",
+      effect.empty() ? "sluice does not know" : absl::string_view(effect.data(), effect.size()),
+      refuses_writes ? ": checks then fail, and under fail-open every request is admitted"
+                     : ": every limiter key has an expiry, so a spent budget's key can be evicted "
+                       "and its next check admitted as if it were new",
+      "; run CONFIG SET maxmemory-policy volatile-ttl (it evicts the keys closest to refilled "
+      "first, a spent budget's last) and write it into redis.conf",
+      refuses_writes ? ", or accept failing writes at the bound with memory_check = "
+                       "MemoryCheck::kAllowUnbounded"
+                     : ", or opt out with memory_check = MemoryCheck::kSkip"));
 }
 
 // The value of a `CONFIG GET name` reply: [name, value].
@@ -57,40 +84,14 @@ inline absl::StatusOr<std::string_view> config_value(const redisReply& reply) {
     return absl::FailedPreconditionError(absl::StrCat(
         "sluice::redis: cannot read the server's memory settings (",
         absl::string_view(reply.str, reply.len).substr(0, 200),
-        "); where CONFIG is renamed or denied, set memory_check = MemoryCheck::kSkip"));
+        "); where CONFIG is renamed or denied, check maxmemory and maxmemory-policy yourself and "
+        "set memory_check = MemoryCheck::kSkip"));
   }
   if (reply.type != REDIS_REPLY_ARRAY || reply.elements != 2 ||
       reply.element[1]->type != REDIS_REPLY_STRING) {
     return absl::InternalError("sluice::redis: CONFIG GET returned an unexpected reply");
   }
   return std::string_view(reply.element[1]->str, reply.element[1]->len);
-}
-
-// Reads maxmemory and maxmemory-policy (one round trip, by `end`) and judges them.
-inline absl::Status check_memory_settings(redisContext* context, Deadline end, MemoryCheck mode) {
-  if (mode == MemoryCheck::kSkip) {
-    return absl::OkStatus();
-  }
-  Command maxmemory;
-  Command policy;
-  for (Command* command : {&maxmemory, &policy}) {
-    command->add("CONFIG");
-    command->add("GET");
-  }
-  maxmemory.add("maxmemory");
-  policy.add("maxmemory-policy");
-  const Command commands[] = {maxmemory, policy};
-  absl::StatusOr<std::vector<ReplyPtr>> replies = exchange_on(context, end, commands);
-  if (!replies.ok()) return replies.status();
-  absl::StatusOr<std::string_view> bytes = config_value(*(*replies)[0]);
-  if (!bytes.ok()) return bytes.status();
-  absl::StatusOr<std::string_view> name = config_value(*(*replies)[1]);
-  if (!name.ok()) return name.status();
-  std::uint64_t limit = 0;
-  if (!absl::SimpleAtoi(absl::string_view(bytes->data(), bytes->size()), &limit)) {
-    return absl::InternalError("sluice::redis: CONFIG GET maxmemory is not a number");
-  }
-  return memory_settings_status(limit, *name, mode);
 }
 
 }  // namespace sluice::redis::detail
