@@ -696,6 +696,11 @@ class BasicRateLimitEngine {
     if (it == credentials_.end()) return std::nullopt;
     return std::string_view(it->second);
   }
+  // The client-address resolver of this generation's gateway.trusted_proxies (header choice
+  // ProxyHeaders::kForwardedFirst; an adapter passes its own to `resolve`). Adapters resolve every
+  // request with the generation that evaluates it, so a reload that changes the proxies applies
+  // from the next request on.
+  const ClientAddressResolver& client_addresses() const noexcept { return client_addresses_; }
 
   std::size_t rule_count() const noexcept { return rules_.size(); }
   const RuleInfo& rule(std::size_t index) const { return rules_[index]; }
@@ -824,7 +829,14 @@ class BasicRateLimitEngine {
       if (compiled[i].adaptive) ++engine.adaptive_rules_;
       engine.by_fingerprint_.emplace(compiled[i].fingerprint, i);
     }
+    if (absl::Status s = engine.compile_request_side(config, bundle_rules); !s.ok()) return s;
+    return engine;
+  }
 
+  // What the engine reads of a request besides the rules: the rules of each scope, credentials,
+  // exempt paths, routes in match_route's order, and the trusted proxies.
+  absl::Status compile_request_side(const PolicyConfig& config,
+                                    absl::flat_hash_map<std::string, RuleList>& bundle_rules) {
     auto attach = [&](const std::vector<std::string>& names) {
       RuleList out;
       for (const std::string& name : names) {
@@ -833,28 +845,32 @@ class BasicRateLimitEngine {
       return out;
     };
     for (const Consumer& c : config.consumers) {
-      engine.consumer_rules_[c.name] = attach(c.policies);
-      for (const std::string& credential : c.credentials) engine.credentials_[credential] = c.name;
+      consumer_rules_[c.name] = attach(c.policies);
+      for (const std::string& credential : c.credentials) credentials_[credential] = c.name;
     }
     for (const Route& r : config.routes) {
-      engine.route_rules_[r.name] = attach(r.policies);
-      engine.route_services_[r.name] = r.service;
+      route_rules_[r.name] = attach(r.policies);
+      route_services_[r.name] = r.service;
     }
-    for (const Service& s : config.services) engine.service_rules_[s.name] = attach(s.policies);
-    for (const Listener& l : config.listeners) engine.listener_rules_[l.name] = attach(l.policies);
-    engine.global_rules_ = attach(config.gateway.global_policies);
-    engine.exempt_paths_ = config.gateway.exempt_paths;
-    engine.routes_ = config.routes;
+    for (const Service& s : config.services) service_rules_[s.name] = attach(s.policies);
+    for (const Listener& l : config.listeners) listener_rules_[l.name] = attach(l.policies);
+    global_rules_ = attach(config.gateway.global_policies);
+    exempt_paths_ = config.gateway.exempt_paths;
+    routes_ = config.routes;
     // Precedence for match_route: the longest prefix first; on equal prefixes a route bound to a
     // listener before one on every listener.
-    std::stable_sort(engine.routes_.begin(), engine.routes_.end(),
-                     [](const Route& a, const Route& b) {
-                       if (a.path_prefix.size() != b.path_prefix.size()) {
-                         return a.path_prefix.size() > b.path_prefix.size();
-                       }
-                       return !a.listener.empty() && b.listener.empty();
-                     });
-    return engine;
+    std::stable_sort(routes_.begin(), routes_.end(), [](const Route& a, const Route& b) {
+      if (a.path_prefix.size() != b.path_prefix.size()) {
+        return a.path_prefix.size() > b.path_prefix.size();
+      }
+      return !a.listener.empty() && b.listener.empty();
+    });
+    // validate() has parsed every entry already, so this does not fail on a validated config.
+    absl::StatusOr<ClientAddressResolver> proxies =
+        ClientAddressResolver::create(config.gateway.trusted_proxies);
+    if (!proxies.ok()) return proxies.status();
+    client_addresses_ = *std::move(proxies);
+    return absl::OkStatus();
   }
 
   static RuleInfo describe(const CompiledRule& rule) {
@@ -1293,6 +1309,7 @@ class BasicRateLimitEngine {
   absl::flat_hash_map<std::string, std::string> route_services_;  // route -> its service or ""
   absl::flat_hash_map<std::string, std::size_t> by_fingerprint_;  // -> index into rules_
   absl::flat_hash_map<std::string, std::string> credentials_;
+  ClientAddressResolver client_addresses_;  // gateway.trusted_proxies
 };
 
 // The engine over in-memory GCRA limiters (per process).
