@@ -112,6 +112,13 @@ class HttplibLimiter {
 
   HttplibLimiter(EngineSource source, Options options = {})
       : source_(std::move(source)), options_(std::move(options)) {}
+  // A fixed generation, shared.
+  HttplibLimiter(std::shared_ptr<const Engine> engine, Options options = {})
+      : HttplibLimiter([engine = std::move(engine)] { return engine; }, std::move(options)) {}
+  // A fixed engine the caller keeps alive for as long as the server may call the handler.
+  HttplibLimiter(const Engine& engine, Options options = {})
+      : HttplibLimiter(std::shared_ptr<const Engine>(std::shared_ptr<const Engine>(), &engine),
+                       std::move(options)) {}
   // A limiter as the constructor makes it, for a service that also holds trusted proxies of its
   // own (CIDR texts, e.g. from its command line): they must be the gateway.trusted_proxies of the
   // generation `source` serves now, in any order, or none. Otherwise InvalidArgument naming both
@@ -136,13 +143,6 @@ class HttplibLimiter {
     return create([engine = std::move(engine)] { return engine; }, std::move(options),
                   trusted_proxies);
   }
-  // A fixed generation, shared.
-  HttplibLimiter(std::shared_ptr<const Engine> engine, Options options = {})
-      : HttplibLimiter([engine = std::move(engine)] { return engine; }, std::move(options)) {}
-  // A fixed engine the caller keeps alive for as long as the server may call the handler.
-  HttplibLimiter(const Engine& engine, Options options = {})
-      : HttplibLimiter(std::shared_ptr<const Engine>(std::shared_ptr<const Engine>(), &engine),
-                       std::move(options)) {}
 
   // Makes a copy of this limiter the server's pre-routing handler (replacing any other).
   void install(httplib::Server& server) const {
