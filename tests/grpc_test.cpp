@@ -364,25 +364,71 @@ TEST_CASE("a made-up, unprefixed or repeated credential is keyed by the client a
 
 TEST_CASE("x-forwarded-for metadata picks the client only behind a trusted proxy") {
   sluice::ManualClock clock;
-  const Engine engine = make(per_credential(), clock);  // anonymous calls: 1 per address
+  sluice::PolicyConfig config = per_credential();  // anonymous calls: 1 per address
   const Metadata first{{"x-forwarded-for", "203.0.113.7"}};
   const Metadata second{{"x-forwarded-for", "203.0.113.8"}};
 
   SECTION("untrusted peer: the header is the client's own text and is ignored") {
+    config.gateway.trusted_proxies = {"10.0.0.0/8"};  // not 127.0.0.1, where the calls come from
+    const Engine engine = make(config, clock);
     EchoServer server(engine, limiter());
     REQUIRE(server.started());
     CHECK(server.call(first).code == grpc::StatusCode::OK);
     CHECK(server.call(second).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
   }
   SECTION("trusted peer: each forwarded client has its own bucket") {
-    auto resolver = sluice::ClientAddressResolver::create({"127.0.0.0/8"});
+    config.gateway.trusted_proxies = {"127.0.0.0/8"};
+    const Engine engine = make(config, clock);
+    auto resolver = sluice::ClientAddressResolver::create({"127.0.0.0/8"});  // the same, in code
     REQUIRE(resolver.ok());
-    EchoServer server(engine, limiter({.client_addresses = *resolver}));
+    auto created = sluice::GrpcRateLimiter::create({.client_addresses = *resolver}, engine);
+    REQUIRE(created.ok());
+    EchoServer server(engine, *std::move(created));
     REQUIRE(server.started());
     CHECK(server.call(first).code == grpc::StatusCode::OK);
     CHECK(server.call(second).code == grpc::StatusCode::OK);
     CHECK(server.call(first).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
   }
+}
+
+TEST_CASE(
+    "creating a gRPC limiter with trusted proxies that contradict the config's "
+    "gateway.trusted_proxies fails, naming both lists") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = per_credential();
+  config.gateway.trusted_proxies = {"127.0.0.0/8"};
+  const Engine engine = make(config, clock);
+  auto load_balancers = sluice::ClientAddressResolver::create({"10.0.0.0/8"});
+  REQUIRE(load_balancers.ok());
+
+  const auto contradicting =
+      sluice::GrpcRateLimiter::create({.client_addresses = *load_balancers}, engine);
+  CHECK(contradicting.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(contradicting.status().message() ==
+        "GrpcLimiterOptions::client_addresses' trusted proxies [10.0.0.0/8] contradict the "
+        "config's gateway.trusted_proxies [127.0.0.0/8]: the adapter takes its trusted proxies "
+        "from the config and follows its reloads; set them in gateway.trusted_proxies and give "
+        "the adapter none");
+  // Without an engine nothing can be compared: trusted networks in code are refused.
+  CHECK(sluice::GrpcRateLimiter::create({.client_addresses = *load_balancers}).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK(sluice::GrpcRateLimiter::create({}, engine).ok());
+}
+
+TEST_CASE(
+    "behind a proxy trusted only by the config's gateway.trusted_proxies, each forwarded caller "
+    "has its own bucket") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = per_credential();  // anonymous calls: 1 per address
+  config.gateway.trusted_proxies = {"127.0.0.1/32"};
+  const Engine engine = make(config, clock);
+  EchoServer server(engine, limiter());  // no trusted proxy in code
+  REQUIRE(server.started());
+  CHECK(server.call({{"x-forwarded-for", "203.0.113.7"}}).code == grpc::StatusCode::OK);
+  CHECK(server.call({{"x-forwarded-for", "203.0.113.7"}}).code ==
+        grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Another caller behind the same proxy: its first call is admitted.
+  CHECK(server.call({{"forwarded", "for=203.0.113.8"}}).code == grpc::StatusCode::OK);
 }
 
 TEST_CASE("a route's path prefix selects methods by their full name") {

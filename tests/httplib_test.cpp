@@ -15,6 +15,15 @@
 #include "catch.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
+#ifdef SLUICE_TEST_YAML
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "sluice/yaml/reloading_engine.hpp"
+#endif
 
 using namespace std::chrono_literals;
 using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
@@ -38,6 +47,19 @@ sluice::PolicyConfig items_config() {
       .consumers = {{.name = "acme", .credentials = {"acme-token"}, .policies = {"acme-tier"}}}};
 }
 
+// items_config() behind the proxies `trusted` (gateway.trusted_proxies).
+sluice::PolicyConfig items_behind(std::vector<std::string> trusted) {
+  sluice::PolicyConfig config = items_config();
+  config.gateway.trusted_proxies = std::move(trusted);
+  return config;
+}
+
+// The headers nginx at 127.0.0.1 adds for a client at `client` (proxy_add_x_forwarded_for, and
+// the RFC 7239 form some setups add as well).
+httplib::Headers forwarded_for(const std::string& client) {
+  return {{"X-Forwarded-For", client}, {"Forwarded", "for=" + client}};
+}
+
 std::shared_ptr<const Engine> make_engine(const sluice::PolicyConfig& config,
                                           sluice::ManualClock clock) {
   auto engine = Engine::create(config, {.store = {.seed = 1}, .clock = clock});
@@ -45,8 +67,8 @@ std::shared_ptr<const Engine> make_engine(const sluice::PolicyConfig& config,
   return std::make_shared<const Engine>(*std::move(engine));
 }
 
-Limiter::Options options_with(sluice::ClientAddressResolver resolver = {}) {
-  return {.resolver = std::move(resolver), .wall_clock = [] { return kWall; }};
+Limiter::Options options_with() {
+  return {.wall_clock = [] { return kWall; }};
 }
 
 // An httplib::Server with `limiter` installed and one handler (GET /v1/items and /healthz answer
@@ -141,9 +163,8 @@ TEST_CASE("an exempt path is routed by the server and gets no fields") {
 TEST_CASE("an X-Forwarded-For written by an untrusted peer does not pick the bucket") {
   sluice::ManualClock clock;
   // 127.0.0.1, where the requests come from, is not a trusted proxy.
-  auto resolver = sluice::ClientAddressResolver::create({"10.0.0.0/8"});
-  REQUIRE(resolver.ok());
-  const TestServer server(Limiter(make_engine(items_config(), clock), options_with(*resolver)));
+  const TestServer server(
+      Limiter(make_engine(items_behind({"10.0.0.0/8"}), clock), options_with()));
   CHECK(server.get("/v1/items", {{"X-Forwarded-For", "198.51.100.1"}}).status == 200);
   CHECK(server.get("/v1/items", {{"Forwarded", "for=198.51.100.2"}}).status == 200);
   const httplib::Response third = server.get(
@@ -153,9 +174,8 @@ TEST_CASE("an X-Forwarded-For written by an untrusted peer does not pick the buc
 
 TEST_CASE("behind a trusted proxy the client is the rightmost untrusted X-Forwarded-For entry") {
   sluice::ManualClock clock;
-  auto resolver = sluice::ClientAddressResolver::create({"127.0.0.1/32"});
-  REQUIRE(resolver.ok());
-  const TestServer server(Limiter(make_engine(items_config(), clock), options_with(*resolver)));
+  const TestServer server(
+      Limiter(make_engine(items_behind({"127.0.0.1/32"}), clock), options_with()));
   // The client writes a fresh fake entry each time; its proxy appended its real address.
   CHECK(server.get("/v1/items", {{"X-Forwarded-For", "10.0.0.1, 198.51.100.7"}}).status == 200);
   CHECK(server.get("/v1/items", {{"X-Forwarded-For", "10.0.0.2, 198.51.100.7"}}).status == 200);
@@ -358,3 +378,127 @@ TEST_CASE("an upstream's answers fed back through the adapter move the route's a
   CHECK(server.get("/api/a").status == 429);
   CHECK(engine->stats()[0].admitted == 3);
 }
+
+// --- identity settings from the config
+
+TEST_CASE(
+    "behind a proxy trusted only by the config's gateway.trusted_proxies, each forwarded client "
+    "has its own bucket") {
+  sluice::ManualClock clock;
+  // No trusted proxy in code: only the config trusts 127.0.0.1, where the requests come from.
+  const TestServer server(
+      Limiter(make_engine(items_behind({"127.0.0.1/32"}), clock), options_with()));
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.7")).status == 200);
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.7")).status == 200);
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.7")).status == 429);
+  // Another client behind the same proxy: its first request is admitted.
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.8")).status == 200);
+}
+
+TEST_CASE(
+    "creating an adapter with trusted proxies that contradict the config's "
+    "gateway.trusted_proxies fails, naming both lists") {
+  sluice::ManualClock clock;
+  const auto engine = make_engine(items_behind({"127.0.0.1/32", "10.0.0.0/8"}), clock);
+
+  const auto contradicting = Limiter::create(engine, options_with(), {"192.0.2.0/24"});
+  CHECK(contradicting.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(contradicting.status().message() ==
+        "the adapter's trusted proxies [192.0.2.0/24] contradict the config's "
+        "gateway.trusted_proxies [10.0.0.0/8, 127.0.0.1/32]: the adapter takes its trusted "
+        "proxies from the config and follows its reloads; set them in gateway.trusted_proxies "
+        "and give the adapter none");
+  // A subset contradicts too: the config trusts a proxy the code does not.
+  CHECK(Limiter::create(engine, options_with(), {"127.0.0.1/32"}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(Limiter::create(engine, options_with(), {"10.0.0.1/8"}).status().message() ==
+        "trusted_networks[0]: network \"10.0.0.1/8\": host bits are set; write the network "
+        "address");
+  // No proxies in code, or the config's own in another order: created.
+  CHECK(Limiter::create(engine, options_with()).ok());
+  CHECK(Limiter::create(engine, options_with(), {"10.0.0.0/8", "127.0.0.1/32"}).ok());
+
+  const auto untrusting = make_engine(items_config(), clock);  // the config trusts no proxy
+  CHECK(Limiter::create(untrusting, options_with(), {"127.0.0.1/32"}).status().message() ==
+        "the adapter's trusted proxies [127.0.0.1/32] contradict the config's "
+        "gateway.trusted_proxies []: the adapter takes its trusted proxies from the config and "
+        "follows its reloads; set them in gateway.trusted_proxies and give the adapter none");
+  const auto none = Limiter::create([] { return std::shared_ptr<const Engine>(); }, options_with(),
+                                    {"127.0.0.1/32"});
+  CHECK(none.status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("an adapter created with the config's own trusted proxies still follows the config") {
+  sluice::ManualClock clock;
+  auto created = Limiter::create(make_engine(items_behind({"127.0.0.1/32"}), clock), options_with(),
+                                 {"127.0.0.1/32"});
+  REQUIRE(created.ok());
+  const TestServer server(*created);
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.7")).status == 200);
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.8")).status == 200);
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.8")).status == 200);
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.8")).status == 429);
+}
+
+#ifdef SLUICE_TEST_YAML
+namespace {
+
+// A fresh directory under the system's temp dir, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "sluice_httplib_XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// items_config()'s per-ip rule as YAML, behind the proxies `trusted` (a YAML sequence).
+void write_items_yaml(const std::string& path, const std::string& trusted) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << absl::StrCat(
+      "policies:\n"
+      "  - name: items-per-ip\n"
+      "    rate_limits:\n"
+      "      - { name: per-ip, selector: [ip], requests_per: { minute: 2 } }\n"
+      "routes:\n"
+      "  - { name: items, path_prefix: /v1/items, policies: [items-per-ip] }\n"
+      "gateway:\n"
+      "  trusted_proxies: ",
+      trusted, "\n");
+}
+
+}  // namespace
+
+TEST_CASE(
+    "an adapter over a reloading holder resolves clients by the trusted proxies of the "
+    "generation it evaluates with") {
+  sluice::ManualClock clock;
+  const TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write_items_yaml(path, "[10.0.0.0/8]");  // 127.0.0.1 is not trusted yet
+  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
+      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
+  REQUIRE(holder.ok());
+  sluice::yaml::ReloadingEngine<Engine>& reloading = **holder;
+  const TestServer server(Limiter([&reloading] { return reloading.current(); }, options_with()));
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.7")).status == 200);
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.7")).status == 200);
+  // Both clients are the proxy, 127.0.0.1, whose bucket is spent.
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.8")).status == 429);
+
+  write_items_yaml(path, "[127.0.0.1/32]");
+  REQUIRE(reloading.reload().ok());
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.8")).status == 200);
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.7")).status == 200);
+
+  write_items_yaml(path, "[]");  // no proxy trusted: every request is the peer's again
+  REQUIRE(reloading.reload().ok());
+  CHECK(server.get("/v1/items", forwarded_for("198.51.100.9")).status == 429);
+}
+#endif

@@ -74,7 +74,8 @@ sluice::PolicyConfig gateway_example() {
           {{.name = "acme", .credentials = {"acme-secret-token"}, .policies = {"partner-tier"}},
            {.name = "trial", .credentials = {"trial-secret-token"}, .policies = {"trial-tier"}}},
       .gateway = {.global_policies = {"global-per-ip"},
-                  .exempt_paths = {"/healthz", "/readyz", "/metrics"}},
+                  .exempt_paths = {"/healthz", "/readyz", "/metrics"},
+                  .trusted_proxies = {"127.0.0.1/32"}},
       .engine = {.consumption = sluice::ConsumptionMode::kAllOrNothing,
                  .on_backend_error = sluice::FailureMode::kFailOpen},
   };

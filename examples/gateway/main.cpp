@@ -11,10 +11,12 @@
 // - route: the longest `path_prefix` among the listener's routes (engine.match_route);
 // - consumer: `Authorization: Bearer <token>` looked up among the consumers' credentials; an
 //   unknown token is limited like an anonymous caller, then answered 401;
-// - client address: sluice::ClientAddressResolver over the peer address and the Forwarded /
-//   X-Forwarded-For headers, trusting only the proxies of `gateway.trusted_proxies` in the config
-//   and of --trusted-proxy (repeatable): the client is the rightmost address that is not a trusted
-//   proxy, so an entry a client writes itself never picks its bucket. No trusted proxy: the peer.
+// - client address: the peer address and the Forwarded / X-Forwarded-For headers, trusting only
+//   the proxies of `gateway.trusted_proxies` in the config (of the generation evaluating the
+//   request, so a reload that changes them applies at once): the client is the rightmost address
+//   that is not a trusted proxy, so an entry a client writes itself never picks its bucket. No
+//   trusted proxy: the peer. --trusted-proxy (repeatable) only checks: the gateway refuses to
+//   start unless its list is the config's (any order).
 // Answers: 429 with Retry-After, X-RateLimit-*, RateLimit and RateLimit-Policy when denied;
 // otherwise 200 JSON (404 for unrouted paths) with the same fields except Retry-After. Exempt
 // paths get no fields: /healthz, /readyz, and /metrics (sluice/prometheus.hpp: every engine and
@@ -30,7 +32,7 @@
 // their state; a broken file, or one that attaches no rule without `limits_nothing: true`, is
 // logged and the last good config keeps serving. Replace the file atomically (write a temporary
 // file, then rename it over the config). Each request holds the generation it was evaluated with
-// until it is answered. The listener and the trusted proxies are read once, at start.
+// until it is answered. The listener is read once, at start.
 //
 // Upstream (--upstream http://HOST:PORT): admitted requests on a route are proxied there (GET,
 // the normalized path the route was matched on, and the query; 2 s to connect, 10 s to answer)
@@ -76,7 +78,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "bounded_server.hpp"
-#include "sluice/client_address.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
 #include "sluice/httplib.hpp"
@@ -90,7 +91,7 @@ struct Options {
   std::string config_path;
   int port = 0;
   std::optional<std::string> listener;
-  std::vector<std::string> trusted_proxies;       // CIDRs, besides the config's
+  std::vector<std::string> trusted_proxies;       // CIDRs that must be the config's
   std::chrono::milliseconds reload_poll{1000};    // 0: reload on SIGHUP only
   std::chrono::milliseconds reload_settle{1000};  // a change must stay this long to be loaded
   std::optional<std::string> upstream;            // "http://host:port"
@@ -294,33 +295,30 @@ class Gateway {
   std::optional<std::string> upstream_;
 };
 
-// The reloading engine and the client address resolver for the config at `options.config_path`;
-// the first listener of the config becomes `options.listener` when none was given. An error is
-// printed to stderr.
-struct Loaded {
-  std::unique_ptr<Holder> holder;
-  sluice::ClientAddressResolver resolver;
-};
-std::optional<Loaded> load(Options& options) {
-  auto fail = [](const absl::Status& status) {
-    std::fprintf(stderr, "sluice_gateway: %s\n", std::string(status.message()).c_str());
-    return std::nullopt;
-  };
-  // The listener and the trusted proxies come from the file as it is at start.
+// Prints `status` as the gateway's error.
+void print_error(const absl::Status& status) {
+  std::fprintf(stderr, "sluice_gateway: %s\n", std::string(status.message()).c_str());
+}
+
+// The reloading engine for the config at `options.config_path`; the first listener of the config
+// becomes `options.listener` when none was given. An error is printed to stderr.
+std::unique_ptr<Holder> load(Options& options) {
+  // The listener comes from the file as it is at start.
   absl::StatusOr<sluice::PolicyConfig> config = sluice::yaml::load_config_file(options.config_path);
-  if (!config.ok()) return fail(config.status());
+  if (!config.ok()) {
+    print_error(config.status());
+    return nullptr;
+  }
   if (!options.listener && !config->listeners.empty()) {
     options.listener = config->listeners.front().name;
   }
-  std::vector<std::string> trusted = config->gateway.trusted_proxies;
-  trusted.insert(trusted.end(), options.trusted_proxies.begin(), options.trusted_proxies.end());
-  absl::StatusOr<sluice::ClientAddressResolver> resolver =
-      sluice::ClientAddressResolver::create(trusted);
-  if (!resolver.ok()) return fail(resolver.status());
   absl::StatusOr<std::unique_ptr<Holder>> holder = Holder::create(
       options.config_path, {.on_event = &Gateway::on_event, .settle = options.reload_settle});
-  if (!holder.ok()) return fail(holder.status());
-  return Loaded{*std::move(holder), *std::move(resolver)};
+  if (!holder.ok()) {
+    print_error(holder.status());
+    return nullptr;
+  }
+  return *std::move(holder);
 }
 
 // Binds 127.0.0.1 on `port` (0: any free port); the bound port, or -1.
@@ -388,9 +386,9 @@ int main(int argc, char** argv) {
     std::fputs(kUsage.data(), stderr);
     return 2;
   }
-  std::optional<Loaded> loaded = load(*options);
+  const std::unique_ptr<Holder> loaded = load(*options);
   if (!loaded) return 2;
-  Holder& holder = *loaded->holder;
+  Holder& holder = *loaded;
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -404,16 +402,21 @@ int main(int argc, char** argv) {
   server.set_keep_alive_timeout(5);
   server.set_read_timeout(5);
   server.set_write_timeout(5);
-  Limiter([&holder] { return holder.current(); },
-          {.listener = options->listener.value_or(""),
-           .resolver = std::move(loaded->resolver),
-           .on_evaluated = &Gateway::log,
-           .on_admitted =
-               [gateway](const httplib::Request& request, httplib::Response& response,
-                         const LimitedRequest& limited) {
-                 return gateway->answer(request, response, limited);
-               }})
-      .install(server);
+  absl::StatusOr<Limiter> limiter =
+      Limiter::create([&holder] { return holder.current(); },
+                      {.listener = options->listener.value_or(""),
+                       .on_evaluated = &Gateway::log,
+                       .on_admitted =
+                           [gateway](const httplib::Request& request, httplib::Response& response,
+                                     const LimitedRequest& limited) {
+                             return gateway->answer(request, response, limited);
+                           }},
+                      options->trusted_proxies);
+  if (!limiter.ok()) {
+    print_error(limiter.status());
+    return 2;
+  }
+  limiter->install(server);
   const auto ok = [](const httplib::Request&, httplib::Response& response) {
     response.set_content("ok\n", "text/plain");
   };

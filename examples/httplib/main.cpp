@@ -30,8 +30,8 @@ int main() {
 
   httplib::Server server;
   // Runs before routing: 429 with Retry-After for a denied request, the RateLimit fields on every
-  // answer. Behind a load balancer, pass its networks: {.resolver = *ClientAddressResolver::create(
-  // {"10.0.0.0/8"})}; without, Forwarded and X-Forwarded-For are ignored.
+  // answer. Behind a load balancer, list its networks in the config's gateway.trusted_proxies
+  // ({"10.0.0.0/8"}); without, Forwarded and X-Forwarded-For are ignored.
   sluice::HttplibLimiter<>(engine).install(server);
   server.Get("/v1/items", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("[]", "application/json");

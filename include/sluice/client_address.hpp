@@ -382,8 +382,18 @@ class ClientAddressResolver {
   // result is invalid only if the address it settles on is (e.g. an invalid peer).
   ClientAddress resolve(const ClientAddress& peer, std::string_view forwarded,
                         std::string_view x_forwarded_for) const noexcept {
+    return resolve(peer, forwarded, x_forwarded_for, headers_);
+  }
+  ClientAddress resolve(std::string_view peer, std::string_view forwarded,
+                        std::string_view x_forwarded_for) const noexcept {
+    return resolve(ClientAddress::parse(peer), forwarded, x_forwarded_for);
+  }
+  // The same, reading the hop list from `headers` instead of `headers()`: an adapter takes the
+  // trusted networks from its engine's config and the header choice from its own options.
+  ClientAddress resolve(const ClientAddress& peer, std::string_view forwarded,
+                        std::string_view x_forwarded_for, ProxyHeaders headers) const noexcept {
     if (!trusted(peer)) return peer;  // also: no trusted networks
-    switch (headers_) {
+    switch (headers) {
       case ProxyHeaders::kForwardedOnly:
         return walk(peer, detail::ForwardedHops(forwarded));
       case ProxyHeaders::kXForwardedForOnly:
@@ -395,10 +405,6 @@ class ClientAddressResolver {
         return walk(peer, detail::XForwardedForHops(x_forwarded_for));
     }
     return peer;
-  }
-  ClientAddress resolve(std::string_view peer, std::string_view forwarded,
-                        std::string_view x_forwarded_for) const noexcept {
-    return resolve(ClientAddress::parse(peer), forwarded, x_forwarded_for);
   }
 
   // True iff `address` is in a trusted network. O(trusted networks).

@@ -738,6 +738,11 @@ class BasicRateLimitEngine {
     if (it == credentials_.end()) return std::nullopt;
     return std::string_view(it->second);
   }
+  // The client-address resolver of this generation's gateway.trusted_proxies (header choice
+  // ProxyHeaders::kForwardedFirst; an adapter passes its own to `resolve`). Adapters resolve every
+  // request with the generation that evaluates it, so a reload that changes the proxies applies
+  // from the next request on.
+  const ClientAddressResolver& client_addresses() const noexcept { return client_addresses_; }
 
   std::size_t rule_count() const noexcept { return rules_.size(); }
   const RuleInfo& rule(std::size_t index) const { return rules_[index]; }
@@ -850,7 +855,7 @@ class BasicRateLimitEngine {
     }
     if (absl::Status s = engine.start_backend(compiled, config.engine, previous); !s.ok()) return s;
     engine.keep_rule_state(compiled, previous);
-    engine.attach_scopes(config, bundle_rules);
+    if (absl::Status s = engine.attach_scopes(config, bundle_rules); !s.ok()) return s;
     return engine;
   }
 
@@ -889,10 +894,11 @@ class BasicRateLimitEngine {
     }
   }
 
-  // Which rules each consumer, route, service, listener and the gateway attach, and the routes in
-  // match order.
-  void attach_scopes(const PolicyConfig& config,
-                     absl::flat_hash_map<std::string, RuleList>& bundle_rules) {
+  // What the engine reads of a request besides the rules: the rules each consumer, route,
+  // service, listener and the gateway attach, credentials, exempt paths, routes in match order,
+  // and the trusted proxies.
+  absl::Status attach_scopes(const PolicyConfig& config,
+                             absl::flat_hash_map<std::string, RuleList>& bundle_rules) {
     auto attach = [&](const std::vector<std::string>& names) {
       RuleList out;
       for (const std::string& name : names) {
@@ -921,6 +927,12 @@ class BasicRateLimitEngine {
       }
       return !a.listener.empty() && b.listener.empty();
     });
+    // validate() has parsed every entry already, so this does not fail on a validated config.
+    absl::StatusOr<ClientAddressResolver> proxies =
+        ClientAddressResolver::create(config.gateway.trusted_proxies);
+    if (!proxies.ok()) return proxies.status();
+    client_addresses_ = *std::move(proxies);
+    return absl::OkStatus();
   }
 
   static RuleInfo describe(const CompiledRule& rule) {
@@ -1374,6 +1386,7 @@ class BasicRateLimitEngine {
   absl::flat_hash_map<std::string, std::string> route_services_;  // route -> its service or ""
   absl::flat_hash_map<std::string, std::size_t> by_fingerprint_;  // -> index into rules_
   absl::flat_hash_map<std::string, std::string> credentials_;
+  ClientAddressResolver client_addresses_;  // gateway.trusted_proxies
 };
 
 // The engine over in-memory GCRA limiters (per process).

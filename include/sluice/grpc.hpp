@@ -28,9 +28,10 @@
 //   one `engine.match_route(listener, method)` finds (none: unrouted), and exempt paths name
 //   methods too (e.g. "/grpc.health.v1.Health/Check").
 // - client: the peer address (`grpc_peer_address`: "ipv4:203.0.113.7:5000",
-//   "ipv6:[2001:db8::7]:5000"); behind trusted proxies (`client_addresses`) the `forwarded` and
-//   `x-forwarded-for` metadata are walked as for HTTP (sluice/client_address.hpp). A unix-socket
-//   peer has no address: all such callers share the one "invalid" address bucket.
+//   "ipv6:[2001:db8::7]:5000"); behind the proxies of the config's `gateway.trusted_proxies` the
+//   `forwarded` and `x-forwarded-for` metadata are walked as for HTTP (sluice/client_address.hpp).
+//   The proxies are those of the engine generation `check` is given, so they follow reloads. A
+//   unix-socket peer has no address: all such callers share the one "invalid" address bucket.
 // - credential: the value of the metadata entry `credential_metadata` after
 //   `credential_prefix` ("authorization: Bearer <token>" by default). It keys `credential` rules
 //   only when it belongs to a consumer of the config (`engine.consumer_for`); an unknown token, a
@@ -78,6 +79,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "sluice/client_address.hpp"
+#include "sluice/detail/adapter_identity.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
@@ -149,29 +151,29 @@ struct GrpcLimiterOptions {
   std::string credential_prefix = "Bearer ";
   // The listener the server's calls arrive on (routes and bundles may name one); empty: none.
   std::string listener{};
-  // Which proxies' `forwarded` / `x-forwarded-for` metadata to believe; the default believes
-  // none: the client is the peer.
+  // Which forwarding metadata to read behind the config's trusted proxies: its `headers()`
+  // (ProxyHeaders). Which proxies to believe is the config's gateway.trusted_proxies; trusted
+  // networks given here must be those (any order), which only create(options, engine) can check:
+  // create(options) refuses them.
   ClientAddressResolver client_addresses{};
 };
 
 // Evaluates gRPC calls through an engine (see the header comment). Immutable after `create`.
 class GrpcRateLimiter {
  public:
-  // InvalidArgument when `credential_metadata` is not a legal gRPC metadata key.
+  // InvalidArgument when `credential_metadata` is not a legal gRPC metadata key, or when
+  // `client_addresses` has trusted networks that contradict `engine`'s gateway.trusted_proxies
+  // (the message names both lists). Every call still uses the proxies of the engine it is
+  // checked with.
+  template <EngineBackend Backend>
+  static absl::StatusOr<GrpcRateLimiter> create(GrpcLimiterOptions options,
+                                                const BasicRateLimitEngine<Backend>& engine) {
+    return create_checked(std::move(options), &engine);
+  }
+  // The same without an engine to compare with: FailedPrecondition when `client_addresses` has
+  // trusted networks (put them in the config's gateway.trusted_proxies, or pass the engine).
   static absl::StatusOr<GrpcRateLimiter> create(GrpcLimiterOptions options = {}) {
-    const std::string& key = options.credential_metadata;
-    for (const char c : key) {
-      if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.')) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "credential_metadata ", detail::quoted(key),
-            ": a gRPC metadata key has only lowercase letters, digits, '-', '_' and '.'"));
-      }
-    }
-    if (key.starts_with("grpc-")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("credential_metadata ", detail::quoted(key), ": grpc- keys are gRPC's own"));
-    }
-    return GrpcRateLimiter(std::move(options));
+    return create_checked(std::move(options), static_cast<const RateLimitEngine*>(nullptr));
   }
 
   // Evaluates the call `method` ("/pkg.Service/Method") that `context` serves. Denied: adds the
@@ -181,7 +183,7 @@ class GrpcRateLimiter {
   std::optional<::grpc::Status> check(const BasicRateLimitEngine<Backend>& engine,
                                       ::grpc::ServerContextBase& context,
                                       std::string_view method) const {
-    const std::string client = client_address(context).to_string();
+    const std::string client = client_address(engine, context).to_string();
     RequestContext request{.client_ip = client, .path = method};
     if (const std::optional<std::string_view> credential = credential_of(context)) {
       if (const std::optional<std::string_view> consumer = engine.consumer_for(*credential)) {
@@ -213,6 +215,31 @@ class GrpcRateLimiter {
  private:
   explicit GrpcRateLimiter(GrpcLimiterOptions options) : options_(std::move(options)) {}
 
+  // create's checks; `engine` null: there is none to compare trusted networks with.
+  template <class Engine>
+  static absl::StatusOr<GrpcRateLimiter> create_checked(GrpcLimiterOptions options,
+                                                        const Engine* engine) {
+    const std::string& key = options.credential_metadata;
+    for (const char c : key) {
+      if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.')) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "credential_metadata ", detail::quoted(key),
+            ": a gRPC metadata key has only lowercase letters, digits, '-', '_' and '.'"));
+      }
+    }
+    if (key.starts_with("grpc-")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("credential_metadata ", detail::quoted(key), ": grpc- keys are gRPC's own"));
+    }
+    if (absl::Status s =
+            detail::check_trusted_proxies(engine, options.client_addresses.trusted_networks(),
+                                          "GrpcLimiterOptions::client_addresses' trusted proxies");
+        !s.ok()) {
+      return s;
+    }
+    return GrpcRateLimiter(std::move(options));
+  }
+
   static std::string_view view(const ::grpc::string_ref& text) noexcept {
     return std::string_view(text.data(), text.size());
   }
@@ -228,11 +255,16 @@ class GrpcRateLimiter {
     return out;
   }
 
-  ClientAddress client_address(const ::grpc::ServerContextBase& context) const {
+  // The caller behind the trusted proxies of `engine`'s config; the metadata is read (and
+  // copied) only when the peer is one of them.
+  template <class Engine>
+  ClientAddress client_address(const Engine& engine,
+                               const ::grpc::ServerContextBase& context) const {
     const ClientAddress peer = grpc_peer_address(context.peer());
-    if (options_.client_addresses.trusted_networks().empty()) return peer;
-    return options_.client_addresses.resolve(peer, joined(context, "forwarded"),
-                                             joined(context, "x-forwarded-for"));
+    if (!engine.client_addresses().trusted(peer)) return peer;
+    return detail::resolve_client(engine, peer, joined(context, "forwarded"),
+                                  joined(context, "x-forwarded-for"),
+                                  options_.client_addresses.headers());
   }
 
   // The credential of the call: the one entry `credential_metadata` after the prefix, if any.

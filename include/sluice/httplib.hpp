@@ -26,7 +26,9 @@
 //
 // What a client controls, and what it cannot pick:
 // - Client address: the peer address, and `Forwarded` / `X-Forwarded-For` only when the peer is
-//   in `Options::resolver`'s trusted networks (by default none: headers are ignored).
+//   one of the config's `gateway.trusted_proxies` (none by default: headers are ignored). The
+//   proxies are those of the generation that evaluates the request, so a reload that changes
+//   them applies from the next request on; `Options::proxy_headers` says which header to read.
 // - Credential: by default the token of `Authorization: Bearer <token>` (scheme in any case). It
 //   counts for `credential` rules only when it belongs to a consumer; an unknown token is limited
 //   like an anonymous caller (by address), and `LimitedRequest::consumer` stays empty so that a
@@ -65,6 +67,7 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -74,6 +77,7 @@
 #include "absl/strings/string_view.h"
 #include "sluice/adaptive.hpp"
 #include "sluice/client_address.hpp"
+#include "sluice/detail/adapter_identity.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
 #include "sluice/request_path.hpp"
@@ -103,7 +107,9 @@ class HttplibLimiter {
 
   struct Options {
     std::string listener{};  // the listener's name for match_route and the rules; "" for none
-    ClientAddressResolver resolver{};  // trusted proxies; default: the peer is the client
+    // Which forwarding header lists the hops behind the config's trusted proxies (see
+    // sluice/client_address.hpp). The trusted proxies themselves come from the config only.
+    ProxyHeaders proxy_headers = ProxyHeaders::kForwardedFirst;
     // The credential a request presents (a view into the request); default: bearer_token.
     std::function<std::optional<std::string_view>(const httplib::Request&)> credential{};
     // Sees every evaluated request (exempt paths excluded) before it is answered: the place to
@@ -127,6 +133,30 @@ class HttplibLimiter {
   HttplibLimiter(const Engine& engine, Options options = {})
       : HttplibLimiter(std::shared_ptr<const Engine>(std::shared_ptr<const Engine>(), &engine),
                        std::move(options)) {}
+  // A limiter as the constructor makes it, for a service that also holds trusted proxies of its
+  // own (CIDR texts, e.g. from its command line): they must be the gateway.trusted_proxies of the
+  // generation `source` serves now, in any order, or none. Otherwise InvalidArgument naming both
+  // lists (or the entry that is no network); FailedPrecondition when `source` serves no engine
+  // while proxies are given. They are only checked: every request uses its generation's proxies.
+  static absl::StatusOr<HttplibLimiter> create(
+      EngineSource source, Options options = {},
+      const std::vector<std::string>& trusted_proxies = {}) {
+    absl::StatusOr<ClientAddressResolver> given = ClientAddressResolver::create(trusted_proxies);
+    if (!given.ok()) return given.status();
+    const std::shared_ptr<const Engine> engine = source ? source() : nullptr;
+    if (absl::Status s = detail::check_trusted_proxies(engine.get(), given->trusted_networks(),
+                                                       "the adapter's trusted proxies");
+        !s.ok()) {
+      return s;
+    }
+    return HttplibLimiter(std::move(source), std::move(options));
+  }
+  static absl::StatusOr<HttplibLimiter> create(
+      std::shared_ptr<const Engine> engine, Options options = {},
+      const std::vector<std::string>& trusted_proxies = {}) {
+    return create([engine = std::move(engine)] { return engine; }, std::move(options),
+                  trusted_proxies);
+  }
 
   // Makes a copy of this limiter the server's pre-routing handler (replacing any other).
   void install(httplib::Server& server) const {
@@ -217,8 +247,9 @@ class HttplibLimiter {
  private:
   void evaluate(const httplib::Request& request, LimitedRequest& limited) const {
     const Engine& engine = *limited.engine;
-    limited.client = options_.resolver.resolve(request.remote_addr, joined(request, "Forwarded"),
-                                               joined(request, "X-Forwarded-For"));
+    limited.client = detail::resolve_client(
+        engine, ClientAddress::parse(request.remote_addr), joined(request, "Forwarded"),
+        joined(request, "X-Forwarded-For"), options_.proxy_headers);
     limited.listener = options_.listener;
     absl::StatusOr<std::string> path = normalize_request_path(raw_path(request));
     if (path.ok()) {

@@ -23,8 +23,20 @@ fail() {
   failures=$((failures + 1))
 }
 
+# --- trusted proxies that contradict the config: refused at start --------------------------------
+# The config trusts 127.0.0.1/32 (gateway.trusted_proxies); a deployment that says otherwise on the
+# command line is refused before it serves a request.
+refused=0
+"$gateway" "$config" --port 0 --trusted-proxy 10.0.0.0/8 >"$work/refused.out" 2>"$work/refused.err" \
+  || refused=$?
+[ "$refused" == 2 ] || fail "contradicting --trusted-proxy: exit status $refused, expected 2"
+want="sluice_gateway: the adapter's trusted proxies [10.0.0.0/8] contradict the config's gateway.trusted_proxies [127.0.0.1/32]: the adapter takes its trusted proxies from the config and follows its reloads; set them in gateway.trusted_proxies and give the adapter none"
+[ "$(cat "$work/refused.err")" == "$want" ] ||
+  fail "contradicting --trusted-proxy: stderr '$(cat "$work/refused.err")', expected '$want'"
+
 # --- the server ---------------------------------------------------------------------------------
-"$gateway" "$config" --port 0 --trusted-proxy 127.0.0.1/32 >"$work/stdout" 2>"$work/stderr" &
+# Only the config trusts the proxy (127.0.0.1, which curl plays): nothing on the command line.
+"$gateway" "$config" --port 0 >"$work/stdout" 2>"$work/stderr" &
 server_pid=$!
 port=""
 for _ in $(seq 100); do

@@ -1,0 +1,66 @@
+// Internal: what the request adapters (sluice/httplib.hpp, sluice/grpc.hpp) share about who a
+// request comes from. The trusted proxies are the config's (`gateway.trusted_proxies`), read from
+// the engine generation that evaluates the request, so they follow every reload; trusted proxies
+// an adapter is also given in code may only repeat them, and are checked when it is created.
+#ifndef SLUICE_DETAIL_ADAPTER_IDENTITY_HPP_
+#define SLUICE_DETAIL_ADAPTER_IDENTITY_HPP_
+
+#include <algorithm>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "sluice/client_address.hpp"
+
+namespace sluice::detail {
+
+// The client of a request from `peer` with these forwarding headers: behind the trusted proxies
+// of `engine`'s config, reading the hop list as `headers` says. O(header bytes + hops × proxies).
+template <class Engine>
+ClientAddress resolve_client(const Engine& engine, const ClientAddress& peer,
+                             std::string_view forwarded, std::string_view x_forwarded_for,
+                             ProxyHeaders headers) noexcept {
+  return engine.client_addresses().resolve(peer, forwarded, x_forwarded_for, headers);
+}
+
+// "[10.0.0.0/8, 2001:db8::/32]": canonical, sorted, without repeats.
+inline std::string network_list(std::span<const Cidr> networks) {
+  std::vector<std::string> texts;
+  for (const Cidr& cidr : networks) texts.push_back(cidr.to_string());
+  std::sort(texts.begin(), texts.end());
+  texts.erase(std::unique(texts.begin(), texts.end()), texts.end());
+  return absl::StrCat("[", absl::StrJoin(texts, ", "), "]");
+}
+
+// OK when `given` (the trusted proxies an adapter was handed in code, called `given_name` in the
+// message) is empty or names the same networks as `engine`'s gateway.trusted_proxies, in any
+// order. Otherwise InvalidArgument naming both lists and the fix; FailedPrecondition when there
+// is no engine to compare with. O(networks × log networks).
+template <class Engine>
+absl::Status check_trusted_proxies(const Engine* engine, std::span<const Cidr> given,
+                                   absl::string_view given_name) {
+  if (given.empty()) return absl::OkStatus();
+  if (engine == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(given_name, " ", network_list(given),
+                     ": there is no engine to check them against; set the proxies in the config's "
+                     "gateway.trusted_proxies instead"));
+  }
+  const std::span<const Cidr> config = engine->client_addresses().trusted_networks();
+  const std::string given_text = network_list(given);
+  const std::string config_text = network_list(config);
+  if (given_text == config_text) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      given_name, " ", given_text, " contradict the config's gateway.trusted_proxies ", config_text,
+      ": the adapter takes its trusted proxies from the config and follows its reloads; set them "
+      "in gateway.trusted_proxies and give the adapter none"));
+}
+
+}  // namespace sluice::detail
+
+#endif  // SLUICE_DETAIL_ADAPTER_IDENTITY_HPP_
