@@ -253,17 +253,18 @@ class InMemoryBackend {
     InMemoryBackend backend(options.clock);
     for (const CompiledRule& rule : rules) {
       std::shared_ptr<GcraLimiter<ClockT>> limiter =
-          previous != nullptr ? previous->find(rule.fingerprint) : nullptr;
+          previous != nullptr ? previous->find(previous->by_fingerprint_, rule.fingerprint)
+                              : nullptr;
       if (limiter == nullptr) {
-        auto created =
-            GcraLimiter<ClockT>::create(limiter_windows(rule), options.store, options.clock);
-        if (!created.ok()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(rule.label, ": ", created.status().message()));
-        }
-        limiter = std::make_shared<GcraLimiter<ClockT>>(*std::move(created));
+        auto created = new_limiter(
+            rule,
+            previous != nullptr ? previous->find(previous->by_identity_, rule.identity) : nullptr,
+            options);
+        if (!created.ok()) return created.status();
+        limiter = *std::move(created);
       }
       backend.by_fingerprint_.emplace(rule.fingerprint, backend.limiters_.size());
+      backend.by_identity_.emplace(rule.identity, backend.limiters_.size());
       backend.limiters_.push_back(std::move(limiter));
     }
     return backend;
@@ -360,9 +361,27 @@ class InMemoryBackend {
  private:
   explicit InMemoryBackend(ClockT clock) : clock_(std::move(clock)) {}
 
-  std::shared_ptr<GcraLimiter<ClockT>> find(const std::string& fingerprint) const {
-    auto it = by_fingerprint_.find(fingerprint);
-    return it == by_fingerprint_.end() ? nullptr : limiters_[it->second];
+  std::shared_ptr<GcraLimiter<ClockT>> find(
+      const absl::flat_hash_map<std::string, std::size_t>& index, const std::string& name) const {
+    auto it = index.find(name);
+    return it == index.end() ? nullptr : limiters_[it->second];
+  }
+
+  // A new limiter for `rule`. With `carried` (the previous generation's limiter of a rule with
+  // the same identity but other windows): under its digest seed, holding each of its keys' spent
+  // share (GcraLimiter::carry_from), copied eagerly here, O(carried's keys).
+  static absl::StatusOr<std::shared_ptr<GcraLimiter<ClockT>>> new_limiter(
+      const CompiledRule& rule, const std::shared_ptr<GcraLimiter<ClockT>>& carried,
+      const Options& options) {
+    StoreOptions store = options.store;
+    if (carried != nullptr) store.seed = carried->seed();
+    auto created = GcraLimiter<ClockT>::create(limiter_windows(rule), store, options.clock);
+    if (!created.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(rule.label, ": ", created.status().message()));
+    }
+    auto limiter = std::make_shared<GcraLimiter<ClockT>>(*std::move(created));
+    if (carried != nullptr) limiter->carry_from(*carried);
+    return limiter;
   }
 
   // Decides every key under `held` (all their shard locks); commits only if all admit.
@@ -384,6 +403,7 @@ class InMemoryBackend {
 
   ClockT clock_;
   absl::flat_hash_map<std::string, std::size_t> by_fingerprint_;  // -> index into limiters_
+  absl::flat_hash_map<std::string, std::size_t> by_identity_;     // -> index into limiters_
   std::vector<std::shared_ptr<GcraLimiter<ClockT>>> limiters_;
 };
 
@@ -401,7 +421,7 @@ class BasicRateLimitEngine {
     std::vector<std::string> window_names{};    // "<label>/s" ...: RateLimit(-Policy) item names
     std::vector<std::string> limit_prefixes{};  // per window: the RateLimit value up to `r=`
     std::string policy_value{};                 // the RateLimit-Policy value for all its windows
-    std::string key_prefix{};  // the rule's identity in its keys (fingerprint hash)
+    std::string key_prefix{};  // the rule's identity in its keys (hash of its identity)
     // An adaptive rule's bucket in limiter units (its smallest burst × 1000): a request whose
     // scaled cost exceeds it takes the whole bucket instead. 0 for other rules.
     std::uint64_t adaptive_max_units = 0;
@@ -960,7 +980,7 @@ class BasicRateLimitEngine {
       }
     }
     const std::uint64_t id =
-        XXH3_64bits(info.compiled.fingerprint.data(), info.compiled.fingerprint.size());
+        XXH3_64bits(info.compiled.identity.data(), info.compiled.identity.size());
     append_key_part(info.key_prefix,
                     std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
     return info;
