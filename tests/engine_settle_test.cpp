@@ -99,6 +99,23 @@ TEST_CASE("a charge past the bucket makes the client wait until it is paid off")
   CHECK(engine.evaluate(request(1, "203.0.113.8")).allowed);  // another client is not charged
 }
 
+TEST_CASE("a client in debt keeps its debt across a reload that raises its limit") {
+  sluice::ManualClock clock;
+  Engine engine = make(clock);
+  sluice::Evaluation e;
+  Engine::Settlement s;
+  engine.evaluate(request(1), e, s);
+  REQUIRE(engine.settle(s, 25).ok());  // 15 beyond the per-ip bucket of 10: 1.5 s of debt
+  sluice::PolicyConfig raised = config();
+  raised.policies[0].rate_limits[0].requests_per.s = 20;
+  auto next = engine.reload(raised);
+  REQUIRE(next.ok());
+  sluice::Evaluation after = next->evaluate(request(1));
+  CHECK_FALSE(after.allowed);
+  CHECK(after.retry_after == 1550ms);  // the 1.5 s of debt, then one emission interval of 20/s
+  CHECK(next->evaluate(request(1, "203.0.113.8")).allowed);
+}
+
 TEST_CASE("a denied request, a peek or a bad cost leaves the settlement closed") {
   sluice::ManualClock clock;
   Engine engine = make(clock);

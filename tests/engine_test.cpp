@@ -242,7 +242,7 @@ TEST_CASE("exempt paths get no rule and no fields") {
   CHECK(engine.evaluate({.client_ip = "10.0.0.1", .path = "/"}).allowed);
 }
 
-TEST_CASE("a reload keeps the state of unchanged rules and starts changed rules fresh") {
+TEST_CASE("a reload keeps the state of unchanged rules and a changed rule's spent share") {
   sluice::ManualClock clock;
   sluice::PolicyConfig config{
       .policies = {{.name = "a", .rate_limits = {rule("same", {Selector::kIp}, {.minute = 2})}},
@@ -257,9 +257,97 @@ TEST_CASE("a reload keeps the state of unchanged rules and starts changed rules 
   auto second = first.reload(config);
   REQUIRE(second.ok());
   CHECK(admitted(*second, on_route("10.0.0.1", "x"), 3) == 0);  // nothing extra across a reload
-  CHECK(admitted(*second, on_route("10.0.0.1", "y"), 5) == 3);  // the changed rule starts fresh
+  CHECK(admitted(*second, on_route("10.0.0.1", "y"), 5) == 0);  // spent stays spent
+  CHECK(admitted(*second, on_route("10.0.0.2", "y"), 5) == 3);  // a new client: the new burst
   CHECK(second->stats()[0].admitted == 2);                      // counters carry over too
   CHECK(second->stats()[0].denied == 4);
+}
+
+namespace {
+
+// One bundle "b" with one rule "r" keyed by ip, attached to route "x".
+sluice::PolicyConfig one_rule(sluice::RequestsPer per,
+                              std::optional<std::uint64_t> burst = std::nullopt) {
+  return {.policies = {{.name = "b", .rate_limits = {rule("r", {Selector::kIp}, per, burst)}}},
+          .routes = {{.name = "x", .policies = {"b"}}}};
+}
+
+Engine reloaded(const Engine& engine, const sluice::PolicyConfig& config) {
+  auto next = engine.reload(config);
+  REQUIRE(next.ok());
+  return *std::move(next);
+}
+
+}  // namespace
+
+TEST_CASE("lowering a limit mid-burst leaves each client its spent share of the new burst") {
+  sluice::ManualClock clock;
+  Engine first = make(one_rule({.minute = 100}), clock);
+  REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 60) == 60);    // 60% of the bucket used
+  REQUIRE(admitted(first, on_route("10.0.0.2", "x"), 101) == 100);  // spent
+  Engine second = reloaded(first, one_rule({.minute = 10}));
+  CHECK(admitted(second, on_route("10.0.0.1", "x"), 20) == 4);   // 40% of 10, not a fresh 10
+  CHECK(admitted(second, on_route("10.0.0.2", "x"), 20) == 0);   // spent stays spent
+  CHECK(admitted(second, on_route("10.0.0.3", "x"), 20) == 10);  // a new client: the new burst
+  clock.advance(6s);  // one emission interval of the new rate
+  CHECK(admitted(second, on_route("10.0.0.2", "x"), 20) == 1);
+}
+
+TEST_CASE("raising a limit gives each client its unspent share of the new burst, no more") {
+  sluice::ManualClock clock;
+  Engine first = make(one_rule({.minute = 10}), clock);
+  REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 6) == 6);
+  REQUIRE(admitted(first, on_route("10.0.0.2", "x"), 11) == 10);
+  Engine second = reloaded(first, one_rule({.minute = 100}));
+  CHECK(admitted(second, on_route("10.0.0.1", "x"), 200) == 40);
+  CHECK(admitted(second, on_route("10.0.0.2", "x"), 200) == 0);
+}
+
+TEST_CASE("a burst change carries each client's spent share into the new burst") {
+  sluice::ManualClock clock;
+  Engine first = make(one_rule({.s = 10}, 50), clock);
+  REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 25) == 25);  // half of the burst
+  Engine second = reloaded(first, one_rule({.s = 10}, 10));
+  CHECK(admitted(second, on_route("10.0.0.1", "x"), 20) == 5);
+}
+
+TEST_CASE("a window added by a reload starts empty and a removed window is dropped") {
+  sluice::ManualClock clock;
+  Engine first = make(one_rule({.s = 10, .minute = 20}), clock);
+  REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 15) == 10);  // the second's burst is spent
+  // The per-second window goes: the minute's share (10 of 20 used) carries, not a fresh 20.
+  Engine second = reloaded(first, one_rule({.minute = 20}));
+  CHECK(admitted(second, on_route("10.0.0.1", "x"), 30) == 10);
+  REQUIRE(admitted(second, on_route("10.0.0.2", "x"), 4) == 4);  // 20% of the minute
+  // A per-second window comes: it starts empty, next to the minute's carried share.
+  Engine third = reloaded(second, one_rule({.s = 5, .minute = 40}));
+  CHECK(admitted(third, on_route("10.0.0.1", "x"), 30) == 0);  // the minute stays spent
+  CHECK(admitted(third, on_route("10.0.0.2", "x"), 30) == 5);  // the new window's whole burst
+}
+
+TEST_CASE("a legacy rule's window length change carries each client's spent share") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "b",
+                    .rate_limit = sluice::LegacyRateLimit{.requests = 10, .window_seconds = 60}}},
+      .routes = {{.name = "x", .policies = {"b"}}}};
+  Engine first = make(config, clock);
+  REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 5) == 5);
+  config.policies[0].rate_limit = sluice::LegacyRateLimit{.requests = 4, .window_seconds = 30};
+  Engine second = reloaded(first, config);
+  CHECK(admitted(second, on_route("10.0.0.1", "x"), 10) == 2);
+}
+
+TEST_CASE("a changed selector or rule name starts the rule fresh") {
+  sluice::ManualClock clock;
+  Engine first = make(one_rule({.minute = 2}), clock);
+  REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 3) == 2);
+  sluice::PolicyConfig renamed = one_rule({.minute = 2});
+  renamed.policies[0].rate_limits[0].name = "r2";
+  CHECK(admitted(reloaded(first, renamed), on_route("10.0.0.1", "x"), 3) == 2);
+  sluice::PolicyConfig reselected = one_rule({.minute = 2});
+  reselected.policies[0].rate_limits[0].selector = {Selector::kIp, Selector::kRoute};
+  CHECK(admitted(reloaded(first, reselected), on_route("10.0.0.1", "x"), 3) == 2);
 }
 
 TEST_CASE("an invalid config fails with InvalidArgument naming its path") {

@@ -445,35 +445,47 @@ TEST_CASE("fingerprints are stable across compilations and config order of named
 }
 
 TEST_CASE("a fingerprint changes with every field that defines the rule") {
-  const std::string original = only_rule({.name = "b",
-                                          .rate_limits = {{.name = "r",
-                                                           .selector = {Selector::kIp},
-                                                           .requests_per = {.s = 10, .minute = 600},
-                                                           .burst = 20}}})
-                                   .fingerprint;
-  const std::vector<std::pair<std::string, std::function<void(sluice::Bundle&)>>> changes = {
-      {"bundle name", [](sluice::Bundle& b) { b.name = "c"; }},
-      {"rule name", [](sluice::Bundle& b) { b.rate_limits[0].name = "s"; }},
-      {"unnamed", [](sluice::Bundle& b) { b.rate_limits[0].name = ""; }},
-      {"selector", [](sluice::Bundle& b) { b.rate_limits[0].selector = {Selector::kCredential}; }},
-      {"added selector",
-       [](sluice::Bundle& b) { b.rate_limits[0].selector.push_back(Selector::kRoute); }},
-      {"s", [](sluice::Bundle& b) { b.rate_limits[0].requests_per.s = 11; }},
-      {"minute", [](sluice::Bundle& b) { b.rate_limits[0].requests_per.minute = 601; }},
-      {"added hour", [](sluice::Bundle& b) { b.rate_limits[0].requests_per.hour = 10000; }},
-      {"removed s", [](sluice::Bundle& b) { b.rate_limits[0].requests_per.s.reset(); }},
-      {"burst", [](sluice::Bundle& b) { b.rate_limits[0].burst = 21; }},
-      {"default burst", [](sluice::Bundle& b) { b.rate_limits[0].burst.reset(); }},
+  const sluice::CompiledRule original =
+      only_rule({.name = "b",
+                 .rate_limits = {{.name = "r",
+                                  .selector = {Selector::kIp},
+                                  .requests_per = {.s = 10, .minute = 600},
+                                  .burst = 20}}});
+  struct Change {
+    std::string what;
+    bool keeps_identity;  // only the windows change: keys carry their spent share
+    std::function<void(sluice::Bundle&)> apply;
   };
-  for (const auto& [what, change] : changes) {
+  const std::vector<Change> changes = {
+      {"bundle name", false, [](sluice::Bundle& b) { b.name = "c"; }},
+      {"rule name", false, [](sluice::Bundle& b) { b.rate_limits[0].name = "s"; }},
+      {"unnamed", false, [](sluice::Bundle& b) { b.rate_limits[0].name = ""; }},
+      {"selector", false,
+       [](sluice::Bundle& b) { b.rate_limits[0].selector = {Selector::kCredential}; }},
+      {"added selector", false,
+       [](sluice::Bundle& b) { b.rate_limits[0].selector.push_back(Selector::kRoute); }},
+      {"address prefixes", false,
+       [](sluice::Bundle& b) {
+         b.rate_limits[0].address_prefixes = sluice::AddressPrefixes{.ipv4 = 24, .ipv6 = 48};
+       }},
+      {"s", true, [](sluice::Bundle& b) { b.rate_limits[0].requests_per.s = 11; }},
+      {"minute", true, [](sluice::Bundle& b) { b.rate_limits[0].requests_per.minute = 601; }},
+      {"added hour", true, [](sluice::Bundle& b) { b.rate_limits[0].requests_per.hour = 10000; }},
+      {"removed s", true, [](sluice::Bundle& b) { b.rate_limits[0].requests_per.s.reset(); }},
+      {"burst", true, [](sluice::Bundle& b) { b.rate_limits[0].burst = 21; }},
+      {"default burst", true, [](sluice::Bundle& b) { b.rate_limits[0].burst.reset(); }},
+  };
+  for (const Change& change : changes) {
     sluice::Bundle bundle{.name = "b",
                           .rate_limits = {{.name = "r",
                                            .selector = {Selector::kIp},
                                            .requests_per = {.s = 10, .minute = 600},
                                            .burst = 20}}};
-    change(bundle);
-    INFO("changed: " << what);
-    CHECK(only_rule(bundle).fingerprint != original);
+    change.apply(bundle);
+    INFO("changed: " << change.what);
+    const sluice::CompiledRule changed = only_rule(bundle);
+    CHECK(changed.fingerprint != original.fingerprint);
+    CHECK((changed.identity == original.identity) == change.keeps_identity);
   }
 }
 
@@ -506,6 +518,8 @@ TEST_CASE("a legacy window change changes the legacy fingerprint") {
   auto c = only_rule({.name = "login", .rate_limit = sluice::LegacyRateLimit{6, 60}});
   CHECK(a.fingerprint != b.fingerprint);
   CHECK(a.fingerprint != c.fingerprint);
+  CHECK(a.identity == b.identity);  // the same rule with other limits
+  CHECK(a.identity == c.identity);
 }
 
 TEST_CASE("names cannot be spliced to forge another rule's fingerprint") {

@@ -153,10 +153,24 @@ TEST_CASE("a spent budget stays spent after reloading an edited file with the sa
   CHECK(admitted(*holder->current(), 1) == 0);  // still spent
   CHECK(log.take() == std::vector<std::string>{"OK"});
 
-  write(path, config_text(3));  // a changed rule starts fresh
+  write(path, config_text(3));  // a changed rate: the spent bucket stays spent
   REQUIRE(holder->reload().ok());
+  CHECK(admitted(*holder->current(), 4) == 0);
+  clocks.limiters.advance(std::chrono::seconds(1));
   CHECK(admitted(*holder->current(), 4) == 3);
   CHECK(holder->current()->engine_stats().reloads == 2);
+}
+
+TEST_CASE("lowering a rate in the file mid-burst leaves a client its unspent share, no more") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(10));
+  Clocks clocks;
+  auto holder = make(path, clocks);
+  REQUIRE(admitted(*holder->current(), 6) == 6);  // 60% of the bucket
+  write(path, config_text(5));
+  REQUIRE(poll(*holder, clocks) == "reloaded");
+  CHECK(admitted(*holder->current(), 10) == 2);  // 40% of 5, not a fresh 5
 }
 
 TEST_CASE("a broken file keeps the last good config serving and reports the error once") {

@@ -12,7 +12,7 @@
 //                                            .wall_time = std::chrono::system_clock::now()});
 //   if (!e.allowed) respond(429, e.fields);   // Retry-After, X-RateLimit-*, RateLimit(-Policy)
 //   if (e.dry_denied) log_would_deny(engine->rule(e.dry_denied->rule).label);
-//   auto next = engine->reload(new_config);  // unchanged rules keep their state
+//   auto next = engine->reload(new_config);  // unchanged rules keep their state (see reload)
 //   engine->evaluate(request, reused);        // into a kept Evaluation: no allocation
 //
 // What applies: every bundle attached at a scope the request has — consumer, route, service,
@@ -40,7 +40,8 @@
 // kLocal decides the request in process instead, on the local share: the same rules with every
 // window's requests and burst scaled to max(1, floor(n × local_share_permille / 1000)), same
 // periods, in in-memory limiters kept for the engine's life (a reload keeps the local state of a
-// rule whose fingerprint and share are unchanged, like the shared state). Such an evaluation has
+// rule whose fingerprint and share are unchanged, like the shared state, and carries each key's
+// spent share when only its windows or the share changed). Such an evaluation has
 // `degraded` set, OK `backend_error`, and fields from the local limiters; it opens no settlement.
 // After a failure, requests are decided locally at once, without calling the backend; the first
 // request at least `local_retry_interval_ms` after the failure calls it again (one per interval,
@@ -223,7 +224,9 @@ struct RuleKey {
 // What the engine needs from a limiter backend: decide a request's rules (in `mode`), each key at
 // its own cost, writing one decision per key; and per-rule store counters. Constructed per
 // generation by `B::create(std::span<const CompiledRule>, const B* previous, const B::Options&)`,
-// keeping the state of every rule whose fingerprint `previous` also has.
+// keeping the state of every rule whose fingerprint `previous` also has. A backend that also
+// carries the state of a rule whose windows changed (same CompiledRule::identity) declares
+// `static constexpr bool kCarriesWindows = true`; the engine then keys rules by identity.
 template <class B>
 concept EngineBackend = requires(B& backend, const B& const_backend, std::span<const RuleKey> keys,
                                  ConsumptionMode mode, std::span<Decision> out,
@@ -244,6 +247,16 @@ class InMemoryBackend {
     ClockT clock{};
   };
 
+  // A rule whose windows change (same identity) keeps each key's spent share (see create).
+  static constexpr bool kCarriesWindows = true;
+
+  // One limiter per rule. With `previous` (a reload): a rule whose fingerprint `previous` has
+  // shares its limiter; a rule whose identity it has but with other windows gets a new limiter
+  // into which every live key of the previous one is copied at once, each window holding the
+  // same spent share of its new bucket (GcraLimiter::carry_from: rounded toward less room, an
+  // added window empty, a removed one dropped). That copy is O(keys + store capacity) of the
+  // previous limiter, taking its shard locks one at a time; admissions the previous generation
+  // makes after its shard was copied are not carried. Any other rule starts empty.
   static absl::StatusOr<InMemoryBackend> create(std::span<const CompiledRule> rules,
                                                 const InMemoryBackend* previous,
                                                 const Options& options) {
@@ -253,17 +266,18 @@ class InMemoryBackend {
     InMemoryBackend backend(options.clock);
     for (const CompiledRule& rule : rules) {
       std::shared_ptr<GcraLimiter<ClockT>> limiter =
-          previous != nullptr ? previous->find(rule.fingerprint) : nullptr;
+          previous != nullptr ? previous->find(previous->by_fingerprint_, rule.fingerprint)
+                              : nullptr;
       if (limiter == nullptr) {
-        auto created =
-            GcraLimiter<ClockT>::create(limiter_windows(rule), options.store, options.clock);
-        if (!created.ok()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(rule.label, ": ", created.status().message()));
-        }
-        limiter = std::make_shared<GcraLimiter<ClockT>>(*std::move(created));
+        auto created = new_limiter(
+            rule,
+            previous != nullptr ? previous->find(previous->by_identity_, rule.identity) : nullptr,
+            options);
+        if (!created.ok()) return created.status();
+        limiter = *std::move(created);
       }
       backend.by_fingerprint_.emplace(rule.fingerprint, backend.limiters_.size());
+      backend.by_identity_.emplace(rule.identity, backend.limiters_.size());
       backend.limiters_.push_back(std::move(limiter));
     }
     return backend;
@@ -360,9 +374,27 @@ class InMemoryBackend {
  private:
   explicit InMemoryBackend(ClockT clock) : clock_(std::move(clock)) {}
 
-  std::shared_ptr<GcraLimiter<ClockT>> find(const std::string& fingerprint) const {
-    auto it = by_fingerprint_.find(fingerprint);
-    return it == by_fingerprint_.end() ? nullptr : limiters_[it->second];
+  std::shared_ptr<GcraLimiter<ClockT>> find(
+      const absl::flat_hash_map<std::string, std::size_t>& index, const std::string& name) const {
+    auto it = index.find(name);
+    return it == index.end() ? nullptr : limiters_[it->second];
+  }
+
+  // A new limiter for `rule`. With `carried` (the previous generation's limiter of a rule with
+  // the same identity but other windows): under its digest seed, holding each of its keys' spent
+  // share (GcraLimiter::carry_from), copied eagerly here, O(carried's keys).
+  static absl::StatusOr<std::shared_ptr<GcraLimiter<ClockT>>> new_limiter(
+      const CompiledRule& rule, const std::shared_ptr<GcraLimiter<ClockT>>& carried,
+      const Options& options) {
+    StoreOptions store = options.store;
+    if (carried != nullptr) store.seed = carried->seed();
+    auto created = GcraLimiter<ClockT>::create(limiter_windows(rule), store, options.clock);
+    if (!created.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(rule.label, ": ", created.status().message()));
+    }
+    auto limiter = std::make_shared<GcraLimiter<ClockT>>(*std::move(created));
+    if (carried != nullptr) limiter->carry_from(*carried);
+    return limiter;
   }
 
   // Decides every key under `held` (all their shard locks); commits only if all admit.
@@ -384,6 +416,7 @@ class InMemoryBackend {
 
   ClockT clock_;
   absl::flat_hash_map<std::string, std::size_t> by_fingerprint_;  // -> index into limiters_
+  absl::flat_hash_map<std::string, std::size_t> by_identity_;     // -> index into limiters_
   std::vector<std::shared_ptr<GcraLimiter<ClockT>>> limiters_;
 };
 
@@ -401,7 +434,7 @@ class BasicRateLimitEngine {
     std::vector<std::string> window_names{};    // "<label>/s" ...: RateLimit(-Policy) item names
     std::vector<std::string> limit_prefixes{};  // per window: the RateLimit value up to `r=`
     std::string policy_value{};                 // the RateLimit-Policy value for all its windows
-    std::string key_prefix{};  // the rule's identity in its keys (fingerprint hash)
+    std::string key_prefix{};  // the rule in its keys: a hash of its identity or fingerprint
     // An adaptive rule's bucket in limiter units (its smallest burst × 1000): a request whose
     // scaled cost exceeds it takes the whole bucket instead. 0 for other rules.
     std::uint64_t adaptive_max_units = 0;
@@ -423,8 +456,10 @@ class BasicRateLimitEngine {
   }
 
   // The next generation: rules whose fingerprint is unchanged keep their state and counters,
-  // so a reload never lets extra traffic through them; changed rules start fresh. Counts the
-  // reload (EngineStats) and reports a ReloadEvent, success or failure.
+  // so a reload never lets extra traffic through them. A rule whose only change is its windows
+  // (rates, bursts, window lengths) keeps each key's spent share of its buckets on a backend with
+  // kCarriesWindows (in memory); on other backends, and for any other change, it starts fresh.
+  // Counts the reload (EngineStats) and reports a ReloadEvent, success or failure.
   absl::StatusOr<BasicRateLimitEngine> reload(const PolicyConfig& config) const {
     auto engine = compile(config, options_, this);
     if (!engine.ok()) {
@@ -522,6 +557,10 @@ class BasicRateLimitEngine {
 
  private:
   static constexpr bool kBackendBooks = requires { typename Backend::Booking; };
+  // The backend carries a rule's keys across a change of its windows (Backend::kCarriesWindows),
+  // so its keys name the rule's identity; other backends' keys name the whole fingerprint, so
+  // that a changed limit reads no state written under other windows.
+  static constexpr bool kKeysByIdentity = requires { requires Backend::kCarriesWindows; };
 
   // How check_group decided one group of rules.
   struct GroupOutcome {
@@ -959,8 +998,8 @@ class BasicRateLimitEngine {
         info.adaptive_max_units = std::min(info.adaptive_max_units, w.burst);
       }
     }
-    const std::uint64_t id =
-        XXH3_64bits(info.compiled.fingerprint.data(), info.compiled.fingerprint.size());
+    const std::string& named = kKeysByIdentity ? info.compiled.identity : info.compiled.fingerprint;
+    const std::uint64_t id = XXH3_64bits(named.data(), named.size());
     append_key_part(info.key_prefix,
                     std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
     return info;
@@ -1194,7 +1233,8 @@ class BasicRateLimitEngine {
   std::int64_t local_now() const { return detail::saturate_time(local_clock_.now().count()); }
 
   // The local share of `rules` at `permille`; a rule whose fingerprint and share are unchanged
-  // keeps the local state `previous` had for it.
+  // keeps the local state `previous` had for it, one whose windows or share changed its keys'
+  // spent share.
   static absl::StatusOr<std::unique_ptr<LocalShare>> make_local_share(
       std::span<const CompiledRule> rules, std::uint64_t permille, const LocalClock& clock,
       const BasicRateLimitEngine* previous) {

@@ -143,6 +143,46 @@ inline GcraTat unscaled_tat(absl::int128 scaled, std::uint64_t requests) {
 // it are refused and charges saturate at it, so no TAT can leave the int64 range.
 inline constexpr std::int64_t kMaxBookedAhead = std::int64_t{1} << 61;
 
+// --- Carrying a key's state into changed windows (a reload that changes a rule's rates, bursts
+// or window lengths): the key keeps the share of its bucket it had spent, never more room.
+
+// The distance ahead of now (scaled by `to.requests`) that a window of `to` holds for a key whose
+// window of `from` holds `ahead` > 0 (scaled by `from.requests`): the same spent share of the
+// bucket, ahead/(burst·T) of `from` becomes that share of `to`'s burst·T, rounded up to the
+// nanosecond (toward less room) and never past a full bucket; a spent bucket stays spent, and a
+// key in debt (beyond a full bucket) keeps a full bucket plus the same debt in nanoseconds. In
+// whole nanoseconds so that every product fits in 128 bits (each factor is below 2^62).
+inline absl::int128 carried_ahead(absl::int128 ahead, const GcraParams& from,
+                                  const GcraParams& to) {
+  const absl::int128 full_from(from.tolerance);  // burst·period
+  const absl::int128 full_to(to.tolerance);
+  if (ahead >= full_from) {
+    const absl::int128 debt_ns =
+        std::min(ceil_div(ahead - full_from, from.requests), absl::int128(kMaxBookedAhead));
+    return full_to + debt_ns * absl::int128(to.requests);
+  }
+  const absl::int128 ahead_ns = ceil_div(ahead, from.requests);
+  const absl::int128 full_from_ns = floor_div(full_from, from.requests);
+  if (ahead_ns >= full_from_ns) return full_to;  // spent, up to rounding
+  const absl::int128 full_to_ns = ceil_div(full_to, to.requests);
+  const absl::int128 carried_ns =
+      ceil_div(ahead_ns * full_to_ns, absl::Uint128Low64(absl::uint128(full_from_ns)));
+  return std::min(carried_ns * absl::int128(to.requests), full_to);
+}
+
+// The TAT of a window of `to` for a key whose window of `from` had TAT `tat` at `now`: a fresh
+// TAT if that window had its whole bucket, else the carried distance ahead of now (capped at
+// kMaxBookedAhead).
+inline GcraTat carried_tat(const GcraTat& tat, const GcraParams& from, const GcraParams& to,
+                           std::int64_t now) {
+  const absl::int128 ahead =
+      scaled_tat(tat, from.requests) - absl::int128(now) * absl::int128(from.requests);
+  if (ahead <= 0) return GcraTat{};
+  const absl::int128 cap = absl::int128(kMaxBookedAhead) * absl::int128(to.requests);
+  const absl::int128 carried = std::min(carried_ahead(ahead, from, to), cap);
+  return unscaled_tat(absl::int128(now) * absl::int128(to.requests) + carried, to.requests);
+}
+
 // What a reservation or an estimated check added to each window of one key, kept to give it back
 // exactly: the window's TAT right after the booking, and the amount the booking added (both
 // scaled by the window's requests).
@@ -452,6 +492,55 @@ class GcraLimiter {
   const ClockT& clock() const noexcept { return clock_; }
 
  private:
+  // --- Reload, for the policy engine's in-memory backend: a rule whose windows changed gets a
+  // new limiter created with the previous one's digest seed, then carried from it.
+
+  std::uint64_t seed() const {
+    return std::visit([](const auto& s) { return s.seed(); }, store_);
+  }
+
+  // Carries every live key of `from` into this limiter, which nobody else uses yet. Each window
+  // here takes the key's state of `from`'s window with the same period (or, when both limiters
+  // have exactly one window, of that window, whatever its period) as detail::carried_tat: the
+  // same spent share of the new bucket; any other window starts with its whole bucket, and
+  // `from`'s windows without a match are dropped. Needs this store's seed to be `from`'s. Takes
+  // `from`'s shard locks one at a time; O(keys + capacity of `from`'s store). Admissions `from`
+  // makes after it released a shard's lock are not carried.
+  void carry_from(const GcraLimiter& from) {
+    constexpr std::size_t kNone = kMaxWindows;
+    std::array<std::size_t, kMaxWindows> source{};
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      source[i] = kNone;
+      for (std::size_t j = 0; j < from.params_.size(); ++j) {
+        const bool single = params_.size() == 1 && from.params_.size() == 1;
+        if (single || from.params_[j].period == params_[i].period) source[i] = j;
+      }
+    }
+    const std::int64_t at = std::max(now(), from.now());
+    std::visit(
+        [&](const auto& old_store) {
+          std::visit(
+              [&](auto& new_store) {
+                old_store.for_each_live(at, [&](const KeyDigest& d, const auto& old_cell) {
+                  new_store.update(
+                      d, at,
+                      [&](auto& cell, std::int64_t clamped) {
+                        for (std::size_t i = 0; i < params_.size(); ++i) {
+                          if (source[i] == kNone) continue;
+                          cell.tat[i] =
+                              detail::carried_tat(old_cell.tat[source[i]], from.params_[source[i]],
+                                                  params_[i], clamped);
+                        }
+                        return true;
+                      },
+                      [](const StoreFull&) { return false; });
+                });
+              },
+              store_);
+        },
+        from.store_);
+  }
+
   // --- Multi-key transactions, for the policy engine's in-memory backend: it adds every key's
   // shard to one ShardLockSet, holds them with HeldShardLocks, decides every key without
   // committing, and admits them all only if every key was admitted.

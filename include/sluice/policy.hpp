@@ -332,6 +332,11 @@ struct CompiledRule {
   // dry-run to enforcing keeps the buckets it has been filling). Names are encoded with
   // append_key_part (sluice/key.hpp), so it is unambiguous for any names.
   std::string fingerprint{};
+  // The fingerprint without the windows: what decides which keys the rule has (bundle, rule
+  // name or position, selector, address prefixes, adaptive). A reload that changes only a rule's
+  // windows (rates, bursts, window lengths) keeps its identity, and the engine carries each key's
+  // spent share of the old windows into the new ones instead of starting it fresh.
+  std::string identity{};
 
   friend bool operator==(const CompiledRule&, const CompiledRule&) = default;
 };
@@ -548,6 +553,16 @@ inline absl::Status validate_legacy(const LegacyRateLimit& legacy, const std::st
   return check_count(legacy.window_seconds, path + ".window_seconds", kMaxWindowSeconds);
 }
 
+// The windows part of a fingerprint: ";windows=" then each as requests/period ns/burst.
+inline void append_fingerprint_windows(std::string& f, const std::vector<GcraWindow>& windows) {
+  f += ";windows=";
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    if (i > 0) f.push_back(',');
+    f += std::to_string(windows[i].requests) + "/" + std::to_string(windows[i].period.count()) +
+         "ns/" + std::to_string(windows[i].burst);
+  }
+}
+
 // Assumes `rule_windows` and `selector` are valid; canonicalizes and fingerprints.
 inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_t index,
                               bool legacy, std::vector<Selector> selector,
@@ -586,12 +601,9 @@ inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_
     if (i > 0) f.push_back(',');
     f.append(to_string(selector[i]));
   }
-  f += ";windows=";
-  for (std::size_t i = 0; i < windows.size(); ++i) {
-    if (i > 0) f.push_back(',');
-    f += std::to_string(windows[i].requests) + "/" + std::to_string(windows[i].period.count()) +
-         "ns/" + std::to_string(windows[i].burst);
-  }
+  const std::size_t windows_at = f.size();
+  append_fingerprint_windows(f, windows);
+  const std::size_t windows_end = f.size();
   // Address prefixes change what a key means: a rule keyed on addresses starts fresh when they
   // change. The default adds nothing, so default fingerprints read as before prefixes existed.
   const bool keys_addresses = selector.front() != Selector::kRoute;  // has ip or credential
@@ -599,6 +611,7 @@ inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_
     absl::StrAppend(&f, ";prefixes=", prefixes.ipv4, "/", prefixes.ipv6);
   }
   if (adaptive) f += ";adaptive";
+  rule.identity = f.substr(0, windows_at) + f.substr(windows_end);
   rule.adaptive = adaptive;
 
   rule.address_prefixes = prefixes;

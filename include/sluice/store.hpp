@@ -287,6 +287,21 @@ class ShardedStore {
     return slot.cell;
   }
 
+  // Calls `each(const KeyDigest&, const Cell&)` for every tracked cell not idle at `now`, one
+  // shard at a time under its lock (for copying a store's state into another: `each` must not use
+  // this store). O(capacity) per shard.
+  template <class Each>
+  void for_each_live(std::int64_t now, Each&& each) const {
+    for (std::size_t i = 0; i < kStoreShards; ++i) {
+      Shard& shard = shards_[i];
+      detail::SpinLockHolder hold(shard.lock);
+      for (std::size_t j = 0; j < shard.capacity; ++j) {
+        const Slot& slot = shard.slots[j];
+        if (holds_key(slot) && !slot.cell.idle(now)) each(slot.digest, slot.cell);
+      }
+    }
+  }
+
   // Sums of the shards' counters. Lock-free.
   StoreStats stats() const noexcept {
     StoreStats s;
