@@ -79,6 +79,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -659,7 +660,9 @@ class BasicRateLimitEngine {
   // Feeds one upstream response to the controller of every adaptive rule that applies to
   // `request` (as `evaluate` selects them: live and dry-run). InvalidArgument, and nothing fed, if
   // the request names another service than its route's. Call it once per upstream answer
-  // (latency, status, Retry-After); a request that never reached the upstream feeds nothing.
+  // (latency, status, Retry-After); a request that never reached the upstream feeds nothing. The
+  // answer counts as one to the request's client (its address and consumer): a controller shrinks
+  // the factor only on answers from several distinct clients (AdaptivePolicy::min_clients).
   absl::Status record_upstream(const RequestContext& raw, const UpstreamResponse& response) const {
     if (adaptive_rules_ == 0 || exempt(raw.path)) return absl::OkStatus();
     absl::StatusOr<RequestContext> request = normalize(raw);
@@ -667,14 +670,23 @@ class BasicRateLimitEngine {
     RuleGroup live, dry;
     select_rules(*request, live, dry);
     const std::chrono::nanoseconds at = now();
+    const std::uint64_t client = client_digest(*request);
     for (const RuleGroup* group : {&live, &dry}) {
       for (std::uint32_t r : *group) {
-        if (controllers_[r] != nullptr) controllers_[r]->record(at, response);
+        if (controllers_[r] != nullptr) controllers_[r]->record(at, response, client);
       }
     }
     return absl::OkStatus();
   }
 
+ private:
+  // Who sent a request, for telling an upstream's answers to distinct clients apart: its address
+  // as the adapter resolved it, and its consumer if it authenticated as one.
+  static std::uint64_t client_digest(const RequestContext& request) {
+    return absl::HashOf(request.client_ip, request.consumer.value_or(std::string_view{}));
+  }
+
+ public:
   // --- Operators: one rule's state for the key a request would use, by the rule's label
   // ("bundle/rule") and the request's attributes (address, credential and consumer, route, ...:
   // whatever the rule's selector reads). The rule need not apply to the request: the attributes
