@@ -189,6 +189,22 @@ TEST_CASE("503s from several distinct clients lower the limit, held at most 30 s
   CHECK(factor(engine) == 200);
 }
 
+TEST_CASE("a rule on two routes lowers its limit only on the route whose upstream failed") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig shared = config({.target_latency = 100ms});
+  shared.routes.push_back({.name = "api2", .path_prefix = "/api2", .policies = {"adaptive"}});
+  Engine engine = make(shared, clock);
+  for (const char* ip : {"192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4", "192.0.2.5"}) {
+    REQUIRE(engine
+                .record_upstream(on_route(ip, "api2"),
+                                 {.latency = 5ms, .status = 503, .retry_after = 10s})
+                .ok());
+  }
+  CHECK(admitted(engine, on_route("203.0.113.8", "api"), 11) == 10);
+  CHECK(admitted(engine, on_route("203.0.113.9", "api2"), 3) == 1);  // 10 × 0.1
+  CHECK(factor(engine) == 100);  // stats show the rule's lowest route
+}
+
 TEST_CASE("upstream responses feed only the adaptive rules that apply to the request") {
   sluice::ManualClock clock;
   Engine engine = make(config(), clock);

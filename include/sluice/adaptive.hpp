@@ -22,8 +22,9 @@
 //   controller.record(clock.now(), {.latency = 350ms, .status = 200}, client_digest);
 //   std::uint32_t permille = controller.factor(clock.now());  // 1000 until an interval ends
 //
-// The policy engine (sluice/engine.hpp) keeps one controller per rule that has an `adaptive`
-// policy and applies its factor to the rule's windows; see `adaptive_units` for the rounding.
+// The policy engine (sluice/engine.hpp) keeps one controller per route for each rule that has an
+// `adaptive` policy and applies its factor to the rule's windows for requests on that route; see
+// `adaptive_units` for the rounding.
 //
 // Arithmetic: integer nanoseconds and permille only; the EWMA moves 1/8 of the way to each sample
 // (`ewma += (sample − ewma) / 8`, truncated). Intervals that ended while no one called are
