@@ -1053,7 +1053,7 @@ class BasicRateLimitEngine {
 
   // Rule `rule`'s controller for requests on `route` (an unknown route counts as unrouted); null
   // for a rule without an adaptive policy. Lock-free: the table never changes after creation.
-  AdaptiveController* controller(std::uint32_t rule, std::optional<std::string_view> route) const {
+  AdaptiveController* controller(std::size_t rule, std::optional<std::string_view> route) const {
     const std::shared_ptr<const RouteControllers>& routes = controllers_[rule];
     if (routes == nullptr) return nullptr;
     const std::shared_ptr<AdaptiveController>* c =
