@@ -21,8 +21,10 @@ using sluice::testing::rule;
 namespace {
 
 // Route `api` (upstream "backend") with one adaptive rule: 10 per minute per ip, burst 10; and
-// route `other` with a fixed rule of the same size.
-sluice::PolicyConfig config(sluice::AdaptivePolicy adaptive = {.target_latency = 100ms}) {
+// route `other` with a fixed rule of the same size. By default the rule judges the control law
+// alone: one answer from one client is enough to move it.
+sluice::PolicyConfig config(sluice::AdaptivePolicy adaptive = {
+                                .target_latency = 100ms, .min_samples = 1, .min_clients = 1}) {
   sluice::Rule limited = rule("per-ip", {Selector::kIp}, {.minute = 10});
   limited.adaptive = adaptive;
   return {.policies = {{.name = "adaptive", .rate_limits = {limited}},
@@ -68,7 +70,11 @@ TEST_CASE("an adaptive rule at factor 1 admits exactly its configured limit") {
 
 TEST_CASE("a slow upstream halves requests and burst, and the fields say so") {
   sluice::ManualClock clock;
-  Engine engine = make(config({.target_latency = 100ms, .minimum_factor_permille = 500}), clock);
+  Engine engine = make(config({.target_latency = 100ms,
+                               .minimum_factor_permille = 500,
+                               .min_samples = 1,
+                               .min_clients = 1}),
+                       clock);
   slow_interval(engine, clock);
   REQUIRE(factor(engine) == 500);
   std::vector<std::uint64_t> remaining;
@@ -108,7 +114,10 @@ TEST_CASE("a factor change keeps what a key has already spent") {
 
 TEST_CASE("a factor of a third rounds each request's share up") {
   sluice::ManualClock clock;
-  Engine engine = make(config({.target_latency = 100ms, .decrease_permille = 333}), clock);
+  Engine engine = make(
+      config(
+          {.target_latency = 100ms, .decrease_permille = 333, .min_samples = 1, .min_clients = 1}),
+      clock);
   slow_interval(engine, clock);
   REQUIRE(factor(engine) == 333);
   // A request takes ⌈10⁶ / 333⌉ = 3004 thousandths: 3 fit in the bucket of 10 000.
@@ -144,6 +153,56 @@ TEST_CASE("a 503 with Retry-After holds the minimum, then the limit recovers ste
   }
   CHECK(trajectory ==
         std::vector<std::uint32_t>{100, 100, 100, 100, 200, 300, 400, 500, 600, 700, 800, 900});
+}
+
+TEST_CASE("one client's 503 with Retry-After: 300 leaves every other client's limit alone") {
+  sluice::ManualClock clock;
+  Engine engine = make(config({.target_latency = 100ms}), clock);  // the default aggregation
+  for (int i = 0; i < 10; ++i) {
+    REQUIRE(engine
+                .record_upstream(on_route("192.0.2.1", "api"),
+                                 {.latency = 5ms, .status = 503, .retry_after = 300s})
+                .ok());
+  }
+  CHECK(factor(engine) == 1000);
+  CHECK(admitted(engine, on_route("203.0.113.7", "api"), 11) == 10);
+  clock.advance(3s);
+  CHECK(factor(engine) == 1000);
+  CHECK(engine.stats()[0].adaptive->hold_remaining == 0s);
+}
+
+TEST_CASE("503s from several distinct clients lower the limit, held at most 30 s") {
+  sluice::ManualClock clock;
+  Engine engine = make(config({.target_latency = 100ms}), clock);
+  for (const char* ip : {"192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4", "192.0.2.5"}) {
+    REQUIRE(engine
+                .record_upstream(on_route(ip, "api"),
+                                 {.latency = 5ms, .status = 503, .retry_after = 300s})
+                .ok());
+  }
+  CHECK(factor(engine) == 100);
+  CHECK(engine.stats()[0].adaptive->hold_remaining == 30s);
+  CHECK(admitted(engine, on_route("203.0.113.7", "api"), 3) == 1);  // 10 × 0.1
+  clock.advance(29s);
+  CHECK(factor(engine) == 100);
+  clock.advance(1s);  // the interval ending at 30 s is the first at or after the hold
+  CHECK(factor(engine) == 200);
+}
+
+TEST_CASE("a rule on two routes lowers its limit only on the route whose upstream failed") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig shared = config({.target_latency = 100ms});
+  shared.routes.push_back({.name = "api2", .path_prefix = "/api2", .policies = {"adaptive"}});
+  Engine engine = make(shared, clock);
+  for (const char* ip : {"192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4", "192.0.2.5"}) {
+    REQUIRE(engine
+                .record_upstream(on_route(ip, "api2"),
+                                 {.latency = 5ms, .status = 503, .retry_after = 10s})
+                .ok());
+  }
+  CHECK(admitted(engine, on_route("203.0.113.8", "api"), 11) == 10);
+  CHECK(admitted(engine, on_route("203.0.113.9", "api2"), 3) == 1);  // 10 × 0.1
+  CHECK(factor(engine) == 100);  // stats show the rule's lowest route
 }
 
 TEST_CASE("upstream responses feed only the adaptive rules that apply to the request") {
@@ -219,7 +278,9 @@ TEST_CASE("threads evaluating while others feed responses never exceed the bucke
 TEST_CASE("a slow-down, a 503 and the recovery move the admitted rate as the control law says") {
   sluice::ManualClock clock;
   sluice::Rule limited = rule("per-ip", {Selector::kIp}, {.s = 20});
-  limited.adaptive = sluice::AdaptivePolicy{.target_latency = 100ms};
+  // One client: the control law alone, one answer from it is enough to move the factor.
+  limited.adaptive =
+      sluice::AdaptivePolicy{.target_latency = 100ms, .min_samples = 1, .min_clients = 1};
   Engine engine = make({.policies = {{.name = "upstream", .rate_limits = {limited}}},
                         .routes = {{.name = "api", .policies = {"upstream"}}}},
                        clock);

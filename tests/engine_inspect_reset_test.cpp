@@ -103,6 +103,8 @@ TEST_CASE("inspecting an adaptive rule reports requests at its current factor") 
   adaptive.target_latency = 100ms;
   adaptive.minimum_factor_permille = 500;
   adaptive.max_hold = 10s;
+  adaptive.min_samples = 1;  // one client's 503 is enough here
+  adaptive.min_clients = 1;
   c.policies[0].rate_limits[0].adaptive = adaptive;
   auto engine = Engine::create(c, {.store = {.seed = 1}, .clock = clock});
   REQUIRE(engine.ok());

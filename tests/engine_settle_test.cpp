@@ -161,6 +161,8 @@ TEST_CASE("an adaptive rule settles at the factor it was evaluated with") {
   adaptive.target_latency = 100ms;
   adaptive.minimum_factor_permille = 500;
   adaptive.max_hold = 10s;
+  adaptive.min_samples = 1;  // one client's 503 is enough here
+  adaptive.min_clients = 1;
   c.policies[0].rate_limits[0].adaptive = adaptive;
   Engine engine = make(clock, c);
   REQUIRE(engine.record_upstream(request(1), {.latency = 1ms, .status = 503}).ok());  // factor 1/2

@@ -338,8 +338,12 @@ TEST_CASE("an upstream's Retry-After counts only as delay-seconds, capped at one
 TEST_CASE("an upstream's answers fed back through the adapter move the route's adaptive factor") {
   sluice::ManualClock clock;
   sluice::Rule limited = rule("per-ip", {Selector::kIp}, {.minute = 10});
-  limited.adaptive = sluice::AdaptivePolicy{
-      .target_latency = 100ms, .minimum_factor_permille = 200, .interval = 1s, .max_hold = 10s};
+  limited.adaptive = sluice::AdaptivePolicy{.target_latency = 100ms,
+                                            .minimum_factor_permille = 200,
+                                            .interval = 1s,
+                                            .max_hold = 10s,
+                                            .min_samples = 1,  // one client's answer is enough
+                                            .min_clients = 1};
   const sluice::PolicyConfig config{
       .policies = {{.name = "adaptive", .rate_limits = {limited}}},
       .routes = {{.name = "api", .path_prefix = "/api", .policies = {"adaptive"}}}};

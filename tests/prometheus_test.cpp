@@ -192,7 +192,8 @@ TEST_CASE("promtool check metrics accepts the exposition of an engine that evalu
 TEST_CASE("adaptive rules add their limit factor and decreases, and promtool accepts them") {
   using namespace std::chrono_literals;
   sluice::PolicyConfig config = small_config();
-  config.policies[0].rate_limits[0].adaptive = sluice::AdaptivePolicy{.target_latency = 100ms};
+  config.policies[0].rate_limits[0].adaptive =
+      sluice::AdaptivePolicy{.target_latency = 100ms, .min_samples = 1, .min_clients = 1};
   Engine engine = make(config);
   REQUIRE(
       engine.record_upstream(on_route("203.0.113.7", "r"), {.latency = 5ms, .status = 503}).ok());

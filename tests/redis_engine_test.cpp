@@ -245,8 +245,13 @@ TEST_CASE(
   Server server;
   sluice::ManualClock clock;
   sluice::PolicyConfig config = documented_example();
-  config.policies[0].rate_limits[0].adaptive = sluice::AdaptivePolicy{
-      .target_latency = 100ms, .minimum_factor_permille = 500, .max_hold = 2h};
+  config.policies[0].rate_limits[0].adaptive =
+      sluice::AdaptivePolicy{.target_latency = 100ms,
+                             .minimum_factor_permille = 500,
+                             .max_hold = 2h,
+                             .min_samples = 1,  // one client's 503 is enough here
+                             .min_clients = 1,
+                             .max_retry_after = 2h};
   RedisRateLimitEngine redis = make(config, at_clock(server.client_holding_keys(), clock));
   auto memory = MemoryEngine::create(config, {.store = {.seed = 1}, .clock = clock});
   REQUIRE(memory.ok());

@@ -539,6 +539,33 @@ policies:
         sluice::AdaptivePolicy{.target_latency = 250ms, .decrease_permille = 700, .max_hold = 30s});
 }
 
+TEST_CASE("an adaptive block sets its minimum samples and clients and its Retry-After cap") {
+  auto config = sluice::yaml::load_config(R"(
+policies:
+  - name: p
+    rate_limits:
+      - selector: [ip]
+        requests_per: { minute: 60 }
+        adaptive:
+          target_latency_ms: 250
+          min_samples: 20
+          min_clients: 4
+          max_retry_after_seconds: 10
+)");
+  REQUIRE(config.ok());
+  using namespace std::chrono_literals;
+  CHECK(config->policies[0].rate_limits[0].adaptive ==
+        sluice::AdaptivePolicy{
+            .target_latency = 250ms, .min_samples = 20, .min_clients = 4, .max_retry_after = 10s});
+  CHECK(error_of(R"(policies:
+  - name: p
+    rate_limits:
+      - selector: [ip]
+        requests_per: { minute: 60 }
+        adaptive: { target_latency_ms: 100, min_clients: 9 }
+)") == "6:58: policies[0].rate_limits[0].adaptive.min_clients: must be 1 ... 8");
+}
+
 TEST_CASE("an adaptive block without a target latency is an error at the block") {
   CHECK(error_of(R"(policies:
   - name: p

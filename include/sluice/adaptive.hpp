@@ -2,23 +2,29 @@
 //
 // An `AdaptiveController` turns upstream responses (latency, status, Retry-After) into a limit
 // factor in [minimum, 1], kept in permille (1000 = the configured limit). Once per `interval` it
-// judges the interval that ended: the upstream is overloaded if the interval saw responses and
-// either the latency EWMA is above `target_latency` or more than `error_ratio_permille` of them
-// were errors; then the factor is multiplied by `decrease_permille`/1000 (never below the
-// minimum). A healthy interval adds `recovery_permille` (never above 1000). An interval without
-// responses is healthy only if the EWMA is at or under the target: while the upstream was last
-// seen slow, quiet intervals leave the factor as it is (a slow upstream admitted at a low rate
-// sees intervals without an answer, and those must not count as recovery). An upstream 429 or 503
-// drops the factor to the minimum at once and holds it there for the response's Retry-After (the
-// interval if it has none, at most `max_hold`): no recovery while the hold lasts.
+// judges the interval that ended: the upstream is overloaded if the interval saw at least
+// `min_samples` responses, its troubled ones (errors, 429/503, slower than the target) came from
+// at least `min_clients` distinct clients, and either the latency EWMA is above `target_latency`
+// or more than `error_ratio_permille` of them were errors; then the factor is multiplied by
+// `decrease_permille`/1000 (never below the minimum). A healthy interval adds `recovery_permille`
+// (never above 1000). An interval without responses is healthy only if the EWMA is at or under the
+// target: while the upstream was last seen slow, quiet intervals leave the factor as it is (a slow
+// upstream admitted at a low rate sees intervals without an answer, and those must not count as
+// recovery). Once an interval has seen `min_samples` 429 or 503 answers from `min_clients` distinct
+// clients, the factor drops to the minimum at once and is held there for their longest Retry-After
+// (the interval for one without), each capped at `max_retry_after` and `max_hold`: no recovery
+// while the hold lasts. So no single client, however many requests it sends, and no single answer
+// moves the factor; clients are told apart by a digest the caller passes, up to
+// `kAdaptiveClientSlots` per interval.
 //
 //   sluice::AdaptivePolicy policy{.target_latency = 200ms};
 //   sluice::AdaptiveController controller(policy, clock.now());
-//   controller.record(clock.now(), {.latency = 350ms, .status = 200});
+//   controller.record(clock.now(), {.latency = 350ms, .status = 200}, client_digest);
 //   std::uint32_t permille = controller.factor(clock.now());  // 1000 until an interval ends
 //
-// The policy engine (sluice/engine.hpp) keeps one controller per rule that has an `adaptive`
-// policy and applies its factor to the rule's windows; see `adaptive_units` for the rounding.
+// The policy engine (sluice/engine.hpp) keeps one controller per route for each rule that has an
+// `adaptive` policy and applies its factor to the rule's windows for requests on that route; see
+// `adaptive_units` for the rounding.
 //
 // Arithmetic: integer nanoseconds and permille only; the EWMA moves 1/8 of the way to each sample
 // (`ewma += (sample − ewma) / 8`, truncated). Intervals that ended while no one called are
@@ -31,6 +37,7 @@
 #define SLUICE_ADAPTIVE_HPP_
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -45,6 +52,10 @@
 
 namespace sluice {
 
+// How many distinct clients an adaptive controller tells apart per interval: `min_clients` is at
+// most this.
+inline constexpr std::uint32_t kAdaptiveClientSlots = 8;
+
 // How a rule's limit follows its upstream. Durations are nanoseconds; ratios and factors are in
 // permille (parts per thousand).
 struct AdaptivePolicy {
@@ -55,6 +66,14 @@ struct AdaptivePolicy {
   std::uint32_t recovery_permille = 100;        // factor + this per healthy interval
   std::chrono::nanoseconds interval = std::chrono::seconds(1);  // how often the factor moves
   std::chrono::nanoseconds max_hold = std::chrono::minutes(5);  // cap on a 429/503's hold
+  // Answers an interval (or, for a 429/503 drop, its 429/503 answers) needs before it may shrink
+  // the factor, 1 ... 1000000.
+  std::uint32_t min_samples = 5;
+  // Distinct clients among an interval's troubled answers (errors, 429/503, slower than the
+  // target) needed before it may shrink the factor, 1 ... kAdaptiveClientSlots, ≤ min_samples.
+  std::uint32_t min_clients = 3;
+  // Cap on an upstream's Retry-After (and so on a 429/503's hold), 0 ... 24 hours.
+  std::chrono::nanoseconds max_retry_after = std::chrono::seconds(30);
 
   // OK, or InvalidArgument naming the bad field under `prefix` (e.g. "bundles[0].rules[1].").
   absl::Status validate(const std::string& prefix = {}) const {
@@ -80,6 +99,22 @@ struct AdaptivePolicy {
     }
     if (max_hold < std::chrono::nanoseconds(0) || max_hold > kMaxDuration) {
       return bad("max_hold", "0 ... 24 hours");
+    }
+    return validate_aggregation(prefix);
+  }
+
+  // The fields that keep one client from shrinking the factor alone.
+  absl::Status validate_aggregation(const std::string& prefix) const {
+    auto bad = [&](const char* field, const std::string& must) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, field, " must be ", must));
+    };
+    if (min_samples < 1 || min_samples > 1000000) return bad("min_samples", "1 ... 1000000");
+    if (min_clients < 1 || min_clients > kAdaptiveClientSlots) {
+      return bad("min_clients", absl::StrCat("1 ... ", kAdaptiveClientSlots));
+    }
+    if (min_clients > min_samples) return bad("min_clients", "at most min_samples");
+    if (max_retry_after < std::chrono::nanoseconds(0) || max_retry_after > std::chrono::hours(24)) {
+      return bad("max_retry_after", "0 ... 24 hours");
     }
     return absl::OkStatus();
   }
@@ -117,6 +152,28 @@ inline std::uint64_t adaptive_units(std::uint64_t cost, std::uint32_t factor_per
              : static_cast<std::uint64_t>(units);
 }
 
+namespace detail {
+
+// The distinct client digests seen in one interval, up to kAdaptiveClientSlots of them: enough to
+// tell "several clients" from "one", in a fixed array. O(kAdaptiveClientSlots) per add.
+class DistinctClients {
+ public:
+  void add(std::uint64_t client) {
+    for (std::uint32_t i = 0; i < count_; ++i) {
+      if (slots_[i] == client) return;
+    }
+    if (count_ < slots_.size()) slots_[count_++] = client;
+  }
+  std::uint32_t count() const { return count_; }
+  void clear() { count_ = 0; }
+
+ private:
+  std::array<std::uint64_t, kAdaptiveClientSlots> slots_{};
+  std::uint32_t count_ = 0;
+};
+
+}  // namespace detail
+
 // See the file comment.
 class AdaptiveController {
  public:
@@ -143,26 +200,21 @@ class AdaptiveController {
     return factor_.load(std::memory_order_relaxed);
   }
 
-  // Feeds one upstream response observed at `now`.
-  void record(std::chrono::nanoseconds now, const UpstreamResponse& response) {
+  // Feeds one upstream response observed at `now`, answered to the client whose digest is
+  // `client` (any stable 64-bit digest of who sent the request: its address, its consumer).
+  void record(std::chrono::nanoseconds now, const UpstreamResponse& response,
+              std::uint64_t client) {
     detail::MutexLock lock(mutex_);
     const std::int64_t at = advance(now.count());
     const std::int64_t latency = std::clamp<std::int64_t>(response.latency.count(), 0, kMaxLatency);
     ewma_ = have_ewma_ ? ewma_ + (latency - ewma_) / 8 : latency;
     have_ewma_ = true;
     ++responses_;
-    if (response.status == 0 || response.status >= 500) ++errors_;
-    if (response.status == 429 || response.status == 503) {
-      const std::int64_t wait = response.retry_after > std::chrono::nanoseconds(0)
-                                    ? response.retry_after.count()
-                                    : policy_.interval.count();
-      hold_until_ =
-          std::max(hold_until_, saturating_add(at, std::min(wait, policy_.max_hold.count())));
-      if (factor_.load(std::memory_order_relaxed) != policy_.minimum_factor_permille) {
-        ++decreases_;
-      }
-      factor_.store(policy_.minimum_factor_permille, std::memory_order_relaxed);
-    }
+    const bool error = response.status == 0 || response.status >= 500;
+    const bool throttled = response.status == 429 || response.status == 503;
+    if (error) ++errors_;
+    if (error || throttled || latency > policy_.target_latency.count()) troubled_.add(client);
+    if (throttled) throttle(at, response.retry_after.count(), client);
   }
 
   AdaptiveState state(std::chrono::nanoseconds now) {
@@ -185,6 +237,33 @@ class AdaptiveController {
     return __builtin_add_overflow(a, b, &sum) ? kNever : sum;
   }
 
+  // A 429 or 503 at `at`: once the interval has seen min_samples of them from min_clients distinct
+  // clients, the factor drops to the minimum, held for the longest Retry-After among them (the
+  // interval for an answer without one), each capped at max_retry_after and max_hold.
+  void throttle(std::int64_t at, std::int64_t retry_after, std::uint64_t client)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    ++throttles_;
+    throttled_.add(client);
+    const std::int64_t wait = retry_after > 0 ? retry_after : policy_.interval.count();
+    throttle_wait_ =
+        std::max(throttle_wait_,
+                 std::min({wait, policy_.max_retry_after.count(), policy_.max_hold.count()}));
+    if (throttles_ < policy_.min_samples || throttled_.count() < policy_.min_clients) return;
+    hold_until_ = std::max(hold_until_, saturating_add(at, throttle_wait_));
+    if (factor_.load(std::memory_order_relaxed) != policy_.minimum_factor_permille) {
+      ++decreases_;
+    }
+    factor_.store(policy_.minimum_factor_permille, std::memory_order_relaxed);
+  }
+
+  // Whether the interval that ended was overloaded: enough answers from enough distinct troubled
+  // clients, and the latency average above the target or too many errors.
+  bool overloaded() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (responses_ < policy_.min_samples || troubled_.count() < policy_.min_clients) return false;
+    return ewma_ > policy_.target_latency.count() ||
+           absl::uint128(errors_) * 1000 > absl::uint128(policy_.error_ratio_permille) * responses_;
+  }
+
   // Clamps `now` to the latest reading, applies every interval that ended by then, and returns
   // the clamped reading.
   std::int64_t advance(std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
@@ -192,11 +271,8 @@ class AdaptiveController {
     // An interval that would end past the clock's range never ends.
     if (latest_ < interval_end_ || interval_end_ == kNever) return latest_;
     std::uint32_t factor = factor_.load(std::memory_order_relaxed);
-    const bool overloaded =
-        responses_ != 0 &&
-        (ewma_ > policy_.target_latency.count() ||
-         absl::uint128(errors_) * 1000 > absl::uint128(policy_.error_ratio_permille) * responses_);
-    if (overloaded) {
+    const bool was_overloaded = overloaded();
+    if (was_overloaded) {
       factor = std::max(
           policy_.minimum_factor_permille,
           static_cast<std::uint32_t>(std::uint64_t{factor} * policy_.decrease_permille / 1000));
@@ -216,7 +292,7 @@ class AdaptiveController {
     }
     std::uint64_t recoveries = 0;
     if (first_free <= later) recoveries = later - first_free + 1;
-    if (overloaded && first_free == 0) --recoveries;  // the judged interval did not recover
+    if (was_overloaded && first_free == 0) --recoveries;  // the judged interval did not recover
     // Last seen slow: intervals without answers hold the factor (and a judged interval with
     // answers was overloaded), so none recovers.
     if (have_ewma_ && ewma_ > policy_.target_latency.count()) recoveries = 0;
@@ -232,6 +308,10 @@ class AdaptiveController {
                            static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))));
     responses_ = 0;
     errors_ = 0;
+    throttles_ = 0;
+    throttle_wait_ = 0;
+    troubled_.clear();
+    throttled_.clear();
     next_boundary_.store(interval_end_, std::memory_order_release);
     return latest_;
   }
@@ -246,6 +326,10 @@ class AdaptiveController {
   std::uint64_t responses_ ABSL_GUARDED_BY(mutex_) = 0;
   std::uint64_t errors_ ABSL_GUARDED_BY(mutex_) = 0;
   std::uint64_t decreases_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::uint64_t throttles_ ABSL_GUARDED_BY(mutex_) = 0;        // 429/503 answers, this interval
+  std::int64_t throttle_wait_ ABSL_GUARDED_BY(mutex_) = 0;     // ns, their longest capped wait
+  detail::DistinctClients troubled_ ABSL_GUARDED_BY(mutex_);   // behind troubled answers
+  detail::DistinctClients throttled_ ABSL_GUARDED_BY(mutex_);  // behind 429/503 answers
   std::atomic<std::uint32_t> factor_{1000};  // written under mutex_, read without it
   std::atomic<std::int64_t> next_boundary_;  // a copy of interval_end_ for the lock-free read
 };

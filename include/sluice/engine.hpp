@@ -80,6 +80,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -158,7 +159,7 @@ struct RuleStats {
   std::uint64_t denied = 0;                 // requests this (live) rule denied
   std::uint64_t dry_denied = 0;             // would-be denials of a dry-run rule
   StoreStats store{};                       // keys, evictions, capacity denials
-  std::optional<AdaptiveState> adaptive{};  // an adaptive rule's controller, now
+  std::optional<AdaptiveState> adaptive{};  // its lowest route's, now (adaptive_state)
   // Of the requests above (cost ≥ 1, decided), those this rule decided in process on the local
   // share (FailureMode::kLocal) while the backend failed.
   std::uint64_t degraded = 0;
@@ -636,7 +637,7 @@ class BasicRateLimitEngine {
                           .key = std::string_view(buffer).substr(spans[i].first, spans[i].second),
                           .cost = request.cost});
     }
-    if (adaptive_rules_ != 0) apply_factors(out.keys, out.factors);
+    if (adaptive_rules_ != 0) apply_factors(out.keys, out.factors, request.route);
     return out;
   }
 
@@ -698,7 +699,11 @@ class BasicRateLimitEngine {
   // Feeds one upstream response to the controller of every adaptive rule that applies to
   // `request` (as `evaluate` selects them: live and dry-run). InvalidArgument, and nothing fed, if
   // the request names another service than its route's. Call it once per upstream answer
-  // (latency, status, Retry-After); a request that never reached the upstream feeds nothing.
+  // (latency, status, Retry-After); a request that never reached the upstream feeds nothing. The
+  // answer feeds the rule's controller for the request's route (each adaptive rule has one per
+  // route, and one for unrouted requests) and counts as one to the request's client (its address
+  // and consumer): a controller shrinks only on answers to several distinct clients
+  // (AdaptivePolicy::min_clients).
   absl::Status record_upstream(const RequestContext& raw, const UpstreamResponse& response) const {
     if (adaptive_rules_ == 0 || exempt(raw.path)) return absl::OkStatus();
     absl::StatusOr<RequestContext> request = normalize(raw);
@@ -706,14 +711,23 @@ class BasicRateLimitEngine {
     RuleGroup live, dry;
     select_rules(*request, live, dry);
     const std::chrono::nanoseconds at = now();
+    const std::uint64_t client = client_digest(*request);
     for (const RuleGroup* group : {&live, &dry}) {
       for (std::uint32_t r : *group) {
-        if (controllers_[r] != nullptr) controllers_[r]->record(at, response);
+        if (AdaptiveController* c = controller(r, request->route)) c->record(at, response, client);
       }
     }
     return absl::OkStatus();
   }
 
+ private:
+  // Who sent a request, for telling an upstream's answers to distinct clients apart: its address
+  // as the adapter resolved it, and its consumer if it authenticated as one.
+  static std::uint64_t client_digest(const RequestContext& request) {
+    return absl::HashOf(request.client_ip, request.consumer.value_or(std::string_view{}));
+  }
+
+ public:
   // --- Operators: one rule's state for the key a request would use, by the rule's label
   // ("bundle/rule") and the request's attributes (address, credential and consumer, route, ...:
   // whatever the rule's selector reads). The rule need not apply to the request: the attributes
@@ -728,7 +742,7 @@ class BasicRateLimitEngine {
     if (!k.ok()) return k.status();
     RuleKey key{.rule = k->rule, .key = k->key, .cost = 0};
     absl::InlinedVector<std::uint32_t, 16> factors;
-    if (adaptive_rules_ != 0) apply_factors(std::span(&key, 1), factors);
+    if (adaptive_rules_ != 0) apply_factors(std::span(&key, 1), factors, raw.route);
     Decision d;
     if (absl::Status s = backend_->check_rules(std::span<const RuleKey>(&key, 1),
                                                ConsumptionMode::kAllOrNothing, std::span(&d, 1));
@@ -808,11 +822,22 @@ class BasicRateLimitEngine {
             .store = backend_->rule_store_stats(index),
             .degraded = counters_[index]->degraded.load(std::memory_order_relaxed)};
   }
-  // Rule `index`'s adaptive controller now (its factor, latency average, ...); none for a rule
-  // without an adaptive policy. Takes the controller's mutex.
+  // Rule `index`'s adaptive state now: that of its route with the lowest factor (the first such
+  // route by name; unrouted requests count as the route ""), with `decreases` summed over all its
+  // routes; none for a rule without an adaptive policy. Takes each route controller's mutex:
+  // O(routes).
   std::optional<AdaptiveState> adaptive_state(std::size_t index) const {
     if (controllers_[index] == nullptr) return std::nullopt;
-    return controllers_[index]->state(now());
+    std::optional<AdaptiveState> lowest;
+    std::uint64_t decreases = 0;
+    const std::chrono::nanoseconds at = now();
+    for (const auto& [route, c] : *controllers_[index]) {
+      AdaptiveState state = c->state(at);
+      decreases += state.decreases;
+      if (!lowest || state.factor_permille < lowest->factor_permille) lowest = state;
+    }
+    lowest->decreases = decreases;
+    return lowest;
   }
   EngineStats engine_stats() const {
     return {.evaluations = totals_->evaluations.load(std::memory_order_relaxed),
@@ -893,7 +918,7 @@ class BasicRateLimitEngine {
       }
     }
     if (absl::Status s = engine.start_backend(compiled, config.engine, previous); !s.ok()) return s;
-    engine.keep_rule_state(compiled, previous);
+    engine.keep_rule_state(compiled, config, previous);
     if (absl::Status s = engine.attach_scopes(config, bundle_rules); !s.ok()) return s;
     return engine;
   }
@@ -921,13 +946,16 @@ class BasicRateLimitEngine {
   }
 
   // Per rule: its counters and adaptive controller, kept from `previous` for an unchanged rule.
-  void keep_rule_state(const std::vector<CompiledRule>& compiled,
+  void keep_rule_state(const std::vector<CompiledRule>& compiled, const PolicyConfig& config,
                        const BasicRateLimitEngine* previous) {
+    std::vector<std::string> route_names{""};  // "" for requests without a route
+    for (const Route& r : config.routes) route_names.push_back(r.name);
+    std::sort(route_names.begin(), route_names.end());
     for (std::size_t i = 0; i < compiled.size(); ++i) {
       std::shared_ptr<RuleCounters> counters =
           previous ? previous->counters_for(compiled[i].fingerprint) : nullptr;
       counters_.push_back(counters ? counters : std::make_shared<RuleCounters>());
-      controllers_.push_back(controller_for(compiled[i], previous));
+      controllers_.push_back(controllers_for(compiled[i], route_names, previous));
       if (compiled[i].adaptive) ++adaptive_rules_;
       by_fingerprint_.emplace(compiled[i].fingerprint, i);
     }
@@ -1024,22 +1052,56 @@ class BasicRateLimitEngine {
     }
   }
 
-  // The previous generation's controller for an unchanged adaptive rule with the same adaptive
-  // policy (so the factor carries over a reload); a fresh one for any other adaptive rule.
-  std::shared_ptr<AdaptiveController> controller_for(const CompiledRule& rule,
-                                                     const BasicRateLimitEngine* previous) const {
+  // An adaptive rule's controllers by route name, sorted; "" (first) for unrouted requests.
+  using RouteControllers = std::vector<std::pair<std::string, std::shared_ptr<AdaptiveController>>>;
+
+  // An adaptive rule's controllers, one per route name in `routes` (sorted; "" for unrouted
+  // requests): the previous generation's for a route it had, if the rule is unchanged and has the
+  // same adaptive policy (so each route's factor carries over a reload); fresh ones otherwise.
+  std::shared_ptr<const RouteControllers> controllers_for(
+      const CompiledRule& rule, const std::vector<std::string>& routes,
+      const BasicRateLimitEngine* previous) const {
     if (!rule.adaptive) return nullptr;
+    const RouteControllers* kept = nullptr;
     if (previous != nullptr) {
       auto it = previous->by_fingerprint_.find(rule.fingerprint);
       if (it != previous->by_fingerprint_.end()) {
-        const std::shared_ptr<AdaptiveController>& kept = previous->controllers_[it->second];
-        if (kept != nullptr && kept->policy() == *rule.adaptive) return kept;
+        const std::shared_ptr<const RouteControllers>& old = previous->controllers_[it->second];
+        if (old != nullptr && old->front().second->policy() == *rule.adaptive) kept = old.get();
       }
     }
-    return std::make_shared<AdaptiveController>(*rule.adaptive, now());
+    auto out = std::make_shared<RouteControllers>();
+    for (const std::string& route : routes) {
+      const std::shared_ptr<AdaptiveController>* old =
+          kept != nullptr ? find_route(*kept, route) : nullptr;
+      out->emplace_back(route, old != nullptr
+                                   ? *old
+                                   : std::make_shared<AdaptiveController>(*rule.adaptive, now()));
+    }
+    return out;
   }
 
-  // Sets each adaptive rule's key cost to its scaled units at the rule's current factor, capped
+  // The controller of `route` in `controllers` (sorted by route), or null.
+  static const std::shared_ptr<AdaptiveController>* find_route(const RouteControllers& controllers,
+                                                               std::string_view route) {
+    auto it =
+        std::lower_bound(controllers.begin(), controllers.end(), route,
+                         [](const auto& entry, std::string_view r) { return entry.first < r; });
+    return it != controllers.end() && it->first == route ? &it->second : nullptr;
+  }
+
+  // Rule `rule`'s controller for requests on `route` (an unknown route counts as unrouted); null
+  // for a rule without an adaptive policy. Lock-free: the table never changes after creation.
+  AdaptiveController* controller(std::size_t rule, std::optional<std::string_view> route) const {
+    const std::shared_ptr<const RouteControllers>& routes = controllers_[rule];
+    if (routes == nullptr) return nullptr;
+    const std::shared_ptr<AdaptiveController>* c =
+        find_route(*routes, route.value_or(std::string_view{}));
+    return (c != nullptr ? *c : routes->front().second).get();
+  }
+
+  // Sets each adaptive rule's key cost to its scaled units at the rule's current factor on
+  // `route`, capped
   // at the rule's bucket (a request too big for the reduced bucket needs all of it); records the
   // factors (0 for fixed rules) for `in_requests`.
   // The live rules' check when a settlement is wanted: the backend's check_rules_booking.
@@ -1053,11 +1115,11 @@ class BasicRateLimitEngine {
     }
   }
 
-  void apply_factors(std::span<RuleKey> keys,
-                     absl::InlinedVector<std::uint32_t, 16>& factors) const {
+  void apply_factors(std::span<RuleKey> keys, absl::InlinedVector<std::uint32_t, 16>& factors,
+                     std::optional<std::string_view> route) const {
     const std::chrono::nanoseconds at = now();
     for (RuleKey& k : keys) {
-      const std::shared_ptr<AdaptiveController>& controller = controllers_[k.rule];
+      AdaptiveController* const controller = this->controller(k.rule, route);
       if (controller == nullptr) {
         factors.push_back(0);
         continue;
@@ -1416,7 +1478,8 @@ class BasicRateLimitEngine {
   std::chrono::nanoseconds local_retry_interval_{std::chrono::seconds(1)};
   std::vector<RuleInfo> rules_;
   std::vector<std::shared_ptr<RuleCounters>> counters_;
-  std::vector<std::shared_ptr<AdaptiveController>> controllers_;  // per rule; null unless adaptive
+  std::vector<std::shared_ptr<const RouteControllers>>
+      controllers_;  // per rule; null unless adaptive
   std::size_t adaptive_rules_ = 0;
   std::unique_ptr<Backend> backend_;
   ScopeMap consumer_rules_, route_rules_, service_rules_, listener_rules_;

@@ -7,6 +7,8 @@
 //                                after N ms (at most 10000), with status S (100 ... 599), and with
 //                                Retry-After: R when R > 0. Parameters left out keep their value.
 //   GET /__stats                 "requests <n>": requests answered so far, controls excluded
+//   GET <…/unavailable>          always 503 with Retry-After: 300, whatever is set (a path the
+//                                upstream cannot serve, next to paths it serves well)
 //   GET <anything else>          answered as set, with a small JSON body naming the path
 // SIGINT or SIGTERM stops it (the default action).
 #include <httplib.h>
@@ -57,7 +59,10 @@ int main() {
   server.Get(".*", [](const httplib::Request& request, httplib::Response& response) {
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
     response.status = status.load();
-    if (const int seconds = retry_after.load(); seconds > 0) {
+    if (std::string_view(request.path).ends_with("/unavailable")) {
+      response.status = 503;
+      response.set_header("Retry-After", "300");
+    } else if (const int seconds = retry_after.load(); seconds > 0) {
       response.set_header("Retry-After", std::to_string(seconds));
     }
     std::string path;

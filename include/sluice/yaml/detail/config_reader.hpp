@@ -90,7 +90,8 @@ class ConfigReader final : public NodeReader {
   }
 
   // {target_latency_ms, error_ratio_permille, minimum_factor_permille, decrease_permille,
-  // recovery_permille, interval_ms, max_hold_seconds}; only target_latency_ms is required.
+  // recovery_permille, interval_ms, max_hold_seconds, min_samples, min_clients,
+  // max_retry_after_seconds}; only target_latency_ms is required.
   // validate() checks the ranges against the struct's member names, so each value is also
   // remembered under its member's path (…adaptive.target_latency) for the error's position.
   AdaptivePolicy read_adaptive(const YAML::Node& node, const std::string& path) {
@@ -98,7 +99,8 @@ class ConfigReader final : public NodeReader {
     const std::vector<Field> fs =
         fields(node, path,
                {"target_latency_ms", "error_ratio_permille", "minimum_factor_permille",
-                "decrease_permille", "recovery_permille", "interval_ms", "max_hold_seconds"});
+                "decrease_permille", "recovery_permille", "interval_ms", "max_hold_seconds",
+                "min_samples", "min_clients", "max_retry_after_seconds"});
     require(node, path, fs, "target_latency_ms");
     // Past any valid value, kept small enough that converting it to ns cannot overflow.
     constexpr std::uint64_t kTooLongMs = std::uint64_t{1} << 40;
@@ -122,6 +124,13 @@ class ConfigReader final : public NodeReader {
       } else if (f.key == "interval_ms") {
         adaptive.interval = ms;
         member = "interval";
+      } else if (f.key == "min_samples") {
+        adaptive.min_samples = permille;
+      } else if (f.key == "min_clients") {
+        adaptive.min_clients = permille;
+      } else if (f.key == "max_retry_after_seconds") {
+        adaptive.max_retry_after = std::chrono::seconds(std::min(n, kTooLongMs));
+        member = "max_retry_after";
       } else {
         adaptive.max_hold = std::chrono::seconds(std::min(n, kTooLongMs));
         member = "max_hold";
