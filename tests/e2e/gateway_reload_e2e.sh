@@ -2,11 +2,17 @@
 # End-to-end test of the gateway's config reload: the gateway serves a copy of the example config;
 # the test edits the copy while it runs and checks, with curl, that an unchanged rule keeps its
 # state, that a broken file keeps the last good config serving (reported once), that a changed
-# rule starts fresh, and that SIGHUP reloads a gateway that does not poll.
+# limit keeps what each key spent, and that SIGHUP reloads a gateway that does not poll.
 # Usage: gateway_reload_e2e.sh <sluice_gateway binary> <gateway.yaml>
 set -euo pipefail
 gateway=$1
 source "$(dirname "$0")/common.sh"
+
+# limit_field URL: the X-RateLimit-Limit that URL answers with.
+limit_field() {
+  curl -s --max-time 15 -o /dev/null -D - "$1" | tr -d '\r' |
+    sed -n 's/^[Xx]-[Rr]ate[Ll]imit-[Ll]imit: *//p'
+}
 
 reloads=sluice_engine_reloads_total
 failed=sluice_engine_failed_reloads_total
@@ -39,11 +45,13 @@ expect "login still limited" "$(code "$base/login")" 429
 expect "items still served" "$(code "$base/v1/items")" 200
 expect "failures logged" "$(grep -c "reload failed, the previous config keeps serving" "$work/polled.err")" 1
 
-# A good file again, with the login limit changed: that rule starts fresh.
+# A good file again, with the login limit raised: the rule keeps each key's spent share, so the
+# spent login stays spent (no client gains room from a change), and its answer states the new limit.
 sed 's/rate_limit: { requests: 5, window_seconds: 60 }/rate_limit: { requests: 6, window_seconds: 60 }/' \
   "$work/good.yaml" >"$work/polled.yaml"
 wait_metric "$base" $reloads 2 || fail "the repaired file was not reloaded"
-expect "login under the changed rule" "$(code "$base/login")" 200
+expect "spent login under the raised limit" "$(code "$base/login")" 429
+expect "the raised limit is answered" "$(limit_field "$base/login")" 6
 metrics_body=$(curl -s --max-time 10 "$base/metrics")
 grep -q '^# TYPE sluice_engine_reloads_total counter$' <<<"$metrics_body" ||
   fail "metrics lack the reload counter's TYPE line"
@@ -62,7 +70,8 @@ expect "no reload without a signal" "$(metric "$hup" $reloads)" 0
 expect "login before the signal" "$(code "$hup/login")" 429
 kill -HUP "$hup_pid"
 wait_metric "$hup" $reloads 1 || fail "SIGHUP did not reload"
-expect "login after the signal" "$(code "$hup/login")" 200
+expect "spent login after the signal" "$(code "$hup/login")" 429
+expect "the signalled limit is answered" "$(limit_field "$hup/login")" 7
 kill -0 "$hup_pid" 2>/dev/null || fail "the gateway exited on SIGHUP"
 
 if [ "$failures" -ne 0 ]; then
