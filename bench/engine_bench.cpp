@@ -1,7 +1,9 @@
 // RateLimitEngine::evaluate beside the bare limiter calls a hand-written gateway would make for
 // the same keys, in one binary. Both use TickClock (see bench_support.hpp); 1000 client ips take
 // turns, each arriving every 100 ms of tick time, so the working set is in cache and most
-// requests are admitted (the example allows 10/s per ip).
+// requests are admitted (the example allows 10/s per ip). The engine gets each client's address
+// already parsed (`RequestContext::client`), as the adapters pass it; the bare calls get the
+// address text already formatted. The `TextAddress` row parses the text per request instead.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -38,6 +40,16 @@ std::vector<std::string>& client_ips() {
   return ips;
 }
 
+// The same clients' addresses, parsed once (as an adapter's resolver hands them over).
+std::vector<sluice::ClientAddress>& client_addresses() {
+  static std::vector<sluice::ClientAddress> addresses = [] {
+    std::vector<sluice::ClientAddress> out;
+    for (const std::string& ip : client_ips()) out.push_back(sluice::ClientAddress::parse(ip));
+    return out;
+  }();
+  return addresses;
+}
+
 Engine must(absl::StatusOr<Engine> engine) {
   if (!engine.ok()) std::abort();
   return *std::move(engine);
@@ -50,11 +62,12 @@ Gcra must(absl::StatusOr<Gcra> limiter) {
 template <class MakeRequest>
 void run_engine(benchmark::State& state, const Engine& engine, MakeRequest make) {
   const auto& ips = client_ips();
+  const auto& addresses = client_addresses();
   std::size_t i = 0;
   std::uint64_t denied = 0;
   for (auto _ : state) {
     bench::tick += kStep;
-    sluice::Evaluation e = engine.evaluate(make(ips[i]));
+    sluice::Evaluation e = engine.evaluate(make(ips[i], addresses[i]));
     denied += !e.allowed;
     benchmark::DoNotOptimize(e);
     if (++i == ips.size()) i = 0;
@@ -67,12 +80,13 @@ void run_engine(benchmark::State& state, const Engine& engine, MakeRequest make)
 template <class MakeRequest>
 void run_engine_reused(benchmark::State& state, const Engine& engine, MakeRequest make) {
   const auto& ips = client_ips();
+  const auto& addresses = client_addresses();
   std::size_t i = 0;
   std::uint64_t denied = 0;
   sluice::Evaluation e;
   for (auto _ : state) {
     bench::tick += kStep;
-    engine.evaluate(make(ips[i]), e);
+    engine.evaluate(make(ips[i], addresses[i]), e);
     denied += !e.allowed;
     benchmark::DoNotOptimize(e);
     if (++i == ips.size()) i = 0;
@@ -89,8 +103,8 @@ void BM_Engine_OneRule(benchmark::State& state) {
       {.policies = {{.name = "g", .rate_limits = {rule("per-ip", {Selector::kIp}, {.s = 10}, 20)}}},
        .gateway = {.global_policies = {"g"}}},
       {.store = {.seed = 1}}));
-  run_engine(state, engine, [](const std::string& ip) {
-    return sluice::RequestContext{.client_ip = ip, .path = "/v1/items", .wall_time = kWall};
+  run_engine(state, engine, [](const std::string&, const sluice::ClientAddress& client) {
+    return sluice::RequestContext{.client = client, .path = "/v1/items", .wall_time = kWall};
   });
 }
 BENCHMARK(BM_Engine_OneRule);
@@ -110,23 +124,48 @@ BENCHMARK(BM_BareLimiter_OneRule);
 
 // --- the documented example: 2 rules, 3 windows ------------------------------------------------
 
+sluice::RequestContext documented_request(const sluice::ClientAddress& client) {
+  return sluice::RequestContext{
+      .client = client, .route = "public", .path = "/v1/items", .wall_time = kWall};
+}
+
 void BM_Engine_DocumentedExample(benchmark::State& state) {
   static Engine engine = must(Engine::create(documented_example(), {.store = {.seed = 1}}));
-  run_engine(state, engine, [](const std::string& ip) {
-    return sluice::RequestContext{
-        .client_ip = ip, .route = "public", .path = "/v1/items", .wall_time = kWall};
+  run_engine(state, engine, [](const std::string&, const sluice::ClientAddress& client) {
+    return documented_request(client);
   });
 }
 BENCHMARK(BM_Engine_DocumentedExample);
 
+// Into one reused Evaluation, every field value written: allocation-free.
 void BM_Engine_DocumentedExample_ReusedEvaluation(benchmark::State& state) {
   static Engine engine = must(Engine::create(documented_example(), {.store = {.seed = 1}}));
-  run_engine_reused(state, engine, [](const std::string& ip) {
+  run_engine_reused(state, engine, [](const std::string&, const sluice::ClientAddress& client) {
+    return documented_request(client);
+  });
+}
+BENCHMARK(BM_Engine_DocumentedExample_ReusedEvaluation);
+
+// The same without fields (`write_fields = false`): the decision only.
+void BM_Engine_DocumentedExample_NoFields(benchmark::State& state) {
+  static Engine engine = must(Engine::create(documented_example(), {.store = {.seed = 1}}));
+  run_engine_reused(state, engine, [](const std::string&, const sluice::ClientAddress& client) {
+    sluice::RequestContext request = documented_request(client);
+    request.write_fields = false;
+    return request;
+  });
+}
+BENCHMARK(BM_Engine_DocumentedExample_NoFields);
+
+// Reused, with fields, the address given as text: parsed on every request.
+void BM_Engine_DocumentedExample_TextAddress(benchmark::State& state) {
+  static Engine engine = must(Engine::create(documented_example(), {.store = {.seed = 1}}));
+  run_engine_reused(state, engine, [](const std::string& ip, const sluice::ClientAddress&) {
     return sluice::RequestContext{
         .client_ip = ip, .route = "public", .path = "/v1/items", .wall_time = kWall};
   });
 }
-BENCHMARK(BM_Engine_DocumentedExample_ReusedEvaluation);
+BENCHMARK(BM_Engine_DocumentedExample_TextAddress);
 
 // The same two limiters called directly: per-ip keyed by the ip, per-route-flood by ip + route,
 // denial of the first skipping the second (a hand-written gateway's shortcut).
@@ -166,8 +205,8 @@ void BM_Engine_FiveRulesAllScopes(benchmark::State& state) {
        .consumers = {{.name = "acme", .credentials = {"tok"}, .policies = {"consumer"}}},
        .gateway = {.global_policies = {"global"}}},
       {.store = {.seed = 1}}));
-  run_engine(state, engine, [](const std::string& ip) {
-    return sluice::RequestContext{.client_ip = ip,
+  run_engine(state, engine, [](const std::string& ip, const sluice::ClientAddress& client) {
+    return sluice::RequestContext{.client = client,
                                   .credential = ip,
                                   .consumer = "acme",
                                   .route = "api",

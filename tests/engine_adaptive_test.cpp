@@ -8,13 +8,16 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "engine_fixture.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 
 using namespace std::chrono_literals;
-using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using Engine = sluice::testing::TestEngine;
 using sluice::Selector;
+using sluice::testing::admitted;
+using sluice::testing::make_engine;
 using sluice::testing::on_route;
 using sluice::testing::rule;
 
@@ -34,18 +37,6 @@ sluice::PolicyConfig config(sluice::AdaptivePolicy adaptive = {
                      {.name = "other", .path_prefix = "/other", .policies = {"fixed"}}}};
 }
 
-Engine make(const sluice::PolicyConfig& c, sluice::ManualClock clock) {
-  auto engine = Engine::create(c, {.store = {.seed = 1}, .clock = clock});
-  REQUIRE(engine.ok());
-  return *std::move(engine);
-}
-
-int admitted(const Engine& engine, const sluice::RequestContext& request, int n) {
-  int count = 0;
-  for (int i = 0; i < n; ++i) count += engine.evaluate(request).allowed;
-  return count;
-}
-
 // One overloaded interval: a slow answer now, then the clock moves to the interval's end.
 void slow_interval(const Engine& engine, sluice::ManualClock& clock) {
   REQUIRE(engine.record_upstream(on_route("192.0.2.1", "api"), {.latency = 1s}).ok());
@@ -60,7 +51,7 @@ std::uint32_t factor(const Engine& engine, std::size_t rule = 0) {
 
 TEST_CASE("an adaptive rule at factor 1 admits exactly its configured limit") {
   sluice::ManualClock clock;
-  Engine engine = make(config(), clock);
+  Engine engine = make_engine(config(), clock);
   sluice::Evaluation first = engine.evaluate(on_route("203.0.113.7", "api"));
   CHECK(first.binding->decision.limit == 10);
   CHECK(first.binding->decision.remaining == 9);
@@ -70,11 +61,11 @@ TEST_CASE("an adaptive rule at factor 1 admits exactly its configured limit") {
 
 TEST_CASE("a slow upstream halves requests and burst, and the fields say so") {
   sluice::ManualClock clock;
-  Engine engine = make(config({.target_latency = 100ms,
-                               .minimum_factor_permille = 500,
-                               .min_samples = 1,
-                               .min_clients = 1}),
-                       clock);
+  Engine engine = make_engine(config({.target_latency = 100ms,
+                                      .minimum_factor_permille = 500,
+                                      .min_samples = 1,
+                                      .min_clients = 1}),
+                              clock);
   slow_interval(engine, clock);
   REQUIRE(factor(engine) == 500);
   std::vector<std::uint64_t> remaining;
@@ -94,7 +85,7 @@ TEST_CASE("a slow upstream halves requests and burst, and the fields say so") {
 
 TEST_CASE("a factor change keeps what a key has already spent") {
   sluice::ManualClock clock;
-  Engine engine = make(config(), clock);
+  Engine engine = make_engine(config(), clock);
   CHECK(admitted(engine, on_route("203.0.113.7", "api"), 4) == 4);  // 6 of 10 left
   slow_interval(engine, clock);  // 1 s passes: 1/6 of a request refills
   // 6 + 1/6 requests' worth of units, in requests of twice the size: 3 left.
@@ -114,7 +105,7 @@ TEST_CASE("a factor change keeps what a key has already spent") {
 
 TEST_CASE("a factor of a third rounds each request's share up") {
   sluice::ManualClock clock;
-  Engine engine = make(
+  Engine engine = make_engine(
       config(
           {.target_latency = 100ms, .decrease_permille = 333, .min_samples = 1, .min_clients = 1}),
       clock);
@@ -126,7 +117,7 @@ TEST_CASE("a factor of a third rounds each request's share up") {
 
 TEST_CASE("a request too big for the reduced bucket needs all of it, never more") {
   sluice::ManualClock clock;
-  Engine engine = make(config(), clock);
+  Engine engine = make_engine(config(), clock);
   slow_interval(engine, clock);
   sluice::RequestContext big{.client_ip = "203.0.113.7", .route = "api", .cost = 8};
   CHECK(engine.evaluate(big).allowed);  // 16 requests' worth capped at the bucket's 10
@@ -139,7 +130,7 @@ TEST_CASE("a request too big for the reduced bucket needs all of it, never more"
 
 TEST_CASE("a 503 with Retry-After holds the minimum, then the limit recovers step by step") {
   sluice::ManualClock clock;
-  Engine engine = make(config(), clock);
+  Engine engine = make_engine(config(), clock);
   REQUIRE(engine
               .record_upstream(on_route("192.0.2.1", "api"),
                                {.latency = 5ms, .status = 503, .retry_after = 5s})
@@ -157,7 +148,7 @@ TEST_CASE("a 503 with Retry-After holds the minimum, then the limit recovers ste
 
 TEST_CASE("one client's 503 with Retry-After: 300 leaves every other client's limit alone") {
   sluice::ManualClock clock;
-  Engine engine = make(config({.target_latency = 100ms}), clock);  // the default aggregation
+  Engine engine = make_engine(config({.target_latency = 100ms}), clock);  // the default aggregation
   for (int i = 0; i < 10; ++i) {
     REQUIRE(engine
                 .record_upstream(on_route("192.0.2.1", "api"),
@@ -173,7 +164,7 @@ TEST_CASE("one client's 503 with Retry-After: 300 leaves every other client's li
 
 TEST_CASE("503s from several distinct clients lower the limit, held at most 30 s") {
   sluice::ManualClock clock;
-  Engine engine = make(config({.target_latency = 100ms}), clock);
+  Engine engine = make_engine(config({.target_latency = 100ms}), clock);
   for (const char* ip : {"192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4", "192.0.2.5"}) {
     REQUIRE(engine
                 .record_upstream(on_route(ip, "api"),
@@ -193,7 +184,7 @@ TEST_CASE("a rule on two routes lowers its limit only on the route whose upstrea
   sluice::ManualClock clock;
   sluice::PolicyConfig shared = config({.target_latency = 100ms});
   shared.routes.push_back({.name = "api2", .path_prefix = "/api2", .policies = {"adaptive"}});
-  Engine engine = make(shared, clock);
+  Engine engine = make_engine(shared, clock);
   for (const char* ip : {"192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4", "192.0.2.5"}) {
     REQUIRE(engine
                 .record_upstream(on_route(ip, "api2"),
@@ -207,7 +198,7 @@ TEST_CASE("a rule on two routes lowers its limit only on the route whose upstrea
 
 TEST_CASE("upstream responses feed only the adaptive rules that apply to the request") {
   sluice::ManualClock clock;
-  Engine engine = make(config(), clock);
+  Engine engine = make_engine(config(), clock);
   REQUIRE(engine.record_upstream(on_route("192.0.2.1", "other"), {.latency = 1s}).ok());
   REQUIRE(engine.record_upstream({.client_ip = "192.0.2.1", .path = "/x"}, {.latency = 1s}).ok());
   clock.advance(1s);
@@ -218,7 +209,7 @@ TEST_CASE("upstream responses feed only the adaptive rules that apply to the req
 
 TEST_CASE("a reload keeps an unchanged adaptive rule's factor and its keys' state") {
   sluice::ManualClock clock;
-  Engine engine = make(config(), clock);
+  Engine engine = make_engine(config(), clock);
   CHECK(admitted(engine, on_route("203.0.113.7", "api"), 2) == 2);
   slow_interval(engine, clock);
   auto same = engine.reload(config());
@@ -251,7 +242,7 @@ TEST_CASE("an adaptive rule's counts are validated against the scaled range") {
 
 TEST_CASE("threads evaluating while others feed responses never exceed the bucket") {
   sluice::ManualClock clock;  // frozen: nothing refills
-  Engine engine = make(config(), clock);
+  Engine engine = make_engine(config(), clock);
   std::atomic<int> count{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
@@ -281,9 +272,9 @@ TEST_CASE("a slow-down, a 503 and the recovery move the admitted rate as the con
   // One client: the control law alone, one answer from it is enough to move the factor.
   limited.adaptive =
       sluice::AdaptivePolicy{.target_latency = 100ms, .min_samples = 1, .min_clients = 1};
-  Engine engine = make({.policies = {{.name = "upstream", .rate_limits = {limited}}},
-                        .routes = {{.name = "api", .policies = {"upstream"}}}},
-                       clock);
+  Engine engine = make_engine({.policies = {{.name = "upstream", .rate_limits = {limited}}},
+                               .routes = {{.name = "api", .policies = {"upstream"}}}},
+                              clock);
   const sluice::RequestContext request = on_route("203.0.113.7", "api");
   std::vector<std::pair<std::uint32_t, int>> seconds;  // factor at the second's start, admitted
   for (int second = 0; second < 60; ++second) {

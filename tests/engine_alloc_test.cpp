@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "engine_fixture.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
@@ -68,14 +69,12 @@ void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { releas
 namespace {
 
 using namespace std::chrono_literals;
-using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using Engine = sluice::testing::TestEngine;
 using sluice::testing::documented_example;
 using sluice::testing::on_route;
 
 Engine make(sluice::ManualClock clock) {
-  auto engine = Engine::create(documented_example(), {.store = {.seed = 1}, .clock = clock});
-  REQUIRE(engine.ok());
-  return *std::move(engine);
+  return sluice::testing::make_engine(documented_example(), std::move(clock));
 }
 
 std::vector<std::string> client_ips(int n) {
@@ -144,5 +143,49 @@ TEST_CASE("evaluating into a reused evaluation decides and writes what a fresh e
     REQUIRE(e.backend_error == expected.backend_error);
     clock_a.advance(5ms);
     clock_b.advance(5ms);
+  }
+}
+
+TEST_CASE("an evaluation that asks for no fields allocates nothing and writes them on demand") {
+  sluice::ManualClock clock_a, clock_b;
+  const Engine engine = make(clock_a);
+  const Engine fresh = make(clock_b);
+  const std::vector<std::string> ips = client_ips(8);
+  const sluice::WallTime wall{std::chrono::seconds(1'700'000'000)};
+  sluice::Evaluation e;
+  for (int i = 0; i < 400; ++i) {  // warm-up: every client's keys are stored
+    sluice::RequestContext r = request(ips, i);
+    r.write_fields = false;
+    engine.evaluate(r, e);
+    fresh.evaluate(request(ips, i));
+    clock_a.advance(1ms);
+    clock_b.advance(1ms);
+  }
+  const std::size_t before = allocations.load();
+  for (int i = 0; i < 4000; ++i) {
+    sluice::RequestContext r = request(ips, i);
+    r.write_fields = false;
+    engine.evaluate(r, e);
+    REQUIRE(e.fields.empty());
+    clock_a.advance(1ms);
+  }
+  CHECK(allocations.load() - before == 0);
+
+  // Written later from the decision, the fields are the ones the evaluation would have written.
+  sluice::ManualClock clock_c, clock_d;
+  const Engine deferring = make(clock_c);
+  const Engine writing = make(clock_d);
+  for (int i = 0; i < 300; ++i) {
+    sluice::RequestContext r = request(ips, i);
+    r.wall_time = wall;
+    sluice::RequestContext deferred = r;
+    deferred.write_fields = false;
+    clock_c.advance(3ms);
+    clock_d.advance(3ms);
+    const sluice::Evaluation expected = writing.evaluate(r);
+    deferring.evaluate(deferred, e);
+    REQUIRE(e.allowed == expected.allowed);
+    engine.write_fields(e, wall);
+    REQUIRE(e.fields == expected.fields);
   }
 }

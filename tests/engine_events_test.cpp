@@ -10,12 +10,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
+#include "engine_fixture.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 
 using namespace std::chrono_literals;
-using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using Engine = sluice::testing::TestEngine;
 using sluice::Selector;
 using sluice::testing::on_route;
 using sluice::testing::rule;
@@ -68,9 +69,7 @@ sluice::PolicyConfig config_with_shadow() {
 
 Engine make(const sluice::PolicyConfig& config, sluice::ManualClock clock, const Recorder& events,
             sluice::StoreOptions store = {.seed = 1}) {
-  auto engine = Engine::create(config, {.store = store, .clock = clock}, {}, events.hook());
-  REQUIRE(engine.ok());
-  return *std::move(engine);
+  return sluice::testing::make_engine(config, std::move(clock), events.hook(), store);
 }
 
 // An in-memory backend that fails every check with `*failure` while it is not OK. Its clock (the

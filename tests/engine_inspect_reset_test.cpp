@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "catch.hpp"
+#include "engine_fixture.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 #ifdef SLUICE_TEST_REDIS
@@ -17,7 +18,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using sluice::Selector;
-using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using Engine = sluice::testing::TestEngine;
 
 // 3 per minute per client address on /api, 5 per minute per consumer (address when anonymous).
 sluice::PolicyConfig config() {
@@ -37,12 +38,7 @@ sluice::RequestContext from(std::string_view ip) {
   return {.client_ip = ip, .route = "api", .path = "/api/x"};
 }
 
-template <class E>
-int admitted(const E& engine, const sluice::RequestContext& request, int n) {
-  int count = 0;
-  for (int i = 0; i < n; ++i) count += engine.evaluate(request).allowed ? 1 : 0;
-  return count;
-}
+using sluice::testing::admitted;
 
 // The same specification for every backend.
 template <class E>

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "engine_fixture.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 #ifdef SLUICE_TEST_REDIS
@@ -21,7 +22,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using sluice::Selector;
-using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using Engine = sluice::testing::TestEngine;
 
 // 10 per second per client address and 100 per minute per route on /api.
 sluice::PolicyConfig config(sluice::ConsumptionMode mode = sluice::ConsumptionMode::kAllOrNothing) {
@@ -42,9 +43,7 @@ sluice::RequestContext request(std::uint64_t cost, std::string_view ip = "203.0.
 }
 
 Engine make(sluice::ManualClock clock, const sluice::PolicyConfig& c = config()) {
-  auto engine = Engine::create(c, {.store = {.seed = 1}, .clock = std::move(clock)});
-  REQUIRE(engine.ok());
-  return *std::move(engine);
+  return sluice::testing::make_engine(c, std::move(clock));
 }
 
 template <class E>

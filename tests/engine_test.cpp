@@ -7,38 +7,27 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
+#include "engine_fixture.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/request_path.hpp"
 
 using namespace std::chrono_literals;
-using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using Engine = sluice::testing::TestEngine;
 using sluice::Selector;
+using sluice::testing::admitted;
 using sluice::testing::documented_example;
 using sluice::testing::field;
 using sluice::testing::kWall;
+using sluice::testing::make_engine;
 using sluice::testing::on_route;
 using sluice::testing::rule;
 
-namespace {
-
-Engine make(const sluice::PolicyConfig& config, sluice::ManualClock clock) {
-  auto engine = Engine::create(config, {.store = {.seed = 1}, .clock = clock});
-  REQUIRE(engine.ok());
-  return *std::move(engine);
-}
-
-int admitted(const Engine& engine, const sluice::RequestContext& request, int n) {
-  int count = 0;
-  for (int i = 0; i < n; ++i) count += engine.evaluate(request).allowed;
-  return count;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("the documented example admits a burst of 20 per ip and answers the 21st with 429") {
   sluice::ManualClock clock;
-  Engine engine = make(documented_example(), clock);
+  Engine engine = make_engine(documented_example(), clock);
   for (int i = 1; i <= 20; ++i) {
     sluice::Evaluation e = engine.evaluate(on_route("203.0.113.7", "public"));
     REQUIRE(e.allowed);
@@ -72,7 +61,7 @@ TEST_CASE("a global limit and a route limit layer additively") {
   for (int r = 0; r < 12; ++r) {
     config.routes.push_back({.name = absl::StrCat("r", r), .policies = {"per-route"}});
   }
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   CHECK(admitted(engine, on_route("10.0.0.1", "r0"), 15) == 10);  // held at 10/s on one route
   int total = 10;
   for (int r = 1; r < 12; ++r) {
@@ -91,7 +80,7 @@ TEST_CASE(
                     .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 1})}}},
       .routes = {{.name = "api", .policies = {"slow"}}},
       .consumers = {{.name = "acme", .credentials = {"tok-1"}, .policies = {"gold"}}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   sluice::RequestContext request = on_route("10.0.0.1", "api");
   request.credential = "tok-1";
   request.consumer = "acme";
@@ -113,7 +102,7 @@ TEST_CASE("all_or_nothing consumes nothing in admitting rules when one rule deni
                     .rate_limits = {rule("loose", {Selector::kIp}, {.minute = 10})}}},
       .routes = {{.name = "both", .policies = {"tight", "loose"}},
                  {.name = "loose-only", .policies = {"loose"}}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   CHECK(admitted(engine, on_route("10.0.0.1", "both"), 5) == 1);
   // The loose rule saw one admitted request only: 9 left, so this one leaves 8.
   CHECK(field(engine.evaluate(on_route("10.0.0.1", "loose-only")), "X-RateLimit-Remaining") == "8");
@@ -129,7 +118,7 @@ TEST_CASE("every_rule lets admitting rules consume when another rule denies") {
       .routes = {{.name = "both", .policies = {"tight", "loose"}},
                  {.name = "loose-only", .policies = {"loose"}}},
       .engine = {.consumption = sluice::ConsumptionMode::kEveryRule}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   CHECK(admitted(engine, on_route("10.0.0.1", "both"), 5) == 1);
   CHECK(field(engine.evaluate(on_route("10.0.0.1", "loose-only")), "X-RateLimit-Remaining") == "4");
 }
@@ -145,8 +134,8 @@ TEST_CASE("a dry-run bundle reports its would-be denial without enforcing or add
   sluice::PolicyConfig with_dry = live_only;
   with_dry.routes[0].policies.push_back("trial");
   sluice::ManualClock other_clock;
-  Engine reference = make(live_only, other_clock);
-  Engine engine = make(with_dry, clock);
+  Engine reference = make_engine(live_only, other_clock);
+  Engine engine = make_engine(with_dry, clock);
 
   for (int i = 0; i < 12; ++i) {
     sluice::Evaluation e = engine.evaluate(on_route("10.0.0.1", "api"));
@@ -177,7 +166,7 @@ TEST_CASE("a legacy rate_limit limits per route and applies together with rate_l
                     .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 2})},
                     .rate_limit = sluice::LegacyRateLimit{.requests = 3, .window_seconds = 60}}},
       .routes = {{.name = "api", .policies = {"old"}}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   CHECK(admitted(engine, on_route("10.0.0.1", "api"), 5) == 2);  // per-ip binds first
   CHECK(admitted(engine, on_route("10.0.0.2", "api"), 5) == 1);  // the route's 3 are shared
   sluice::Evaluation e = engine.evaluate(on_route("10.0.0.3", "api"));
@@ -192,7 +181,7 @@ TEST_CASE(
       .policies = {{.name = "c",
                     .rate_limits = {rule("per-cred", {Selector::kCredential}, {.minute = 1})}}},
       .gateway = {.global_policies = {"c"}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   sluice::RequestContext anonymous{.client_ip = "10.0.0.1", .path = "/"};
   sluice::RequestContext token = anonymous;
   token.credential = "10.0.0.1";  // a credential spelled like the ip is still its own key
@@ -216,7 +205,7 @@ TEST_CASE("unrouted requests hit listener and global rules under their own route
       .routes = {{.name = "u", .policies = {"route-only"}}},
       .listeners = {{.name = "public", .policies = {"edge"}}},
       .gateway = {.global_policies = {"flood"}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   sluice::RequestContext unrouted{.client_ip = "10.0.0.1", .listener = "public", .path = "/nope"};
   sluice::Evaluation first = engine.evaluate(unrouted);
   CHECK(first.allowed);
@@ -232,7 +221,7 @@ TEST_CASE("exempt paths get no rule and no fields") {
   sluice::PolicyConfig config{
       .policies = {{.name = "g", .rate_limits = {rule("g", {Selector::kIp}, {.minute = 1})}}},
       .gateway = {.global_policies = {"g"}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   for (int i = 0; i < 5; ++i) {
     sluice::Evaluation e = engine.evaluate({.client_ip = "10.0.0.1", .path = "/healthz"});
     CHECK(e.exempt);
@@ -249,7 +238,7 @@ TEST_CASE("a reload keeps the state of unchanged rules and a changed rule's spen
                    {.name = "b",
                     .rate_limits = {rule("changing", {Selector::kIp}, {.minute = 2})}}},
       .routes = {{.name = "x", .policies = {"a"}}, {.name = "y", .policies = {"b"}}}};
-  Engine first = make(config, clock);
+  Engine first = make_engine(config, clock);
   CHECK(admitted(first, on_route("10.0.0.1", "x"), 3) == 2);
   CHECK(admitted(first, on_route("10.0.0.1", "y"), 3) == 2);
 
@@ -282,7 +271,7 @@ Engine reloaded(const Engine& engine, const sluice::PolicyConfig& config) {
 
 TEST_CASE("lowering a limit mid-burst leaves each client its spent share of the new burst") {
   sluice::ManualClock clock;
-  Engine first = make(one_rule({.minute = 100}), clock);
+  Engine first = make_engine(one_rule({.minute = 100}), clock);
   REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 60) == 60);    // 60% of the bucket used
   REQUIRE(admitted(first, on_route("10.0.0.2", "x"), 101) == 100);  // spent
   Engine second = reloaded(first, one_rule({.minute = 10}));
@@ -295,7 +284,7 @@ TEST_CASE("lowering a limit mid-burst leaves each client its spent share of the 
 
 TEST_CASE("raising a limit gives each client its unspent share of the new burst, no more") {
   sluice::ManualClock clock;
-  Engine first = make(one_rule({.minute = 10}), clock);
+  Engine first = make_engine(one_rule({.minute = 10}), clock);
   REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 6) == 6);
   REQUIRE(admitted(first, on_route("10.0.0.2", "x"), 11) == 10);
   Engine second = reloaded(first, one_rule({.minute = 100}));
@@ -305,7 +294,7 @@ TEST_CASE("raising a limit gives each client its unspent share of the new burst,
 
 TEST_CASE("a burst change carries each client's spent share into the new burst") {
   sluice::ManualClock clock;
-  Engine first = make(one_rule({.s = 10}, 50), clock);
+  Engine first = make_engine(one_rule({.s = 10}, 50), clock);
   REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 25) == 25);  // half of the burst
   Engine second = reloaded(first, one_rule({.s = 10}, 10));
   CHECK(admitted(second, on_route("10.0.0.1", "x"), 20) == 5);
@@ -313,7 +302,7 @@ TEST_CASE("a burst change carries each client's spent share into the new burst")
 
 TEST_CASE("a window added by a reload starts empty and a removed window is dropped") {
   sluice::ManualClock clock;
-  Engine first = make(one_rule({.s = 10, .minute = 20}), clock);
+  Engine first = make_engine(one_rule({.s = 10, .minute = 20}), clock);
   REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 15) == 10);  // the second's burst is spent
   // The per-second window goes: the minute's share (10 of 20 used) carries, not a fresh 20.
   Engine second = reloaded(first, one_rule({.minute = 20}));
@@ -331,7 +320,7 @@ TEST_CASE("a legacy rule's window length change carries each client's spent shar
       .policies = {{.name = "b",
                     .rate_limit = sluice::LegacyRateLimit{.requests = 10, .window_seconds = 60}}},
       .routes = {{.name = "x", .policies = {"b"}}}};
-  Engine first = make(config, clock);
+  Engine first = make_engine(config, clock);
   REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 5) == 5);
   config.policies[0].rate_limit = sluice::LegacyRateLimit{.requests = 4, .window_seconds = 30};
   Engine second = reloaded(first, config);
@@ -340,7 +329,7 @@ TEST_CASE("a legacy rule's window length change carries each client's spent shar
 
 TEST_CASE("a changed selector or rule name starts the rule fresh") {
   sluice::ManualClock clock;
-  Engine first = make(one_rule({.minute = 2}), clock);
+  Engine first = make_engine(one_rule({.minute = 2}), clock);
   REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 3) == 2);
   sluice::PolicyConfig renamed = one_rule({.minute = 2});
   renamed.policies[0].rate_limits[0].name = "r2";
@@ -362,7 +351,7 @@ TEST_CASE("an invalid config fails with InvalidArgument naming its path") {
 
 TEST_CASE("a cost above a rule's burst denies the request and reports the error") {
   sluice::ManualClock clock;
-  Engine engine = make(documented_example(), clock);
+  Engine engine = make_engine(documented_example(), clock);
   sluice::RequestContext request = on_route("10.0.0.1", "public");
   request.cost = 21;
   sluice::Evaluation e = engine.evaluate(request);
@@ -380,7 +369,7 @@ TEST_CASE("routes and consumers resolve from the config") {
       .services = {{.name = "svc"}},
       .listeners = {{.name = "internal"}, {.name = "public"}},
       .consumers = {{.name = "acme", .credentials = {"tok-1", "tok-2"}}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   CHECK(engine.match_route("public", "/v1/admin/x")->route == "v1");
   CHECK(engine.match_route("internal", "/v1/admin/x")->route == "admin");
   CHECK(engine.match_route("public", "/other")->route == "all");
@@ -427,7 +416,7 @@ TEST_CASE("threads evaluating overlapping rules all-or-nothing admit exactly the
                    {.name = "route",
                     .rate_limits = {rule("route", {Selector::kRoute}, {.hour = 300})}}},
       .routes = {{.name = "a", .policies = {"ip", "route"}}, {.name = "b", .policies = {"ip"}}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   std::atomic<int> on_a{0}, on_b{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -475,7 +464,7 @@ sluice::PolicyConfig per_credential_10_per_minute() {
 TEST_CASE(
     "a client sending a fresh unauthenticated token per request is held to its address's bucket") {
   sluice::ManualClock clock;
-  Engine engine = make(per_credential_10_per_minute(), clock);
+  Engine engine = make_engine(per_credential_10_per_minute(), clock);
   int allowed = 0;
   for (int i = 0; i < 14; ++i) {
     const std::string token = absl::StrCat("random-token-", i * 7919);
@@ -487,7 +476,7 @@ TEST_CASE(
 
 TEST_CASE("an empty credential, consumer or route is the same as an absent one") {
   sluice::ManualClock clock;
-  Engine engine = make(per_credential_10_per_minute(), clock);
+  Engine engine = make_engine(per_credential_10_per_minute(), clock);
   // Two anonymous clients with empty credentials do not share one "empty credential" bucket.
   for (int i = 0; i < 10; ++i) {
     REQUIRE(
@@ -507,7 +496,7 @@ TEST_CASE("a request that names only its route gets its service's bundles") {
       .policies = {{.name = "svc", .rate_limits = {rule("svc", {Selector::kIp}, {.minute = 1})}}},
       .routes = {{.name = "orders", .service = "backend", .path_prefix = "/orders"}},
       .services = {{.name = "backend", .policies = {"svc"}}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   sluice::RequestContext request{.client_ip = "10.0.0.1", .route = "orders", .path = "/orders"};
   CHECK(engine.evaluate(request).allowed);
   sluice::Evaluation second = engine.evaluate(request);
@@ -521,7 +510,7 @@ TEST_CASE("a request naming another service than its route's is an InvalidArgume
       .policies = {{.name = "svc", .rate_limits = {rule("svc", {Selector::kIp}, {.minute = 1})}}},
       .routes = {{.name = "orders", .service = "backend", .path_prefix = "/orders"}},
       .services = {{.name = "backend", .policies = {"svc"}}, {.name = "other"}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   sluice::Evaluation e = engine.evaluate(
       {.client_ip = "10.0.0.1", .route = "orders", .service = "other", .path = "/orders"});
   CHECK_FALSE(e.allowed);
@@ -541,7 +530,7 @@ TEST_CASE("the longest prefix wins and on an equal prefix a listener's own route
     config.routes = listener_route_first
                         ? std::vector<sluice::Route>{on_public, everywhere, longer}
                         : std::vector<sluice::Route>{longer, everywhere, on_public};
-    Engine engine = make(config, clock);
+    Engine engine = make_engine(config, clock);
     CHECK(engine.match_route("public", "/api/x")->route == "on-public");
     CHECK(engine.match_route("internal", "/api/x")->route == "everywhere");
     CHECK(engine.match_route("public", "/api/v2/x")->route == "longer");
@@ -559,7 +548,7 @@ TEST_CASE("counters add up: admissions while a rule applied, its own denials, no
                     .rate_limits = {rule("shadow", {Selector::kIp}, {.minute = 2})},
                     .dry_run = true}},
       .routes = {{.name = "r", .policies = {"tight", "loose", "shadow"}}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   sluice::RequestContext request{.client_ip = "10.0.0.1", .route = "r", .path = "/"};
   sluice::RequestContext peek = request;
   peek.cost = 0;
@@ -598,7 +587,7 @@ TEST_CASE("an IPv6 client rotating addresses inside its /64 is held to one bucke
   sluice::PolicyConfig config{
       .policies = {{.name = "p", .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 10})}}},
       .gateway = {.global_policies = {"p"}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   int allowed = 0;
   for (int i = 0; i < 50; ++i) {
     const std::string address = absl::StrCat("2001:db8:1:2:", i, ":", i * 31, "::", i + 1);
@@ -618,7 +607,7 @@ TEST_CASE("address prefixes are configurable per gateway and per rule") {
                                      .requests_per = {.minute = 3},
                                      .address_prefixes = sluice::AddressPrefixes{.ipv4 = 16}}}}},
       .gateway = {.global_policies = {"p"}, .address_prefixes = {.ipv4 = 24, .ipv6 = 48}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   CHECK(engine.rule(0).compiled.address_prefixes == sluice::AddressPrefixes{24, 48});
   CHECK(engine.rule(1).compiled.address_prefixes == sluice::AddressPrefixes{16, 64});
   CHECK(engine.evaluate({.client_ip = "192.0.2.1", .path = "/"}).allowed);
@@ -635,7 +624,7 @@ TEST_CASE("unparsable client addresses share one bucket instead of one each") {
   sluice::PolicyConfig config{
       .policies = {{.name = "p", .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 3})}}},
       .gateway = {.global_policies = {"p"}}};
-  Engine engine = make(config, clock);
+  Engine engine = make_engine(config, clock);
   int allowed = 0;
   for (int i = 0; i < 20; ++i) {
     allowed += engine.evaluate({.client_ip = absl::StrCat("not-an-ip-", i), .path = "/"}).allowed;

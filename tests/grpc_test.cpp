@@ -17,12 +17,14 @@
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "echo.grpc.pb.h"
+#include "engine_fixture.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 
 using namespace std::chrono_literals;
-using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using Engine = sluice::testing::TestEngine;
 using sluice::Selector;
+using sluice::testing::make_engine;
 
 namespace {
 
@@ -169,12 +171,6 @@ class EchoServer {
   std::unique_ptr<sluice::test::Echo::Stub> stub_;
 };
 
-Engine make(const sluice::PolicyConfig& config, const sluice::ManualClock& clock) {
-  auto engine = Engine::create(config, {.store = {.seed = 1}, .clock = clock});
-  REQUIRE(engine.ok());
-  return *std::move(engine);
-}
-
 sluice::GrpcRateLimiter limiter(sluice::GrpcLimiterOptions options = {}) {
   auto created = sluice::GrpcRateLimiter::create(std::move(options));
   REQUIRE(created.ok());
@@ -272,7 +268,7 @@ TEST_CASE("a credential metadata key that gRPC would not carry is refused") {
 
 TEST_CASE("admitted gRPC calls reach the handler with the rate-limit fields in trailing metadata") {
   sluice::ManualClock clock;
-  const Engine engine = make(per_ip_on_echo(), clock);
+  const Engine engine = make_engine(per_ip_on_echo(), clock);
   EchoServer server(engine, limiter());
   REQUIRE(server.started());
 
@@ -293,7 +289,7 @@ TEST_CASE("admitted gRPC calls reach the handler with the rate-limit fields in t
 
 TEST_CASE("a denied gRPC call ends with RESOURCE_EXHAUSTED and the wait before its handler runs") {
   sluice::ManualClock clock;
-  const Engine engine = make(per_ip_on_echo(), clock);
+  const Engine engine = make_engine(per_ip_on_echo(), clock);
   EchoServer server(engine, limiter());
   REQUIRE(server.started());
   REQUIRE(server.call().code == grpc::StatusCode::OK);
@@ -323,7 +319,7 @@ TEST_CASE("a denied gRPC call ends with RESOURCE_EXHAUSTED and the wait before i
 
 TEST_CASE("the credential metadata entry keys the bucket of an authenticated caller") {
   sluice::ManualClock clock;
-  const Engine engine = make(per_credential(), clock);
+  const Engine engine = make_engine(per_credential(), clock);
   EchoServer server(engine, limiter({.credential_metadata = "x-api-key", .credential_prefix = ""}));
   REQUIRE(server.started());
   const Metadata alice{{"x-api-key", "alice-token"}};
@@ -341,7 +337,7 @@ TEST_CASE("the credential metadata entry keys the bucket of an authenticated cal
 
 TEST_CASE("a made-up, unprefixed or repeated credential is keyed by the client address") {
   sluice::ManualClock clock;
-  const Engine engine = make(per_credential(), clock);
+  const Engine engine = make_engine(per_credential(), clock);
   EchoServer server(engine, limiter());  // authorization: Bearer <token>
   REQUIRE(server.started());
   REQUIRE(server.call().code == grpc::StatusCode::OK);  // the address's one call this second
@@ -370,7 +366,7 @@ TEST_CASE("x-forwarded-for metadata picks the client only behind a trusted proxy
 
   SECTION("untrusted peer: the header is the client's own text and is ignored") {
     config.gateway.trusted_proxies = {"10.0.0.0/8"};  // not 127.0.0.1, where the calls come from
-    const Engine engine = make(config, clock);
+    const Engine engine = make_engine(config, clock);
     EchoServer server(engine, limiter());
     REQUIRE(server.started());
     CHECK(server.call(first).code == grpc::StatusCode::OK);
@@ -378,7 +374,7 @@ TEST_CASE("x-forwarded-for metadata picks the client only behind a trusted proxy
   }
   SECTION("trusted peer: each forwarded client has its own bucket") {
     config.gateway.trusted_proxies = {"127.0.0.0/8"};
-    const Engine engine = make(config, clock);
+    const Engine engine = make_engine(config, clock);
     auto resolver = sluice::ClientAddressResolver::create({"127.0.0.0/8"});  // the same, in code
     REQUIRE(resolver.ok());
     auto created = sluice::GrpcRateLimiter::create({.client_addresses = *resolver}, engine);
@@ -397,7 +393,7 @@ TEST_CASE(
   sluice::ManualClock clock;
   sluice::PolicyConfig config = per_credential();
   config.gateway.trusted_proxies = {"127.0.0.0/8"};
-  const Engine engine = make(config, clock);
+  const Engine engine = make_engine(config, clock);
   auto load_balancers = sluice::ClientAddressResolver::create({"10.0.0.0/8"});
   REQUIRE(load_balancers.ok());
 
@@ -421,7 +417,7 @@ TEST_CASE(
   sluice::ManualClock clock;
   sluice::PolicyConfig config = per_credential();  // anonymous calls: 1 per address
   config.gateway.trusted_proxies = {"127.0.0.1/32"};
-  const Engine engine = make(config, clock);
+  const Engine engine = make_engine(config, clock);
   EchoServer server(engine, limiter());  // no trusted proxy in code
   REQUIRE(server.started());
   CHECK(server.call({{"x-forwarded-for", "203.0.113.7"}}).code == grpc::StatusCode::OK);
@@ -435,7 +431,7 @@ TEST_CASE("a route's path prefix selects methods by their full name") {
   sluice::ManualClock clock;
   sluice::PolicyConfig config = per_ip_on_echo();
   config.routes[0].path_prefix = kSay;  // Say only; Shout is unrouted and no rule applies to it
-  const Engine engine = make(config, clock);
+  const Engine engine = make_engine(config, clock);
   EchoServer server(engine, limiter());
   REQUIRE(server.started());
   REQUIRE(server.call().code == grpc::StatusCode::OK);
@@ -450,7 +446,7 @@ TEST_CASE("a route's path prefix selects methods by their full name") {
 
 TEST_CASE("a gRPC call over IPv6 loopback is keyed by the peer's IPv6 address") {
   sluice::ManualClock clock;
-  const Engine engine = make(per_ip_on_echo(), clock);
+  const Engine engine = make_engine(per_ip_on_echo(), clock);
   EchoServer server(engine, limiter(), "[::1]");
   if (!server.started()) {
     WARN("no IPv6 loopback on this machine: nothing to check");
@@ -465,7 +461,7 @@ TEST_CASE("an exempt method gets no rule and no fields") {
   sluice::ManualClock clock;
   sluice::PolicyConfig config = per_credential();  // a global rule: every call
   config.gateway.exempt_paths = {kShout};
-  const Engine engine = make(config, clock);
+  const Engine engine = make_engine(config, clock);
   EchoServer server(engine, limiter());
   REQUIRE(server.started());
   REQUIRE(server.call().code == grpc::StatusCode::OK);
@@ -504,7 +500,7 @@ TEST_CASE("a failing backend ends the call with UNAVAILABLE when the engine fail
 
 TEST_CASE("a callback service finishes a denied call with RESOURCE_EXHAUSTED and the fields") {
   sluice::ManualClock clock;
-  const Engine engine = make(per_ip_on_echo(), clock);
+  const Engine engine = make_engine(per_ip_on_echo(), clock);
   EchoServer<Engine, CallbackEchoService> server(engine, limiter());
   REQUIRE(server.started());
   REQUIRE(server.call().code == grpc::StatusCode::OK);

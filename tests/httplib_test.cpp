@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
+#include "engine_fixture.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
 #ifdef SLUICE_TEST_YAML
@@ -26,7 +27,7 @@
 #endif
 
 using namespace std::chrono_literals;
-using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using Engine = sluice::testing::TestEngine;
 using Limiter = sluice::HttplibLimiter<Engine>;
 using sluice::Selector;
 using sluice::testing::kWall;

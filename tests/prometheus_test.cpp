@@ -9,11 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
+#include "engine_fixture.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 
-using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+using Engine = sluice::testing::TestEngine;
 using sluice::Selector;
 using sluice::testing::on_route;
 using sluice::testing::rule;
@@ -31,11 +32,7 @@ sluice::PolicyConfig small_config(std::string api = "api", std::string shadow = 
           .gateway = {.global_policies = {api, shadow}}};
 }
 
-Engine make(const sluice::PolicyConfig& config) {
-  auto engine = Engine::create(config, {.store = {.seed = 1}, .clock = sluice::ManualClock()});
-  REQUIRE(engine.ok());
-  return *std::move(engine);
-}
+Engine make(const sluice::PolicyConfig& config) { return sluice::testing::make_engine(config); }
 
 // Three requests from one address: admitted, admitted (the dry-run rule would deny), denied
 // (both deny); and one request to an exempt path.

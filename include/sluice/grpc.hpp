@@ -183,8 +183,7 @@ class GrpcRateLimiter {
   std::optional<::grpc::Status> check(const BasicRateLimitEngine<Backend>& engine,
                                       ::grpc::ServerContextBase& context,
                                       std::string_view method) const {
-    const std::string client = client_address(engine, context).to_string();
-    RequestContext request{.client_ip = client, .path = method};
+    RequestContext request{.client = client_address(engine, context), .path = method};
     if (const std::optional<std::string_view> credential = credential_of(context)) {
       if (const std::optional<std::string_view> consumer = engine.consumer_for(*credential)) {
         request.credential = credential;

@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <ostream>
 #include <span>
@@ -122,13 +123,13 @@ inline void append_decimal(std::string& out, std::uint64_t value) {
   char buffer[20];
   auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
   (void)ec;  // 20 digits always fit a uint64
-  out.append(buffer, end);
+  out.append(buffer, static_cast<std::size_t>(end - buffer));
 }
 inline void append_decimal(std::string& out, std::int64_t value) {
   char buffer[20];
   auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
   (void)ec;  // sign + 19 digits always fit an int64
-  out.append(buffer, end);
+  out.append(buffer, static_cast<std::size_t>(end - buffer));
 }
 
 }  // namespace detail
@@ -156,27 +157,73 @@ inline HttpField retry_after_field(std::chrono::nanoseconds retry_after) {
   return field;
 }
 
+namespace detail {
+// Field `index` of `out` named `name` with an empty value, its string's capacity kept: writing
+// the same fields again allocates nothing once each slot has held its longest value.
+inline std::string& reuse_field(HttpFields& out, std::size_t index, std::string_view name) {
+  if (out.size() <= index) out.resize(index + 1);
+  out[index].name = name;
+  out[index].value.clear();
+  return out[index].value;
+}
+
+// Sets `field` to `name` and `value` in decimal, reusing its string.
+template <class Integer>
+void set_decimal(HttpField& field, std::string_view name, Integer value) {
+  field.name = name;
+  field.value.clear();
+  append_decimal(field.value, value);
+}
+
+// Gives `out` `count` slots whose last two hold the strings with the most room: the long values
+// (RateLimit-Policy, RateLimit) go there, so alternating 5 and 6 fields allocates nothing once
+// two strings have grown long enough.
+inline void arrange_fields(HttpFields& out, std::size_t count) {
+  if (out.size() < count) out.resize(count);
+  for (std::size_t j = count - 2; j < count; ++j) {
+    std::size_t roomiest = j;
+    for (std::size_t k = 0; k < out.size(); ++k) {
+      const bool long_slot = k == count - 2 || k == count - 1;
+      if (!long_slot && out[k].value.capacity() > out[roomiest].value.capacity()) roomiest = k;
+    }
+    if (roomiest != j) out[j].value.swap(out[roomiest].value);
+  }
+  out.resize(count);
+}
+}  // namespace detail
+
+// Writes `Retry-After` into slot `index` of `out`, reusing the slot's string.
+inline void write_retry_after_field(HttpFields& out, std::size_t index,
+                                    std::chrono::nanoseconds retry_after) {
+  detail::append_decimal(detail::reuse_field(out, index, kRetryAfterField),
+                         retry_after_seconds(retry_after));
+}
+
+// Writes X-RateLimit-Limit, -Remaining and -Reset for the decision's binding window into slots
+// `first` ... `first + 2` of `out`, reusing the slots' strings. Returns the next slot.
+inline std::size_t write_x_ratelimit_fields(HttpFields& out, std::size_t first,
+                                            const Decision& decision, WallTime now) {
+  detail::append_decimal(detail::reuse_field(out, first, kXRateLimitLimitField), decision.limit);
+  detail::append_decimal(detail::reuse_field(out, first + 1, kXRateLimitRemainingField),
+                         decision.remaining);
+  detail::append_decimal(detail::reuse_field(out, first + 2, kXRateLimitResetField),
+                         reset_epoch_seconds(now, decision.reset_after));
+  return first + 3;
+}
+
 // Appends X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset for the decision's
 // binding window.
 inline void append_x_ratelimit_fields(HttpFields& out, const Decision& decision, WallTime now) {
-  HttpField limit{kXRateLimitLimitField, {}};
-  detail::append_decimal(limit.value, decision.limit);
-  HttpField remaining{kXRateLimitRemainingField, {}};
-  detail::append_decimal(remaining.value, decision.remaining);
-  HttpField reset{kXRateLimitResetField, {}};
-  detail::append_decimal(reset.value, reset_epoch_seconds(now, decision.reset_after));
-  out.push_back(std::move(limit));
-  out.push_back(std::move(remaining));
-  out.push_back(std::move(reset));
+  write_x_ratelimit_fields(out, out.size(), decision, now);
 }
 
 // The classic fields for one decision: for a denial Retry-After then X-RateLimit-*; for an
 // admission X-RateLimit-* only.
 inline HttpFields response_fields(const Decision& decision, WallTime now) {
   HttpFields out;
-  out.reserve(4);
-  if (!decision.allowed()) out.push_back(retry_after_field(decision.retry_after));
-  append_x_ratelimit_fields(out, decision, now);
+  std::size_t next = 0;
+  if (!decision.allowed()) write_retry_after_field(out, next++, decision.retry_after);
+  write_x_ratelimit_fields(out, next, decision, now);
   return out;
 }
 
@@ -231,17 +278,26 @@ inline HttpField ratelimit_policy_field(const QuotaPolicy& policy) {
   return ratelimit_policy_field(std::span<const QuotaPolicy>(&policy, 1));
 }
 
+// The start of one RateLimit item, up to its numbers: `"<name>";r=`. Precompute it per policy
+// name and finish each item with append_ratelimit_item_numbers.
+inline void append_ratelimit_item_prefix(std::string& out, std::string_view name) {
+  append_structured_string(out, name);
+  out.append(";r=");
+}
+// The rest of one RateLimit item after its prefix: `<available>;t=<effective window seconds>`.
+inline void append_ratelimit_item_numbers(std::string& out, const ServiceLimit& limit) {
+  append_structured_integer(out, limit.available);
+  out.append(";t=");
+  append_structured_integer(out, static_cast<std::uint64_t>(ceil_seconds(limit.effective_window)));
+}
+
 // The RateLimit value: one Item per service limit, joined by ", ".
 inline std::string ratelimit_value(std::span<const ServiceLimit> limits) {
   std::string out;
   for (const ServiceLimit& limit : limits) {
     if (!out.empty()) out.append(", ");
-    append_structured_string(out, limit.name);
-    out.append(";r=");
-    append_structured_integer(out, limit.available);
-    out.append(";t=");
-    append_structured_integer(out,
-                              static_cast<std::uint64_t>(ceil_seconds(limit.effective_window)));
+    append_ratelimit_item_prefix(out, limit.name);
+    append_ratelimit_item_numbers(out, limit);
   }
   return out;
 }
@@ -250,6 +306,34 @@ inline HttpField ratelimit_field(std::span<const ServiceLimit> limits) {
 }
 inline HttpField ratelimit_field(const ServiceLimit& limit) {
   return ratelimit_field(std::span<const ServiceLimit>(&limit, 1));
+}
+
+// Every field of one decision of a policy whose values were precomputed once
+// (`policy_value` from ratelimit_policy_value, `item_prefix` from append_ratelimit_item_prefix for
+// the binding window's name): Retry-After for a denial, the three X-RateLimit-* fields,
+// RateLimit-Policy and RateLimit, in that order. `out` is overwritten and its strings reused,
+// so writing one decision after another allocates nothing once each slot has held its longest
+// value. O(length of the values).
+inline void write_decision_fields(HttpFields& out, const Decision& decision, WallTime now,
+                                  std::string_view policy_value, std::string_view item_prefix) {
+  const std::size_t count = decision.allowed() ? 5 : 6;
+  if (out.size() != count) detail::arrange_fields(out, count);
+  HttpField* field = out.data();
+  if (!decision.allowed()) {
+    detail::set_decimal(*field++, kRetryAfterField, retry_after_seconds(decision.retry_after));
+  }
+  detail::set_decimal(*field++, kXRateLimitLimitField, decision.limit);
+  detail::set_decimal(*field++, kXRateLimitRemainingField, decision.remaining);
+  detail::set_decimal(*field++, kXRateLimitResetField,
+                      reset_epoch_seconds(now, decision.reset_after));
+  field->name = kRateLimitPolicyField;
+  field->value.clear();
+  field->value.append(policy_value);
+  ++field;
+  field->name = kRateLimitField;
+  field->value.clear();
+  field->value.append(item_prefix);
+  append_ratelimit_item_numbers(field->value, service_limit({}, decision));
 }
 
 // --- concurrency limits (sluice/concurrency.hpp): the draft's `concurrent-requests` quota unit

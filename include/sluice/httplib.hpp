@@ -220,8 +220,7 @@ class HttplibLimiter {
                                       const LimitedRequest& limited,
                                       const UpstreamResponse& upstream) {
     if (!limited.engine || limited.evaluation.exempt) return absl::OkStatus();
-    const std::string client_ip = limited.client.to_string();
-    return limited.engine->record_upstream(context_for(limited, client_ip), upstream);
+    return limited.engine->record_upstream(context_for(limited), upstream);
   }
 
   // An upstream answer as the adaptive controllers read it: `status` (0: no answer: refused,
@@ -259,8 +258,7 @@ class HttplibLimiter {
     limited.credential = options_.credential ? options_.credential(request) : bearer_token(request);
     if (limited.credential) limited.consumer = engine.consumer_for(*limited.credential);
 
-    const std::string client_ip = limited.client.to_string();
-    RequestContext context = context_for(limited, client_ip);
+    RequestContext context = context_for(limited);
     if (options_.wall_clock) context.wall_time = options_.wall_clock();
     limited.evaluation = engine.evaluate(context);
   }
@@ -292,9 +290,9 @@ class HttplibLimiter {
     return decoded == request.path;
   }
 
-  // The engine's view of the request: `client_ip` (the resolved address as text) must outlive it.
-  static RequestContext context_for(const LimitedRequest& limited, const std::string& client_ip) {
-    RequestContext context{.client_ip = client_ip, .path = limited.path};
+  // The engine's view of the request, with the address as it was resolved.
+  static RequestContext context_for(const LimitedRequest& limited) {
+    RequestContext context{.client = limited.client, .path = limited.path};
     if (limited.consumer) {
       context.credential = limited.credential;
       context.consumer = limited.consumer;

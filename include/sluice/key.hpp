@@ -17,7 +17,9 @@
 #define SLUICE_KEY_HPP_
 
 #include <compare>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <string_view>
@@ -66,26 +68,48 @@ class KeyHasher {
   std::uint64_t seed_;
 };
 
-// Appends one part of a composite key as a 4-byte little-endian length followed by the bytes, so
-// no choice of part contents can make two different part lists encode alike. Parts longer than
-// 4 GiB - 2 are not supported (a key that large is a caller bug). Every composite key and rule
-// fingerprint in sluice is built with these two functions.
+// The bytes of one part of a composite key: a 4-byte little-endian length, then (for a tagged
+// part) the tag, then the part's bytes, so no choice of part contents can make two different
+// part lists encode alike. Parts longer than 4 GiB - 2 are not supported (a key that large is a
+// caller bug). Every composite key and rule fingerprint in sluice is encoded here.
+namespace detail {
+// Writes a part of `size` bytes' header at `out`; returns the byte after it.
+inline char* write_key_part_header(char* out, std::size_t size) noexcept {
+  const auto n = static_cast<std::uint32_t>(size);
+  out[0] = static_cast<char>(n & 0xff);
+  out[1] = static_cast<char>((n >> 8) & 0xff);
+  out[2] = static_cast<char>((n >> 16) & 0xff);
+  out[3] = static_cast<char>(n >> 24);
+  return out + 4;
+}
+}  // namespace detail
+
+// The encoded size of a tagged part of `size` bytes (`write_key_part`).
+constexpr std::size_t key_part_size(std::size_t size) noexcept { return 5 + size; }
+
+// Writes `tag` and `part` as one part at `out`, which has room for key_part_size(part.size())
+// bytes; returns the byte after it. The tag says what kind of value the part holds (an address,
+// a credential, ...), so equal bytes of different kinds are different keys.
+inline char* write_key_part(char* out, char tag, std::string_view part) noexcept {
+  out = detail::write_key_part_header(out, part.size() + 1);
+  *out++ = tag;
+  if (!part.empty()) std::memcpy(out, part.data(), part.size());
+  return out + part.size();
+}
+
+// Appends one untagged part.
 inline void append_key_part(std::string& out, std::string_view part) {
-  const auto n = static_cast<std::uint32_t>(part.size());
-  const char length[4] = {static_cast<char>(n & 0xff), static_cast<char>((n >> 8) & 0xff),
-                          static_cast<char>((n >> 16) & 0xff), static_cast<char>(n >> 24)};
-  out.append(length, sizeof(length));
+  char header[4];
+  detail::write_key_part_header(header, part.size());
+  out.append(header, sizeof(header));
   out.append(part);
 }
 
-// Appends `tag` followed by `part` as one part: the tag says what kind of value the part holds
-// (an address, a credential, ...), so equal bytes of different kinds are different keys.
+// Appends `tag` followed by `part` as one part (write_key_part).
 inline void append_key_part(std::string& out, char tag, std::string_view part) {
-  const auto n = static_cast<std::uint32_t>(part.size() + 1);
-  const char length[5] = {static_cast<char>(n & 0xff), static_cast<char>((n >> 8) & 0xff),
-                          static_cast<char>((n >> 16) & 0xff), static_cast<char>(n >> 24), tag};
-  out.append(length, sizeof(length));
-  out.append(part);
+  const std::size_t at = out.size();
+  out.resize(at + key_part_size(part.size()));
+  write_key_part(out.data() + at, tag, part);
 }
 
 }  // namespace sluice

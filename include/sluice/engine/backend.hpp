@@ -1,0 +1,131 @@
+// sluice/engine/backend.hpp — the contract between the policy engine and where its state lives.
+//
+// A backend decides a request's rules: in memory (sluice/engine/in_memory_backend.hpp), on Redis
+// (sluice/redis/engine_backend.hpp) or on PostgreSQL (sluice/postgres/engine_backend.hpp). The
+// contract is one required concept and one concept per optional power, each with its rules:
+//
+//   EngineBackend       required: decide rules all-or-nothing or rule by rule; store counters
+//   BookingBackend      bookings: record what an admission took, settle it later at another cost
+//   ResettableBackend   reset: forget one rule's state for one key
+//   ClockedBackend      a clock: the engine's time for adaptive controllers and event intervals
+//   WindowCarryingBackend  a reload that changes a rule's windows keeps each key's spent share
+//
+// The engine checks each power by its concept; a backend without it answers Unimplemented for
+// the operation that needs it (settle, reset), and the engine uses the steady clock.
+#ifndef SLUICE_ENGINE_BACKEND_HPP_
+#define SLUICE_ENGINE_BACKEND_HPP_
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sluice/clock.hpp"
+#include "sluice/decision.hpp"
+#include "sluice/policy.hpp"
+#include "sluice/store.hpp"
+
+namespace sluice {
+
+// A rule, the key a request selects for it and the cost to take in the rule's limiter windows
+// (`limiter_windows`: the request's cost, or for an adaptive rule its `adaptive_units`); `rule`
+// indexes the compiled rules.
+struct RuleKey {
+  std::size_t rule = 0;
+  std::string_view key{};
+  std::uint64_t cost = 1;
+};
+
+// Required. `check_rules(keys, mode, out)` decides every key at its own cost into `out` (one
+// Decision per key, same order): in ConsumptionMode::kAllOrNothing every key is decided and
+// either all admitting keys consume or, if any key denies, none does; in kEveryRule each
+// admitting key consumes. A cost no window can ever admit is InvalidArgument (the request's
+// fault); any other error is the backend's failure, and `out` is then unspecified.
+// `rule_store_stats(rule)` reads one rule's store counters. `B::create(rules, previous,
+// options)` builds one generation: with `previous` (a reload), every rule whose fingerprint
+// `previous` has keeps its state. Thread-safety: check_rules and rule_store_stats may be called
+// concurrently.
+template <class B>
+concept EngineBackend = requires(B& backend, const B& const_backend, std::span<const RuleKey> keys,
+                                 ConsumptionMode mode, std::span<Decision> out,
+                                 std::span<const CompiledRule> rules,
+                                 const typename B::Options& options) {
+  { backend.check_rules(keys, mode, out) } -> std::same_as<absl::Status>;
+  { const_backend.rule_store_stats(std::size_t{}) } -> std::same_as<StoreStats>;
+  { B::create(rules, &const_backend, options) } -> std::same_as<absl::StatusOr<B>>;
+};
+
+// Bookings. `check_rules_booking(keys, mode, out, bookings)` is check_rules that, when every key
+// admitted, leaves one `B::Booking` per key in `bookings` (else leaves it empty). A Booking holds
+// the rule's state, not the generation, so it stays valid across reloads.
+// `B::settle_booking(booking, units)` then charges or refunds the difference between `units` and
+// what was booked (a refund gives back only what is still booked ahead): the key's state after.
+template <class B>
+concept BookingBackend = EngineBackend<B> &&
+    requires(B& backend, std::span<const RuleKey> keys, ConsumptionMode mode,
+             std::span<Decision> out, std::vector<typename B::Booking>& bookings,
+             const typename B::Booking& booking) {
+  { backend.check_rules_booking(keys, mode, out, bookings) } -> std::same_as<absl::Status>;
+  { B::settle_booking(booking, std::uint64_t{}) } -> std::same_as<absl::StatusOr<Decision>>;
+};
+
+// Reset. `reset_key(rule, key)` forgets rule `rule`'s state for `key`: its next request is
+// decided as a new client's.
+template <class B>
+concept ResettableBackend = EngineBackend<B> && requires(B& backend, std::string_view key) {
+  { backend.reset_key(std::size_t{}, key) } -> std::same_as<absl::Status>;
+};
+
+// A clock. `now()` is the backend's time (ns), the one its limiters decide on; the engine uses it
+// for adaptive controllers and for rate-limiting its events, so a test's ManualClock drives both.
+template <class B>
+concept ClockedBackend = EngineBackend<B> && requires(const B& backend) {
+  { backend.now() } -> std::same_as<std::chrono::nanoseconds>;
+};
+
+// Carried windows. `B::kCarriesWindows` is true: a reload that changes only a rule's windows
+// (same CompiledRule::identity) keeps each key's spent share of its buckets, so the engine keys
+// such a backend's rules by identity; other backends' keys name the whole fingerprint, so that a
+// changed limit reads no state written under other windows.
+template <class B>
+concept WindowCarryingBackend = EngineBackend<B> && requires {
+  requires B::kCarriesWindows;
+};
+
+namespace detail {
+
+// A backend's Booking type, or an empty one for a backend without bookings.
+template <class B>
+struct BookingOf {
+  struct type {};
+};
+template <BookingBackend B>
+struct BookingOf<B> {
+  using type = typename B::Booking;
+};
+
+// The clock of the local failure mode: backend options' `clock` member if it is a Clock (the
+// in-memory backend's), else the steady clock.
+template <class Options>
+struct LocalClockOf {
+  using type = SteadyClock;
+  static type get(const Options& /*options*/) { return {}; }
+};
+template <class Options>
+requires Clock<std::remove_cvref_t<decltype(std::declval<const Options&>().clock)>>
+struct LocalClockOf<Options> {
+  using type = std::remove_cvref_t<decltype(std::declval<const Options&>().clock)>;
+  static type get(const Options& options) { return options.clock; }
+};
+
+}  // namespace detail
+}  // namespace sluice
+
+#endif  // SLUICE_ENGINE_BACKEND_HPP_

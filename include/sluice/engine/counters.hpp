@@ -1,0 +1,110 @@
+// sluice/engine/counters.hpp — the policy engine's counters and the events it raises from them.
+//
+// Internal to BasicRateLimitEngine (sluice/engine.hpp), which reads them out as RuleStats and
+// EngineStats. Counters live in shared blocks: every generation reloaded from an engine shares
+// its engine-wide block, and an unchanged rule's block, so counts run over the engine's life.
+// Events (sluice/engine_events.hpp) that could come once per request — backend errors, evictions
+// — are raised at most once per kEngineEventInterval of engine time, and count what they held
+// back, so a failing backend cannot flood the hook.
+//
+// Thread-safety: lock-free; relaxed atomics (counts, not synchronization).
+#ifndef SLUICE_ENGINE_COUNTERS_HPP_
+#define SLUICE_ENGINE_COUNTERS_HPP_
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "sluice/detail/limiter_common.hpp"
+#include "sluice/engine_events.hpp"
+
+namespace sluice::detail {
+
+// One rule's counters (RuleStats), and when its evictions were last looked at.
+struct RuleCounters {
+  std::atomic<std::uint64_t> admitted{0};
+  std::atomic<std::uint64_t> denied{0};
+  std::atomic<std::uint64_t> dry_denied{0};
+  std::atomic<std::uint64_t> degraded{0};
+  // Eviction events: the engine time (ns) of the next look at the store's eviction counter,
+  // and the counter's value at the last event.
+  std::atomic<std::int64_t> eviction_check_due{std::numeric_limits<std::int64_t>::min()};
+  std::atomic<std::uint64_t> evictions_reported{0};
+};
+
+// True for the one caller that may raise an event at `now` (ns of engine time) under the gate
+// `due`: `now` has reached it, and this caller moved it one kEngineEventInterval past `now`.
+inline bool claim_event(std::atomic<std::int64_t>& due, std::int64_t now) {
+  constexpr std::int64_t kInterval = std::chrono::nanoseconds(kEngineEventInterval).count();
+  std::int64_t next = due.load(std::memory_order_relaxed);
+  return now >= next && due.compare_exchange_strong(next, detail::saturate_time(now) + kInterval,
+                                                    std::memory_order_relaxed);
+}
+
+// The engine-wide counters (EngineStats) and the backend-error events' gates.
+class EngineCounters {
+ public:
+  std::atomic<std::uint64_t> evaluations{0};
+  std::atomic<std::uint64_t> backend_errors{0};
+  std::atomic<std::uint64_t> reloads{0};
+  std::atomic<std::uint64_t> failed_reloads{0};
+  std::atomic<std::uint64_t> degraded_evaluations{0};
+
+  // Counts a failed backend call and reports it to `hook` (if set), at most once per status
+  // code per kEngineEventInterval of engine time `now`: a failure that raises no event is
+  // counted in the next event of its code. InvalidArgument (a bad cost) is the request's fault,
+  // not the backend's, and is neither counted nor reported.
+  void backend_error(const absl::Status& status, const EngineEventHook& hook, std::int64_t now) {
+    if (status.code() == absl::StatusCode::kInvalidArgument) return;
+    backend_errors.fetch_add(1, std::memory_order_relaxed);
+    if (!hook) return;
+    const auto code = static_cast<std::size_t>(status.code());
+    Gate& gate =
+        gates_[code < kStatusCodes ? code : static_cast<std::size_t>(absl::StatusCode::kUnknown)];
+    if (!claim_event(gate.due, now)) {
+      gate.held.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    hook(BackendErrorEvent{.status = status,
+                           .suppressed = gate.held.exchange(0, std::memory_order_relaxed)});
+  }
+
+ private:
+  // Backend error events of one status code: the engine time (ns) from which the next one may be
+  // raised, and how many were held back since the last one.
+  struct Gate {
+    std::atomic<std::int64_t> due{std::numeric_limits<std::int64_t>::min()};
+    std::atomic<std::uint64_t> held{0};
+  };
+  // absl::StatusCode values are 0 ... 16 (kUnauthenticated); any other shares kUnknown's gate.
+  static constexpr std::size_t kStatusCodes = 17;
+  std::array<Gate, kStatusCodes> gates_{};
+};
+
+// Reports new evictions of rule `rule` (label `label`) to `hook`, looking at its store's
+// eviction count (`evicted()`, called only then) at most once per kEngineEventInterval of
+// engine time (one thread wins the look); the count's growth since the last event is the
+// event's count, so no eviction goes unreported.
+template <class Evicted>
+void report_evictions(RuleCounters& counters, std::size_t rule, std::string_view label,
+                      const EngineEventHook& hook, std::int64_t now, Evicted&& evicted_count) {
+  if (!claim_event(counters.eviction_check_due, now)) return;
+  const std::uint64_t evicted = evicted_count();
+  std::uint64_t reported = counters.evictions_reported.load(std::memory_order_relaxed);
+  while (evicted > reported && !counters.evictions_reported.compare_exchange_weak(
+                                   reported, evicted, std::memory_order_relaxed)) {
+  }
+  if (evicted > reported) {
+    hook(EvictionEvent{.rule_label = label, .rule = rule, .evicted = evicted - reported});
+  }
+}
+
+}  // namespace sluice::detail
+
+#endif  // SLUICE_ENGINE_COUNTERS_HPP_

@@ -1,0 +1,225 @@
+// sluice/engine/in_memory_backend.hpp — the policy engine's state in this process.
+//
+// `InMemoryBackend` models every power of sluice/engine/backend.hpp: one GcraLimiter per rule;
+// an all-or-nothing request takes the shard locks of all its keys (in one global order), decides
+// every key, and commits only if all admit.
+//
+// Thread-safety: check_rules, check_rules_booking, reset_key and rule_store_stats may be called
+// concurrently. Complexity: O(keys) per call, plus sorting the keys' shard locks.
+#ifndef SLUICE_ENGINE_IN_MEMORY_BACKEND_HPP_
+#define SLUICE_ENGINE_IN_MEMORY_BACKEND_HPP_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/clock.hpp"
+#include "sluice/decision.hpp"
+#include "sluice/detail/limiter_common.hpp"
+#include "sluice/engine/backend.hpp"
+#include "sluice/gcra.hpp"
+#include "sluice/policy.hpp"
+#include "sluice/store.hpp"
+
+namespace sluice {
+
+// The in-memory backend: one GcraLimiter per rule, all-or-nothing commits under every involved
+// shard lock taken in ascending address order.
+template <Clock ClockT = SteadyClock>
+class InMemoryBackend {
+ public:
+  struct Options {
+    StoreOptions store{};  // per rule; overflow must stay kEvict for all-or-nothing commits
+    ClockT clock{};
+  };
+
+  // A rule whose windows change (same identity) keeps each key's spent share (see create).
+  static constexpr bool kCarriesWindows = true;
+
+  // One limiter per rule. With `previous` (a reload): a rule whose fingerprint `previous` has
+  // shares its limiter; a rule whose identity it has but with other windows gets a new limiter
+  // into which every live key of the previous one is copied at once, each window holding the
+  // same spent share of its new bucket (GcraLimiter::carry_from: rounded toward less room, an
+  // added window empty, a removed one dropped). That copy is O(keys + store capacity) of the
+  // previous limiter, taking its shard locks one at a time; admissions the previous generation
+  // makes after its shard was copied are not carried. Any other rule starts empty.
+  static absl::StatusOr<InMemoryBackend> create(std::span<const CompiledRule> rules,
+                                                const InMemoryBackend* previous,
+                                                const Options& options) {
+    if (options.store.overflow != Overflow::kEvict) {
+      return absl::InvalidArgumentError("the engine's in-memory stores must use Overflow::kEvict");
+    }
+    InMemoryBackend backend(options.clock);
+    for (const CompiledRule& rule : rules) {
+      std::shared_ptr<GcraLimiter<ClockT>> limiter =
+          previous != nullptr ? previous->find(previous->by_fingerprint_, rule.fingerprint)
+                              : nullptr;
+      if (limiter == nullptr) {
+        auto created = new_limiter(
+            rule,
+            previous != nullptr ? previous->find(previous->by_identity_, rule.identity) : nullptr,
+            options);
+        if (!created.ok()) return created.status();
+        limiter = *std::move(created);
+      }
+      backend.by_fingerprint_.emplace(rule.fingerprint, backend.limiters_.size());
+      backend.by_identity_.emplace(rule.identity, backend.limiters_.size());
+      backend.limiters_.push_back(std::move(limiter));
+    }
+    return backend;
+  }
+
+  absl::Status check_rules(std::span<const RuleKey> keys, ConsumptionMode mode,
+                           std::span<Decision> out) {
+    for (const RuleKey& k : keys) {
+      if (absl::Status s = limiters_[k.rule]->validate_cost(k.cost); !s.ok()) return s;
+    }
+    if (mode == ConsumptionMode::kEveryRule) {
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        out[i] = *limiters_[keys[i].rule]->check(keys[i].key, keys[i].cost);
+      }
+      return absl::OkStatus();
+    }
+    absl::InlinedVector<KeyDigest, 8> digests;
+    ShardLockSet locks;
+    for (const RuleKey& k : keys) {
+      digests.push_back(limiters_[k.rule]->digest(k.key));
+      limiters_[k.rule]->add_lock(locks, digests.back());
+    }
+    commit_all(HeldShardLocks(locks), keys, digests, out);
+    return absl::OkStatus();
+  }
+
+  StoreStats rule_store_stats(std::size_t rule) const { return limiters_[rule]->stats(); }
+
+  // One live rule's admission of a request, kept to settle its cost later
+  // (BasicRateLimitEngine::settle). It holds the rule's limiter, so it outlives reloads.
+  struct Booking {
+    std::shared_ptr<GcraLimiter<ClockT>> limiter{};
+    detail::GcraBooking booking{};
+    std::uint64_t units = 0;  // the cost taken, in the rule's limiter units
+  };
+
+  // `check_rules` that also records each key's booking when every key was admitted (else
+  // `bookings` is left empty). Each key's decision and booking are taken under its shard lock.
+  absl::Status check_rules_booking(std::span<const RuleKey> keys, ConsumptionMode mode,
+                                   std::span<Decision> out, std::vector<Booking>& bookings) {
+    bookings.clear();
+    for (const RuleKey& k : keys) {
+      if (absl::Status s = limiters_[k.rule]->validate_cost(k.cost); !s.ok()) return s;
+    }
+    absl::InlinedVector<KeyDigest, 8> digests;
+    for (const RuleKey& k : keys) digests.push_back(limiters_[k.rule]->digest(k.key));
+    const std::int64_t now = detail::saturate_time(clock_.now().count());
+    auto record = [&](const HeldShardLocks& held, std::size_t i) {
+      Booking b{.limiter = limiters_[keys[i].rule], .units = keys[i].cost};
+      b.limiter->record_locked(held, digests[i], now, keys[i].cost, b.booking);
+      bookings.push_back(std::move(b));
+    };
+    bool all = true;
+    if (mode == ConsumptionMode::kEveryRule) {
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        ShardLockSet locks;
+        limiters_[keys[i].rule]->add_lock(locks, digests[i]);
+        const HeldShardLocks held(locks);
+        limiters_[keys[i].rule]->decide_locked(held, digests[i], now, keys[i].cost, true, out[i]);
+        all = all && out[i].allowed();
+        if (all) record(held, i);
+      }
+    } else {
+      ShardLockSet locks;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        limiters_[keys[i].rule]->add_lock(locks, digests[i]);
+      }
+      const HeldShardLocks held(locks);
+      commit_all(held, keys, digests, out);
+      for (std::size_t i = 0; i < keys.size(); ++i) all = all && out[i].allowed();
+      if (all) {
+        for (std::size_t i = 0; i < keys.size(); ++i) record(held, i);
+      }
+    }
+    if (!all) bookings.clear();
+    return absl::OkStatus();
+  }
+
+  // Settles one booking at `units` (charge or refund, as GcraLimiter::settle): the key's state
+  // after it.
+  static absl::StatusOr<Decision> settle_booking(const Booking& b, std::uint64_t units) {
+    return b.limiter->settle_booking(b.booking, b.units, units);
+  }
+
+  // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset).
+  absl::Status reset_key(std::size_t rule, std::string_view key) {
+    limiters_[rule]->reset(key);
+    return absl::OkStatus();
+  }
+
+  // The backend's clock: the engine's time for rate-limiting eviction events.
+  std::chrono::nanoseconds now() const { return clock_.now(); }
+
+ private:
+  explicit InMemoryBackend(ClockT clock) : clock_(std::move(clock)) {}
+
+  std::shared_ptr<GcraLimiter<ClockT>> find(
+      const absl::flat_hash_map<std::string, std::size_t>& index, const std::string& name) const {
+    auto it = index.find(name);
+    return it == index.end() ? nullptr : limiters_[it->second];
+  }
+
+  // A new limiter for `rule`. With `carried` (the previous generation's limiter of a rule with
+  // the same identity but other windows): under its digest seed, holding each of its keys' spent
+  // share (GcraLimiter::carry_from), copied eagerly here, O(carried's keys).
+  static absl::StatusOr<std::shared_ptr<GcraLimiter<ClockT>>> new_limiter(
+      const CompiledRule& rule, const std::shared_ptr<GcraLimiter<ClockT>>& carried,
+      const Options& options) {
+    StoreOptions store = options.store;
+    if (carried != nullptr) store.seed = carried->seed();
+    auto created = GcraLimiter<ClockT>::create(limiter_windows(rule), store, options.clock);
+    if (!created.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(rule.label, ": ", created.status().message()));
+    }
+    auto limiter = std::make_shared<GcraLimiter<ClockT>>(*std::move(created));
+    if (carried != nullptr) limiter->carry_from(*carried);
+    return limiter;
+  }
+
+  // Decides every key under `held` (all their shard locks); commits only if all admit.
+  void commit_all(const HeldShardLocks& held, std::span<const RuleKey> keys,
+                  std::span<const KeyDigest> digests, std::span<Decision> out) {
+    const std::int64_t now = detail::saturate_time(clock_.now().count());
+    bool all = true;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      limiters_[keys[i].rule]->decide_locked(held, digests[i], now, keys[i].cost, false, out[i]);
+      all = all && out[i].allowed();
+    }
+    if (all) {
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        if (keys[i].cost == 0) continue;
+        limiters_[keys[i].rule]->admit_locked(held, digests[i], now, keys[i].cost);
+      }
+    }
+  }
+
+  ClockT clock_;
+  absl::flat_hash_map<std::string, std::size_t> by_fingerprint_;  // -> index into limiters_
+  absl::flat_hash_map<std::string, std::size_t> by_identity_;     // -> index into limiters_
+  std::vector<std::shared_ptr<GcraLimiter<ClockT>>> limiters_;
+};
+
+static_assert(BookingBackend<InMemoryBackend<>> && ResettableBackend<InMemoryBackend<>> &&
+              ClockedBackend<InMemoryBackend<>> && WindowCarryingBackend<InMemoryBackend<>>);
+
+}  // namespace sluice
+
+#endif  // SLUICE_ENGINE_IN_MEMORY_BACKEND_HPP_

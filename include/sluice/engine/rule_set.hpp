@@ -1,0 +1,391 @@
+// sluice/engine/rule_set.hpp — one config generation's rules: which of them a request meets, and
+// the key it meets each one under.
+//
+// A `RuleSet` is compiled once per config generation (BasicRateLimitEngine::create and reload)
+// and is immutable afterwards. It resolves a request's scopes (consumer, route, service,
+// listener, global) to the rules that apply, in precedence order, split into live and dry-run
+// rules; for a request without a consumer those lists are precomputed per (route or service,
+// listener), so selecting them is two hash lookups. It writes each rule's key for a request
+// from the rule's precomputed prefix and the request's attributes, without building a string.
+//
+// Thread-safety: every const member function may be called concurrently.
+#ifndef SLUICE_ENGINE_RULE_SET_HPP_
+#define SLUICE_ENGINE_RULE_SET_HPP_
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/adaptive.hpp"
+#include "sluice/client_address.hpp"
+#include "sluice/detail/text.hpp"
+#include "sluice/detail/xxhash.hpp"
+#include "sluice/engine/evaluation.hpp"
+#include "sluice/http_fields.hpp"
+#include "sluice/key.hpp"
+#include "sluice/policy.hpp"
+
+namespace sluice {
+
+// A compiled rule with what its keys and fields need, precomputed.
+struct RuleInfo {
+  CompiledRule compiled{};
+  std::vector<std::string> window_names{};    // "<label>/s" ...: RateLimit(-Policy) item names
+  std::vector<std::string> limit_prefixes{};  // per window: its RateLimit item up to `r=`
+  std::string policy_value{};                 // the RateLimit-Policy value for all its windows
+  std::string key_prefix{};  // the rule in its keys: a hash of its identity or fingerprint
+  // An adaptive rule's bucket in limiter units (its smallest burst × 1000): a request whose
+  // scaled cost exceeds it takes the whole bucket instead. 0 for other rules.
+  std::uint64_t adaptive_max_units = 0;
+};
+
+// Rule indices, in precedence order.
+using RuleGroup = absl::InlinedVector<std::uint32_t, 16>;
+
+// A request as a rule set resolved it: empty names made absent, the route's service filled in,
+// the client's address parsed once, and the rules that apply (live and dry-run, each in
+// precedence order). The spans view the rule set or `RuleSet::Scratch`.
+struct ScopedRequest {
+  const RequestContext* raw = nullptr;
+  ClientAddress client{};
+  std::optional<std::string_view> credential{}, consumer{}, route{}, service{}, listener{};
+  std::span<const std::uint32_t> live{}, dry{};
+};
+
+class RuleSet {
+ public:
+  // Where the rules of a request with a consumer are merged.
+  struct Scratch {
+    RuleGroup live, dry;
+  };
+
+  // Compiles `config` (validated by compile_policies: InvalidArgument naming the bad path).
+  // `keys_by_identity`: keys name a rule's identity (its windows may change under the same
+  // keys), else its whole fingerprint.
+  static absl::StatusOr<RuleSet> compile(const PolicyConfig& config, bool keys_by_identity) {
+    auto bundles = compile_policies(config);
+    if (!bundles.ok()) return bundles.status();
+    RuleSet set;
+    absl::flat_hash_map<std::string, RuleList> bundle_rules;
+    for (const CompiledBundle& bundle : *bundles) {
+      RuleList& list = bundle_rules[bundle.name];
+      for (const CompiledRule& rule : bundle.rules) {
+        list.push_back(static_cast<std::uint32_t>(set.compiled_.size()));
+        set.by_fingerprint_.emplace(rule.fingerprint, set.compiled_.size());
+        set.compiled_.push_back(rule);
+        set.rules_.push_back(describe(rule, keys_by_identity));
+      }
+    }
+    set.attach_scopes(config, bundle_rules);
+    set.build_plans(config);
+    // validate() has parsed every entry already, so this does not fail on a validated config.
+    absl::StatusOr<ClientAddressResolver> proxies =
+        ClientAddressResolver::create(config.gateway.trusted_proxies);
+    if (!proxies.ok()) return proxies.status();
+    set.client_addresses_ = *std::move(proxies);
+    return set;
+  }
+
+  std::span<const RuleInfo> rules() const noexcept { return rules_; }
+  std::span<const CompiledRule> compiled() const noexcept { return compiled_; }
+  std::optional<std::size_t> find_fingerprint(const std::string& fingerprint) const {
+    auto it = by_fingerprint_.find(fingerprint);
+    return it == by_fingerprint_.end() ? std::nullopt : std::optional(it->second);
+  }
+  std::optional<std::size_t> find_label(std::string_view label) const {
+    for (std::size_t r = 0; r < rules_.size(); ++r) {
+      if (rules_[r].compiled.label == label) return r;
+    }
+    return std::nullopt;
+  }
+
+  bool exempt(std::string_view path) const {
+    return std::find(exempt_paths_.begin(), exempt_paths_.end(), path) != exempt_paths_.end();
+  }
+
+  // Resolves `raw` into `out` (rules in `scratch` where a consumer's rules are merged in).
+  // InvalidArgument if the request names another service than its route's. O(rules that apply).
+  absl::Status scope(const RequestContext& raw, ScopedRequest& out, Scratch& scratch) const {
+    out.raw = &raw;
+    out.client = raw.client ? *raw.client : ClientAddress::parse(raw.client_ip);
+    out.credential = present(raw.credential);
+    out.consumer = present(raw.consumer);
+    out.route = present(raw.route);
+    out.service = present(raw.service);
+    out.listener = present(raw.listener);
+    const RouteScope* route = out.route ? find(route_scopes_, *out.route) : nullptr;
+    if (route != nullptr && !route->service.empty()) {
+      if (!out.service) {
+        out.service = route->service;
+      } else if (*out.service != route->service) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the request names service ", detail::quoted(*out.service), " but route ",
+            detail::quoted(*out.route), " belongs to service ", detail::quoted(route->service)));
+      }
+    }
+    const RuleList* consumer = out.consumer ? find(consumer_rules_, *out.consumer) : nullptr;
+    const bool planned = (consumer == nullptr || consumer->empty()) &&
+                         (route == nullptr || !route->service.empty() || !out.service);
+    if (planned) {
+      const Plan& plan = plans_[plan_index(route, out.service, out.listener)];
+      out.live = plan.live;
+      out.dry = plan.dry;
+      return absl::OkStatus();
+    }
+    scratch.live.clear();
+    scratch.dry.clear();
+    for (const RuleList* rules :
+         {consumer, out.route ? find(route_rules_, *out.route) : nullptr,
+          out.service ? find(service_rules_, *out.service) : nullptr,
+          out.listener ? find(listener_rules_, *out.listener) : nullptr, &global_rules_}) {
+      add_rules(rules, scratch.live, scratch.dry);
+    }
+    out.live = scratch.live;
+    out.dry = scratch.dry;
+    return absl::OkStatus();
+  }
+
+  // An upper bound of the size of rule `r`'s key for `request` (write_key). O(1).
+  std::size_t key_size(std::uint32_t r, const ScopedRequest& request) const {
+    std::size_t part = kMaxNetworkKey;
+    if (request.credential) part = std::max(part, request.credential->size());
+    if (request.route) part = std::max(part, request.route->size());
+    const RuleInfo& rule = rules_[r];
+    return rule.key_prefix.size() + rule.compiled.selector.size() * key_part_size(part);
+  }
+
+  // Writes rule `r`'s key for `request` at `out` (room for key_size bytes); returns the byte
+  // after it. The key is the rule's prefix, then its selected attributes in canonical order:
+  // an address as its network under the rule's prefixes (every unparsable address shares one
+  // "invalid" key, so no text a client writes becomes a key of its own); a credential only once
+  // authenticated (with a consumer), else the address; the route, or a tag no route name
+  // produces for an unrouted request.
+  char* write_key(char* out, std::uint32_t r, const ScopedRequest& request) const {
+    const CompiledRule& rule = rules_[r].compiled;
+    const std::string& prefix = rules_[r].key_prefix;
+    out = std::copy(prefix.begin(), prefix.end(), out);
+    for (Selector selector : rule.selector) {
+      const bool address = selector == Selector::kIp ||
+                           (selector == Selector::kCredential && !authenticated(request));
+      if (address) {
+        const NetworkKey network = network_key(request.client, rule.address_prefixes);
+        out = write_key_part(out, 'i', network.bytes());
+      } else if (selector == Selector::kCredential) {
+        out = write_key_part(out, 'c', *request.credential);
+      } else {
+        out =
+            request.route ? write_key_part(out, 'r', *request.route) : write_key_part(out, 'u', {});
+      }
+    }
+    return out;
+  }
+
+  // Rule `r`'s key for `request` as a string (inspect and reset).
+  std::string key(std::uint32_t r, const ScopedRequest& request) const {
+    std::string out(key_size(r, request), '\0');
+    out.resize(static_cast<std::size_t>(write_key(out.data(), r, request) - out.data()));
+    return out;
+  }
+
+  // The route with the longest path_prefix that starts `path` (normalized), among routes on
+  // `listener` or on every listener; see BasicRateLimitEngine::match_route.
+  const Route* match_route(std::string_view listener, std::string_view path) const {
+    for (const Route& route : routes_) {  // sorted longest prefix first
+      if (!route.listener.empty() && route.listener != listener) continue;
+      if (route.path_prefix.empty() || !path.starts_with(route.path_prefix)) continue;
+      return &route;
+    }
+    return nullptr;
+  }
+  // The consumer that owns `credential`.
+  std::optional<std::string_view> consumer_for(std::string_view credential) const {
+    const std::string* consumer = find(credentials_, credential);
+    return consumer == nullptr ? std::nullopt : std::optional<std::string_view>(*consumer);
+  }
+  const ClientAddressResolver& client_addresses() const noexcept { return client_addresses_; }
+
+ private:
+  using RuleList = std::vector<std::uint32_t>;
+  struct RouteScope {
+    std::uint32_t index = 0;  // into routes in declaration order
+    std::string service;      // "" if the route names none
+  };
+  struct Plan {
+    RuleList live, dry;
+  };
+  // The longest network key (family, prefix length, 16 bytes): a bound for key_size.
+  static constexpr std::size_t kMaxNetworkKey = 18;
+
+  static std::optional<std::string_view> present(std::optional<std::string_view> name) {
+    return name && !name->empty() ? name : std::nullopt;
+  }
+  static bool authenticated(const ScopedRequest& request) {
+    return request.credential && request.consumer;
+  }
+
+  template <class Map>
+  static const typename Map::mapped_type* find(const Map& map, std::string_view name) {
+    auto it = map.find(absl::string_view(name.data(), name.size()));
+    return it == map.end() ? nullptr : &it->second;
+  }
+
+  // Adds `rules` not added yet to `live` or `dry`, in order.
+  void add_rules(const RuleList* rules, RuleGroup& live, RuleGroup& dry) const {
+    if (rules == nullptr) return;
+    for (std::uint32_t r : *rules) {
+      RuleGroup& group = compiled_[r].dry_run ? dry : live;
+      if (std::find(group.begin(), group.end(), r) == group.end()) group.push_back(r);
+    }
+  }
+
+  static RuleInfo describe(const CompiledRule& rule, bool keys_by_identity) {
+    RuleInfo info{.compiled = rule};
+    std::vector<QuotaPolicy> policies;
+    for (const GcraWindow& w : info.compiled.windows) {
+      info.window_names.push_back(absl::StrCat(info.compiled.label, "/", window_suffix(w.period)));
+    }
+    for (std::size_t i = 0; i < info.compiled.windows.size(); ++i) {
+      policies.push_back({.name = info.window_names[i],
+                          .quota = info.compiled.windows[i].requests,
+                          .window = info.compiled.windows[i].period});
+      append_ratelimit_item_prefix(info.limit_prefixes.emplace_back(), info.window_names[i]);
+    }
+    info.policy_value = ratelimit_policy_value(policies);
+    if (info.compiled.adaptive) {
+      info.adaptive_max_units = std::numeric_limits<std::uint64_t>::max();
+      for (const GcraWindow& w : limiter_windows(info.compiled)) {
+        info.adaptive_max_units = std::min(info.adaptive_max_units, w.burst);
+      }
+    }
+    const std::string& named =
+        keys_by_identity ? info.compiled.identity : info.compiled.fingerprint;
+    const std::uint64_t id = XXH3_64bits(named.data(), named.size());
+    append_key_part(info.key_prefix,
+                    std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
+    return info;
+  }
+
+  static std::string window_suffix(std::chrono::nanoseconds period) {
+    if (period == std::chrono::seconds(1)) return "s";
+    if (period == std::chrono::minutes(1)) return "minute";
+    if (period == std::chrono::hours(1)) return "hour";
+    return absl::StrCat(std::chrono::duration_cast<std::chrono::seconds>(period).count(), "s");
+  }
+
+  // The rules each consumer, route, service, listener and the gateway attach; credentials,
+  // exempt paths, and routes in match order.
+  void attach_scopes(const PolicyConfig& config,
+                     absl::flat_hash_map<std::string, RuleList>& bundle_rules) {
+    auto attach = [&](const std::vector<std::string>& names) {
+      RuleList out;
+      for (const std::string& name : names) {
+        for (std::uint32_t r : bundle_rules[name]) out.push_back(r);
+      }
+      return out;
+    };
+    for (const Consumer& c : config.consumers) {
+      consumer_rules_[c.name] = attach(c.policies);
+      for (const std::string& credential : c.credentials) credentials_[credential] = c.name;
+    }
+    for (std::size_t i = 0; i < config.routes.size(); ++i) {
+      const Route& r = config.routes[i];
+      route_rules_[r.name] = attach(r.policies);
+      route_scopes_[r.name] = {.index = static_cast<std::uint32_t>(i), .service = r.service};
+    }
+    for (const Service& s : config.services) service_rules_[s.name] = attach(s.policies);
+    for (const Listener& l : config.listeners) listener_rules_[l.name] = attach(l.policies);
+    global_rules_ = attach(config.gateway.global_policies);
+    exempt_paths_ = config.gateway.exempt_paths;
+    routes_ = config.routes;
+    // Precedence for match_route: the longest prefix first; on equal prefixes a route bound to a
+    // listener before one on every listener.
+    std::stable_sort(routes_.begin(), routes_.end(), [](const Route& a, const Route& b) {
+      if (a.path_prefix.size() != b.path_prefix.size()) {
+        return a.path_prefix.size() > b.path_prefix.size();
+      }
+      return !a.listener.empty() && b.listener.empty();
+    });
+  }
+
+  // The plans of requests without a consumer's rules: one per (route, listener) and per
+  // (service of an unrouted request, listener), "none" included for each.
+  void build_plans(const PolicyConfig& config) {
+    for (std::size_t i = 0; i < config.services.size(); ++i) {
+      service_index_[config.services[i].name] = static_cast<std::uint32_t>(i);
+    }
+    for (std::size_t i = 0; i < config.listeners.size(); ++i) {
+      listener_index_[config.listeners[i].name] = static_cast<std::uint32_t>(i);
+    }
+    listeners_ = config.listeners.size() + 1;
+    plans_.resize((config.routes.size() + config.services.size() + 1) * listeners_);
+    auto plan = [&](const RuleList* route, const RuleList* service, std::size_t scope) {
+      for (std::size_t l = 0; l < listeners_; ++l) {
+        RuleGroup live, dry;
+        for (const RuleList* rules : std::initializer_list<const RuleList*>{
+                 route, service,
+                 l < config.listeners.size() ? &listener_rules_[config.listeners[l].name] : nullptr,
+                 &global_rules_}) {
+          add_rules(rules, live, dry);
+        }
+        plans_[scope * listeners_ + l] = {RuleList(live.begin(), live.end()),
+                                          RuleList(dry.begin(), dry.end())};
+      }
+    };
+    for (std::size_t i = 0; i < config.routes.size(); ++i) {
+      const Route& r = config.routes[i];
+      plan(&route_rules_[r.name], r.service.empty() ? nullptr : &service_rules_[r.service], i);
+    }
+    for (std::size_t s = 0; s <= config.services.size(); ++s) {
+      plan(nullptr, s < config.services.size() ? &service_rules_[config.services[s].name] : nullptr,
+           config.routes.size() + s);
+    }
+  }
+
+  // The plan of a request on `route` (null: none or unknown) or else `service`, on `listener`.
+  std::size_t plan_index(const RouteScope* route, std::optional<std::string_view> service,
+                         std::optional<std::string_view> listener) const {
+    std::size_t scope = 0;
+    if (route != nullptr) {
+      scope = route->index;
+    } else {
+      const std::uint32_t* s = service ? find(service_index_, *service) : nullptr;
+      scope = route_scopes_.size() + (s != nullptr ? *s : service_index_.size());
+    }
+    const std::uint32_t* l = listener ? find(listener_index_, *listener) : nullptr;
+    return scope * listeners_ + (l != nullptr ? *l : listeners_ - 1);
+  }
+
+  std::vector<CompiledRule> compiled_;
+  std::vector<RuleInfo> rules_;
+  absl::flat_hash_map<std::string, std::size_t> by_fingerprint_;  // -> index into rules_
+  absl::flat_hash_map<std::string, RuleList> consumer_rules_, route_rules_, service_rules_,
+      listener_rules_;
+  RuleList global_rules_;
+  absl::flat_hash_map<std::string, RouteScope> route_scopes_;
+  absl::flat_hash_map<std::string, std::uint32_t> service_index_, listener_index_;
+  std::size_t listeners_ = 1;  // config listeners + 1 (none or unknown)
+  std::vector<Plan> plans_;    // [scope × listeners_ + listener]
+  std::vector<std::string> exempt_paths_;
+  std::vector<Route> routes_;                                  // in match_route's precedence order
+  absl::flat_hash_map<std::string, std::string> credentials_;  // -> consumer
+  ClientAddressResolver client_addresses_;                     // gateway.trusted_proxies
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_ENGINE_RULE_SET_HPP_
