@@ -213,23 +213,36 @@ class NetworkKey {
 
 // The key of `address` under `prefixes`. Prefix lengths outside their range (an unvalidated
 // AddressPrefixes) are clamped into it. O(1).
-inline NetworkKey network_key(const ClientAddress& address,
-                              const AddressPrefixes& prefixes) noexcept {
-  NetworkKey key;
-  if (!address.valid()) return key;
+// The most bytes a network key has (family, prefix length, 16 address bytes).
+inline constexpr std::size_t kMaxNetworkKeySize = 18;
+
+// Writes network_key(address, prefixes).bytes() at `out` (room for kMaxNetworkKeySize bytes)
+// and returns the byte after it: straight into a composite key, with no key object between.
+inline char* write_network_key(char* out, const ClientAddress& address,
+                               const AddressPrefixes& prefixes) noexcept {
+  if (!address.valid()) {
+    *out = 0;
+    return out + 1;
+  }
   const int bits =
       address.is_ipv4() ? std::clamp(prefixes.ipv4, 0, 32) : std::clamp(prefixes.ipv6, 0, 128);
   const std::span<const std::uint8_t> bytes = address.bytes();
   const auto whole = static_cast<std::size_t>(bits / 8);
-  key.bytes_[0] = static_cast<char>(address.family());
-  key.bytes_[1] = static_cast<char>(bits);
-  std::copy(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(whole),
-            key.bytes_.begin() + 2);
-  key.size_ = static_cast<std::uint8_t>(2 + whole);
+  *out++ = static_cast<char>(address.family());
+  *out++ = static_cast<char>(bits);
+  out = std::copy(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(whole), out);
   if (const int rest = bits % 8; rest != 0) {
     const auto mask = static_cast<std::uint8_t>(0xff << (8 - rest));
-    key.bytes_[key.size_++] = static_cast<char>(bytes[whole] & mask);
+    *out++ = static_cast<char>(bytes[whole] & mask);
   }
+  return out;
+}
+
+inline NetworkKey network_key(const ClientAddress& address,
+                              const AddressPrefixes& prefixes) noexcept {
+  NetworkKey key;
+  char* const end = write_network_key(key.bytes_.data(), address, prefixes);
+  key.size_ = static_cast<std::uint8_t>(end - key.bytes_.data());
   return key;
 }
 

@@ -216,6 +216,18 @@ class BasicRateLimitEngine {
     absl::InlinedVector<RuleKey, 16> keys;
     detail::Factors factors;  // per key, where adaptive rules exist (AdaptiveRules::scale_costs)
   };
+  // What a request needs besides its Evaluation, kept per thread so that evaluating neither
+  // allocates nor clears it: the keys' bytes, merged rule lists, the backend's decisions.
+  struct Workspace {
+    std::string key_bytes;
+    RuleSet::Scratch scratch;
+    absl::InlinedVector<Decision, 16> decisions;
+    // `n` decision slots, each written by the backend before it is read.
+    std::span<Decision> decisions_for(std::size_t n) {
+      if (decisions.size() < n) decisions.resize(n);
+      return std::span(decisions).first(n);
+    }
+  };
   // How check_group decided one group of rules.
   struct GroupOutcome {
     bool degraded = false;  // on the local share
@@ -226,26 +238,25 @@ class BasicRateLimitEngine {
   // backend's decisions (live rules, then dry-run ones), the fields, then the counters, events
   // and observer.
   void evaluate_into(const RequestContext& raw, Evaluation& e, Settlement* settlement) const {
-    clear(e);
+    detail::reset_keeping_fields(e);
     if (rules_.exempt(raw.path)) {
       e.exempt = true;
       e.fields.clear();
       return;
     }
-    totals_->evaluations.fetch_add(1, std::memory_order_relaxed);
-    thread_local RuleSet::Scratch scratch;
+    totals_->local().evaluations.fetch_add(1, std::memory_order_relaxed);
+    thread_local Workspace work;
     ScopedRequest request;
-    if (absl::Status s = rules_.scope(raw, request, scratch); !s.ok()) {
+    if (absl::Status s = rules_.scope(raw, request, work.scratch); !s.ok()) {
       e.allowed = false;
       e.backend_error = std::move(s);
       e.fields.clear();
       if (observer_) observer_(e);
       return;
     }
-    thread_local std::string buffer;
     RequestKeys keys;
-    request_keys(request, keys, buffer);
-    absl::InlinedVector<Decision, 16> decisions(keys.keys.size());
+    request_keys(request, keys, work.key_bytes);
+    std::span<Decision> decisions = work.decisions_for(keys.keys.size());
     GroupOutcome live_outcome, dry_outcome;
     e.live_rules = request.live.size();
     if (!request.live.empty()) {
@@ -262,18 +273,6 @@ class BasicRateLimitEngine {
     if (observer_) observer_(e);
   }
 
-  // Resets `e` to a fresh evaluation, keeping the strings of its fields for reuse.
-  static void clear(Evaluation& e) {
-    e.exempt = false;
-    e.allowed = true;
-    e.live_rules = 0;
-    e.binding.reset();
-    e.retry_after = std::chrono::nanoseconds{0};
-    e.dry_denied.reset();
-    e.backend_error = absl::OkStatus();
-    e.degraded = false;
-  }
-
   // Every selected rule's key, live rules first, at the request's cost, written into `buffer`;
   // where adaptive rules exist each key's factor, since adaptive rules take their cost in
   // thousandths of a request scaled by the factor.
@@ -286,9 +285,10 @@ class BasicRateLimitEngine {
     for (std::span<const std::uint32_t> group : {request.live, request.dry}) {
       for (std::uint32_t r : group) {
         char* const end = rules_.write_key(at, r, request);
-        out.keys.push_back({.rule = r,
-                            .key = std::string_view(at, static_cast<std::size_t>(end - at)),
-                            .cost = request.raw->cost});
+        RuleKey& key = out.keys.emplace_back();  // in place: no temporary to copy
+        key.rule = r;
+        key.key = std::string_view(at, static_cast<std::size_t>(end - at));
+        key.cost = request.raw->cost;
         at = end;
       }
     }
@@ -363,7 +363,7 @@ class BasicRateLimitEngine {
     std::optional<std::size_t> binding;  // index into live
     for (std::size_t i = 0; i < live.size(); ++i) {
       if (decisions[i].allowed()) continue;
-      counters_[live[i]]->denied.fetch_add(1, std::memory_order_relaxed);
+      counters_[live[i]]->local().denied.fetch_add(1, std::memory_order_relaxed);
       e.allowed = false;
       e.retry_after = std::max(e.retry_after, decisions[i].retry_after);
       if (!binding) binding = i;
@@ -403,7 +403,7 @@ class BasicRateLimitEngine {
     for (std::size_t i = 0; i < request.dry.size(); ++i) {
       if (out[i].allowed()) continue;
       const std::uint32_t r = request.dry[i];
-      counters_[r]->dry_denied.fetch_add(1, std::memory_order_relaxed);
+      counters_[r]->local().dry_denied.fetch_add(1, std::memory_order_relaxed);
       if (!e.dry_denied) e.dry_denied = RuleDecision{r, out[i]};
       if (on_event_) {
         on_event_(
@@ -421,18 +421,18 @@ class BasicRateLimitEngine {
     const bool live_local = live.degraded && e.backend_error.ok();
     const bool dry_local = dry.degraded && dry_decided;
     e.degraded = live_local || dry_local;
-    if (e.degraded) totals_->degraded_evaluations.fetch_add(1, std::memory_order_relaxed);
+    if (e.degraded) totals_->local().degraded_evaluations.fetch_add(1, std::memory_order_relaxed);
     if (cost == 0) return;
     auto add = [&](std::span<const std::uint32_t> rules, auto member) {
       for (std::uint32_t r : rules) {
-        ((*counters_[r]).*member).fetch_add(1, std::memory_order_relaxed);
+        (counters_[r]->local().*member).fetch_add(1, std::memory_order_relaxed);
       }
     };
-    if (live_local) add(request.live, &detail::RuleCounters::degraded);
-    if (dry_local) add(request.dry, &detail::RuleCounters::degraded);
+    if (live_local) add(request.live, &detail::RuleCounters::Stripe::degraded);
+    if (dry_local) add(request.dry, &detail::RuleCounters::Stripe::degraded);
     if (e.allowed && e.backend_error.ok()) {
-      add(request.live, &detail::RuleCounters::admitted);
-      if (dry_decided) add(request.dry, &detail::RuleCounters::admitted);
+      add(request.live, &detail::RuleCounters::Stripe::admitted);
+      if (dry_decided) add(request.dry, &detail::RuleCounters::Stripe::admitted);
     }
   }
 
@@ -576,11 +576,12 @@ class BasicRateLimitEngine {
   // Rule `index`'s counters (as in stats()), without copying its label. Lock-free.
   RuleCounts rule_counts(std::size_t index) const {
     const detail::RuleCounters& c = *counters_[index];
-    return {.admitted = c.admitted.load(std::memory_order_relaxed),
-            .denied = c.denied.load(std::memory_order_relaxed),
-            .dry_denied = c.dry_denied.load(std::memory_order_relaxed),
+    using Stripe = detail::RuleCounters::Stripe;
+    return {.admitted = c.sum(&Stripe::admitted),
+            .denied = c.sum(&Stripe::denied),
+            .dry_denied = c.sum(&Stripe::dry_denied),
             .store = backend_->rule_store_stats(index),
-            .degraded = c.degraded.load(std::memory_order_relaxed)};
+            .degraded = c.sum(&Stripe::degraded)};
   }
   // Rule `index`'s adaptive state now: that of its route with the lowest factor (the first such
   // route by name; unrouted requests count as the route ""), with `decreases` summed over all its
@@ -590,11 +591,12 @@ class BasicRateLimitEngine {
   }
   EngineStats engine_stats() const {
     const detail::EngineCounters& t = *totals_;
-    return {.evaluations = t.evaluations.load(std::memory_order_relaxed),
+    using Stripe = detail::EngineCounters::Stripe;
+    return {.evaluations = t.sum(&Stripe::evaluations),
             .backend_errors = t.backend_errors.load(std::memory_order_relaxed),
             .reloads = t.reloads.load(std::memory_order_relaxed),
             .failed_reloads = t.failed_reloads.load(std::memory_order_relaxed),
-            .degraded_evaluations = t.degraded_evaluations.load(std::memory_order_relaxed)};
+            .degraded_evaluations = t.sum(&Stripe::degraded_evaluations)};
   }
   // This generation's EngineOptions::on_backend_error.
   FailureMode failure_mode() const noexcept { return on_backend_error_; }

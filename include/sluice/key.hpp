@@ -87,12 +87,19 @@ inline char* write_key_part_header(char* out, std::size_t size) noexcept {
 // The encoded size of a tagged part of `size` bytes (`write_key_part`).
 constexpr std::size_t key_part_size(std::size_t size) noexcept { return 5 + size; }
 
+// Writes the header of a part tagged `tag` of `size` bytes at `out` (key_part_size(0) bytes),
+// for a part whose bytes are written after it in place.
+inline char* write_key_part_header(char* out, char tag, std::size_t size) noexcept {
+  out = detail::write_key_part_header(out, size + 1);
+  *out++ = tag;
+  return out;
+}
+
 // Writes `tag` and `part` as one part at `out`, which has room for key_part_size(part.size())
 // bytes; returns the byte after it. The tag says what kind of value the part holds (an address,
 // a credential, ...), so equal bytes of different kinds are different keys.
 inline char* write_key_part(char* out, char tag, std::string_view part) noexcept {
-  out = detail::write_key_part_header(out, part.size() + 1);
-  *out++ = tag;
+  out = write_key_part_header(out, tag, part.size());
   if (!part.empty()) std::memcpy(out, part.data(), part.size());
   return out + part.size();
 }

@@ -122,6 +122,20 @@ struct EngineStats {
   friend bool operator==(const EngineStats&, const EngineStats&) = default;
 };
 
+namespace detail {
+// Resets `e` to a fresh evaluation, keeping the strings of its fields for reuse.
+inline void reset_keeping_fields(Evaluation& e) {
+  e.exempt = false;
+  e.allowed = true;
+  e.live_rules = 0;
+  e.binding.reset();
+  e.retry_after = std::chrono::nanoseconds{0};
+  e.dry_denied.reset();
+  e.backend_error = absl::OkStatus();
+  e.degraded = false;
+}
+}  // namespace detail
+
 }  // namespace sluice
 
 #endif  // SLUICE_ENGINE_EVALUATION_HPP_

@@ -94,8 +94,13 @@ class InMemoryBackend {
     absl::InlinedVector<KeyDigest, 8> digests;
     ShardLockSet locks;
     for (const RuleKey& k : keys) {
-      digests.push_back(limiters_[k.rule]->digest(k.key));
-      limiters_[k.rule]->add_lock(locks, digests.back());
+      // Copied field by field: a digest stored as two words and reloaded as one 16-byte value
+      // stalls the store forwarding.
+      const KeyDigest d = limiters_[k.rule]->digest(k.key);
+      KeyDigest& slot = digests.emplace_back();
+      slot.low = d.low;
+      slot.high = d.high;
+      limiters_[k.rule]->add_lock(locks, slot);
     }
     commit_all(HeldShardLocks(locks), keys, digests, out);
     return absl::OkStatus();

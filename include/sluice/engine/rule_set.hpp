@@ -61,10 +61,12 @@ using RuleGroup = absl::InlinedVector<std::uint32_t, 16>;
 // the client's address parsed once, and the rules that apply (live and dry-run, each in
 // precedence order). The spans view the rule set or `RuleSet::Scratch`.
 struct ScopedRequest {
-  const RequestContext* raw = nullptr;
-  ClientAddress client{};
-  std::optional<std::string_view> credential{}, consumer{}, route{}, service{}, listener{};
-  std::span<const std::uint32_t> live{}, dry{};
+  // No default member initializers: RuleSet::scope sets every member, and zeroing this on every
+  // request first is measurable.
+  const RequestContext* raw;
+  ClientAddress client;
+  std::optional<std::string_view> credential, consumer, route, service, listener;
+  std::span<const std::uint32_t> live, dry;
 };
 
 class RuleSet {
@@ -123,11 +125,11 @@ class RuleSet {
   absl::Status scope(const RequestContext& raw, ScopedRequest& out, Scratch& scratch) const {
     out.raw = &raw;
     out.client = raw.client ? *raw.client : ClientAddress::parse(raw.client_ip);
-    out.credential = present(raw.credential);
-    out.consumer = present(raw.consumer);
-    out.route = present(raw.route);
-    out.service = present(raw.service);
-    out.listener = present(raw.listener);
+    set_present(out.credential, raw.credential);
+    set_present(out.consumer, raw.consumer);
+    set_present(out.route, raw.route);
+    set_present(out.service, raw.service);
+    set_present(out.listener, raw.listener);
     const RouteScope* route = out.route ? find(route_scopes_, *out.route) : nullptr;
     if (route != nullptr && !route->service.empty()) {
       if (!out.service) {
@@ -162,7 +164,7 @@ class RuleSet {
 
   // An upper bound of the size of rule `r`'s key for `request` (write_key). O(1).
   std::size_t key_size(std::uint32_t r, const ScopedRequest& request) const {
-    std::size_t part = kMaxNetworkKey;
+    std::size_t part = kMaxNetworkKeySize;
     if (request.credential) part = std::max(part, request.credential->size());
     if (request.route) part = std::max(part, request.route->size());
     const RuleInfo& rule = rules_[r];
@@ -183,8 +185,12 @@ class RuleSet {
       const bool address = selector == Selector::kIp ||
                            (selector == Selector::kCredential && !authenticated(request));
       if (address) {
-        const NetworkKey network = network_key(request.client, rule.address_prefixes);
-        out = write_key_part(out, 'i', network.bytes());
+        char* const header = out;
+        char* const end =
+            write_network_key(header + key_part_size(0), request.client, rule.address_prefixes);
+        write_key_part_header(header, 'i',
+                              static_cast<std::size_t>(end - header) - key_part_size(0));
+        out = end;
       } else if (selector == Selector::kCredential) {
         out = write_key_part(out, 'c', *request.credential);
       } else {
@@ -228,11 +234,16 @@ class RuleSet {
   struct Plan {
     RuleList live, dry;
   };
-  // The longest network key (family, prefix length, 16 bytes): a bound for key_size.
-  static constexpr std::size_t kMaxNetworkKey = 18;
 
-  static std::optional<std::string_view> present(std::optional<std::string_view> name) {
-    return name && !name->empty() ? name : std::nullopt;
+  // `out` = `name` unless it is absent or empty. In place: an optional returned by value and
+  // copied stalls the store of its flag byte into the wider load of the copy.
+  static void set_present(std::optional<std::string_view>& out,
+                          const std::optional<std::string_view>& name) {
+    if (name && !name->empty()) {
+      out.emplace(*name);
+    } else {
+      out.reset();
+    }
   }
   static bool authenticated(const ScopedRequest& request) {
     return request.credential && request.consumer;
