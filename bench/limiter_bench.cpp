@@ -385,6 +385,15 @@ void BM_Direct_OneWindow_Frozen_Admit(benchmark::State& state) {
 }
 BENCHMARK(BM_Direct_OneWindow_Frozen_Admit)->UseRealTime();
 
+// check_one: the cost-1 check without a StatusOr, the same Decision.
+void BM_Direct_OneWindow_Frozen_Admit_CheckOne(benchmark::State& state) {
+  static DirectFrozen limiter = must(DirectFrozen::create(
+      {{.requests = kHugeBurst, .period = std::chrono::nanoseconds(kHugeBurst)}},
+      sluice::ManualClock()));
+  for (auto _ : state) benchmark::DoNotOptimize(limiter.check_one());
+}
+BENCHMARK(BM_Direct_OneWindow_Frozen_Admit_CheckOne)->UseRealTime();
+
 void BM_Direct_OneWindow_Tick(benchmark::State& state) {
   static DirectTick limiter = must(DirectTick::create({{.requests = 1'000'000, .period = 1s}}));
   for (auto _ : state) {
