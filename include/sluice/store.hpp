@@ -407,7 +407,10 @@ class ShardedStore {
       return now;
     }
 
-    std::size_t probe(const KeyDigest& d) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(lock) {
+    // Always inline: out of line, GCC passes the digest through a stack slot as two 8-byte stores
+    // read back as one 16-byte load, a store-forwarding stall on every check.
+    ABSL_ATTRIBUTE_ALWAYS_INLINE std::size_t probe(const KeyDigest& d) const
+        ABSL_EXCLUSIVE_LOCKS_REQUIRED(lock) {
       return probe_in(slots, capacity, d);
     }
 
@@ -418,7 +421,8 @@ class ShardedStore {
 
   // Index of `d`'s slot in a table, or of the empty slot where it would go. Linear probing from a
   // multiply-shift start (any table size works); the table always has an empty slot.
-  static std::size_t probe_in(const Slot* slots, std::size_t capacity, const KeyDigest& d) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE static std::size_t probe_in(const Slot* slots, std::size_t capacity,
+                                                           const KeyDigest& d) {
     auto i = static_cast<std::size_t>(absl::Uint128High64(absl::uint128(d.low) * capacity));
     while (true) {
       const KeyDigest& at = slots[i].digest;
@@ -451,9 +455,8 @@ class ShardedStore {
   }
 
   template <class Fn, class OnFull>
-  std::invoke_result_t<Fn&, Cell&, std::int64_t> update_in(Shard& shard, KeyDigest d,
-                                                           std::int64_t now, Fn& fn,
-                                                           OnFull& on_full)
+  ABSL_ATTRIBUTE_ALWAYS_INLINE std::invoke_result_t<Fn&, Cell&, std::int64_t> update_in(
+      Shard& shard, KeyDigest d, std::int64_t now, Fn& fn, OnFull& on_full)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     now = shard.clamp(now);
     const std::size_t index = shard.probe(d);

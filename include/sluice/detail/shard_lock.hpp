@@ -59,6 +59,9 @@ class ABSL_LOCKABLE ShardLock {
   // Sleeps while the state is kContended (returns at once if it is not; may return spuriously).
   void park() {
 #if defined(__linux__)
+    // syscall(2) is variadic and is the only interface to futex(2); std::atomic::wait would spin
+    // and yield first, which is what this lock must not do.
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-vararg)
     syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&state_), FUTEX_WAIT_PRIVATE, kContended,
             nullptr, nullptr, 0);
 #else
@@ -67,6 +70,7 @@ class ABSL_LOCKABLE ShardLock {
   }
   ABSL_ATTRIBUTE_NOINLINE void wake_one() {
 #if defined(__linux__)
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-vararg): as in park()
     syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1, nullptr,
             nullptr, 0);
 #else
