@@ -107,6 +107,19 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline std::uint64_t remaining_after(const GcraPara
   return p.burst - p.by_period.divide_wide(distance + (p.by_period.divisor() - 1));
 }
 
+// Whether window `p`, its TAT `ahead` + `fraction` ns ahead of now after an admission, has at
+// least `least` requests left: its room burst·period − scaled distance is at least
+// least·period (all scaled by requests, below 2^93). Exact, two products and no division: the
+// binding-window choice asks it of every window but the first, and computes remaining_after only
+// for a window that has fewer left.
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool has_at_least(const GcraParams& p, std::int64_t ahead,
+                                                      std::uint64_t fraction, std::uint64_t least) {
+  const absl::uint128 room =
+      absl::uint128(static_cast<std::uint64_t>(p.tolerance_whole - ahead)) * p.requests +
+      p.tolerance_fraction - fraction;
+  return room >= absl::uint128(least) * static_cast<std::uint64_t>(p.period);
+}
+
 // The denial: nothing changes; `cell` is the key's state as it stands. Writes its decision into
 // `out`. Out of line, so that the admitted path below stays short.
 template <std::size_t N>
@@ -173,9 +186,9 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void gcra_decide(const GcraParams* params, G
     // (ahead·requests + fraction ≤ burst·period), both fractions being below requests.
     if (ahead < p.tolerance_whole ||
         (ahead == p.tolerance_whole && fraction <= p.tolerance_fraction)) {
-      const std::uint64_t r = remaining_after(p, ahead, fraction);
-      if (i == 0 || r < least) {
-        least = r;
+      // Only a window with fewer left than the least so far needs its remaining computed.
+      if (i == 0 || !has_at_least(p, ahead, fraction, least)) {
+        least = remaining_after(p, ahead, fraction);
         binding = i;
         // ceil(scaled distance / requests): the fraction is below one request's share.
         reset_after = ahead + (fraction != 0 ? 1 : 0);
