@@ -5,7 +5,7 @@
 // Second subject, thread scaling: ns per check as threads go from 1 to twice the machine's cores,
 // on one key (a flood: every thread writes the same cell) and on disjoint keys (each thread its
 // own key), sluice beside one mutex + absl::flat_hash_map GCRA, all in the same run. Every check
-// is admitted (a window that never binds) and each thread's TickClock moves 1 ns per check. Rows:
+// is admitted (a window that never binds) under one frozen ManualClock that both read. Rows:
 // BM_{Gcra,MutexFlatHashMap}_Threads_{OneKey,DisjointKeys}/threads:T; counter per_thread_ns is
 // one thread's wall time over its own checks, items_per_second the aggregate rate.
 // scripts/plot_threads.py turns their JSON into docs/thread-scaling.svg.
@@ -99,10 +99,18 @@ void BM_PointerChase_Keys(benchmark::State& state) {
 
 constexpr std::uint64_t kNeverBinds = std::uint64_t{1} << 32;  // the largest burst: 2^32 checks
 
-Gcra& flood_limiter() {
-  static Gcra limiter = [] {
-    auto made = Gcra::create({{.requests = 1'000'000'000, .period = 1s, .burst = kNeverBinds}},
-                             {.seed = 1});
+using GcraFrozen = sluice::GcraLimiter<sluice::ManualClock>;
+
+const sluice::ManualClock& frozen_clock() {
+  static const sluice::ManualClock clock;
+  return clock;
+}
+
+GcraFrozen& flood_limiter() {
+  static GcraFrozen limiter = [] {
+    auto made =
+        GcraFrozen::create({{.requests = 1'000'000'000, .period = 1s, .burst = kNeverBinds}},
+                           {.seed = 1}, frozen_clock());
     if (!made.ok()) std::abort();
     return *std::move(made);
   }();
@@ -118,10 +126,7 @@ bench::MutexFlatHashMapLimiter& flood_baseline() {
 template <class Check>
 void run_threads(benchmark::State& state, Check&& check) {
   const auto start = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    ++bench::tick;
-    benchmark::DoNotOptimize(check());
-  }
+  for (auto _ : state) benchmark::DoNotOptimize(check());
   const auto elapsed = std::chrono::steady_clock::now() - start;
   state.counters["per_thread_ns"] = benchmark::Counter(
       static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count()) /
@@ -144,7 +149,7 @@ void BM_Gcra_Threads(benchmark::State& state, bool disjoint) {
 void BM_MutexFlatHashMap_Threads(benchmark::State& state, bool disjoint) {
   bench::KeyMaker key;
   const std::string_view k = thread_key(key, state, disjoint);
-  run_threads(state, [&] { return flood_baseline().check(k, bench::tick); });
+  run_threads(state, [&] { return flood_baseline().check(k, frozen_clock().now().count()); });
 }
 
 }  // namespace
