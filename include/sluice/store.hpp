@@ -218,8 +218,8 @@ class ShardedStore {
   // refuses the new key (kRejectNewKeys, shard full of live cells), returns `on_full(StoreFull)`
   // instead and nothing changes.
   template <class Fn, class OnFull>
-  std::invoke_result_t<Fn&, Cell&, std::int64_t> update(KeyDigest d, std::int64_t now, Fn&& fn,
-                                                        OnFull&& on_full) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE std::invoke_result_t<Fn&, Cell&, std::int64_t> update(
+      KeyDigest d, std::int64_t now, Fn&& fn, OnFull&& on_full) {
     Shard& shard = shards_[shard_index(d)];
     detail::ShardLockHolder hold(shard.lock);
     return update_in(shard, d, now, fn, on_full);
