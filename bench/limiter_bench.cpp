@@ -155,6 +155,78 @@ void BM_FloatTokenBucket_HotKey(benchmark::State& state) {
 }
 BENCHMARK(BM_FloatTokenBucket_HotKey)->UseRealTime();
 
+// --- one hot key under every thread (a flood on one key) -------------------------------------
+// Every thread checks the same key and every check is admitted (a window that never binds), so
+// every check writes the key's state. Subjects in the same run: GcraLimiter, one window, and the
+// mutex + absl::flat_hash_map GCRA a service would write. "Frozen": one shared ManualClock that
+// never moves (both subjects read it). "Moving": each thread's TickClock moves 1 ns per check.
+// Threads 1, 2 and 4 (4 = twice this machine's cores: a waiter must not take its holder's time).
+// Counter per_thread_ns: wall time of one thread over its own checks (the time shown by the
+// library is the aggregate, wall time over every thread's checks).
+
+constexpr std::uint64_t kNeverBinds = std::uint64_t{1} << 32;  // burst: 2^32 checks before any
+                                                               // denial, at 1 check per ns
+
+using GcraFrozen = sluice::GcraLimiter<sluice::ManualClock>;
+
+template <class Check>
+void run_timed(benchmark::State& state, Check&& check) {
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) benchmark::DoNotOptimize(check());
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  state.counters["per_thread_ns"] = benchmark::Counter(
+      static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count()) /
+          static_cast<double>(state.iterations()),
+      benchmark::Counter::kAvgThreads);
+}
+
+void BM_Gcra_HotKeyFlood_Frozen(benchmark::State& state) {
+  static GcraFrozen limiter =
+      must(GcraFrozen::create({{.requests = 1'000'000'000, .period = 1s, .burst = kNeverBinds}},
+                              {.seed = 1}, sluice::ManualClock()));
+  bench::KeyMaker key;
+  const std::string_view k = key(42);
+  run_timed(state, [&] { return limiter.check(k); });
+}
+BENCHMARK(BM_Gcra_HotKeyFlood_Frozen)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
+
+void BM_MutexFlatHashMap_HotKeyFlood_Frozen(benchmark::State& state) {
+  static bench::MutexFlatHashMapLimiter limiter(1, std::int64_t{1} << 62);
+  static const sluice::ManualClock clock;
+  bench::KeyMaker key;
+  const std::string_view k = key(42);
+  run_timed(state, [&] { return limiter.check(k, clock.now().count()); });
+}
+BENCHMARK(BM_MutexFlatHashMap_HotKeyFlood_Frozen)
+    ->Threads(1)
+    ->Threads(2)
+    ->Threads(4)
+    ->UseRealTime();
+
+void BM_Gcra_HotKeyFlood_Moving(benchmark::State& state) {
+  static Gcra limiter = must(
+      Gcra::create({{.requests = 1'000'000'000, .period = 1s, .burst = kNeverBinds}}, {.seed = 1}));
+  bench::KeyMaker key;
+  const std::string_view k = key(42);
+  run_timed(state, [&] {
+    ++bench::tick;
+    return limiter.check(k);
+  });
+}
+BENCHMARK(BM_Gcra_HotKeyFlood_Moving)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
+
+void BM_MutexFlatHashMap_HotKeyFlood_Moving(benchmark::State& state) {
+  static bench::MutexFlatHashMapLimiter limiter(1, std::int64_t{1} << 62);
+  bench::KeyMaker key;
+  const std::string_view k = key(42);
+  run_timed(state, [&] { return limiter.check(k, ++bench::tick); });
+}
+BENCHMARK(BM_MutexFlatHashMap_HotKeyFlood_Moving)
+    ->Threads(1)
+    ->Threads(2)
+    ->Threads(4)
+    ->UseRealTime();
+
 // --- reserve and cancel, hot key (tick clock: every reservation fits now, so it waits 0) ----
 // Beside BM_Gcra_OneWindow_HotKey (a check) and BM_MutexFlatHashMap_HotKey in the same run.
 
@@ -312,6 +384,15 @@ void BM_Direct_OneWindow_Frozen_Admit(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(limiter.check());
 }
 BENCHMARK(BM_Direct_OneWindow_Frozen_Admit)->UseRealTime();
+
+// check_one: the cost-1 check without a StatusOr, the same Decision.
+void BM_Direct_OneWindow_Frozen_Admit_CheckOne(benchmark::State& state) {
+  static DirectFrozen limiter = must(DirectFrozen::create(
+      {{.requests = kHugeBurst, .period = std::chrono::nanoseconds(kHugeBurst)}},
+      sluice::ManualClock()));
+  for (auto _ : state) benchmark::DoNotOptimize(limiter.check_one());
+}
+BENCHMARK(BM_Direct_OneWindow_Frozen_Admit_CheckOne)->UseRealTime();
 
 void BM_Direct_OneWindow_Tick(benchmark::State& state) {
   static DirectTick limiter = must(DirectTick::create({{.requests = 1'000'000, .period = 1s}}));

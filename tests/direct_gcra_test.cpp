@@ -70,7 +70,9 @@ void require_parity(const std::vector<sluice::GcraWindow>& windows, std::uint64_
     const std::uint64_t cost =
         pick < 6 ? 1 : (pick == 6 ? 0 : random() % (std::min<std::uint64_t>(max_burst, 50) + 2));
     const absl::StatusOr<Decision> expected = keyed->check("k", cost);
-    const absl::StatusOr<Decision> actual = direct.check(cost);
+    // check_one, the cost-1 check without a StatusOr, on every other cost-1 step.
+    const absl::StatusOr<Decision> actual =
+        cost == 1 && i % 2 == 0 ? absl::StatusOr<Decision>(direct.check_one()) : direct.check(cost);
     INFO("seed " << seed << " step " << i << " at " << clock.now().count() << "ns cost " << cost);
     REQUIRE(actual.status() == expected.status());
     if (expected.ok()) REQUIRE(*actual == *expected);
@@ -268,7 +270,9 @@ TEST_CASE("direct: an admission binds the window with the least remaining") {
   CHECK(later.remaining == 1);
 }
 
-TEST_CASE("direct: every decision equals GcraLimiter's for one key, one window") {
+TEST_CASE(
+    "direct: every decision, of check and check_one, equals GcraLimiter's for one key, one "
+    "window") {
   require_parity({{.requests = 3, .period = 1s}}, 1, 0s, 700ms, 20'000);
   require_parity({{.requests = 1, .period = 1s, .burst = 5}}, 2, 0s, 1500ms, 20'000);
   require_parity({{.requests = 10, .period = 1s}}, 3, 1h, 150ms, 20'000);
@@ -279,7 +283,9 @@ TEST_CASE("direct: every decision equals GcraLimiter's for one key, one window")
                  std::chrono::nanoseconds((std::int64_t{1} << 62) - 60'000'000'000), 1s, 20'000);
 }
 
-TEST_CASE("direct: every decision equals GcraLimiter's for one key, stacked windows") {
+TEST_CASE(
+    "direct: every decision, of check and check_one, equals GcraLimiter's for one key, stacked "
+    "windows") {
   require_parity(
       {{.requests = 1, .period = 1s, .burst = 2}, {.requests = 20, .period = 2s, .burst = 1}}, 6,
       0s, 300ms, 20'000);
@@ -310,6 +316,10 @@ TEST_CASE("direct: eight threads with a frozen clock admit exactly the burst") {
     for (int t = 0; t < 8; ++t) {
       threads.emplace_back([&] {
         for (int i = 0; i < 500; ++i) {
+          if (i % 3 == 0) {  // the cost-1 check without a StatusOr
+            if (limiter.check_one().allowed()) admitted.fetch_add(1);
+            continue;
+          }
           const absl::StatusOr<Decision> d = limiter.check(i % 5 == 4 ? 0 : 1);
           if (d.ok() && d->allowed() && i % 5 != 4) admitted.fetch_add(1);
         }

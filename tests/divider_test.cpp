@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/numeric/int128.h"
 #include "catch.hpp"
 
 namespace {
@@ -17,13 +18,20 @@ void check_divisor(std::uint64_t d, std::mt19937_64& rng) {
   for (int i = 0; i < 64; ++i) numerators.push_back(rng());
   for (int i = 0; i < 64; ++i) numerators.push_back(rng() >> (rng() % 64));
   for (std::uint64_t n : numerators) {
+    // A 128-bit numerator whose quotient fits 64 bits: high word below the divisor.
+    const absl::uint128 wide = absl::MakeUint128(d == 1 ? 0 : rng() % d, n);
+    REQUIRE(divider.divide_wide(wide) == absl::Uint128Low64(wide / d));
     REQUIRE(divider.divide(n) == n / d);
     REQUIRE(divider.divide_up(n) == n / d + (n % d != 0 ? 1 : 0));
   }
+  const absl::uint128 largest = absl::MakeUint128(d - 1, kMax);  // quotient 2^64 − 1
+  REQUIRE(divider.divide_wide(largest) == absl::Uint128Low64(largest / d));
 }
 }  // namespace
 
-TEST_CASE("division by multiplication equals hardware division for every kind of divisor") {
+TEST_CASE(
+    "division by multiplication equals hardware division for every kind of divisor, 64 and 128-bit "
+    "numerators") {
   std::mt19937_64 rng(99);
   for (std::uint64_t d = 1; d <= 5000; ++d) check_divisor(d, rng);
   for (int shift = 0; shift < 64; ++shift) {

@@ -4,10 +4,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/numeric/int128.h"
 #include "catch.hpp"
 #include "sluice/clock.hpp"
 
@@ -241,6 +243,118 @@ TEST_CASE("threads racing on one key with a frozen clock admit exactly the burst
   }
   for (auto& thread : threads) thread.join();
   CHECK(admitted.load() == 1000);
+}
+
+TEST_CASE("stacked windows report the binding window and remaining of a 128-bit reference") {
+  // Awkward rates (intervals with fractions, different bursts) so that windows tie, cross and
+  // differ by a fraction of a request.
+  const std::vector<sluice::GcraWindow> windows = {{.requests = 7, .period = 1s, .burst = 5},
+                                                   {.requests = 29, .period = 3s, .burst = 11},
+                                                   {.requests = 400, .period = 1min, .burst = 50}};
+  sluice::ManualClock clock;
+  Limiter limiter = make(windows, clock);
+  struct Window {  // the reference: TAT·requests + fraction, in one 128-bit integer
+    absl::int128 tat = std::numeric_limits<std::int64_t>::min();
+    std::int64_t requests, period;
+    std::uint64_t burst;
+  };
+  std::vector<Window> model;
+  for (const auto& w : windows)
+    model.push_back({.requests = static_cast<std::int64_t>(w.requests),
+                     .period = w.period.count(),
+                     .burst = w.burst});
+  std::mt19937_64 random(11);
+  for (int step = 0; step < 20'000; ++step) {
+    clock.advance(std::chrono::nanoseconds(static_cast<std::int64_t>(random() % 300'000'000)));
+    const std::uint64_t cost = random() % 6;
+    const absl::int128 now = clock.now().count();
+    std::vector<absl::int128> next;
+    std::size_t first_denied = model.size();
+    for (std::size_t i = 0; i < model.size(); ++i) {
+      const Window& w = model[i];
+      const absl::int128 at = now * w.requests;
+      next.push_back(std::max(w.tat, at) + absl::int128(cost) * w.period);
+      const bool admits = next[i] - at <= absl::int128(w.burst) * w.period;
+      if (!admits && first_denied == model.size()) first_denied = i;
+    }
+    const sluice::Decision d = check(limiter, "k", cost);
+    INFO("step " << step << " cost " << cost);
+    if (first_denied != model.size()) {
+      REQUIRE_FALSE(d.allowed());
+      REQUIRE(d.binding_window == first_denied);
+      continue;
+    }
+    REQUIRE(d.allowed());
+    std::size_t binding = 0;
+    absl::int128 least = -1;
+    for (std::size_t i = 0; i < model.size(); ++i) {
+      const Window& w = model[i];
+      const absl::int128 room = absl::int128(w.burst) * w.period - (next[i] - now * w.requests);
+      const absl::int128 left = room / w.period;  // room ≥ 0: floor
+      if (i == 0 || left < least) {
+        least = left;
+        binding = i;
+      }
+      if (cost != 0) model[i].tat = next[i];
+    }
+    REQUIRE(d.binding_window == binding);
+    REQUIRE(d.remaining == static_cast<std::uint64_t>(least));
+    REQUIRE(d.limit == model[binding].burst);
+  }
+}
+
+TEST_CASE("stacked windows with exactly the same room bind the shorter period") {
+  sluice::ManualClock clock;
+  // The same interval (100 ms) and burst: every admission leaves both windows the same room.
+  Limiter limiter =
+      make({{.requests = 10, .period = 1s}, {.requests = 600, .period = 1min, .burst = 10}}, clock);
+  for (int i = 0; i < 25; ++i) {
+    const sluice::Decision d = check(limiter);
+    if (d.allowed()) REQUIRE(d.binding_window == 0);
+    clock.advance(std::chrono::milliseconds(i % 3 == 0 ? 100 : 0));
+  }
+}
+
+TEST_CASE("eight threads flooding one key with stacked windows admit exactly the tightest burst") {
+  sluice::ManualClock clock;
+  Limiter limiter =
+      make({{.requests = 600, .period = 1min}, {.requests = 500, .period = 1h}}, clock);
+  std::atomic<int> admitted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        auto d = limiter.check("hot");
+        if (d.ok() && d->allowed()) admitted.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(admitted.load() == 500);
+  const sluice::Decision after = limiter.inspect("hot");
+  CHECK(after.remaining == 0);
+  CHECK(after.binding_window == 1);
+}
+
+TEST_CASE("eight threads flooding one key under a window that never binds lose no admission") {
+  sluice::ManualClock clock;
+  Limiter limiter = make({{.requests = 1'000'000, .period = 1s, .burst = 1'000'000}}, clock);
+  constexpr int kThreads = 8;
+  constexpr int kChecks = 2'000;
+  std::vector<std::thread> threads;
+  std::atomic<int> admitted{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kChecks; ++i) {  // no REQUIRE off the main thread (Catch2)
+        auto d = limiter.check("hot");
+        if (d.ok() && d->allowed()) admitted.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(admitted.load() == kThreads * kChecks);
+  // Every admission took exactly one unit: the bucket holds the rest, not one more or less.
+  CHECK(limiter.inspect("hot").remaining == 1'000'000 - kThreads * kChecks);
 }
 
 TEST_CASE("a key spray through the limiter stays within the store bound") {

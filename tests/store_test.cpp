@@ -1,6 +1,7 @@
 #include "sluice/store.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -429,6 +430,28 @@ TEST_CASE("threads hammering overlapping keys lose no update") {
   for (const auto& key : keys) total += store.find(key)->touches;
   CHECK(total == std::uint64_t{kThreads} * kRounds);
   CHECK(tracked(store) == kKeys);
+}
+
+TEST_CASE("eight threads on one key, more threads than cores, lose no update") {
+  for (sluice::Overflow overflow : {sluice::Overflow::kEvict, sluice::Overflow::kRejectNewKeys}) {
+    Store store({.max_keys_per_shard = 16, .overflow = overflow, .seed = 3});
+    const sluice::KeyDigest hot = store.digest("hot");
+    constexpr int kThreads = 8;
+    constexpr int kRounds = 5'000;
+    std::atomic<int> refused{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&] {
+        for (int r = 0; r < kRounds; ++r) {
+          if (!touch(store, hot, 0, 3600 * kSecond)) refused.fetch_add(1);
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    CHECK(refused.load() == 0);
+    CHECK(store.find(hot)->touches == std::uint64_t{kThreads} * kRounds);
+    CHECK(tracked(store) == 1);
+  }
 }
 
 TEST_CASE("digests are stable for a seed and seeded XXH3-128 of the key bytes") {

@@ -12,6 +12,7 @@
 //   if (!upstream.ok()) return upstream.status();  // InvalidArgument naming the bad value
 //   absl::StatusOr<sluice::Decision> d = upstream->check();      // cost 1
 //   absl::StatusOr<sluice::Decision> peek = upstream->check(0);  // no state change
+//   sluice::Decision one = upstream->check_one();  // cost 1, which cannot fail: no StatusOr
 //
 // How the state fits one word. GcraLimiter keeps a TAT as whole nanoseconds plus a fraction in
 // units of 1/requests ns (two words). Here a window's TAT is one integer in units of 1/d ns,
@@ -66,6 +67,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
 #include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -187,8 +190,17 @@ class DirectGcraLimiter {
   absl::StatusOr<Decision> check(std::uint64_t cost = 1) {
     if (cost > max_cost_) return cost_error(cost);
     const std::int64_t now = relative(clock_.now().count());
-    if (count_ == 1) return check_one(now, cost);
+    if (count_ == 1) return check_word(now, cost);
     return check_stacked(now, cost);
+  }
+
+  // check(1) without the StatusOr, for the common case: a cost of 1 fits every window (a burst is
+  // at least 1), so this check cannot fail. Returns exactly the Decision check(1) returns, and is
+  // as thread-safe; lock-free for one window.
+  Decision check_one() {
+    const std::int64_t now = relative(clock_.now().count());
+    if (ABSL_PREDICT_TRUE(count_ == 1)) return check_word(now, 1);
+    return check_stacked(now, 1);
   }
 
   // The state without consuming anything: what `check(0)` reports. Lock-free.
@@ -441,7 +453,7 @@ class DirectGcraLimiter {
   }
 
   // One window: a CAS loop on its word.
-  Decision check_one(std::int64_t now_ns, std::uint64_t cost) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE Decision check_word(std::int64_t now_ns, std::uint64_t cost) {
     const detail::DirectGcraParams& p = params_[0];
     std::atomic<std::int64_t>& word = state_.tat[0];
     std::int64_t tat = word.load(std::memory_order_acquire);

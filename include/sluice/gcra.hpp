@@ -54,146 +54,15 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
-#include "sluice/detail/divider.hpp"
-#include "sluice/detail/gcra_math.hpp"
+#include "sluice/detail/gcra_booking.hpp"
+#include "sluice/detail/gcra_cell.hpp"
+#include "sluice/detail/gcra_decide.hpp"
 #include "sluice/detail/limiter_common.hpp"
 #include "sluice/rate_limiter.hpp"
 #include "sluice/store.hpp"
 #include "sluice/window.hpp"
 
 namespace sluice {
-
-namespace detail {
-
-// A TAT: `whole` ns plus `fraction`/requests ns, 0 ≤ fraction < requests.
-struct GcraTat {
-  std::int64_t whole = std::numeric_limits<std::int64_t>::min();  // fresh: long past
-  std::uint64_t fraction = 0;
-};
-
-template <std::size_t N>
-struct GcraCell {
-  std::array<GcraTat, N> tat;
-
-  // Idle iff every TAT ≤ now: the key then behaves exactly like a key never seen.
-  bool idle(std::int64_t now) const noexcept {
-    for (const GcraTat& t : tat) {
-      if (t.whole > now || (t.whole == now && t.fraction != 0)) return false;
-    }
-    return true;
-  }
-  std::int64_t time_until_fresh(std::int64_t now) const noexcept {
-    std::int64_t longest = 0;
-    for (const GcraTat& t : tat) {
-      if (t.whole >= now) longest = std::max(longest, t.whole - now + (t.fraction != 0 ? 1 : 0));
-    }
-    return longest;
-  }
-};
-
-// A validated window with its constants precomputed for the hot path.
-struct GcraParams {
-  std::uint64_t requests;
-  std::int64_t period;  // ns
-  std::uint64_t burst;
-  std::int64_t
-      interval_whole;  // T = period / requests = interval_whole + interval_fraction/requests
-  std::uint64_t interval_fraction;
-  absl::uint128 tolerance;  // burst·T scaled by requests = burst·period
-  // burst·T = tolerance_whole + tolerance_fraction/requests ns: a TAT at most this far ahead of
-  // now admits, compared without multiplying.
-  std::int64_t tolerance_whole;
-  std::uint64_t tolerance_fraction;
-  Divider by_period;  // divides by period without a hardware division
-};
-
-// floor(a / b), by multiplication when `a` fits 64 bits (the common case).
-inline std::uint64_t div_floor(absl::uint128 a, const Divider& b) {
-  if (absl::Uint128High64(a) == 0) return b.divide(absl::Uint128Low64(a));
-  return absl::Uint128Low64(a / b.divisor());
-}
-
-// The requests a window has left when its TAT is `ahead` + `fraction`/requests ns after now
-// (ahead ≥ 0, within the tolerance): floor((burst·period − scaled distance) / period).
-inline std::uint64_t remaining(const GcraParams& p, std::int64_t ahead, std::uint64_t fraction) {
-  const absl::uint128 scaled =
-      absl::uint128(static_cast<std::uint64_t>(ahead)) * p.requests + fraction;
-  return div_floor(p.tolerance - scaled, p.by_period);
-}
-
-// --- Exact TAT arithmetic for bookings (reserve, cancel, settle): off the hot path, so in one
-// signed 128-bit integer, TAT·requests + fraction (|value| < 2^95).
-inline absl::int128 scaled_tat(const GcraTat& t, std::uint64_t requests) {
-  return absl::int128(t.whole) * absl::int128(requests) + absl::int128(t.fraction);
-}
-inline absl::int128 floor_div(absl::int128 a, std::uint64_t b) {
-  const absl::int128 d(b);
-  absl::int128 q = a / d;  // truncates toward zero
-  if (q * d > a) --q;
-  return q;
-}
-inline absl::int128 ceil_div(absl::int128 a, std::uint64_t b) { return -floor_div(-a, b); }
-inline GcraTat unscaled_tat(absl::int128 scaled, std::uint64_t requests) {
-  const absl::int128 whole = floor_div(scaled, requests);
-  return {static_cast<std::int64_t>(whole),
-          static_cast<std::uint64_t>(scaled - whole * absl::int128(requests))};
-}
-
-// The farthest ahead of now a booking may put a key's TAT: 2^61 ns (73 years). Reservations past
-// it are refused and charges saturate at it, so no TAT can leave the int64 range.
-inline constexpr std::int64_t kMaxBookedAhead = std::int64_t{1} << 61;
-
-// --- Carrying a key's state into changed windows (a reload that changes a rule's rates, bursts
-// or window lengths): the key keeps the share of its bucket it had spent, never more room.
-
-// The distance ahead of now (scaled by `to.requests`) that a window of `to` holds for a key whose
-// window of `from` holds `ahead` > 0 (scaled by `from.requests`): the same spent share of the
-// bucket, ahead/(burst·T) of `from` becomes that share of `to`'s burst·T, rounded up to the
-// nanosecond (toward less room) and never past a full bucket; a spent bucket stays spent, and a
-// key in debt (beyond a full bucket) keeps a full bucket plus the same debt in nanoseconds. In
-// whole nanoseconds so that every product fits in 128 bits (each factor is below 2^62).
-inline absl::int128 carried_ahead(absl::int128 ahead, const GcraParams& from,
-                                  const GcraParams& to) {
-  const absl::int128 full_from(from.tolerance);  // burst·period
-  const absl::int128 full_to(to.tolerance);
-  if (ahead >= full_from) {
-    const absl::int128 debt_ns =
-        std::min(ceil_div(ahead - full_from, from.requests), absl::int128(kMaxBookedAhead));
-    return full_to + debt_ns * absl::int128(to.requests);
-  }
-  const absl::int128 ahead_ns = ceil_div(ahead, from.requests);
-  const absl::int128 full_from_ns = floor_div(full_from, from.requests);
-  if (ahead_ns >= full_from_ns) return full_to;  // spent, up to rounding
-  const absl::int128 full_to_ns = ceil_div(full_to, to.requests);
-  const absl::int128 carried_ns =
-      ceil_div(ahead_ns * full_to_ns, absl::Uint128Low64(absl::uint128(full_from_ns)));
-  return std::min(carried_ns * absl::int128(to.requests), full_to);
-}
-
-// The TAT of a window of `to` for a key whose window of `from` had TAT `tat` at `now`: a fresh
-// TAT if that window had its whole bucket, else the carried distance ahead of now (capped at
-// kMaxBookedAhead).
-inline GcraTat carried_tat(const GcraTat& tat, const GcraParams& from, const GcraParams& to,
-                           std::int64_t now) {
-  const absl::int128 ahead =
-      scaled_tat(tat, from.requests) - absl::int128(now) * absl::int128(from.requests);
-  if (ahead <= 0) return GcraTat{};
-  const absl::int128 cap = absl::int128(kMaxBookedAhead) * absl::int128(to.requests);
-  const absl::int128 carried = std::min(carried_ahead(ahead, from, to), cap);
-  return unscaled_tat(absl::int128(now) * absl::int128(to.requests) + carried, to.requests);
-}
-
-// What a reservation or an estimated check added to each window of one key, kept to give it back
-// exactly: the window's TAT right after the booking, and the amount the booking added (both
-// scaled by the window's requests).
-struct GcraBooking {
-  KeyDigest digest{};
-  std::uint64_t forgotten = 0;  // the shard's forgotten count when booked (see give_back)
-  std::array<absl::int128, kMaxWindows> booked{};
-  std::array<absl::int128, kMaxWindows> added{};
-};
-
-}  // namespace detail
 
 template <Clock ClockT = SteadyClock>
 class GcraLimiter {
@@ -207,7 +76,7 @@ class GcraLimiter {
     if (absl::Status s = sluice::validate(options); !s.ok()) return s;
     std::vector<detail::GcraParams> params;
     for (std::size_t i = 0; i < windows.size(); ++i) {
-      auto p = validate(windows[i], absl::StrCat("windows[", i, "]"));
+      auto p = detail::gcra_params(windows[i], absl::StrCat("windows[", i, "]"));
       if (!p.ok()) return p.status();
       params.push_back(*p);
       if (windows[i].burst == 0) windows[i].burst = windows[i].requests;
@@ -230,7 +99,8 @@ class GcraLimiter {
   // only reports. InvalidArgument (state untouched) if cost exceeds a window's burst.
   absl::StatusOr<Decision> check(std::string_view key, std::uint64_t cost = 1) {
     // One named result on every path, so that it is constructed in the caller's slot (NRVO) and
-    // the decision is written there field by field, never copied.
+    // the decision is written there field by field, never copied. The lambdas are inlined even
+    // at -O2, where GCC would otherwise call each of them.
     absl::StatusOr<Decision> result(absl::in_place);
     if (cost > max_cost_) {
       result = cost_error(cost);
@@ -239,11 +109,11 @@ class GcraLimiter {
     const std::int64_t at = now();
     Decision& out = *result;
     std::visit(
-        [&](auto& store) {
+        [&](auto& store) ABSL_ATTRIBUTE_ALWAYS_INLINE {
           store.update(
               store.digest(key), at,
-              [&](auto& cell, std::int64_t clamped) {
-                decide(cell, clamped, cost, true, out);
+              [&](auto& cell, std::int64_t clamped) ABSL_ATTRIBUTE_ALWAYS_INLINE {
+                detail::gcra_decide(params_.data(), cell, clamped, cost, true, out);
                 return true;
               },
               [&](const StoreFull& full) {
@@ -276,7 +146,7 @@ class GcraLimiter {
           store.update(
               store.digest(key), at,
               [&](auto& cell, std::int64_t clamped) {
-                decide(cell, clamped, 0, false, out);
+                detail::gcra_decide(params_.data(), cell, clamped, 0, false, out);
                 return false;
               },
               [&](const StoreFull& full) {  // unreachable: an inspected new key stays idle
@@ -380,7 +250,8 @@ class GcraLimiter {
                     reservation.booking_.forgotten) {
                   return true;  // the booking may be gone: give nothing back
                 }
-                give_back(cell, clamped, reservation.booking_, reservation.booking_.added);
+                detail::give_back(params_.data(), cell, clamped, reservation.booking_,
+                                  reservation.booking_.added);
                 return true;
               },
               [](const StoreFull&) { return false; });
@@ -443,7 +314,7 @@ class GcraLimiter {
           store.update(
               out.receipt.booking_.digest, at,
               [&](auto& cell, std::int64_t clamped) {
-                decide(cell, clamped, estimate, true, out.decision);
+                detail::gcra_decide(params_.data(), cell, clamped, estimate, true, out.decision);
                 if (out.decision.allowed()) {
                   out.receipt.booking_.forgotten =
                       store.forgotten_in_shard(out.receipt.booking_.digest);
@@ -565,7 +436,9 @@ class GcraLimiter {
         [&](auto& store) {
           return store.update_locked(
               held, d, now,
-              [&](auto& cell, std::int64_t clamped) { return admit(cell, clamped, cost); },
+              [&](auto& cell, std::int64_t clamped) {
+                return detail::gcra_admit(params_.data(), cell, clamped, cost);
+              },
               [](const StoreFull&) { return false; });
         },
         store_);
@@ -578,7 +451,7 @@ class GcraLimiter {
           store.update_locked(
               held, d, now,
               [&](auto& cell, std::int64_t clamped) {
-                decide(cell, clamped, cost, commit, out);
+                detail::gcra_decide(params_.data(), cell, clamped, cost, commit, out);
                 return true;
               },
               [&](const StoreFull& full) {
@@ -592,23 +465,6 @@ class GcraLimiter {
   GcraLimiter(ClockT clock, const StoreOptions& options, std::size_t windows)
       : clock_(std::move(clock)), store_(detail::make_store<detail::GcraCell>(windows, options)) {}
 
-  static absl::StatusOr<detail::GcraParams> validate(const GcraWindow& w, const std::string& path) {
-    if (absl::Status s = detail::check_gcra_window(w, path); !s.ok()) return s;
-    const std::uint64_t burst = w.burst == 0 ? w.requests : w.burst;
-    const auto period = static_cast<std::uint64_t>(w.period.count());
-    const absl::uint128 tolerance = absl::uint128(burst) * period;
-    return detail::GcraParams{
-        .requests = w.requests,
-        .period = w.period.count(),
-        .burst = burst,
-        .interval_whole = static_cast<std::int64_t>(period / w.requests),
-        .interval_fraction = period % w.requests,
-        .tolerance = tolerance,
-        .tolerance_whole = static_cast<std::int64_t>(absl::Uint128Low64(tolerance / w.requests)),
-        .tolerance_fraction = absl::Uint128Low64(tolerance % w.requests),
-        .by_period = detail::Divider(period)};
-  }
-
   absl::Status cost_error(std::uint64_t cost) const {
     std::size_t window = 0;
     while (params_[window].burst >= cost) ++window;
@@ -618,123 +474,6 @@ class GcraLimiter {
   void store_full(const StoreFull& full, Decision& out) const {
     out = detail::store_full_decision(full);
     out.limit = params_[0].burst;
-  }
-
-  // TAT + cost·T, exact: whole and fraction parts with carry.
-  static void advance(std::int64_t& whole, std::uint64_t& fraction, const detail::GcraParams& p,
-                      std::uint64_t cost) {
-    if (cost == 1) {
-      whole += p.interval_whole;
-      fraction += p.interval_fraction;
-    } else {
-      const absl::uint128 scaled = absl::uint128(cost) * static_cast<std::uint64_t>(p.period);
-      whole += static_cast<std::int64_t>(absl::Uint128Low64(scaled / p.requests));
-      fraction += absl::Uint128Low64(scaled % p.requests);
-    }
-    if (fraction >= p.requests) {
-      fraction -= p.requests;
-      ++whole;
-    }
-  }
-
-  // Every window's TAT if `cost` is admitted at `now`, and the first window that denies it.
-  // Kept as separate arrays of scalars (not TAT pairs) so that compilers keep them in registers
-  // instead of copying 16-byte pairs through memory.
-  // Invariant: for every window, TAT − now ≤ burst·T at all times after an admission, so a peek
-  // (cost 0) is always admitted.
-  template <std::size_t N>
-  struct Step {
-    std::array<std::int64_t, N> ahead{};      // next TAT − now, whole ns (≥ 0)
-    std::array<std::uint64_t, N> fraction{};  // next TAT's fraction, in 1/requests ns
-    std::size_t first_denied = N;             // N: every window admits
-  };
-  template <std::size_t N>
-  Step<N> step(const detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost) const {
-    Step<N> s;
-    for (std::size_t i = 0; i < N; ++i) {
-      const detail::GcraParams& p = params_[i];
-      std::int64_t whole = cell.tat[i].whole;
-      std::uint64_t fraction = cell.tat[i].fraction;
-      if (whole < now || (whole == now && fraction == 0)) {
-        whole = now;
-        fraction = 0;
-      }
-      advance(whole, fraction, p, cost);
-      s.ahead[i] = whole - now;
-      s.fraction[i] = fraction;
-      // (ahead·requests + fraction ≤ burst·period), both fractions being below requests.
-      const bool admits = s.ahead[i] < p.tolerance_whole ||
-                          (s.ahead[i] == p.tolerance_whole && fraction <= p.tolerance_fraction);
-      if (!admits && s.first_denied == N) s.first_denied = i;
-    }
-    return s;
-  }
-
-  template <std::size_t N>
-  static void commit(detail::GcraCell<N>& cell, const Step<N>& s, std::int64_t now) {
-    for (std::size_t i = 0; i < N; ++i) {
-      cell.tat[i].whole = now + s.ahead[i];
-      cell.tat[i].fraction = s.fraction[i];
-    }
-  }
-
-  // Reserves `cost` iff every window admits it; no decision fields.
-  template <std::size_t N>
-  bool admit(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost) const {
-    const Step<N> s = step(cell, now, cost);
-    if (s.first_denied != N) return false;
-    commit(cell, s, now);
-    return true;
-  }
-
-  // Writes the decision for `cell` at `now` into `out`, field by field (no Decision temporary is
-  // copied); the cell advances in every window iff all admit and `commit_admitted`.
-  template <std::size_t N>
-  void decide(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t cost, bool commit_admitted,
-              Decision& out) const {
-    const Step<N> s = step(cell, now, cost);
-    if (s.first_denied == N) {
-      if (commit_admitted && cost != 0) commit(cell, s, now);
-      const auto [binding, least] = detail::least_remaining(N, [&](std::size_t i) {
-        return detail::remaining(params_[i], s.ahead[i], s.fraction[i]);
-      });
-      out.reason = Reason::kAllowed;
-      out.limit = params_[binding].burst;
-      out.remaining = least;
-      out.retry_after = std::chrono::nanoseconds{0};
-      // ceil(scaled distance / requests): the fraction is below one request's share.
-      out.reset_after =
-          std::chrono::nanoseconds{s.ahead[binding] + (s.fraction[binding] != 0 ? 1 : 0)};
-      out.binding_window = binding;
-      return;
-    }
-
-    // Denied: nothing changes. Wait until every denying window admits this cost: for window i,
-    // ceil((scaled distance − tolerance) / requests).
-    std::int64_t wait = 0;
-    for (std::size_t i = s.first_denied; i < N; ++i) {
-      const detail::GcraParams& p = params_[i];
-      const std::int64_t over = s.ahead[i] - p.tolerance_whole;
-      if (over > 0 || (over == 0 && s.fraction[i] > p.tolerance_fraction)) {
-        wait = std::max(wait, over + (s.fraction[i] > p.tolerance_fraction ? 1 : 0));
-      }
-    }
-    // The binding window's state as it stands: its TAT's distance ahead of now (0 if past).
-    const std::size_t b = s.first_denied;
-    const detail::GcraTat& tat = cell.tat[b];
-    const bool ahead_of_now = tat.whole >= now;
-    const std::int64_t held = ahead_of_now ? tat.whole - now : 0;
-    const std::uint64_t held_fraction = ahead_of_now ? tat.fraction : 0;
-    out.reason = Reason::kQuotaExceeded;
-    out.limit = params_[b].burst;
-    // A key in debt (a settled charge or a reservation ahead of now) has nothing left.
-    const bool in_debt =
-        held > params_[b].tolerance_whole ||
-        (held == params_[b].tolerance_whole && held_fraction > params_[b].tolerance_fraction);
-    out.remaining = in_debt ? 0 : detail::remaining(params_[b], held, held_fraction);
-    out.retry_after = std::chrono::nanoseconds{wait};
-    out.reset_after = std::chrono::nanoseconds{held + (held_fraction != 0 ? 1 : 0)};
-    out.binding_window = b;
   }
 
   static constexpr std::uint64_t kMaxSettledCost = std::uint64_t{1} << 32;
@@ -751,16 +490,16 @@ class GcraLimiter {
               booking.digest, at,
               [&](auto& cell, std::int64_t clamped) {
                 if (actual > estimate) {
-                  charge(cell, clamped, actual - estimate);
+                  detail::charge(params_.data(), cell, clamped, actual - estimate);
                 } else if (actual < estimate &&
                            store.forgotten_in_shard(booking.digest) == booking.forgotten) {
                   std::array<absl::int128, kMaxWindows> refund{};
                   for (std::size_t i = 0; i < params_.size(); ++i) {
-                    refund[i] = cost_scaled(params_[i], estimate - actual);
+                    refund[i] = detail::cost_scaled(params_[i], estimate - actual);
                   }
-                  give_back(cell, clamped, booking, refund);
+                  detail::give_back(params_.data(), cell, clamped, booking, refund);
                 }
-                decide(cell, clamped, 0, false, out);
+                detail::gcra_decide(params_.data(), cell, clamped, 0, false, out);
                 return true;
               },
               [](const StoreFull&) { return false; });
@@ -786,7 +525,7 @@ class GcraLimiter {
               [&](auto& cell, std::int64_t) {
                 for (std::size_t i = 0; i < params_.size(); ++i) {
                   out.booked[i] = detail::scaled_tat(cell.tat[i], params_[i].requests);
-                  out.added[i] = cost_scaled(params_[i], cost);
+                  out.added[i] = detail::cost_scaled(params_[i], cost);
                 }
                 return true;
               },
@@ -807,7 +546,7 @@ class GcraLimiter {
       const detail::GcraParams& p = params_[i];
       from[i] = std::max(detail::scaled_tat(cell.tat[i], p.requests),
                          absl::int128(now) * absl::int128(p.requests));
-      const absl::int128 fits = from[i] + cost_scaled(p, cost) - absl::int128(p.tolerance);
+      const absl::int128 fits = from[i] + detail::cost_scaled(p, cost) - absl::int128(p.tolerance);
       instant = std::max(instant, detail::ceil_div(fits, p.requests));
     }
     const absl::int128 wait = instant - now;
@@ -826,7 +565,7 @@ class GcraLimiter {
       const detail::GcraParams& p = params_[i];
       const absl::int128 start =
           std::max(detail::scaled_tat(cell.tat[i], p.requests), instant * absl::int128(p.requests));
-      out.booking_.booked[i] = start + cost_scaled(p, cost);
+      out.booking_.booked[i] = start + detail::cost_scaled(p, cost);
       out.booking_.added[i] = out.booking_.booked[i] - from[i];
       cell.tat[i] = detail::unscaled_tat(out.booking_.booked[i], p.requests);
     }
@@ -837,51 +576,16 @@ class GcraLimiter {
     return absl::OkStatus();
   }
 
-  // cost·T scaled by requests: cost·period.
-  static absl::int128 cost_scaled(const detail::GcraParams& p, std::uint64_t cost) {
-    return absl::int128(cost) * absl::int128(static_cast<std::uint64_t>(p.period));
-  }
-
   // After an admitted estimated check: what it booked in each window (it admitted at now, so it
   // added estimate·T to max(TAT, now)).
   template <std::size_t N>
   void record_booking(const detail::GcraCell<N>& cell, std::uint64_t estimate, Receipt& out) const {
     for (std::size_t i = 0; i < N; ++i) {
       out.booking_.booked[i] = detail::scaled_tat(cell.tat[i], params_[i].requests);
-      out.booking_.added[i] = cost_scaled(params_[i], estimate);
+      out.booking_.added[i] = detail::cost_scaled(params_[i], estimate);
     }
     out.estimate_ = estimate;
     out.open_.open();
-  }
-
-  // Gives back up to `amount[i]` in each window, only out of the part of `booking`'s TAT still
-  // ahead of now, and never past a full bucket (a TAT of now).
-  template <std::size_t N>
-  void give_back(detail::GcraCell<N>& cell, std::int64_t now, const detail::GcraBooking& booking,
-                 const std::array<absl::int128, kMaxWindows>& amount) const {
-    for (std::size_t i = 0; i < N; ++i) {
-      const std::uint64_t r = params_[i].requests;
-      const absl::int128 now_scaled = absl::int128(now) * absl::int128(r);
-      const absl::int128 current = detail::scaled_tat(cell.tat[i], r);
-      const absl::int128 ahead = booking.booked[i] - now_scaled;
-      if (current <= now_scaled || ahead <= 0) continue;
-      const absl::int128 back = std::min(amount[i], ahead);
-      cell.tat[i] = detail::unscaled_tat(std::max(current - back, now_scaled), r);
-    }
-  }
-
-  // Charges `extra` units in every window without an admission test, saturating at
-  // kMaxBookedAhead ahead of now.
-  template <std::size_t N>
-  void charge(detail::GcraCell<N>& cell, std::int64_t now, std::uint64_t extra) const {
-    for (std::size_t i = 0; i < N; ++i) {
-      const detail::GcraParams& p = params_[i];
-      const absl::int128 r(p.requests);
-      const absl::int128 from =
-          std::max(detail::scaled_tat(cell.tat[i], p.requests), absl::int128(now) * r);
-      const absl::int128 limit = (absl::int128(now) + detail::kMaxBookedAhead) * r;
-      cell.tat[i] = detail::unscaled_tat(std::min(from + cost_scaled(p, extra), limit), p.requests);
-    }
   }
 
   ClockT clock_;

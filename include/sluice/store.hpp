@@ -42,9 +42,10 @@
 // cell), the room its cheap removals need.
 //
 // Thread-safety: every member function may be called concurrently. A check takes exactly one
-// shard lock for O(1) expected work; `stats()` and `shard_sizes()` read atomics and take no lock.
-// Checking an existing key costs the same under both policies and allocates nothing; inserts
-// allocate only when a shard's table grows.
+// shard lock for O(1) expected work (a waiter for a shard lock sleeps rather than spins, so a
+// flood on one key leaves its holder the core and the cache lines); `stats()` and `shard_sizes()`
+// read atomics and take no lock. Checking an existing key costs the same under both policies and
+// allocates nothing; inserts allocate only when a shard's table grows.
 #ifndef SLUICE_STORE_HPP_
 #define SLUICE_STORE_HPP_
 
@@ -71,7 +72,7 @@
 #include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "sluice/detail/spin_lock.hpp"
+#include "sluice/detail/shard_lock.hpp"
 #include "sluice/key.hpp"
 
 namespace sluice {
@@ -153,7 +154,7 @@ class ShardLockSet {
 
  private:
   friend class HeldShardLocks;
-  absl::InlinedVector<detail::SpinLock*, 8> locks_;
+  absl::InlinedVector<detail::ShardLock*, 8> locks_;
 };
 
 // Holds every lock of a ShardLockSet for its lifetime: each distinct lock once, taken in ascending
@@ -166,7 +167,7 @@ class HeldShardLocks {
   explicit HeldShardLocks(ShardLockSet& set) ABSL_NO_THREAD_SAFETY_ANALYSIS : locks_(set.locks_) {
     std::sort(locks_.begin(), locks_.end());
     locks_.erase(std::unique(locks_.begin(), locks_.end()), locks_.end());
-    for (detail::SpinLock* lock : locks_) lock->lock();
+    for (detail::ShardLock* lock : locks_) lock->lock();
   }
   ~HeldShardLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->unlock();
@@ -174,13 +175,13 @@ class HeldShardLocks {
   HeldShardLocks(const HeldShardLocks&) = delete;
   HeldShardLocks& operator=(const HeldShardLocks&) = delete;
 
-  bool holds(const detail::SpinLock& lock) const noexcept {
+  bool holds(const detail::ShardLock& lock) const noexcept {
     return std::binary_search(locks_.begin(), locks_.end(), &lock,
-                              std::less<const detail::SpinLock*>());
+                              std::less<const detail::ShardLock*>());
   }
 
  private:
-  absl::InlinedVector<detail::SpinLock*, 8>& locks_;  // the set's: sorted, distinct
+  absl::InlinedVector<detail::ShardLock*, 8>& locks_;  // the set's: sorted, distinct
 };
 
 template <StoreCell Cell>
@@ -199,7 +200,7 @@ class ShardedStore {
         shards_(std::make_unique<Shard[]>(kStoreShards)) {
     for (std::size_t i = 0; i < kStoreShards; ++i) {
       Shard& shard = shards_[i];
-      detail::SpinLockHolder hold(shard.lock);
+      detail::ShardLockHolder hold(shard.lock);
       rebuild_keys(shard, kInitialCapacity, std::numeric_limits<std::int64_t>::min());
     }
   }
@@ -217,10 +218,10 @@ class ShardedStore {
   // refuses the new key (kRejectNewKeys, shard full of live cells), returns `on_full(StoreFull)`
   // instead and nothing changes.
   template <class Fn, class OnFull>
-  std::invoke_result_t<Fn&, Cell&, std::int64_t> update(KeyDigest d, std::int64_t now, Fn&& fn,
-                                                        OnFull&& on_full) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE std::invoke_result_t<Fn&, Cell&, std::int64_t> update(
+      KeyDigest d, std::int64_t now, Fn&& fn, OnFull&& on_full) {
     Shard& shard = shards_[shard_index(d)];
-    detail::SpinLockHolder hold(shard.lock);
+    detail::ShardLockHolder hold(shard.lock);
     return update_in(shard, d, now, fn, on_full);
   }
 
@@ -234,7 +235,7 @@ class ShardedStore {
                                                                       std::int64_t now, Fn&& fn,
                                                                       OnFull&& on_full) {
     Shard& shard = shards_[shard_index(d)];
-    detail::SpinLockHolder hold(shard.lock);
+    detail::ShardLockHolder hold(shard.lock);
     now = shard.clamp(now);
     const std::size_t index = shard.probe(d);
     Slot& slot = shard.slots[index];
@@ -262,7 +263,7 @@ class ShardedStore {
   // as forgotten if its cell was not idle at `now`. O(1) plus a probe; takes the shard lock.
   void forget(const KeyDigest& d, std::int64_t now) {
     Shard& shard = shards_[shard_index(d)];
-    detail::SpinLockHolder hold(shard.lock);
+    detail::ShardLockHolder hold(shard.lock);
     now = shard.clamp(now);
     const std::size_t index = shard.probe(d);
     Slot& slot = shard.slots[index];
@@ -281,7 +282,7 @@ class ShardedStore {
   // A copy of the key's cell, if the key is tracked. Takes the shard lock.
   std::optional<Cell> find(const KeyDigest& d) const {
     Shard& shard = shards_[shard_index(d)];
-    detail::SpinLockHolder hold(shard.lock);
+    detail::ShardLockHolder hold(shard.lock);
     const Slot& slot = shard.slots[shard.probe(d)];
     if (slot.digest.empty()) return std::nullopt;  // the probe never stops at a removed slot
     return slot.cell;
@@ -294,7 +295,7 @@ class ShardedStore {
   void for_each_live(std::int64_t now, Each&& each) const {
     for (std::size_t i = 0; i < kStoreShards; ++i) {
       Shard& shard = shards_[i];
-      detail::SpinLockHolder hold(shard.lock);
+      detail::ShardLockHolder hold(shard.lock);
       for (std::size_t j = 0; j < shard.capacity; ++j) {
         const Slot& slot = shard.slots[j];
         if (holds_key(slot) && !slot.cell.idle(now)) each(slot.digest, slot.cell);
@@ -380,7 +381,7 @@ class ShardedStore {
   // full; it never grows past what max_keys_per_shard needs. Removed markers (kRejectNewKeys) may
   // take a table at its largest size to 7/8.
   struct alignas(64) Shard {
-    detail::SpinLock lock;
+    detail::ShardLock lock;
     std::int64_t latest ABSL_GUARDED_BY(lock) = std::numeric_limits<std::int64_t>::min();
     Slot* slots ABSL_GUARDED_BY(lock) = nullptr;
     std::size_t capacity ABSL_GUARDED_BY(lock) = 0;
@@ -401,12 +402,15 @@ class ShardedStore {
     std::atomic<std::size_t> capacity_bytes{0};
 
     std::int64_t clamp(std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lock) {
-      if (now < latest) return latest;
+      if (now <= latest) return latest;  // no store: a repeated reading leaves the line clean
       latest = now;
       return now;
     }
 
-    std::size_t probe(const KeyDigest& d) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(lock) {
+    // Always inline: out of line, GCC passes the digest through a stack slot as two 8-byte stores
+    // read back as one 16-byte load, a store-forwarding stall on every check.
+    ABSL_ATTRIBUTE_ALWAYS_INLINE std::size_t probe(const KeyDigest& d) const
+        ABSL_EXCLUSIVE_LOCKS_REQUIRED(lock) {
       return probe_in(slots, capacity, d);
     }
 
@@ -417,7 +421,8 @@ class ShardedStore {
 
   // Index of `d`'s slot in a table, or of the empty slot where it would go. Linear probing from a
   // multiply-shift start (any table size works); the table always has an empty slot.
-  static std::size_t probe_in(const Slot* slots, std::size_t capacity, const KeyDigest& d) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE static std::size_t probe_in(const Slot* slots, std::size_t capacity,
+                                                           const KeyDigest& d) {
     auto i = static_cast<std::size_t>(absl::Uint128High64(absl::uint128(d.low) * capacity));
     while (true) {
       const KeyDigest& at = slots[i].digest;
@@ -450,9 +455,8 @@ class ShardedStore {
   }
 
   template <class Fn, class OnFull>
-  std::invoke_result_t<Fn&, Cell&, std::int64_t> update_in(Shard& shard, KeyDigest d,
-                                                           std::int64_t now, Fn& fn,
-                                                           OnFull& on_full)
+  ABSL_ATTRIBUTE_ALWAYS_INLINE std::invoke_result_t<Fn&, Cell&, std::int64_t> update_in(
+      Shard& shard, KeyDigest d, std::int64_t now, Fn& fn, OnFull& on_full)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     now = shard.clamp(now);
     const std::size_t index = shard.probe(d);
