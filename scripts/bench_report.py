@@ -37,7 +37,8 @@ PAIRS = {
         (r"BM_Gcra_Uniform1M",
          [r"BM_MutexUnorderedMap_Uniform1M", r"BM_MutexFlatHashMap_Uniform1M",
           r"BM_FloatTokenBucket_Uniform1M", r"BM_PointerChase_StoreTables1M"]),
-        (r"BM_Direct_(?:OneWindow|ThreeWindows)_Frozen_(Admit|Deny)",
+        (r"BM_Gcra_HotKeyFlood_(Frozen|Moving)", [r"BM_MutexFlatHashMap_HotKeyFlood_\1"]),
+        (r"BM_Direct_(?:OneWindow|ThreeWindows)_Frozen_(Admit|Deny)(?:_CheckOne)?",
          [r"BM_AtomicGcraBaseline_Frozen_\1"]),
         (r"BM_Direct_(?:OneWindow|ThreeWindows)_Tick", [r"BM_AtomicGcraBaseline_Tick"]),
     ],
@@ -56,6 +57,7 @@ PAIRS = {
     ],
     "scaling_bench": [
         (r"BM_Gcra_Keys", [r"BM_PointerChase_Keys"]),
+        (r"BM_Gcra_Threads_(\w+)", [r"BM_MutexFlatHashMap_Threads_\1"]),
     ],
     "redis_bench": [
         (r"BM_EngineDocumentedExample", [r"BM_TwoLimitersDocumentedExample"]),
