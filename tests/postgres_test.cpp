@@ -755,3 +755,84 @@ TEST_CASE("the pool never opens more than max connections and a wait for one is 
   CHECK(took < 1s);
   CHECK((*pool)->open_connections() == 2);
 }
+
+// --- connections that cannot wedge --------------------------------------------------------------
+
+TEST_CASE("a connection left inside a transaction is closed, never handed out again") {
+  client();  // the schema is installed
+  auto pool = sluice::postgres::ConnectionPool::create(
+      {.conninfo = server().conninfo(), .max_connections = 1});
+  REQUIRE(pool.ok());
+  {
+    auto lease = (*pool)->acquire();
+    REQUIRE(lease.ok());
+    auto r = lease->run_simple("BEGIN; SELECT 1", 1s, sluice::postgres::detail::Effect::kReadOnly);
+    REQUIRE(r.ok());
+    REQUIRE(PQtransactionStatus(lease->get()) == PQTRANS_INTRANS);
+  }
+  CHECK((*pool)->open_connections() == 0);
+  auto next = (*pool)->acquire();
+  REQUIRE(next.ok());
+  CHECK(PQtransactionStatus(next->get()) == PQTRANS_IDLE);
+}
+
+TEST_CASE("a migration that fails rolls back and leaves the pool healthy") {
+  auto c = Client::create(
+      {.connection = {.conninfo = server().conninfo(), .max_connections = 1}, .key_seed = 42});
+  REQUIRE(c.ok());
+  REQUIRE(sluice::postgres::migrate((*c)->pool()).ok());
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 1000, .period = 1s}}, *c, "after-migrate"));
+  // Another replica holds the migration lock: this migration's own timeout ends it.
+  PGconn* holder = PQconnectdb(server().conninfo().c_str());
+  REQUIRE(PQstatus(holder) == CONNECTION_OK);
+  PQclear(PQexec(holder, ("SELECT pg_advisory_lock(" +
+                          std::to_string(sluice::postgres::detail::kLockClass) + ", -1)")
+                             .c_str()));
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<int> failed = sluice::postgres::migrate((*c)->pool(), {.timeout = 300ms});
+  const auto took = std::chrono::steady_clock::now() - start;
+  INFO(failed.status());
+  CHECK(failed.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took >= 300ms);  // its own timeout, not the pool's statement timeout (1 s)
+  CHECK(took < 800ms);
+  int admitted = 0;
+  for (int i = 0; i < 300; ++i) {
+    absl::StatusOr<Decision> d = limiter.check("k");
+    INFO(d.status());
+    REQUIRE(d.ok());
+    admitted += d->allowed() ? 1 : 0;
+  }
+  CHECK(admitted == 300);
+  PQfinish(holder);
+  absl::StatusOr<int> again = sluice::postgres::migrate((*c)->pool(), {.timeout = 1s});
+  INFO(again.status());
+  CHECK(again.ok());
+}
+
+TEST_CASE("a batch of 40,000 keys to a frozen server returns at its one deadline") {
+  auto c = Client::create({.connection = {.conninfo = server().conninfo(),
+                                          .statement_timeout = 200ms,
+                                          .reply_grace = 200ms,
+                                          .max_connections = 1},
+                           .key_seed = 42});
+  REQUIRE(c.ok());
+  REQUIRE(sluice::postgres::migrate((*c)->pool()).ok());
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 5, .period = 1s}}, *c, "frozen-b"));
+  CHECK(at(limiter, "warm", kT0).allowed());  // opens and prepares the pooled connection
+  std::vector<std::string> keys;
+  for (int i = 0; i < 40'000; ++i) keys.push_back("key-" + std::to_string(i));
+  const std::vector<std::string_view> views(keys.begin(), keys.end());
+  const std::string backend = query(
+      "SELECT pid FROM pg_catalog.pg_stat_activity WHERE application_name = 'sluice' LIMIT 1");
+  ::kill(std::stoi(backend), SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<Decision>> d = limiter.check_batch(views);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ::kill(std::stoi(backend), SIGCONT);
+  INFO(d.status() << " after " << std::chrono::duration_cast<milliseconds>(took).count() << " ms");
+  CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took >= 390ms);
+  CHECK(took < 600ms);
+  CHECK(limiter.check("after").ok());  // the half-sent connection was dropped
+}

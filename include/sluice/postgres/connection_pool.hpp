@@ -96,11 +96,15 @@ class ConnectionPool {
    private:
     friend class ConnectionPool;
     Lease(ConnectionPool* pool, Connection* connection) : pool_(pool), connection_(connection) {}
-    detail::Deadline deadline() const {
+    // The one deadline of a call, for its sends and its reads.
+    detail::Deadline call_deadline() const {
       const ConnectionOptions& o = pool_->options_;
       return std::chrono::steady_clock::now() + o.statement_timeout + o.reply_grace;
     }
-    // Applies `read` (detail::read_results) and closes the connection if it was lost.
+    // Sends what the PQsend* call that returned `queued` queued, by `deadline`; closes the
+    // connection when it cannot (Unavailable, or DeadlineExceeded: nothing ran either way).
+    absl::Status flush(int queued, detail::Deadline deadline);
+    // Reads the request's results (detail::read_results); closes the connection if it was lost.
     absl::StatusOr<detail::ResultPtr> finish(detail::Deadline deadline, detail::Effect effect);
     void mark_broken() noexcept;
 
@@ -206,8 +210,14 @@ class ConnectionPool {
     delete c;
   }
 
-  // Returns a healthy connection to the idle list, or (nullptr) gives up a closed one's slot.
+  // Returns a healthy connection to the idle list, or gives up the slot of a closed one (nullptr)
+  // or of one not idle after its call — inside a transaction, a failed one, or with a request in
+  // flight — which it closes: no later call inherits another's transaction state.
   void release(Connection* c) {
+    if (c != nullptr && PQtransactionStatus(c->conn) != PQTRANS_IDLE) {
+      close(c);
+      c = nullptr;
+    }
     {
       std::lock_guard lock(mu_);
       if (c != nullptr) {
@@ -254,9 +264,17 @@ class ConnectionPool {
     const std::string setup =
         absl::StrCat("SET statement_timeout = ", options_.statement_timeout.count(),
                      "; SET lock_timeout = ", options_.statement_timeout.count());
-    if (PQsendQuery(c->conn, setup.c_str()) == 0) {
+    // Non-blocking from here on: every send is flushed against its call's deadline.
+    if (PQsetnonblocking(c->conn, 1) != 0 || PQsendQuery(c->conn, setup.c_str()) == 0) {
       return fail(absl::UnavailableError(
           absl::StrCat("sluice::postgres: connect: ", detail::connection_message(c->conn))));
+    }
+    if (const detail::Flush sent = detail::flush(c->conn, deadline); sent != detail::Flush::kSent) {
+      return fail(sent == detail::Flush::kTimedOut
+                      ? absl::DeadlineExceededError(
+                            "sluice::postgres: connect: no session within the connect timeout")
+                      : absl::UnavailableError(absl::StrCat("sluice::postgres: connect: ",
+                                                            detail::connection_message(c->conn))));
     }
     bool lost = false;
     absl::StatusOr<detail::ResultPtr> r =
@@ -280,6 +298,20 @@ inline void ConnectionPool::Lease::mark_broken() noexcept {
   connection_ = nullptr;
 }
 
+inline absl::Status ConnectionPool::Lease::flush(int queued, detail::Deadline deadline) {
+  const detail::Flush flushed =
+      queued == 0 ? detail::Flush::kConnectionLost : detail::flush(get(), deadline);
+  if (flushed == detail::Flush::kSent) return absl::OkStatus();
+  absl::Status status =
+      flushed == detail::Flush::kTimedOut
+          ? absl::DeadlineExceededError(
+                "sluice::postgres: the request was not sent whole before the deadline; nothing ran")
+          : absl::UnavailableError(
+                absl::StrCat("sluice::postgres: send: ", detail::connection_message(get())));
+  mark_broken();
+  return status;
+}
+
 inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::finish(detail::Deadline deadline,
                                                                        detail::Effect effect) {
   bool lost = false;
@@ -292,15 +324,14 @@ inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::run(const char* 
                                                                     const char* sql,
                                                                     std::span<const Param> params,
                                                                     detail::Effect effect) {
+  const detail::Deadline deadline = call_deadline();
   std::vector<std::string>& prepared = connection_->prepared;
   if (std::find(prepared.begin(), prepared.end(), name) == prepared.end()) {
-    if (PQsendPrepare(get(), name, sql, 0, nullptr) == 0) {
-      absl::Status status = absl::UnavailableError(
-          absl::StrCat("sluice::postgres: prepare: ", detail::connection_message(get())));
-      mark_broken();
-      return status;
+    if (absl::Status sent = flush(PQsendPrepare(get(), name, sql, 0, nullptr), deadline);
+        !sent.ok()) {
+      return sent;
     }
-    absl::StatusOr<detail::ResultPtr> r = finish(deadline(), detail::Effect::kReadOnly);
+    absl::StatusOr<detail::ResultPtr> r = finish(deadline, detail::Effect::kReadOnly);
     if (!r.ok()) return r.status();
     prepared.emplace_back(name);
   }
@@ -311,26 +342,20 @@ inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::run(const char* 
     lengths.push_back(static_cast<int>(p.value.size()));
     formats.push_back(p.binary ? 1 : 0);
   }
-  // A send that fails never reached the server whole: nothing ran, nothing committed.
-  if (PQsendQueryPrepared(get(), name, static_cast<int>(params.size()), values.data(),
-                          lengths.data(), formats.data(), /*resultFormat=*/0) == 0) {
-    absl::Status status = absl::UnavailableError(
-        absl::StrCat("sluice::postgres: send: ", detail::connection_message(get())));
-    mark_broken();
-    return status;
-  }
-  return finish(deadline(), effect);
+  const int queued = PQsendQueryPrepared(get(), name, static_cast<int>(params.size()),
+                                         values.data(), lengths.data(), formats.data(),
+                                         /*resultFormat=*/0);
+  if (absl::Status sent = flush(queued, deadline); !sent.ok()) return sent;
+  return finish(deadline, effect);
 }
 
 inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::run_simple(
     const std::string& sql, std::chrono::milliseconds timeout, detail::Effect effect) {
-  if (PQsendQuery(get(), sql.c_str()) == 0) {
-    absl::Status status = absl::UnavailableError(
-        absl::StrCat("sluice::postgres: send: ", detail::connection_message(get())));
-    mark_broken();
-    return status;
+  const detail::Deadline deadline = std::chrono::steady_clock::now() + timeout;
+  if (absl::Status sent = flush(PQsendQuery(get(), sql.c_str()), deadline); !sent.ok()) {
+    return sent;
   }
-  return finish(std::chrono::steady_clock::now() + timeout, effect);
+  return finish(deadline, effect);
 }
 
 }  // namespace sluice::postgres

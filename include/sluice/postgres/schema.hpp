@@ -64,8 +64,10 @@ inline absl::StatusOr<int> migrate(ConnectionPool& pool, const MigrationOptions&
         ") THEN\n", detail::kSchemaSteps[version - 1],
         "INSERT INTO sluice.schema_version (version) VALUES (", version, ");\nEND IF;\n");
   }
+  // One simple query without BEGIN: the server runs it as one implicit transaction, so an error
+  // anywhere (a timeout waiting for another replica's lock, say) rolls all of it back and leaves
+  // the session idle, never inside an aborted transaction.
   const std::string sql = absl::StrCat(
-      "BEGIN;\n"
       "SET LOCAL client_min_messages = warning;\n"
       "SET LOCAL statement_timeout = ",
       options.timeout.count(), ";\nSET LOCAL lock_timeout = ", options.timeout.count(),
@@ -81,10 +83,9 @@ inline absl::StatusOr<int> migrate(ConnectionPool& pool, const MigrationOptions&
       "UPDATE sluice.shards SET capacity = ",
       options.rows_per_shard, " WHERE capacity <> ", options.rows_per_shard,
       ";\n"
-      "COMMIT;\n"
       "SELECT pg_catalog.max(version) FROM sluice.schema_version;\n");
-  absl::StatusOr<detail::ResultPtr> r =
-      lease->run_simple(sql, options.timeout + pool.options().reply_grace, detail::Effect::kWrites);
+  absl::StatusOr<detail::ResultPtr> r = lease->run_simple(
+      sql, options.timeout + pool.options().reply_grace, detail::Effect::kOneTransaction);
   if (!r.ok()) return r.status();
   int version = 0;
   const char* text = PQntuples(r->get()) == 1 ? PQgetvalue(r->get(), 0, 0) : "";
