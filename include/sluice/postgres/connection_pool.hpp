@@ -25,6 +25,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -51,6 +52,11 @@ struct ConnectionOptions {
   std::chrono::milliseconds reply_grace{200};
   std::size_t max_connections = 16;  // open at once, idle or leased
 };
+
+// Where calls take their time, in ns since the Unix epoch (≥ 0). Empty, the default: the
+// database's clock_timestamp(), one clock for the whole fleet. Set it to decide at chosen times
+// (tests driving a sluice::ManualClock, replays); it is called once per call, from any thread.
+using TimeSource = std::function<std::chrono::nanoseconds()>;
 
 // One statement parameter: text (or raw bytes where `binary`), or SQL NULL.
 struct Param {
