@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -219,4 +220,45 @@ TEST_CASE("over Redis, a charge past the bucket puts the key in debt, bounded at
   // The key still works: the check script accepts the largest debt.
   CHECK_FALSE(limiter.check("big")->allowed());
   CHECK(limiter.reserve("big").status().code() == absl::StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("over Redis, a receipt from before a reset never gives back after it, as in memory") {
+  // 100 per second. Two receipts of 50; the earlier one refunds everything, so the key's debt
+  // (0.5 s) ends before the later receipt's TAT (1 s). Then a reset, a new client's full bucket,
+  // and the later receipt's refund once the debt the key had at the reset has drained (real
+  // time: Redis expires keys by its own clock).
+  sluice_test::RedisFixture server;
+  const std::vector<GcraWindow> windows = {{.requests = 100, .period = seconds(1), .burst = 100}};
+  sluice::ManualClock clock(kT0);
+  Memory memory = make_memory(clock, windows);
+  auto made = Redis::create(windows, server.client());  // real expiry: no hold_keys
+  REQUIRE(made.ok());
+  Redis redis = *std::move(made);
+  redis.set_time_for_testing(kT0);
+  auto memory_early = memory.check_estimated("k", 50);
+  auto redis_early = redis.check_estimated("k", 50);
+  auto memory_late = memory.check_estimated("k", 50);
+  auto redis_late = redis.check_estimated("k", 50);
+  REQUIRE(redis_early.ok());
+  REQUIRE(redis_late.ok());
+  REQUIRE(redis_late->decision == memory_late->decision);
+  REQUIRE(*memory.settle(memory_early->receipt, 0) == *redis.settle(redis_early->receipt, 0));
+  memory.reset("k");
+  REQUIRE(redis.reset("k").ok());
+  for (int i = 0; i < 100; ++i) {
+    REQUIRE(memory.check("k")->allowed());
+    REQUIRE(redis.check("k")->allowed());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // past 0.5 s, before 1 s
+  auto memory_refund = memory.settle(memory_late->receipt, 0);
+  auto redis_refund = redis.settle(redis_late->receipt, 0);
+  REQUIRE(redis_refund.ok());
+  CHECK(*redis_refund == *memory_refund);
+  int memory_extra = 0, redis_extra = 0;
+  for (int i = 0; i < 100; ++i) {
+    memory_extra += memory.check("k")->allowed() ? 1 : 0;
+    redis_extra += redis.check("k")->allowed() ? 1 : 0;
+  }
+  CHECK(memory_extra == 0);
+  CHECK(redis_extra == memory_extra);
 }
