@@ -15,6 +15,7 @@
 #include "catch.hpp"
 #include "redis_cluster.hpp"
 #include "redis_fixture.hpp"
+#include "sluice/attempt.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/redis.hpp"
@@ -251,4 +252,37 @@ TEST_CASE("a failover to a replica keeps every budget; the client finds the new 
   CHECK(rc.primary_of(slot) == replica);
   // The old primary now answers MOVED (it is a replica); the client follows and repoints.
   CHECK(admitted(l, key, 6) == 4);
+}
+
+TEST_CASE("the attempt limiter over a Cluster throttles every subject, on every primary") {
+  const sluice::AttemptPolicy policy{
+      .initial_delay = 1min, .delay_cap = 1h, .quiet_period = 24h, .lease = 1min};
+  std::set<int> primaries;
+  int admitted_first = 0, failed = 0, backed_off = 0;
+  for (int p = 0; p < 12; ++p) {
+    // Each prefix's hash tag is its own slot: the twelve spread over the primaries.
+    sluice::redis::ClientOptions o = client("unused:")->options();
+    o.key_prefix = "login{p" + std::to_string(p) + "}:";
+    auto limiter = sluice::redis::RedisAttemptLimiter::create(policy, o);
+    INFO(limiter.status());
+    REQUIRE(limiter.ok());
+    for (int s = 0; s < 5; ++s) {
+      const std::string subject = "user-" + std::to_string(s);
+      primaries.insert(
+          cluster().primary_of(sluice::redis::detail::key_slot(limiter->redis_key(subject))));
+      absl::StatusOr<sluice::AttemptDecision> first = limiter->begin(subject);
+      INFO(first.status());
+      REQUIRE(first.ok());
+      admitted_first += first->admitted() ? 1 : 0;
+      failed += limiter->fail(first->receipt).ok() ? 1 : 0;
+      absl::StatusOr<sluice::AttemptDecision> second = limiter->begin(subject);
+      INFO(second.status());
+      REQUIRE(second.ok());
+      backed_off += second->reason == sluice::AttemptReason::kBackoff ? 1 : 0;
+    }
+  }
+  CHECK(primaries.size() == 3);
+  CHECK(admitted_first == 60);
+  CHECK(failed == 60);
+  CHECK(backed_off == 60);
 }

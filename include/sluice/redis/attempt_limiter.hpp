@@ -34,7 +34,10 @@
 // reply of the wrong shape), FailedPrecondition (stale receipt), InvalidArgument. No retries.
 // Operators: `inspect` reports what `begin` would answer without writing anything; `reset` forgets
 // a subject (its attempt in flight, if any, ends and its receipt is stale).
-// Thread-safety: thread-safe; copies share one connection pool. Complexity: one round trip and
+// Thread-safety: thread-safe; copies share one client (its connection pools).
+// Cluster: with ClientOptions::cluster every operation goes to the node of its subject's slot
+// (all of a prefix's keys share the "{attempts}" hash tag, or the prefix's own), following
+// redirections as every other Redis limiter does. Complexity: one round trip and
 // O(log n) work on the server per operation (n records under the prefix).
 #ifndef SLUICE_REDIS_ATTEMPT_LIMITER_HPP_
 #define SLUICE_REDIS_ATTEMPT_LIMITER_HPP_
@@ -61,10 +64,10 @@
 #include "sluice/key.hpp"
 #include "sluice/redis/client.hpp"
 #include "sluice/redis/detail/attempt_script.hpp"
-#include "sluice/redis/detail/command.hpp"
-#include "sluice/redis/detail/connection_pool.hpp"
+#include "sluice/redis/detail/key_scheme.hpp"
 #include "sluice/redis/detail/script_sha1.hpp"
 #include "sluice/redis/detail/status.hpp"
+#include "sluice/redis/detail/transport.hpp"
 #include "sluice/redis/options.hpp"
 
 namespace sluice::redis {
@@ -103,17 +106,11 @@ class RedisAttemptLimiter {
       }
     }
     if (absl::Status s = validate(options.key_prefix, store); !s.ok()) return s;
-    // The client validates the connection options exactly as for every other Redis limiter.
-    if (absl::StatusOr<std::shared_ptr<Client>> c = Client::create(options); !c.ok()) {
-      return c.status();
-    }
-    RedisAttemptLimiter limiter(policy, std::move(options), store);
-    const detail::Deadline deadline =
-        std::chrono::steady_clock::now() + limiter.shared_->options.connection.command_timeout;
-    if (absl::Status verdict = limiter.shared_->pool.verify_server(deadline); !verdict.ok()) {
-      return verdict;
-    }
-    return limiter;
+    // The client: the options validated and the server checked exactly as for every other Redis
+    // limiter, and the one call path (a lone server or a Cluster) every operation goes through.
+    absl::StatusOr<std::shared_ptr<Client>> client = Client::create(std::move(options));
+    if (!client.ok()) return client.status();
+    return RedisAttemptLimiter(policy, *std::move(client), store);
   }
 
   // As AttemptLimiter::begin; errors as in the file comment.
@@ -168,7 +165,7 @@ class RedisAttemptLimiter {
   }
   // The sorted set indexing every record under the key prefix by when it goes idle; ZCARD of it
   // is the number of records the bound counts.
-  std::string index_key() const { return absl::StrCat(shared_->options.key_prefix, kTag, "index"); }
+  std::string index_key() const { return absl::StrCat(prefix(), kTag, "index"); }
   const AttemptStoreOptions& store_options() const noexcept { return shared_->store; }
   const AttemptPolicy& policy() const noexcept { return shared_->policy; }
   // SHA-1 of the script body, as EVALSHA names it.
@@ -194,28 +191,24 @@ class RedisAttemptLimiter {
   }
 
   struct Shared {
-    Shared(const AttemptPolicy& p, ClientOptions o, const AttemptStoreOptions& s)
+    Shared(const AttemptPolicy& p, std::shared_ptr<Client> c, const AttemptStoreOptions& s)
         : policy(p),
-          options(std::move(o)),
+          client(std::move(c)),
           store(s),
-          pool(options.connection, options.cluster),
-          sha(detail::sha1_hex(detail::kAttemptScript)) {
-      const std::uint64_t fingerprint = p.fingerprint();
-      unsigned char bytes[8];
-      for (int i = 0; i < 8; ++i) bytes[i] = static_cast<unsigned char>(fingerprint >> (8 * i));
-      seed = XXH3_64bits_withSeed(bytes, sizeof bytes, options.key_seed);
-    }
+          sha(detail::sha1_hex(detail::kAttemptScript)),
+          seed(detail::bound_seed(p.fingerprint(), client->options().key_seed)) {}
     const AttemptPolicy policy;
-    const ClientOptions options;
+    const std::shared_ptr<Client> client;
     const AttemptStoreOptions store;
-    detail::ConnectionPool pool;
     const std::string sha;
-    std::uint64_t seed = 0;  // the key seed bound to the policy's fingerprint
+    const std::uint64_t seed;  // the key seed bound to the policy's fingerprint
   };
 
-  RedisAttemptLimiter(const AttemptPolicy& policy, ClientOptions options,
+  RedisAttemptLimiter(const AttemptPolicy& policy, std::shared_ptr<Client> client,
                       const AttemptStoreOptions& store)
-      : shared_(std::make_shared<Shared>(policy, std::move(options), store)) {}
+      : shared_(std::make_shared<Shared>(policy, std::move(client), store)) {}
+
+  const std::string& prefix() const noexcept { return shared_->client->options().key_prefix; }
 
   KeyDigest digest(std::string_view subject) const {
     const XXH128_hash_t h = XXH3_128bits_withSeed(subject.data(), subject.size(), shared_->seed);
@@ -223,12 +216,10 @@ class RedisAttemptLimiter {
     if (d.empty()) d.low = 1;
     return d;
   }
-  std::string key_of(const KeyDigest& d) const {
-    return absl::StrCat(shared_->options.key_prefix, kTag, hex(d));
-  }
+  std::string key_of(const KeyDigest& d) const { return absl::StrCat(prefix(), kTag, hex(d)); }
   // Where earlier versions kept the record (with a TTL); the script adopts what it finds there.
   std::string legacy_key_of(const KeyDigest& d) const {
-    return absl::StrCat(shared_->options.key_prefix, "{", hex(d), "}");
+    return absl::StrCat(prefix(), "{", hex(d), "}");
   }
   static std::string hex(const KeyDigest& d) {
     char bytes[16];
@@ -241,20 +232,29 @@ class RedisAttemptLimiter {
 
   static std::string micros(std::int64_t ns) { return absl::StrCat(ns / 1000); }
 
-  // One EVALSHA (after NOSCRIPT: SCRIPT LOAD and the call again, pipelined) on a pooled
-  // connection. Returns the reply or the transport / server error.
+  // One EVALSHA through the client's call path (sluice/redis/detail/transport.hpp: NOSCRIPT
+  // repaired, Cluster routing and redirections, connection health). Returns the reply or the
+  // transport / server error.
   absl::StatusOr<detail::ReplyPtr> call(const KeyDigest& d, std::string_view op,
                                         std::uint64_t token, std::int64_t started_ns,
                                         std::optional<std::chrono::microseconds> time) {
     const AttemptPolicy& p = shared_->policy;
+    detail::Transport& transport = shared_->client->transport();
+    const std::string record = key_of(d);
+    std::string legacy = legacy_key_of(d);
+    // Versions that kept legacy records never ran on a Cluster: when the legacy key is in
+    // another slot (no hash tag in the prefix), name an absent key of the record's slot instead.
+    if (transport.cluster() && detail::key_slot(legacy) != detail::key_slot(record)) {
+      legacy = absl::StrCat(prefix(), kTag, "no-legacy-record");
+    }
     // EVALSHA sha 3 record index legacy op token started initial cap quiet lease time
     // max_records sweep (see attempt_script.hpp).
     const std::array<std::string, 16> args = {"EVALSHA",
                                               shared_->sha,
                                               "3",
-                                              key_of(d),
+                                              record,
                                               index_key(),
-                                              legacy_key_of(d),
+                                              legacy,
                                               std::string(op),
                                               absl::StrCat(token),
                                               micros(started_ns),
@@ -265,38 +265,17 @@ class RedisAttemptLimiter {
                                               time ? absl::StrCat(time->count()) : std::string(),
                                               absl::StrCat(shared_->store.max_records),
                                               absl::StrCat(detail::kAttemptSweep)};
-    detail::Command evalsha;
-    for (const std::string& arg : args) evalsha.add(arg);
-
-    absl::StatusOr<detail::ConnectionPool::Lease> lease = shared_->pool.acquire();
-    if (!lease.ok()) return lease.status();
-    absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
-        detail::exchange(*lease, std::span<const detail::Command>(&evalsha, 1));
-    if (!replies.ok()) return replies.status();
-    detail::ReplyPtr reply = std::move((*replies)[0]);
-    if (is_error(*reply, "NOSCRIPT")) {
-      detail::Command load;
-      load.add("SCRIPT");
-      load.add("LOAD");
-      load.add(detail::kAttemptScript);
-      const detail::Command both[] = {load, evalsha};
-      replies = detail::exchange(*lease, both);
-      if (!replies.ok()) return replies.status();
-      reply = std::move((*replies)[1]);
+    detail::Transport::Call c{
+        .slot = transport.slot_of(record), .script = detail::kAttemptScript, .sha = shared_->sha};
+    for (const std::string& arg : args) c.command.add(arg);
+    transport.call(std::span(&c, 1), std::chrono::steady_clock::now() +
+                                         shared_->client->options().connection.command_timeout);
+    if (!c.reply.ok()) return c.reply.status();
+    const redisReply& reply = **c.reply;
+    if (reply.type == REDIS_REPLY_ERROR) {
+      return detail::server_error_status(std::string_view(reply.str, reply.len));
     }
-    if (reply->type == REDIS_REPLY_ERROR) {
-      // A replica, a loading server or a Cluster redirection: reconnect on the next call.
-      for (std::string_view code : {"READONLY", "MASTERDOWN", "LOADING", "MOVED", "ASK"}) {
-        if (is_error(*reply, code)) lease->mark_broken();
-      }
-      return detail::server_error_status(std::string_view(reply->str, reply->len));
-    }
-    return reply;
-  }
-
-  static bool is_error(const redisReply& reply, std::string_view code) {
-    const std::string_view text(reply.str == nullptr ? "" : reply.str, reply.len);
-    return reply.type == REDIS_REPLY_ERROR && text.substr(0, text.find(' ')) == code;
+    return std::move(c.reply);
   }
 
   // The reply's integers when it is an array of `n` integers, each ≥ 0; else nullopt.
