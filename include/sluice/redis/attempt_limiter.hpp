@@ -6,7 +6,7 @@
 // success clears, an unfinished attempt fails at its lease deadline, fenced receipts), with each
 // subject's record in one Redis hash. Every operation is one round trip: one EVALSHA of a bundled
 // Lua script (reloaded after NOSCRIPT) that reads the server's clock (TIME), so the fleet shares
-// one clock.
+// one clock (or ClientOptions::time_source's, when set: tests drive a sluice::ManualClock).
 //
 //   auto limiter = sluice::redis::RedisAttemptLimiter::create(
 //       {.initial_delay = 1s, .delay_cap = 15min, .quiet_period = 24h, .lease = 30s},
@@ -115,13 +115,13 @@ class RedisAttemptLimiter {
 
   // As AttemptLimiter::begin; errors as in the file comment.
   absl::StatusOr<AttemptDecision> begin(std::string_view subject) {
-    return begin_at(subject, std::nullopt);
+    return begin_at(subject, now());
   }
   // As AttemptLimiter::succeed / fail / abandon: OK, FailedPrecondition for a stale receipt,
   // InvalidArgument for an invalid one, or the backend's error.
-  absl::Status succeed(const AttemptReceipt& receipt) { return complete(receipt, "s", {}); }
-  absl::Status fail(const AttemptReceipt& receipt) { return complete(receipt, "f", {}); }
-  absl::Status abandon(const AttemptReceipt& receipt) { return complete(receipt, "f", {}); }
+  absl::Status succeed(const AttemptReceipt& receipt) { return complete(receipt, "s", now()); }
+  absl::Status fail(const AttemptReceipt& receipt) { return complete(receipt, "f", now()); }
+  absl::Status abandon(const AttemptReceipt& receipt) { return complete(receipt, "f", now()); }
 
   // --- Operators: inspect and reset one subject; errors as in the file comment.
 
@@ -129,32 +129,12 @@ class RedisAttemptLimiter {
   // an invalid receipt), decided at the server's TIME (clamped like begin's), without writing:
   // no attempt, no lease, no key created, no expiry extended. Never kStoreFull.
   absl::StatusOr<AttemptDecision> inspect(std::string_view subject) {
-    return inspect_at(subject, std::nullopt);
+    return inspect_at(subject, now());
   }
   // As AttemptLimiter::reset: the next `begin` is decided as for a subject never seen; a receipt
   // of the attempt in flight is stale from now on. The record is rewritten as after a success and
   // expires within a millisecond; an absent key stays absent.
-  absl::Status reset(std::string_view subject) { return reset_at(subject, std::nullopt); }
-
-  // Testing hooks: as above, with the server's clock replaced by `unix_time` (µs since the Unix
-  // epoch, ≥ 0). Production code never calls them.
-  absl::StatusOr<AttemptDecision> begin_at_for_testing(std::string_view subject,
-                                                       std::chrono::microseconds unix_time) {
-    return begin_at(subject, unix_time);
-  }
-  absl::Status succeed_at_for_testing(const AttemptReceipt& r, std::chrono::microseconds t) {
-    return complete(r, "s", t);
-  }
-  absl::Status fail_at_for_testing(const AttemptReceipt& r, std::chrono::microseconds t) {
-    return complete(r, "f", t);
-  }
-  absl::StatusOr<AttemptDecision> inspect_at_for_testing(std::string_view subject,
-                                                         std::chrono::microseconds unix_time) {
-    return inspect_at(subject, unix_time);
-  }
-  absl::Status reset_at_for_testing(std::string_view subject, std::chrono::microseconds unix_time) {
-    return reset_at(subject, unix_time);
-  }
+  absl::Status reset(std::string_view subject) { return reset_at(subject, now()); }
 
   // The Redis key holding `subject`'s record (for operators and tests; no raw subject bytes).
   std::string redis_key(std::string_view subject) const { return key_of(digest(subject)); }
@@ -209,6 +189,14 @@ class RedisAttemptLimiter {
       : shared_(std::make_shared<Shared>(policy, std::move(client), store)) {}
 
   const std::string& prefix() const noexcept { return shared_->client->options().key_prefix; }
+
+  // The client's time (ClientOptions::time_source) in the script's whole microseconds, or
+  // nullopt for the server's TIME.
+  std::optional<std::chrono::microseconds> now() const {
+    const std::optional<std::chrono::nanoseconds> t = shared_->client->now();
+    if (!t) return std::nullopt;
+    return std::chrono::floor<std::chrono::microseconds>(*t);
+  }
 
   KeyDigest digest(std::string_view subject) const {
     const XXH128_hash_t h = XXH3_128bits_withSeed(subject.data(), subject.size(), shared_->seed);
@@ -295,13 +283,6 @@ class RedisAttemptLimiter {
     return absl::InternalError("sluice::redis: attempt script reply of unexpected shape");
   }
 
-  static absl::Status check_time(std::optional<std::chrono::microseconds> time) {
-    if (time && time->count() < 0) {
-      return absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
-    }
-    return absl::OkStatus();
-  }
-
   // Every time and wait in a reply is below 2^53 µs.
   static constexpr std::int64_t kMaxMicros = std::int64_t{1} << 53;
 
@@ -326,7 +307,6 @@ class RedisAttemptLimiter {
 
   absl::StatusOr<AttemptDecision> begin_at(std::string_view subject,
                                            std::optional<std::chrono::microseconds> time) {
-    if (absl::Status s = check_time(time); !s.ok()) return s;
     const KeyDigest d = digest(subject);
     absl::StatusOr<detail::ReplyPtr> reply = call(d, "b", 0, 0, time);
     if (!reply.ok()) return reply.status();
@@ -348,7 +328,6 @@ class RedisAttemptLimiter {
 
   absl::StatusOr<AttemptDecision> inspect_at(std::string_view subject,
                                              std::optional<std::chrono::microseconds> time) {
-    if (absl::Status s = check_time(time); !s.ok()) return s;
     absl::StatusOr<detail::ReplyPtr> reply = call(digest(subject), "i", 0, 0, time);
     if (!reply.ok()) return reply.status();
     absl::StatusOr<AttemptDecision> state = state_of(**reply);
@@ -357,7 +336,6 @@ class RedisAttemptLimiter {
   }
 
   absl::Status reset_at(std::string_view subject, std::optional<std::chrono::microseconds> time) {
-    if (absl::Status s = check_time(time); !s.ok()) return s;
     absl::StatusOr<detail::ReplyPtr> reply = call(digest(subject), "r", 0, 0, time);
     if (!reply.ok()) return reply.status();
     const auto result = integers<1>(**reply);
@@ -368,7 +346,6 @@ class RedisAttemptLimiter {
   absl::Status complete(const AttemptReceipt& receipt, std::string_view op,
                         std::optional<std::chrono::microseconds> time) {
     if (!receipt.valid()) return absl::InvalidArgumentError("attempt receipt is not valid");
-    if (absl::Status s = check_time(time); !s.ok()) return s;
     absl::StatusOr<detail::ReplyPtr> reply =
         call(receipt.subject_, op, receipt.token_, receipt.started_, time);
     if (!reply.ok()) return reply.status();

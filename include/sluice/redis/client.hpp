@@ -116,13 +116,13 @@ class Client {
   // are given back when another slot denies (docs/redis.md, "Redis Cluster"). InvalidArgument
   // when a cost exceeds its limit's max_cost().
   absl::StatusOr<std::vector<Decision>> check_all(std::span<const CheckItem> items) {
-    return run(items, std::nullopt);
+    return run(items, now());
   }
 
   // Independent checks, pipelined on one connection: one write, one reply per item, not atomic
   // as a group. For callers with many unrelated keys at once.
   std::vector<absl::StatusOr<Decision>> check_pipelined(std::span<const CheckItem> items) {
-    return run_pipelined(items, std::nullopt);
+    return run_pipelined(items, now());
   }
 
   // One single-key check, decided exactly as check_all of the one item. With options().coalesce
@@ -131,25 +131,23 @@ class Client {
   // start (command_timeout) covers the queue too: a check still queued at its deadline is
   // DeadlineExceeded and consumed nothing; one whose call was sent but whose reply was lost may
   // have been counted, as any check whose reply is lost.
-  absl::StatusOr<Decision> check(const CheckItem& item) { return check_one(item, std::nullopt); }
+  absl::StatusOr<Decision> check(const CheckItem& item) { return check_one(item, now()); }
   // Checks that went out in one script call together with at least one other check.
   std::uint64_t coalesced_checks() const { return coalescer_.coalesced_checks(); }
 
   // Booking checks (for settling a cost later, as RedisRateLimitEngine's settlements do): as
-  // check_all and check_pipelined at the server's TIME (or at `time`, ns since the Unix epoch,
-  // for tests), and each also fills `bookings` with one entry per item: the TATs the item left
-  // and its key's reset count. An entry is meaningful only for an item that was admitted.
+  // check_all and check_pipelined, and each also fills `bookings` with one entry per item: the
+  // TATs the item left and its key's reset count. An entry is meaningful only for an item that
+  // was admitted.
   absl::StatusOr<std::vector<Decision>> check_all_booking(
-      std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
-      std::vector<detail::ItemBooking>& bookings) {
+      std::span<const CheckItem> items, std::vector<detail::ItemBooking>& bookings) {
     bookings.clear();
-    return run(items, time, &bookings);
+    return run(items, now(), &bookings);
   }
   std::vector<absl::StatusOr<Decision>> check_pipelined_booking(
-      std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
-      std::vector<detail::ItemBooking>& bookings) {
+      std::span<const CheckItem> items, std::vector<detail::ItemBooking>& bookings) {
     bookings.assign(items.size(), {});
-    return run_pipelined(items, time, &bookings);
+    return run_pipelined(items, now(), &bookings);
   }
 
   // Deletes `key`'s state under `limit` (one script call, one round trip): its next check sees
@@ -158,11 +156,10 @@ class Client {
   // been paid off, so that reservations and receipts from before it give nothing back. OK
   // whether or not the key had state; Unavailable or DeadlineExceeded as a check; a server error
   // reply becomes its status.
-  absl::Status reset(std::string_view key, const Limit& limit,
-                     std::optional<std::chrono::nanoseconds> time = std::nullopt) {
+  absl::Status reset(std::string_view key, const Limit& limit) {
     const std::string name = redis_key(key, limit);
     std::vector<std::string> args = {name, absl::StrCat(name, ":reset"), "x", "", "", "", ""};
-    if (time) set_time_args(*time, args[4], args[5]);
+    if (const auto time = now()) set_time_args(*time, args[4], args[5]);
     absl::StatusOr<detail::ReplyPtr> reply = run_booking(args);
     if (!reply.ok()) {
       return reply.status();
@@ -191,7 +188,15 @@ class Client {
     return std::move(call.reply);
   }
 
-  // A test-only time (ns since the Unix epoch, ≥ 0) as the scripts' (seconds, ns) arguments.
+  // The time the scripts decide at: nullopt for the server's TIME, else the reading of
+  // ClientOptions::time_source (ns since the Unix epoch; a reading before it is read as 0).
+  std::optional<std::chrono::nanoseconds> now() const {
+    if (!options_.time_source) return std::nullopt;
+    return std::max(options_.time_source(), std::chrono::nanoseconds::zero());
+  }
+
+  // A time source's reading (ns since the Unix epoch, ≥ 0) as the scripts' (seconds, ns)
+  // arguments.
   static void set_time_args(std::chrono::nanoseconds time, std::string& s, std::string& ns) {
     const auto t = static_cast<std::uint64_t>(time.count());
     s = absl::StrCat(t / detail::kNanosPerSecond);
@@ -212,49 +217,17 @@ class Client {
   // SHA-1 of the script body, as EVALSHA names it.
   const std::string& script_sha() const noexcept { return script_sha_; }
 
-  // Testing hook: decide as if the Redis server's clock read `unix_time` (ns since the Unix
-  // epoch, ≥ 0) instead of calling TIME. Production code never calls it.
-  absl::StatusOr<std::vector<Decision>> check_all_at_for_testing(
-      std::span<const CheckItem> items, std::chrono::nanoseconds unix_time) {
-    if (unix_time < std::chrono::nanoseconds::zero()) {
-      return absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
-    }
-    return run(items, unix_time);
-  }
-  // Testing hook: as check_pipelined(), with every item decided at `unix_time` (as above).
-  std::vector<absl::StatusOr<Decision>> check_pipelined_at_for_testing(
-      std::span<const CheckItem> items, std::chrono::nanoseconds unix_time) {
-    if (unix_time < std::chrono::nanoseconds::zero()) {
-      return std::vector<absl::StatusOr<Decision>>(
-          items.size(), absl::InvalidArgumentError("sluice::redis: testing time must be >= 0"));
-    }
-    return run_pipelined(items, unix_time);
-  }
-  // Testing hook: as check(), decided at `unix_time` (as above); it coalesces with concurrent
-  // checks at the same `unix_time`.
-  absl::StatusOr<Decision> check_at_for_testing(const CheckItem& item,
-                                                std::chrono::nanoseconds unix_time) {
-    if (unix_time < std::chrono::nanoseconds::zero()) {
-      return absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
-    }
-    return check_one(item, unix_time);
-  }
   // Testing hook: `items` as the one script call that concurrent check()s of them, queued in
-  // this order, would share, at `unix_time`; one result per item.
-  std::vector<absl::StatusOr<Decision>> check_coalesced_at_for_testing(
-      std::span<const CheckItem> items, std::chrono::nanoseconds unix_time) {
+  // this order, would share; one result per item.
+  std::vector<absl::StatusOr<Decision>> check_coalesced_for_testing(
+      std::span<const CheckItem> items) {
     std::vector<absl::StatusOr<Decision>> results(items.size(),
                                                   absl::UnknownError("sluice::redis: not run"));
-    absl::Status status = validate(items);
-    if (status.ok() && unix_time < std::chrono::nanoseconds::zero()) {
-      status = absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
-    }
-    if (!status.ok()) {
+    if (absl::Status status = validate(items); !status.ok()) {
       std::fill(results.begin(), results.end(), status);
       return results;
     }
-    run_each(items, unix_time,
-             std::chrono::steady_clock::now() + options_.connection.command_timeout, results);
+    run_each(items, now(), deadline(), results);
     return results;
   }
   // Testing hook: run `body` instead of the bundled script (to prove that wrong replies become
