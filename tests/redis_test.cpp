@@ -140,8 +140,9 @@ TEST_CASE(
     "denied") {
   Server s;
   // Given longest first: the limiter sorts shortest period first.
-  auto limiter = make_limiter(
-      {{.requests = 5, .period = seconds(60)}, {.requests = 2, .period = seconds(1)}}, timed(s.options()));
+  auto limiter =
+      make_limiter({{.requests = 5, .period = seconds(60)}, {.requests = 2, .period = seconds(1)}},
+                   timed(s.options()));
   REQUIRE(limiter.windows()[0].period == seconds(1));
   REQUIRE(limiter.windows()[1].burst == 5);
   CHECK(at(limiter, "k", kT0) == allowed(2, 1, nanoseconds(500'000'000), 0));
@@ -159,8 +160,9 @@ TEST_CASE(
 
 TEST_CASE("retry after is the longest wait of all denying windows and is exactly enough") {
   Server s;
-  auto limiter = make_limiter(
-      {{.requests = 1, .period = seconds(1)}, {.requests = 2, .period = seconds(10)}}, timed(s.options()));
+  auto limiter =
+      make_limiter({{.requests = 1, .period = seconds(1)}, {.requests = 2, .period = seconds(10)}},
+                   timed(s.options()));
   CHECK(at(limiter, "k", kT0) == allowed(1, 0, nanoseconds(seconds(1)), 0));
   // Both windows have 0 remaining: the tie goes to the shorter one.
   CHECK(at(limiter, "k", kT0 + seconds(1)) == allowed(1, 0, nanoseconds(seconds(1)), 0));
@@ -202,7 +204,8 @@ TEST_CASE("the largest request count and refill time stay exact to the nanosecon
   Server s;
   constexpr std::uint64_t kMax = sluice::redis::kMaxRequests;  // 2^52 - 1
   // T = 1 ns exactly, a bucket of 2^52 - 1 requests that refills in 2^52 - 1 ns (52 days).
-  auto limiter = make_limiter({{.requests = kMax, .period = nanoseconds(kMax)}}, timed(s.options()));
+  auto limiter =
+      make_limiter({{.requests = kMax, .period = nanoseconds(kMax)}}, timed(s.options()));
   const nanoseconds t = seconds(9'000'000'000);  // year 2255: 9e18 ns
   CHECK(at(limiter, "k", t, kMax) == allowed(kMax, 0, nanoseconds(kMax)));
   CHECK(at(limiter, "k", t) == denied(kMax, 0, nanoseconds(1), nanoseconds(kMax)));
