@@ -31,9 +31,6 @@
 //                     (ns, frac) means ns + frac/r nanoseconds, 0 ≤ frac < r; T = period / r.
 //   state (the value at key_i, 16 + 16·n bytes): w_s, w_ns (the latest time the key was written
 //                     at), then per window its debt (ns, frac) = TAT − w. No debt = a fresh window.
-//                     It expires when every window is full again, and never sooner than it
-//                     already would: every TAT it ever held has passed by its expiry (what a
-//                     reset's marker relies on; see the booking script).
 //   reply             one string: doubles all_admitted (1/0), now_s, now_ns, then per item one
 //                     byte '1' followed by the state the decision was computed from, or '0'
 //                     when the key held no state; then, for a booking check, per item its
@@ -67,7 +64,7 @@ if each then nkeys = nkeys - 1 end
 -- One item (parameters p) against its key's state s (false: none). Returns an error message;
 -- or nil, the verdict, and for an admitted item that consumes, its new state and its time to
 -- live (ms).
-local function decide(p, s, key)
+local function decide(p, s)
   local n = #p / 40
   if n < 1 or n % 1 ~= 0 then return 'sluice: malformed parameters' end
   -- ts, tns: the time this item is decided at (now, or the key's later write time: a clock
@@ -111,12 +108,6 @@ local function decide(p, s, key)
   local q = ((ts - now_s) * 1e9 + (tns - now_ns) + most) / 1e6
   local ttl = q - q % 1 + 1
   if ttl > 1e10 then ttl = 1e10 end
-  -- Never sooner than the key already expires: a refund shrinks the debt but not the time an
-  -- earlier booking may still give back, which a reset's marker must outlive (booking script).
-  if s then
-    local kept = redis.call('PTTL', key)
-    if kept > ttl then ttl = kept end
-  end
   return nil, true, packed, ttl
 end
 if each then
@@ -137,7 +128,7 @@ if each then
     if type(s) == 'table' then
       err = s.err
     else
-      err, ok, packed, ttl = decide(ARGV[i + 2], s, key)
+      err, ok, packed, ttl = decide(ARGV[i + 2], s)
       if packed and not wrote then
         local set = redis.pcall('SET', key, packed, 'PX', ttl)
         if set.err then err = set.err else wrote = true end
@@ -172,7 +163,7 @@ for i = 1, nkeys do
   s = pending and pending[key]
   if not s then s = redis.call('GET', key) end
   if seen then seen[i] = s and '1' .. s or '0' end
-  local err, ok, packed, ttl = decide(ARGV[i + 2], s, key)
+  local err, ok, packed, ttl = decide(ARGV[i + 2], s)
   if err then return redis.error_reply(err) end
   if not ok then
     all = 0
