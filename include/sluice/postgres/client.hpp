@@ -94,6 +94,7 @@ class Client {
   absl::StatusOr<std::vector<Decision>> check_all(std::span<const CheckItem> items,
                                                   BatchMode mode = BatchMode::kAllOrNothing) {
     if (items.empty()) return std::vector<Decision>{};
+    const detail::Deadline deadline = pool_->call_deadline();  // building the call counts too
     absl::InlinedVector<KeyDigest, 8> digests;
     absl::InlinedVector<const Limit*, 8> limits;
     absl::InlinedVector<std::uint64_t, 8> costs;
@@ -112,7 +113,7 @@ class Client {
     const bool writes = std::any_of(costs.begin(), costs.end(), [](auto c) { return c > 0; });
     absl::StatusOr<detail::ResultPtr> r =
         lease->run(detail::kCheckStatement, detail::kCheckSql, params,
-                   writes ? detail::Effect::kWrites : detail::Effect::kReadOnly);
+                   writes ? detail::Effect::kWrites : detail::Effect::kReadOnly, deadline);
     if (!r.ok()) return r.status();
     if (PQntuples(r->get()) != 1 || PQnfields(r->get()) != 1 || PQgetisnull(r->get(), 0, 0)) {
       return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v2");

@@ -88,10 +88,16 @@ class ConnectionPool {
     PGconn* get() const noexcept { return connection_->conn; }
 
     // Runs `sql` with parameters $1..$n as the prepared statement `name`, preparing it on this
-    // connection first if needed (one extra round trip, once per connection). One round trip;
-    // see detail::read_results for the error mapping.
+    // connection first if needed (one extra round trip, once per connection), sending and
+    // reading by `deadline` (default: the pool's call_deadline() from now). One round trip; see
+    // detail::read_results for the error mapping.
     absl::StatusOr<detail::ResultPtr> run(const char* name, const char* sql,
-                                          std::span<const Param> params, detail::Effect effect);
+                                          std::span<const Param> params, detail::Effect effect) {
+      return run(name, sql, params, effect, pool_->call_deadline());
+    }
+    absl::StatusOr<detail::ResultPtr> run(const char* name, const char* sql,
+                                          std::span<const Param> params, detail::Effect effect,
+                                          detail::Deadline deadline);
 
     // Runs `sql` (one or more statements, no parameters) with the simple query protocol, waiting
     // at most `timeout` for the reply.
@@ -102,11 +108,6 @@ class ConnectionPool {
    private:
     friend class ConnectionPool;
     Lease(ConnectionPool* pool, Connection* connection) : pool_(pool), connection_(connection) {}
-    // The one deadline of a call, for its sends and its reads.
-    detail::Deadline call_deadline() const {
-      const ConnectionOptions& o = pool_->options_;
-      return std::chrono::steady_clock::now() + o.statement_timeout + o.reply_grace;
-    }
     // Sends what the PQsend* call that returned `queued` queued, by `deadline`; closes the
     // connection when it cannot (Unavailable, or DeadlineExceeded: nothing ran either way).
     absl::Status flush(int queued, detail::Deadline deadline);
@@ -142,6 +143,12 @@ class ConnectionPool {
   }
 
   const ConnectionOptions& options() const noexcept { return options_; }
+
+  // The one deadline of a call starting now, for its sends and its reads: statement_timeout +
+  // reply_grace from now.
+  detail::Deadline call_deadline() const {
+    return std::chrono::steady_clock::now() + options_.statement_timeout + options_.reply_grace;
+  }
 
   // An idle connection, or a new one while fewer than max_connections are open; waits at most
   // acquire_timeout for one to come back (then DeadlineExceeded). A new connection that cannot
@@ -329,8 +336,8 @@ inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::finish(detail::D
 inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::run(const char* name,
                                                                     const char* sql,
                                                                     std::span<const Param> params,
-                                                                    detail::Effect effect) {
-  const detail::Deadline deadline = call_deadline();
+                                                                    detail::Effect effect,
+                                                                    detail::Deadline deadline) {
   std::vector<std::string>& prepared = connection_->prepared;
   if (std::find(prepared.begin(), prepared.end(), name) == prepared.end()) {
     if (absl::Status sent = flush(PQsendPrepare(get(), name, sql, 0, nullptr), deadline);
