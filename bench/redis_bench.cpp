@@ -41,6 +41,7 @@
 #include "redis_server.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/redis.hpp"
+#include "sluice/redis/engine_backend.hpp"
 
 namespace {
 

@@ -12,6 +12,7 @@
 #ifdef SLUICE_TEST_REDIS
 #include "redis_fixture.hpp"
 #include "sluice/redis.hpp"
+#include "sluice/redis/engine_backend.hpp"
 #endif
 
 namespace {

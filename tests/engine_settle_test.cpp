@@ -16,6 +16,7 @@
 #ifdef SLUICE_TEST_REDIS
 #include "redis_fixture.hpp"
 #include "sluice/redis.hpp"
+#include "sluice/redis/engine_backend.hpp"
 #endif
 
 namespace {
@@ -187,11 +188,11 @@ RedisEngine make_redis(const sluice_test::RedisFixture& server, sluice::ManualCl
   sluice::redis::ClientOptions options = server.options();
   options.key_prefix +=
       c.engine.consumption == sluice::ConsumptionMode::kEveryRule ? "every:" : "all:";
+  options.time_source = [clock] { return kEpoch + clock.now(); };
   auto client = sluice::redis::Client::create(options);
   REQUIRE(client.ok());
   sluice_test::hold_keys(**client);
-  auto engine = RedisEngine::create(
-      c, {.client = *client, .time_for_testing = [clock] { return kEpoch + clock.now(); }});
+  auto engine = RedisEngine::create(c, {.client = *client});
   INFO(engine.status());
   REQUIRE(engine.ok());
   return *std::move(engine);

@@ -1,9 +1,9 @@
 // The PostgreSQL part (sluice::postgres) against one real PostgreSQL 15 that this binary starts
 // for all its cases (tests/support/postgres_server.hpp), in a temporary directory.
 //
-// Time: tests that need exact values hand the database function a time through the documented
-// testing hooks (check_at_for_testing, Options::time_for_testing) and compare with the in-memory
-// limiters on a ManualClock at the same instants. Tests on the database clock only assert what
+// Time: tests that need exact values give the client a time source (ClientOptions::time_source)
+// reading a ManualClock, and compare with the in-memory limiters on a ManualClock at the same
+// instants. Tests on the database clock only assert what
 // sub-second timing cannot change. Each case uses its own limit names, so rows never collide.
 #include <signal.h>
 
@@ -63,8 +63,16 @@ sluice::postgres::ConnectionOptions connection(milliseconds timeout = 1000ms) {
           .max_connections = 8};
 }
 
-std::shared_ptr<Client> client(milliseconds timeout = 1000ms) {
-  auto c = Client::create({.connection = connection(timeout), .key_seed = 42});
+// The time (ns since the Unix epoch) of the clients `client()` makes.
+sluice::ManualClock the_time(kT0);
+
+// A client on `time` (default: the_time), with the schema installed. An empty time source: the
+// database clock.
+std::shared_ptr<Client> client(
+    milliseconds timeout = 1000ms,
+    sluice::postgres::TimeSource time = [] { return the_time.now(); }) {
+  auto c = Client::create(
+      {.connection = connection(timeout), .key_seed = 42, .time_source = std::move(time)});
   REQUIRE(c.ok());
   auto version = sluice::postgres::migrate((*c)->pool());
   INFO(version.status());
@@ -81,15 +89,25 @@ L make(absl::StatusOr<L> limiter) {
 
 template <class L>
 Decision at(L& limiter, std::string_view key, nanoseconds t, std::uint64_t cost = 1) {
-  absl::StatusOr<Decision> d = limiter.check_at_for_testing(key, cost, t);
+  the_time.set(t);
+  absl::StatusOr<Decision> d = limiter.check(key, cost);
   INFO(d.status());
   REQUIRE(d.ok());
   return *d;
 }
 
+// limiter.check(key, cost) at `t`, whatever it returns.
+template <class L>
+absl::StatusOr<Decision> checked(L& limiter, std::string_view key, std::uint64_t cost,
+                                 nanoseconds t) {
+  the_time.set(t);
+  return limiter.check(key, cost);
+}
+
 template <class L>
 Decision inspected(L& limiter, std::string_view key, nanoseconds t) {
-  absl::StatusOr<Decision> d = limiter.inspect_at_for_testing(key, t);
+  the_time.set(t);
+  absl::StatusOr<Decision> d = limiter.inspect(key);
   INFO(d.status());
   REQUIRE(d.ok());
   return *d;
@@ -118,6 +136,16 @@ std::string shard_rows(const Client& c, const sluice::postgres::Limit& limit,
                std::to_string(c.digest(key, limit).high >> 56));
 }
 
+// cleanup_expired at `t` on `c`'s time source.
+std::uint64_t cleanup_at(const Client& c, std::uint32_t max_rows, nanoseconds t) {
+  the_time.set(t);
+  absl::StatusOr<std::uint64_t> deleted =
+      sluice::postgres::cleanup_expired(c.pool(), max_rows, c.time_source());
+  INFO(deleted.status());
+  REQUIRE(deleted.ok());
+  return *deleted;
+}
+
 // The in-memory and database limiters on one scripted random sequence: every decision equal.
 template <class Memory, class Database>
 void expect_same_decisions(Memory& memory, sluice::ManualClock& clock, Database& database,
@@ -130,7 +158,8 @@ void expect_same_decisions(Memory& memory, sluice::ManualClock& clock, Database&
     const std::string& key = keys[random() % keys.size()];
     const std::uint64_t cost = random() % (max_cost + 2);  // 0 peeks; max_cost + 1 is invalid
     absl::StatusOr<Decision> expected = memory.check(key, cost);
-    absl::StatusOr<Decision> actual = database.check_at_for_testing(key, cost, kT0 + clock.now());
+    the_time.set(kT0 + clock.now());
+    absl::StatusOr<Decision> actual = database.check(key, cost);
     INFO("step " << step << " key " << key << " cost " << cost);
     REQUIRE(expected.status().code() == actual.status().code());
     if (expected.ok()) REQUIRE(*expected == *actual);
@@ -180,8 +209,8 @@ TEST_CASE("the migration installs the current version and running it twice chang
       query("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'sluice'");
   auto second = sluice::postgres::migrate(**pool);
   REQUIRE(second.ok());
-  CHECK(*second == 2);
-  CHECK(query("SELECT count(*) FROM sluice.schema_version") == "2");
+  CHECK(*second == 3);
+  CHECK(query("SELECT count(*) FROM sluice.schema_version") == "3");
   CHECK(query("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'sluice'") == tables);
   CHECK(query("SELECT count(*) FROM sluice.shards") == "256");
 }
@@ -197,7 +226,28 @@ TEST_CASE("a check before the migration is a failed precondition that names the 
   CHECK(std::string(d.status().message()).find("migrate") != std::string::npos);
 }
 
-TEST_CASE("a version 1 database migrates to version 2 keeping its rows, and then resets") {
+// Runs check_v1 as a replica built before version 3 does: `key` under `limit` for `cost`, at kT0.
+// Returns the function's reply, or the error.
+std::string check_v1(const std::string& conninfo, const Client& c,
+                     const sluice::postgres::Limit& limit, std::string_view key,
+                     std::uint64_t cost) {
+  std::string digest;
+  sluice::postgres::detail::append_digest(digest, c.digest(key, limit));
+  const auto& w = limit.parameters().front();
+  const std::string sql = "SELECT sluice.check_v1(1, '\\x" + absl::BytesToHexString(digest) +
+                          "', '{1}', '{" + std::to_string(w[0]) + "}', '{" + std::to_string(w[1]) +
+                          "}', '{" + std::to_string(w[2]) + "}', " + std::to_string(cost) +
+                          ", true, " + std::to_string(kT0.count()) + ")";
+  PGconn* admin = PQconnectdb(conninfo.c_str());
+  PGresult* result = PQexec(admin, sql.c_str());
+  std::string reply = PQresultStatus(result) == PGRES_TUPLES_OK ? PQgetvalue(result, 0, 0)
+                                                                : PQresultErrorMessage(result);
+  PQclear(result);
+  PQfinish(admin);
+  return reply;
+}
+
+TEST_CASE("a version 1 database migrates to the current version keeping its rows") {
   query("CREATE DATABASE version1");
   const std::string conninfo = server().conninfo() + " dbname=version1";
   {  // What version 1's migration left behind: its step and its record.
@@ -217,19 +267,27 @@ TEST_CASE("a version 1 database migrates to version 2 keeping its rows, and then
     INFO(error);
     REQUIRE(error.empty());
   }
-  auto c = Client::create({.connection = {.conninfo = conninfo}, .key_seed = 42});
+  auto c = Client::create({.connection = {.conninfo = conninfo}, .key_seed = 42, .time_source = [] {
+                             return the_time.now();
+                           }});
   REQUIRE(c.ok());
   auto limiter = make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, *c, "v1"));
-  CHECK(at(limiter, "k", kT0, 2).remaining == 1);
-  const absl::Status before = limiter.reset("k");
-  CHECK(before.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(std::string(before.message()).find("migrate") != std::string::npos);
+  // A replica of version 1 takes 2 of 3; this one cannot check before the migration.
+  CHECK(check_v1(conninfo, **c, limiter.limit(), "k", 2).starts_with("{"));
+  the_time.set(kT0);
+  const absl::StatusOr<Decision> before = limiter.check("k");
+  CHECK(before.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(before.status().message()).find("migrate") != std::string::npos);
 
   absl::StatusOr<int> version = sluice::postgres::migrate((*c)->pool());
   INFO(version.status());
   REQUIRE(version.ok());
-  CHECK(*version == 2);
+  CHECK(*version == sluice::postgres::kSchemaVersion);
   CHECK(inspected(limiter, "k", kT0).remaining == 1);  // the row survived the upgrade
+  // The old replica's check_v1 now decides with the new body, on the same row.
+  CHECK(check_v1(conninfo, **c, limiter.limit(), "k", 1)
+            .starts_with("{" + std::to_string(kT0.count()) + ",0,3,0,"));
+  CHECK(inspected(limiter, "k", kT0).remaining == 0);
   CHECK(limiter.reset("k").ok());
   CHECK(inspected(limiter, "k", kT0) == Decision{.limit = 3, .remaining = 3});
 }
@@ -286,8 +344,8 @@ TEST_CASE("a cost above the smallest burst is an invalid argument that sends not
 }
 
 TEST_CASE("the database clock decides when no time is given") {
-  auto limiter =
-      make(PostgresGcraLimiter::create({{.requests = 2, .period = 1h}}, client(), "clock"));
+  auto limiter = make(
+      PostgresGcraLimiter::create({{.requests = 2, .period = 1h}}, client(1000ms, {}), "clock"));
   CHECK(limiter.check("k").value().remaining == 1);
   CHECK(limiter.check("k").value().remaining == 0);
   const Decision denied = limiter.check("k").value();
@@ -383,8 +441,8 @@ TEST_CASE("a fixed-window key that is reset starts a new window at its next chec
 }
 
 TEST_CASE("inspect and reset on the database clock") {
-  auto limiter =
-      make(PostgresGcraLimiter::create({{.requests = 2, .period = 1h}}, client(), "ops-clock"));
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 2, .period = 1h}},
+                                                  client(1000ms, {}), "ops-clock"));
   CHECK(limiter.check("k").value().remaining == 1);
   CHECK(limiter.check("k").value().remaining == 0);
   const Decision now = limiter.inspect("k").value();
@@ -423,10 +481,10 @@ TEST_CASE("a batch with one denied item reserves nothing in any item") {
       make(PostgresGcraLimiter::create({{.requests = 2, .period = 1s}}, client(), "batch"));
   at(limiter, "full", kT0, 2);
   const std::vector<std::string_view> keys = {"a", "full", "b"};
-  auto d = limiter.client()->check_all_at_for_testing(
+  auto d = limiter.client()->check_all(
       std::vector<sluice::postgres::CheckItem>{
           {"a", &limiter.limit()}, {"full", &limiter.limit()}, {"b", &limiter.limit()}},
-      1, BatchMode::kAllOrNothing, kT0);
+      BatchMode::kAllOrNothing);
   REQUIRE(d.ok());
   CHECK((*d)[0].allowed());
   CHECK((*d)[1].reason == Reason::kQuotaExceeded);
@@ -439,9 +497,9 @@ TEST_CASE("a batch whose items all pass reserves every item, and repeated keys s
   auto limiter =
       make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, client(), "batch2"));
   const sluice::postgres::Limit& l = limiter.limit();
-  auto d = limiter.client()->check_all_at_for_testing(
-      std::vector<sluice::postgres::CheckItem>{{"a", &l}, {"b", &l}, {"a", &l}}, 1,
-      BatchMode::kAllOrNothing, kT0);
+  auto d = limiter.client()->check_all(
+      std::vector<sluice::postgres::CheckItem>{{"a", &l}, {"b", &l}, {"a", &l}},
+      BatchMode::kAllOrNothing);
   REQUIRE(d.ok());
   CHECK((*d)[0].remaining == 2);
   CHECK((*d)[1].remaining == 2);
@@ -455,9 +513,8 @@ TEST_CASE("each-item batches store every admitted item even when another is deni
       make(PostgresGcraLimiter::create({{.requests = 1, .period = 1s}}, client(), "each"));
   const sluice::postgres::Limit& l = limiter.limit();
   at(limiter, "full", kT0);
-  auto d = limiter.client()->check_all_at_for_testing(
-      std::vector<sluice::postgres::CheckItem>{{"a", &l}, {"full", &l}}, 1, BatchMode::kEachItem,
-      kT0);
+  auto d = limiter.client()->check_all(
+      std::vector<sluice::postgres::CheckItem>{{"a", &l}, {"full", &l}}, BatchMode::kEachItem);
   REQUIRE(d.ok());
   CHECK((*d)[0].allowed());
   CHECK(!(*d)[1].allowed());
@@ -473,12 +530,13 @@ TEST_CASE("two clients with concurrent callers admit exactly the burst in total"
   auto second =
       make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, client(), "shared"));
   std::atomic<int> admitted{0}, errors{0};
+  the_time.set(kT0);
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       auto& limiter = t % 2 == 0 ? first : second;
       for (int i = 0; i < 20; ++i) {
-        absl::StatusOr<Decision> d = limiter.check_at_for_testing("one-key", 1, kT0);
+        absl::StatusOr<Decision> d = limiter.check("one-key");
         if (!d.ok()) {
           ++errors;
         } else if (d->allowed()) {
@@ -517,9 +575,9 @@ TEST_CASE("a full shard denies a new key with a capacity denial and cleanup free
   for (int i = 0; i < 30; ++i) at(limiter, "spray-" + std::to_string(i), kT0 + 30s);
   CHECK(query("SELECT sum(row_count) FROM sluice.shards") == "31");
   // b's row is idle from kT0 + 30 s, the sprayed ones from kT0 + 40 s.
-  CHECK(sluice::postgres::cleanup_expired(c->pool(), 1000, kT0 + 39s).value() == 1);
-  CHECK(sluice::postgres::cleanup_expired(c->pool(), 10, kT0 + 40s).value() == 10);
-  CHECK(sluice::postgres::cleanup_expired(c->pool(), 1000, kT0 + 40s).value() == 20);
+  CHECK(cleanup_at(*c, 1000, kT0 + 39s) == 1);
+  CHECK(cleanup_at(*c, 10, kT0 + 40s) == 10);
+  CHECK(cleanup_at(*c, 1000, kT0 + 40s) == 20);
   CHECK(query("SELECT count(*) FROM sluice.limit_state") == "0");
   CHECK(query("SELECT sum(row_count) FROM sluice.shards") == "0");
 }
@@ -542,7 +600,7 @@ TEST_CASE("the engine over PostgreSQL gives the in-memory engine's evaluations e
       make(sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>::create(
           config, {.clock = clock}));
   auto database = make(sluice::postgres::PostgresRateLimitEngine::create(
-      config, {.client = client(), .time_for_testing = [clock] { return kT0 + clock.now(); }}));
+      config, {.client = client(1000ms, [clock] { return kT0 + clock.now(); })}));
   const sluice::WallTime wall{std::chrono::seconds(1'700'000'000)};
   for (int i = 0; i < 40; ++i) {
     clock.advance(150ms);
@@ -568,7 +626,7 @@ TEST_CASE("the engine over PostgreSQL inspects and resets one rule's key by requ
       .routes = {{.name = "r", .path_prefix = "/", .policies = {"api"}}}};
   sluice::ManualClock clock;
   auto engine = make(sluice::postgres::PostgresRateLimitEngine::create(
-      config, {.client = client(), .time_for_testing = [clock] { return kT0 + clock.now(); }}));
+      config, {.client = client(1000ms, [clock] { return kT0 + clock.now(); })}));
   const sluice::RequestContext one{.client_ip = "192.0.2.77", .route = "r", .path = "/x"};
   const sluice::RequestContext other{.client_ip = "192.0.2.78", .route = "r", .path = "/x"};
   REQUIRE(engine.evaluate(other).allowed);
@@ -610,7 +668,7 @@ TEST_CASE("a statement held past its timeout is DeadlineExceeded and consumes no
   PQclear(PQexec(holder,
                  ("SELECT pg_advisory_lock(1936483173, " + std::to_string(shard) + ")").c_str()));
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<Decision> d = limiter.check_at_for_testing("k", 1, kT0);
+  absl::StatusOr<Decision> d = checked(limiter, "k", 1, kT0);
   const auto took = std::chrono::steady_clock::now() - start;
   PQfinish(holder);
   CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
@@ -645,28 +703,28 @@ TEST_CASE("a reply later than the deadline is an unknown outcome, never retried"
       "SELECT pid FROM pg_catalog.pg_stat_activity WHERE application_name = 'sluice' LIMIT 1");
   ::kill(std::stoi(backend), SIGSTOP);  // the backend freezes with the connection open
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<Decision> d = limiter.check_at_for_testing("k", 1, kT0);
+  absl::StatusOr<Decision> d = checked(limiter, "k", 1, kT0);
   const auto took = std::chrono::steady_clock::now() - start;
   ::kill(std::stoi(backend), SIGCONT);
   CHECK(d.status().code() == absl::StatusCode::kUnknown);
   CHECK(std::string(d.status().message()).find("outcome unknown") != std::string::npos);
   CHECK(took >= 600ms);
   CHECK(took < 2s);
-  CHECK(limiter.check_at_for_testing("k", 0, kT0)
-            .ok());  // the frozen connection was dropped, a new one works
+  CHECK(checked(limiter, "k", 0, kT0).ok());  // the frozen connection was dropped, a new one works
 }
 
 TEST_CASE("backends terminated mid-run give errors that never overstate what was consumed") {
   constexpr std::uint64_t kBurst = 1000;
   auto c = client();
   auto limiter = make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, c, "kill"));
+  the_time.set(kT0);
   std::atomic<bool> done{false};
   std::atomic<int> admitted{0}, unknown{0}, unavailable{0}, other{0};
   std::vector<std::thread> callers;
   for (int t = 0; t < 4; ++t) {
     callers.emplace_back([&] {
       for (int i = 0; i < 30; ++i) {
-        absl::StatusOr<Decision> d = limiter.check_at_for_testing("one", 1, kT0);
+        absl::StatusOr<Decision> d = limiter.check("one");
         if (d.ok()) {
           admitted += d->allowed() ? 1 : 0;
         } else if (d.status().code() == absl::StatusCode::kUnknown) {
@@ -695,8 +753,8 @@ TEST_CASE("backends terminated mid-run give errors that never overstate what was
   CHECK(other.load() == 0);
   CHECK(unavailable.load() + unknown.load() > 0);
   // The last terminations may still be landing: a read-only peek may need a fresh connection.
-  absl::StatusOr<Decision> after = limiter.check_at_for_testing("one", 0, kT0);
-  for (int i = 0; i < 10 && !after.ok(); ++i) after = limiter.check_at_for_testing("one", 0, kT0);
+  absl::StatusOr<Decision> after = limiter.check("one", 0);
+  for (int i = 0; i < 10 && !after.ok(); ++i) after = limiter.check("one", 0);
   REQUIRE(after.ok());
   const auto consumed = static_cast<int>(kBurst - after->remaining);
   CHECK(consumed >= admitted.load());
@@ -710,7 +768,7 @@ TEST_CASE("a stopped server is Unavailable within the timeout and a restart reco
   server().stop();
   for (int i = 0; i < 3; ++i) {  // a pooled connection, then fresh connection attempts
     const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<Decision> d = limiter.check_at_for_testing("k", 1, kT0);
+    absl::StatusOr<Decision> d = checked(limiter, "k", 1, kT0);
     const auto took = std::chrono::steady_clock::now() - start;
     CHECK(d.status().code() == absl::StatusCode::kUnavailable);
     CHECK(took < 700ms);
@@ -725,7 +783,7 @@ TEST_CASE("inspect and reset against a stopped server are Unavailable and change
   at(limiter, "k", kT0);
   server().stop();
   CHECK(limiter.reset("k").code() == absl::StatusCode::kUnavailable);
-  CHECK(limiter.inspect_at_for_testing("k", kT0).status().code() == absl::StatusCode::kUnavailable);
+  CHECK(limiter.inspect("k").status().code() == absl::StatusCode::kUnavailable);
   REQUIRE(server().start().empty());
   CHECK(inspected(limiter, "k", kT0) == Decision{.limit = 5, .remaining = 4, .reset_after = 200ms});
 }
@@ -754,4 +812,111 @@ TEST_CASE("the pool never opens more than max connections and a wait for one is 
   CHECK(took >= 100ms);
   CHECK(took < 1s);
   CHECK((*pool)->open_connections() == 2);
+}
+
+// --- connections that cannot wedge --------------------------------------------------------------
+
+TEST_CASE("a connection left inside a transaction is closed, never handed out again") {
+  client();  // the schema is installed
+  auto pool = sluice::postgres::ConnectionPool::create(
+      {.conninfo = server().conninfo(), .max_connections = 1});
+  REQUIRE(pool.ok());
+  {
+    auto lease = (*pool)->acquire();
+    REQUIRE(lease.ok());
+    auto r = lease->run_simple("BEGIN; SELECT 1", 1s, sluice::postgres::detail::Effect::kReadOnly);
+    REQUIRE(r.ok());
+    REQUIRE(PQtransactionStatus(lease->get()) == PQTRANS_INTRANS);
+  }
+  CHECK((*pool)->open_connections() == 0);
+  auto next = (*pool)->acquire();
+  REQUIRE(next.ok());
+  CHECK(PQtransactionStatus(next->get()) == PQTRANS_IDLE);
+}
+
+TEST_CASE("a migration that fails rolls back and leaves the pool healthy") {
+  auto c = Client::create(
+      {.connection = {.conninfo = server().conninfo(), .max_connections = 1}, .key_seed = 42});
+  REQUIRE(c.ok());
+  REQUIRE(sluice::postgres::migrate((*c)->pool()).ok());
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 1000, .period = 1s}}, *c, "after-migrate"));
+  // Another replica holds the migration lock: this migration's own timeout ends it.
+  PGconn* holder = PQconnectdb(server().conninfo().c_str());
+  REQUIRE(PQstatus(holder) == CONNECTION_OK);
+  PQclear(PQexec(holder, ("SELECT pg_advisory_lock(" +
+                          std::to_string(sluice::postgres::detail::kLockClass) + ", -1)")
+                             .c_str()));
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<int> failed = sluice::postgres::migrate((*c)->pool(), {.timeout = 300ms});
+  const auto took = std::chrono::steady_clock::now() - start;
+  INFO(failed.status());
+  CHECK(failed.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took >= 300ms);  // its own timeout, not the pool's statement timeout (1 s)
+  CHECK(took < 800ms);
+  int admitted = 0;
+  for (int i = 0; i < 300; ++i) {
+    absl::StatusOr<Decision> d = limiter.check("k");
+    INFO(d.status());
+    REQUIRE(d.ok());
+    admitted += d->allowed() ? 1 : 0;
+  }
+  CHECK(admitted == 300);
+  PQfinish(holder);
+  absl::StatusOr<int> again = sluice::postgres::migrate((*c)->pool(), {.timeout = 1s});
+  INFO(again.status());
+  CHECK(again.ok());
+}
+
+TEST_CASE("a batch of 40,000 keys to a frozen server returns at its one deadline") {
+  auto c = Client::create({.connection = {.conninfo = server().conninfo(),
+                                          .statement_timeout = 200ms,
+                                          .reply_grace = 200ms,
+                                          .max_connections = 1},
+                           .key_seed = 42});
+  REQUIRE(c.ok());
+  REQUIRE(sluice::postgres::migrate((*c)->pool()).ok());
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 5, .period = 1s}}, *c, "frozen-b"));
+  CHECK(at(limiter, "warm", kT0).allowed());  // opens and prepares the pooled connection
+  std::vector<std::string> keys;
+  for (int i = 0; i < 40'000; ++i) keys.push_back("key-" + std::to_string(i));
+  const std::vector<std::string_view> views(keys.begin(), keys.end());
+  const std::string backend = query(
+      "SELECT pid FROM pg_catalog.pg_stat_activity WHERE application_name = 'sluice' LIMIT 1");
+  ::kill(std::stoi(backend), SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<Decision>> d = limiter.check_batch(views);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ::kill(std::stoi(backend), SIGCONT);
+  INFO(d.status() << " after " << std::chrono::duration_cast<milliseconds>(took).count() << " ms");
+  CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took >= 390ms);
+  CHECK(took < 600ms);
+  CHECK(limiter.check("after").ok());  // the half-sent connection was dropped
+}
+
+TEST_CASE("the engine backend over PostgreSQL charges each rule's key its own cost") {
+  const std::vector<sluice::CompiledRule> rules = {
+      {.label = "api/light", .windows = {{.requests = 10, .period = 1s, .burst = 10}}},
+      {.label = "api/heavy", .windows = {{.requests = 10, .period = 1s, .burst = 10}}}};
+  auto backend =
+      make(sluice::postgres::PostgresEngineBackend::create(rules, nullptr, {.client = client()}));
+  the_time.set(kT0);
+  for (auto mode : {sluice::ConsumptionMode::kAllOrNothing, sluice::ConsumptionMode::kEveryRule}) {
+    // The engine's keys start with the rule's fingerprint; here, with the rule's name.
+    const std::string mode_name =
+        mode == sluice::ConsumptionMode::kAllOrNothing ? "cost-all" : "cost-every";
+    const std::string light = "light:" + mode_name, heavy = "heavy:" + mode_name;
+    const sluice::RuleKey keys[] = {{.rule = 0, .key = light, .cost = 3},
+                                    {.rule = 1, .key = heavy, .cost = 7}};
+    Decision out[2];
+    REQUIRE(backend.check_rules(keys, mode, out).ok());
+    CHECK(out[0].remaining == 7);
+    CHECK(out[1].remaining == 3);
+    const sluice::RuleKey peeks[] = {{.rule = 0, .key = light, .cost = 0},
+                                     {.rule = 1, .key = heavy, .cost = 0}};
+    REQUIRE(backend.check_rules(peeks, mode, out).ok());
+    CHECK(out[0].remaining == 7);  // stored as charged
+    CHECK(out[1].remaining == 3);
+  }
 }

@@ -1,7 +1,7 @@
 // sluice::redis::RedisAttemptLimiter against a real redis-server that each test case starts.
 //
-// Time is driven through the documented testing hooks (*_at_for_testing), which hand the script a
-// server time instead of TIME; the parity test replays one scripted sequence against the
+// Time is driven through the limiters' time source (ClientOptions::time_source), which hands the
+// script a server time instead of TIME; the parity test replays one scripted sequence against the
 // in-memory limiter on a ManualClock and demands identical answers.
 #include "sluice/redis/attempt_limiter.hpp"
 
@@ -36,16 +36,30 @@ constexpr sluice::AttemptPolicy kPolicy{
 
 using Server = sluice_test::RedisFixture;  // one redis-server per test case
 
+// The time of every limiter `make` creates (its client's time source): tests set it through
+// at(), and the script decides at it instead of the server's TIME.
+sluice::ManualClock server_time(kT0);
+sluice::redis::ClientOptions timed(sluice::redis::ClientOptions options) {
+  options.time_source = [] { return server_time.now(); };
+  return options;
+}
+
 RedisAttemptLimiter make(const Server& server, sluice::AttemptPolicy policy = kPolicy) {
-  auto limiter = RedisAttemptLimiter::create(policy, server.options());
+  auto limiter = RedisAttemptLimiter::create(policy, timed(server.options()));
   INFO(limiter.status());
   REQUIRE(limiter.ok());
   return *std::move(limiter);
 }
 
+// `limiter` (made by make()) at `t`.
+RedisAttemptLimiter& at(RedisAttemptLimiter& limiter, microseconds t) {
+  server_time.set(t);
+  return limiter;
+}
+
 AttemptDecision begin_at(RedisAttemptLimiter& limiter, microseconds t,
                          std::string_view subject = "alice") {
-  absl::StatusOr<AttemptDecision> d = limiter.begin_at_for_testing(subject, t);
+  absl::StatusOr<AttemptDecision> d = at(limiter, t).begin(subject);
   INFO(d.status());
   REQUIRE(d.ok());
   return *d;
@@ -100,7 +114,7 @@ TEST_CASE("over redis each failure doubles the wait up to the cap and success cl
     AttemptDecision d = begin_at(limiter, t);
     REQUIRE(d.admitted());
     CHECK(d.failures == failures);
-    REQUIRE(limiter.fail_at_for_testing(d.receipt, t).ok());
+    REQUIRE(at(limiter, t).fail(d.receipt).ok());
     ++failures;
     CHECK(begin_at(limiter, t) == AttemptDecision{.reason = AttemptReason::kBackoff,
                                                   .retry_after = wait,
@@ -110,7 +124,7 @@ TEST_CASE("over redis each failure doubles the wait up to the cap and success cl
   }
   AttemptDecision d = begin_at(limiter, t);
   REQUIRE(d.admitted());
-  REQUIRE(limiter.succeed_at_for_testing(d.receipt, t).ok());
+  REQUIRE(at(limiter, t).succeed(d.receipt).ok());
   AttemptDecision after = begin_at(limiter, t);
   CHECK(after.admitted());
   CHECK(after.failures == 0);
@@ -127,10 +141,9 @@ TEST_CASE("over redis an unfinished attempt fails at its lease deadline and stay
   AttemptDecision current = begin_at(limiter, kT0 + 6s);
   REQUIRE(current.admitted());
   CHECK(current.receipt.token() == 2);
-  CHECK(limiter.succeed_at_for_testing(old.receipt, kT0 + 6s).code() ==
-        absl::StatusCode::kFailedPrecondition);
+  CHECK(at(limiter, kT0 + 6s).succeed(old.receipt).code() == absl::StatusCode::kFailedPrecondition);
   CHECK(begin_at(limiter, kT0 + 6s).reason == AttemptReason::kAttemptActive);
-  REQUIRE(limiter.fail_at_for_testing(current.receipt, kT0 + 7s).ok());
+  REQUIRE(at(limiter, kT0 + 7s).fail(current.receipt).ok());
   CHECK(begin_at(limiter, kT0 + 7s) ==
         AttemptDecision{.reason = AttemptReason::kBackoff, .retry_after = 2s, .failures = 2});
 }
@@ -139,11 +152,11 @@ TEST_CASE("over redis failures are forgotten after the quiet period and the cloc
   Server server;
   RedisAttemptLimiter limiter = make(server);
   AttemptDecision d = begin_at(limiter, kT0);
-  REQUIRE(limiter.fail_at_for_testing(d.receipt, kT0).ok());
+  REQUIRE(at(limiter, kT0).fail(d.receipt).ok());
   CHECK(begin_at(limiter, kT0 - 10s).retry_after == 1s);  // a clock step back is clamped
   CHECK(begin_at(limiter, kT0 + 1min - 1us).failures == 1);
   sluice::AttemptReceipt leased = begin_at(limiter, kT0 + 1min - 1us, "bob").receipt;
-  REQUIRE(limiter.fail_at_for_testing(leased, kT0 + 1min).ok());
+  REQUIRE(at(limiter, kT0 + 1min).fail(leased).ok());
   AttemptDecision later = begin_at(limiter, kT0 + 2min, "bob");
   CHECK(later.admitted());
   CHECK(later.failures == 0);
@@ -174,7 +187,7 @@ TEST_CASE("redis and memory answer a scripted sequence identically") {
     const int op = static_cast<int>(random() % 6);  // 0-2 begin, 3 succeed, 4-5 fail
     INFO("step " << i << " op " << op << " subject " << subjects[s]);
     if (op <= 2 || receipts[s].empty()) {
-      absl::StatusOr<AttemptDecision> r = redis.begin_at_for_testing(subjects[s], t);
+      absl::StatusOr<AttemptDecision> r = at(redis, t).begin(subjects[s]);
       absl::StatusOr<AttemptDecision> m = memory->begin(subjects[s]);
       REQUIRE(r.ok());
       REQUIRE(m.ok());
@@ -189,8 +202,8 @@ TEST_CASE("redis and memory answer a scripted sequence identically") {
     const std::size_t n = receipts[s].size();
     const Held& held = receipts[s][random() % 4 != 0 ? n - 1 : random() % n];
     const bool success = op == 3;
-    const absl::Status r = success ? redis.succeed_at_for_testing(held.redis, t)
-                                   : redis.fail_at_for_testing(held.redis, t);
+    const absl::Status r =
+        success ? at(redis, t).succeed(held.redis) : at(redis, t).fail(held.redis);
     const absl::Status m = success ? memory->succeed(held.memory) : memory->fail(held.memory);
     CHECK(r.code() == m.code());
     ++completions[m.code()];
@@ -224,17 +237,17 @@ TEST_CASE("redis keeps one hashed record per subject without a TTL, indexed by w
     return microseconds{std::stoll(std::string(r->str, r->len))};
   };
   CHECK(idle_at(key) == kT0 + 5s + 1min);  // lease 5 s, then the quiet minute
-  REQUIRE(limiter.fail_at_for_testing(d.receipt, kT0 + 1s).ok());
+  REQUIRE(at(limiter, kT0 + 1s).fail(d.receipt).ok());
   CHECK(idle_at(key) == kT0 + 1s + 1min);  // quiet 1 min from the failure
   CHECK(pttl(server, key) == -1);
 
   // A success idles the record once the clock has left its attempt's microsecond.
   AttemptDecision bob = begin_at(limiter, kT0, "bob");
-  REQUIRE(limiter.succeed_at_for_testing(bob.receipt, kT0).ok());
+  REQUIRE(at(limiter, kT0).succeed(bob.receipt).ok());
   CHECK(idle_at(limiter.redis_key("bob")) == kT0 + 1us);
   AttemptDecision carol = begin_at(limiter, kT0 + 1us, "carol");  // sweeps bob's record
   CHECK(integer(server, {"EXISTS", limiter.redis_key("bob")}) == 0);
-  REQUIRE(limiter.succeed_at_for_testing(carol.receipt, kT0 + 2us).ok());
+  REQUIRE(at(limiter, kT0 + 2us).succeed(carol.receipt).ok());
   CHECK(integer(server, {"EXISTS", limiter.redis_key("carol")}) == 0);
   CHECK(integer(server, {"ZCARD", index}) == 1);
 }
@@ -357,15 +370,15 @@ TEST_CASE("a foreign value at a subject's key is an Internal error and never an 
 TEST_CASE("over redis inspecting or resetting an unknown subject creates no key") {
   Server server;
   RedisAttemptLimiter limiter = make(server);
-  absl::StatusOr<AttemptDecision> at_time = limiter.inspect("alice");  // the server's TIME
+  absl::StatusOr<AttemptDecision> at_time = limiter.inspect("alice");
   INFO(at_time.status());
   REQUIRE(at_time.ok());
   CHECK(*at_time == AttemptDecision{});
-  absl::StatusOr<AttemptDecision> at_t0 = limiter.inspect_at_for_testing("alice", kT0);
+  absl::StatusOr<AttemptDecision> at_t0 = at(limiter, kT0).inspect("alice");
   REQUIRE(at_t0.ok());
   CHECK(*at_t0 == AttemptDecision{});
   CHECK(limiter.reset("bob").ok());
-  CHECK(limiter.reset_at_for_testing("bob", kT0).ok());
+  CHECK(at(limiter, kT0).reset("bob").ok());
   CHECK(integer(server, {"EXISTS", limiter.redis_key("alice"), limiter.redis_key("bob")}) == 0);
   CHECK(integer(server, {"DBSIZE"}) == 0);
   CHECK(begin_at(limiter, kT0).receipt.token() == 1);  // no attempt was counted
@@ -376,19 +389,19 @@ TEST_CASE("over redis inspecting reports the backoff and writes nothing") {
   RedisAttemptLimiter limiter = make(server);
   const std::string key = limiter.redis_key("alice");
   AttemptDecision d = begin_at(limiter, kT0);
-  REQUIRE(limiter.fail_at_for_testing(d.receipt, kT0).ok());
+  REQUIRE(at(limiter, kT0).fail(d.receipt).ok());
   d = begin_at(limiter, kT0 + 1s);
-  REQUIRE(limiter.fail_at_for_testing(d.receipt, kT0 + 1s).ok());  // 2 failures: wait 2 s
+  REQUIRE(at(limiter, kT0 + 1s).fail(d.receipt).ok());  // 2 failures: wait 2 s
   const std::map<std::string, std::string> before = record(server, key);
   const std::int64_t ttl = pttl(server, key);
   const std::int64_t written = writes(server);
 
   const AttemptDecision expected{
       .reason = AttemptReason::kBackoff, .retry_after = 1500ms, .failures = 2};
-  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 1500ms) == expected);
-  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 1500ms) == expected);
+  CHECK(*at(limiter, kT0 + 1500ms).inspect("alice") == expected);
+  CHECK(*at(limiter, kT0 + 1500ms).inspect("alice") == expected);
   // A later look does not move the record's clock: begin still sees its own time.
-  CHECK(limiter.inspect_at_for_testing("alice", kT0 + 2500ms)->retry_after == 500ms);
+  CHECK(at(limiter, kT0 + 2500ms).inspect("alice")->retry_after == 500ms);
   CHECK(writes(server) == written);
   CHECK(record(server, key) == before);
   CHECK(pttl(server, key) <= ttl);  // no expiry extended
@@ -405,12 +418,12 @@ TEST_CASE("over redis inspecting a lapsed lease counts it without writing it") {
   RedisAttemptLimiter limiter = make(server);
   const std::string key = limiter.redis_key("alice");
   REQUIRE(begin_at(limiter, kT0).admitted());
-  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 2s) ==
+  CHECK(*at(limiter, kT0 + 2s).inspect("alice") ==
         AttemptDecision{.reason = AttemptReason::kAttemptActive, .retry_after = 3s});
   const std::map<std::string, std::string> before = record(server, key);
   const AttemptDecision lapsed{.reason = AttemptReason::kBackoff, .retry_after = 1s, .failures = 1};
-  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 5s) == lapsed);
-  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 5s) == lapsed);
+  CHECK(*at(limiter, kT0 + 5s).inspect("alice") == lapsed);
+  CHECK(*at(limiter, kT0 + 5s).inspect("alice") == lapsed);
   CHECK(record(server, key) == before);
   CHECK(record(server, key).at("active") == "1");
   CHECK(begin_at(limiter, kT0 + 5s) == lapsed);
@@ -420,33 +433,35 @@ TEST_CASE("over redis a reset clears the backoff and leaves a stale receipt harm
   Server server;
   RedisAttemptLimiter limiter = make(server);
   AttemptDecision d = begin_at(limiter, kT0);
-  REQUIRE(limiter.fail_at_for_testing(d.receipt, kT0).ok());
+  REQUIRE(at(limiter, kT0).fail(d.receipt).ok());
   AttemptDecision in_flight = begin_at(limiter, kT0 + 1s);
   REQUIRE(in_flight.admitted());
   REQUIRE(in_flight.failures == 1);
-  REQUIRE(limiter.reset_at_for_testing("alice", kT0 + 2s).ok());
-  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 2s) == AttemptDecision{});
-  CHECK(limiter.fail_at_for_testing(in_flight.receipt, kT0 + 3s).code() ==
+  REQUIRE(at(limiter, kT0 + 2s).reset("alice").ok());
+  CHECK(*at(limiter, kT0 + 2s).inspect("alice") == AttemptDecision{});
+  CHECK(at(limiter, kT0 + 3s).fail(in_flight.receipt).code() ==
         absl::StatusCode::kFailedPrecondition);
-  CHECK(limiter.succeed_at_for_testing(in_flight.receipt, kT0 + 3s).code() ==
+  CHECK(at(limiter, kT0 + 3s).succeed(in_flight.receipt).code() ==
         absl::StatusCode::kFailedPrecondition);
-  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 3s) == AttemptDecision{});
+  CHECK(*at(limiter, kT0 + 3s).inspect("alice") == AttemptDecision{});
   AttemptDecision next = begin_at(limiter, kT0 + 4s);
   REQUIRE(next.admitted());
   CHECK(next.failures == 0);
-  CHECK(limiter.fail_at_for_testing(in_flight.receipt, kT0 + 4s).code() ==
+  CHECK(at(limiter, kT0 + 4s).fail(in_flight.receipt).code() ==
         absl::StatusCode::kFailedPrecondition);
   CHECK(begin_at(limiter, kT0 + 4s) ==
         AttemptDecision{.reason = AttemptReason::kAttemptActive, .retry_after = 5s});
-  REQUIRE(limiter.fail_at_for_testing(next.receipt, kT0 + 4s).ok());
+  REQUIRE(at(limiter, kT0 + 4s).fail(next.receipt).ok());
   CHECK(begin_at(limiter, kT0 + 4s) ==  // the sequence starts over
         AttemptDecision{.reason = AttemptReason::kBackoff, .retry_after = 1s, .failures = 1});
 }
 
 TEST_CASE("over redis a reset deletes the record and its index entry") {
   Server server;
-  RedisAttemptLimiter limiter = make(server);
-  absl::StatusOr<AttemptDecision> d = limiter.begin("alice");  // the server's TIME
+  auto made = RedisAttemptLimiter::create(kPolicy, server.options());  // the server's TIME
+  REQUIRE(made.ok());
+  RedisAttemptLimiter& limiter = *made;
+  absl::StatusOr<AttemptDecision> d = limiter.begin("alice");
   REQUIRE(d.ok());
   REQUIRE(limiter.fail(d->receipt).ok());
   REQUIRE(limiter.reset("alice").ok());  // microseconds after the begin: the record is idle
@@ -497,8 +512,8 @@ TEST_CASE("redis and memory answer a script with inspect and reset identically")
     INFO("at " << step.at.count() << "us op " << static_cast<int>(step.op) << " " << step.subject);
     if (step.op == Op::kBegin || step.op == Op::kInspect) {
       const bool look = step.op == Op::kInspect;
-      absl::StatusOr<AttemptDecision> r = look ? redis.inspect_at_for_testing(step.subject, t)
-                                               : redis.begin_at_for_testing(step.subject, t);
+      absl::StatusOr<AttemptDecision> r =
+          look ? at(redis, t).inspect(step.subject) : at(redis, t).begin(step.subject);
       absl::StatusOr<AttemptDecision> m =
           look ? memory->inspect(step.subject) : memory->begin(step.subject);
       REQUIRE(r.ok());
@@ -513,14 +528,13 @@ TEST_CASE("redis and memory answer a script with inspect and reset identically")
     }
     absl::Status r, m;
     if (step.op == Op::kReset) {
-      r = redis.reset_at_for_testing(step.subject, t);
+      r = at(redis, t).reset(step.subject);
       m = memory->reset(step.subject);
     } else {
       REQUIRE(step.receipt < receipts.size());
       const Held& held = receipts[step.receipt];
       const bool success = step.op == Op::kSucceed;
-      r = success ? redis.succeed_at_for_testing(held.redis, t)
-                  : redis.fail_at_for_testing(held.redis, t);
+      r = success ? at(redis, t).succeed(held.redis) : at(redis, t).fail(held.redis);
       m = success ? memory->succeed(held.memory) : memory->fail(held.memory);
     }
     CHECK(r.code() == m.code());
@@ -542,7 +556,7 @@ TEST_CASE("a spray of subjects that fills a 3 MB server never evicts a failing s
     t += std::chrono::ceil<microseconds>(login.delay_after(failures));
     AttemptDecision d = begin_at(limiter, t, "victim");
     REQUIRE(d.admitted());
-    REQUIRE(limiter.fail_at_for_testing(d.receipt, t).ok());
+    REQUIRE(at(limiter, t).fail(d.receipt).ok());
   }
   const AttemptDecision locked{
       .reason = AttemptReason::kBackoff, .retry_after = 899s, .failures = 11};
@@ -552,8 +566,7 @@ TEST_CASE("a spray of subjects that fills a 3 MB server never evicts a failing s
   int admitted = 0;
   int out_of_memory = 0;
   for (int i = 0; i < 40'000 && out_of_memory < 100; ++i) {
-    absl::StatusOr<AttemptDecision> d =
-        limiter.begin_at_for_testing(absl::StrCat("sprayed-", i), t + 1s);
+    absl::StatusOr<AttemptDecision> d = at(limiter, t + 1s).begin(absl::StrCat("sprayed-", i));
     if (d.ok()) {
       REQUIRE(d->admitted());
       ++admitted;
@@ -572,18 +585,18 @@ TEST_CASE("a spray of subjects that fills a 3 MB server never evicts a failing s
 
 TEST_CASE("a full record store denies a new subject until its earliest record goes idle") {
   Server server;
-  auto limiter = RedisAttemptLimiter::create(kPolicy, server.options(), {.max_records = 3});
+  auto limiter = RedisAttemptLimiter::create(kPolicy, timed(server.options()), {.max_records = 3});
   REQUIRE(limiter.ok());
   std::map<std::string_view, AttemptDecision> held;
   for (std::string_view subject : {"alice", "bob", "carol"}) {
     held[subject] = begin_at(*limiter, kT0, subject);  // leased: idle at 65 s
     REQUIRE(held[subject].admitted());
   }
-  REQUIRE(limiter->fail_at_for_testing(held["bob"].receipt, kT0 + 1s).ok());  // idle at 61 s
+  REQUIRE(at(*limiter, kT0 + 1s).fail(held["bob"].receipt).ok());  // idle at 61 s
 
   CHECK(begin_at(*limiter, kT0 + 1s, "dave") ==
         AttemptDecision{.reason = AttemptReason::kStoreFull, .retry_after = 60s});
-  CHECK(*limiter->inspect_at_for_testing("dave", kT0 + 1s) == AttemptDecision{});
+  CHECK(*at(*limiter, kT0 + 1s).inspect("dave") == AttemptDecision{});
   CHECK(integer(server, {"EXISTS", limiter->redis_key("dave")}) == 0);
   CHECK(integer(server, {"ZCARD", limiter->index_key()}) == 3);
   // Subjects already tracked keep working while the store is full.
@@ -591,7 +604,7 @@ TEST_CASE("a full record store denies a new subject until its earliest record go
         AttemptDecision{.reason = AttemptReason::kBackoff, .retry_after = 1s, .failures = 1});
   CHECK(begin_at(*limiter, kT0 + 1s, "alice") ==
         AttemptDecision{.reason = AttemptReason::kAttemptActive, .retry_after = 4s});
-  REQUIRE(limiter->fail_at_for_testing(held["carol"].receipt, kT0 + 2s).ok());  // idle at 62 s
+  REQUIRE(at(*limiter, kT0 + 2s).fail(held["carol"].receipt).ok());  // idle at 62 s
   CHECK(begin_at(*limiter, kT0 + 2s, "dave") ==
         AttemptDecision{.reason = AttemptReason::kStoreFull, .retry_after = 59s});
 
@@ -611,15 +624,16 @@ TEST_CASE("the limiter deletes idle records itself, at most sixteen per writing 
   RedisAttemptLimiter limiter = make(server);
   for (int i = 0; i < 40; ++i) {  // forgotten at 1 min
     const std::string subject = absl::StrCat("sprayed-", i);
-    REQUIRE(limiter.fail_at_for_testing(begin_at(limiter, kT0, subject).receipt, kT0).ok());
+    const AttemptDecision begun = begin_at(limiter, kT0, subject);
+    REQUIRE(at(limiter, kT0).fail(begun.receipt).ok());
   }
   AttemptDecision victim = begin_at(limiter, kT0 + 30s, "victim");
-  REQUIRE(limiter.fail_at_for_testing(victim.receipt, kT0 + 30s).ok());  // forgotten at 90 s
+  REQUIRE(at(limiter, kT0 + 30s).fail(victim.receipt).ok());  // forgotten at 90 s
   REQUIRE(integer(server, {"DBSIZE"}) == 42);
 
-  CHECK(*limiter.inspect_at_for_testing("nobody", kT0 + 1min) == AttemptDecision{});
+  CHECK(*at(limiter, kT0 + 1min).inspect("nobody") == AttemptDecision{});
   CHECK(integer(server, {"DBSIZE"}) == 42);  // inspecting deletes nothing
-  REQUIRE(limiter.reset_at_for_testing("nobody", kT0 + 1min).ok());
+  REQUIRE(at(limiter, kT0 + 1min).reset("nobody").ok());
   CHECK(integer(server, {"DBSIZE"}) == 42 - 16);
   REQUIRE(begin_at(limiter, kT0 + 1min, "fresh").admitted());
   CHECK(integer(server, {"DBSIZE"}) == 42 - 32 + 1);
@@ -629,8 +643,8 @@ TEST_CASE("the limiter deletes idle records itself, at most sixteen per writing 
     INFO(key);
     CHECK(pttl(server, key) == -1);
   }
-  CHECK(*limiter.inspect_at_for_testing("victim", kT0 + 1min) == AttemptDecision{.failures = 1});
-  REQUIRE(limiter.reset_at_for_testing("nobody", kT0 + 90s).ok());
+  CHECK(*at(limiter, kT0 + 1min).inspect("victim") == AttemptDecision{.failures = 1});
+  REQUIRE(at(limiter, kT0 + 90s).reset("nobody").ok());
   CHECK(integer(server, {"EXISTS", limiter.redis_key("victim")}) == 0);
   CHECK(integer(server, {"ZCARD", limiter.index_key()}) == 1);  // fresh, still leased
 }
@@ -705,7 +719,7 @@ TEST_CASE("a record an earlier version kept with a TTL is adopted without losing
   REQUIRE(integer(server, {"PEXPIRE", legacy, "3600000"}) == 1);
 
   const AttemptDecision locked{.reason = AttemptReason::kBackoff, .retry_after = 3s, .failures = 3};
-  CHECK(*limiter.inspect_at_for_testing("alice", kT0 + 1s) == locked);
+  CHECK(*at(limiter, kT0 + 1s).inspect("alice") == locked);
   CHECK(begin_at(limiter, kT0 + 1s, "alice") == locked);
   AttemptDecision d = begin_at(limiter, kT0 + 4s, "alice");
   REQUIRE(d.admitted());
@@ -714,7 +728,7 @@ TEST_CASE("a record an earlier version kept with a TTL is adopted without losing
   CHECK(integer(server, {"EXISTS", legacy}) == 0);
   CHECK(pttl(server, limiter.redis_key("alice")) == -1);
   CHECK(integer(server, {"ZCARD", limiter.index_key()}) == 1);
-  REQUIRE(limiter.fail_at_for_testing(d.receipt, kT0 + 5s).ok());
+  REQUIRE(at(limiter, kT0 + 5s).fail(d.receipt).ok());
   CHECK(begin_at(limiter, kT0 + 5s, "alice") ==
         AttemptDecision{.reason = AttemptReason::kBackoff, .retry_after = 8s, .failures = 4});
 }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <set>
@@ -15,10 +16,12 @@
 #include "catch.hpp"
 #include "redis_cluster.hpp"
 #include "redis_fixture.hpp"
+#include "sluice/attempt.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/redis.hpp"
 #include "sluice/redis/detail/cluster.hpp"
+#include "sluice/redis/engine_backend.hpp"
 
 namespace {
 
@@ -35,8 +38,10 @@ RedisCluster& cluster() {
   return c;
 }
 
-// A client of the cluster whose keys are namespaced by `prefix` (each test its own).
-std::shared_ptr<sluice::redis::Client> client(std::string prefix) {
+// A client of the cluster whose keys are namespaced by `prefix` (each test its own), deciding at
+// `time` (default: kT0) instead of the servers' TIME.
+std::shared_ptr<sluice::redis::Client> client(
+    std::string prefix, std::function<std::chrono::nanoseconds()> time = [] { return kT0; }) {
   sluice::redis::ClientOptions o;
   o.connection.host = "127.0.0.1";
   o.connection.port = cluster().seed_port();
@@ -45,6 +50,7 @@ std::shared_ptr<sluice::redis::Client> client(std::string prefix) {
   o.key_prefix = std::move(prefix);
   o.key_seed = 42;
   o.cluster = true;
+  o.time_source = std::move(time);
   auto c = sluice::redis::Client::create(o);
   INFO(c.status());
   REQUIRE(c.ok());
@@ -57,7 +63,6 @@ RedisGcraLimiter limiter(std::shared_ptr<sluice::redis::Client> c,
   auto l = RedisGcraLimiter::create(std::move(windows), std::move(c));
   INFO(l.status());
   REQUIRE(l.ok());
-  l->set_time_for_testing(kT0);
   return *std::move(l);
 }
 
@@ -129,18 +134,18 @@ TEST_CASE("in a Cluster, a batch over several nodes is all-or-nothing: admitted 
   }
   const sluice::redis::CheckItem items[] = {{.key = a, .limit = &*wide, .cost = 1},
                                             {.key = b, .limit = &*narrow, .cost = 1}};
-  auto first = c->check_all_at_for_testing(items, kT0);
+  auto first = c->check_all(items);
   REQUIRE(first.ok());
   CHECK((*first)[0].allowed());
   CHECK((*first)[1].allowed());
   for (int i = 0; i < 5; ++i) {
-    auto denied = c->check_all_at_for_testing(items, kT0);
+    auto denied = c->check_all(items);
     REQUIRE(denied.ok());
     CHECK((*denied)[1].reason == sluice::Reason::kQuotaExceeded);
   }
   // Only the first batch consumed in the wide limit: each denied batch was given back.
   const sluice::redis::CheckItem peek[] = {{.key = a, .limit = &*wide, .cost = 0}};
-  auto state = c->check_all_at_for_testing(peek, kT0);
+  auto state = c->check_all(peek);
   REQUIRE(state.ok());
   CHECK((*state)[0].remaining == 9);
 }
@@ -161,8 +166,7 @@ TEST_CASE("the engine over a Cluster decides exactly as in memory (random script
       config, {.clock = clock});
   REQUIRE(memory.ok());
   auto redis = sluice::redis::RedisRateLimitEngine::create(
-      config,
-      {.client = client("engine:"), .time_for_testing = [clock] { return kT0 + clock.now(); }});
+      config, {.client = client("engine:", [clock] { return kT0 + clock.now(); })});
   REQUIRE(redis.ok());
   std::mt19937_64 rng(3);
   const sluice::WallTime kWall{std::chrono::seconds(1'700'000'000)};  // the fields' Reset base
@@ -251,4 +255,37 @@ TEST_CASE("a failover to a replica keeps every budget; the client finds the new 
   CHECK(rc.primary_of(slot) == replica);
   // The old primary now answers MOVED (it is a replica); the client follows and repoints.
   CHECK(admitted(l, key, 6) == 4);
+}
+
+TEST_CASE("the attempt limiter over a Cluster throttles every subject, on every primary") {
+  const sluice::AttemptPolicy policy{
+      .initial_delay = 1min, .delay_cap = 1h, .quiet_period = 24h, .lease = 1min};
+  std::set<int> primaries;
+  int admitted_first = 0, failed = 0, backed_off = 0;
+  for (int p = 0; p < 12; ++p) {
+    // Each prefix's hash tag is its own slot: the twelve spread over the primaries.
+    sluice::redis::ClientOptions o = client("unused:")->options();
+    o.key_prefix = "login{p" + std::to_string(p) + "}:";
+    auto limiter = sluice::redis::RedisAttemptLimiter::create(policy, o);
+    INFO(limiter.status());
+    REQUIRE(limiter.ok());
+    for (int s = 0; s < 5; ++s) {
+      const std::string subject = "user-" + std::to_string(s);
+      primaries.insert(
+          cluster().primary_of(sluice::redis::detail::key_slot(limiter->redis_key(subject))));
+      absl::StatusOr<sluice::AttemptDecision> first = limiter->begin(subject);
+      INFO(first.status());
+      REQUIRE(first.ok());
+      admitted_first += first->admitted() ? 1 : 0;
+      failed += limiter->fail(first->receipt).ok() ? 1 : 0;
+      absl::StatusOr<sluice::AttemptDecision> second = limiter->begin(subject);
+      INFO(second.status());
+      REQUIRE(second.ok());
+      backed_off += second->reason == sluice::AttemptReason::kBackoff ? 1 : 0;
+    }
+  }
+  CHECK(primaries.size() == 3);
+  CHECK(admitted_first == 60);
+  CHECK(failed == 60);
+  CHECK(backed_off == 60);
 }

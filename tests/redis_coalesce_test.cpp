@@ -21,6 +21,7 @@
 #include "catch.hpp"
 #include "redis_fixture.hpp"
 #include "redis_server.hpp"
+#include "sluice/clock.hpp"
 #include "sluice/redis.hpp"
 #include "sluice/redis/detail/coalescer.hpp"
 
@@ -122,19 +123,42 @@ void spin_until(Ready ready) {
   }
 }
 
+// The time of every client made with timed() options: tests set it, then check (the scripts
+// decide at it instead of the server's TIME).
+sluice::ManualClock server_time(kT0);
+sluice::redis::ClientOptions timed(sluice::redis::ClientOptions options) {
+  options.time_source = [] { return server_time.now(); };
+  return options;
+}
+
+// `items` as the one call concurrent checks of them would share, at `t`.
+std::vector<absl::StatusOr<Decision>> coalesced_at(sr::Client& client,
+                                                   std::span<const sr::CheckItem> items,
+                                                   nanoseconds t) {
+  server_time.set(t);
+  return client.check_coalesced_for_testing(items);
+}
+
+// client.check_all(items) at `t`.
+absl::StatusOr<std::vector<Decision>> checked_at(sr::Client& client,
+                                                 std::span<const sr::CheckItem> items,
+                                                 nanoseconds t) {
+  server_time.set(t);
+  return client.check_all(items);
+}
+
 }  // namespace
 
 // --- budgets under concurrency ----------------------------------------------------------------
 
 TEST_CASE("thirty-two threads on a few keys admit exactly each key's budget at a frozen time") {
   Server s;
-  std::shared_ptr<sr::Client> client = s.client();
+  server_time.set(kT0);
+  std::shared_ptr<sr::Client> client = make_client(timed(s.options()));
   // Two limits sharing one client, so that one call carries items of both.
   auto hourly = make_limiter({{.requests = 100, .period = seconds(3600)}}, client);
   auto stacked = make_limiter(
       {{.requests = 5, .period = seconds(1)}, {.requests = 20, .period = seconds(60)}}, client);
-  hourly.set_time_for_testing(kT0);
-  stacked.set_time_for_testing(kT0);
   const std::vector<std::string> keys = {"a", "b", "c", "d", "e", "f"};  // e, f: stacked
   std::vector<std::atomic<int>> admitted(keys.size());
   std::atomic<int> errors{0};
@@ -243,8 +267,9 @@ TEST_CASE("max_coalesced_checks outside 1..1000 is an invalid argument") {
 
 TEST_CASE("a coalesced call decides each check exactly as separate checks in that order") {
   Server s;
-  std::shared_ptr<sr::Client> together = s.client();
-  sr::ClientOptions apart_options = s.options();
+  server_time.set(kT0);
+  std::shared_ptr<sr::Client> together = make_client(timed(s.options()));
+  sr::ClientOptions apart_options = timed(s.options());
   apart_options.key_prefix = "apart:";  // the same keys, in state of their own
   apart_options.coalesce = false;
   std::shared_ptr<sr::Client> apart = make_client(apart_options);
@@ -264,13 +289,11 @@ TEST_CASE("a coalesced call decides each check exactly as separate checks in tha
                                             {.key = "b", .limit = &three},
                                             {.key = "c", .limit = &three, .cost = 0}};
   for (const nanoseconds t : {kT0, kT0 + milliseconds(400), kT0 + milliseconds(401)}) {
-    const std::vector<absl::StatusOr<Decision>> coalesced =
-        together->check_coalesced_at_for_testing(items, t);
+    const std::vector<absl::StatusOr<Decision>> coalesced = coalesced_at(*together, items, t);
     REQUIRE(coalesced.size() == items.size());
     for (std::size_t i = 0; i < items.size(); ++i) {
       INFO("at +" << (t - kT0).count() << " ns, item " << i);
-      absl::StatusOr<std::vector<Decision>> alone =
-          apart->check_all_at_for_testing(std::span(&items[i], 1), t);
+      absl::StatusOr<std::vector<Decision>> alone = checked_at(*apart, std::span(&items[i], 1), t);
       REQUIRE(alone.ok());
       REQUIRE(coalesced[i].ok());
       CHECK(*coalesced[i] == (*alone)[0]);
@@ -278,7 +301,7 @@ TEST_CASE("a coalesced call decides each check exactly as separate checks in tha
   }
   // At the first instant: a(1) admitted, a(2) admitted, a(1) denied, b(3) admitted.
   const std::vector<absl::StatusOr<Decision>> first =
-      together->check_coalesced_at_for_testing(items, kT0 + seconds(10));
+      coalesced_at(*together, items, kT0 + seconds(10));
   CHECK((first[0].ok() && first[0]->allowed()));
   CHECK((first[1].ok() && first[1]->allowed()));
   CHECK((first[2].ok() && !first[2]->allowed()));
@@ -287,26 +310,26 @@ TEST_CASE("a coalesced call decides each check exactly as separate checks in tha
 
 TEST_CASE("a key of the wrong type fails only its own check in a coalesced call") {
   Server s;
-  std::shared_ptr<sr::Client> client = s.client();
+  server_time.set(kT0);
+  std::shared_ptr<sr::Client> client = make_client(timed(s.options()));
   const sr::Limit limit = make_limit({{.requests = 3, .period = seconds(1)}});
   const std::string bad = client->redis_key("bad", limit);
   s.redis.command({"HSET", bad, "field", "value"});
   const std::vector<sr::CheckItem> items = {{.key = "good", .limit = &limit},
                                             {.key = "bad", .limit = &limit},
                                             {.key = "new", .limit = &limit}};
-  const std::vector<absl::StatusOr<Decision>> results =
-      client->check_coalesced_at_for_testing(items, kT0);
+  const std::vector<absl::StatusOr<Decision>> results = coalesced_at(*client, items, kT0);
   CHECK((results[0].ok() && results[0]->allowed()));
   CHECK(results[1].status().code() == absl::StatusCode::kInternal);  // as a lone check of it
   CHECK((results[2].ok() && results[2]->allowed()));
-  absl::StatusOr<std::vector<Decision>> alone =
-      client->check_all_at_for_testing(std::span(&items[1], 1), kT0);
+  absl::StatusOr<std::vector<Decision>> alone = checked_at(*client, std::span(&items[1], 1), kT0);
   CHECK(alone.status().code() == absl::StatusCode::kInternal);
 }
 
 TEST_CASE("a server that refuses writes fails each admitted check of a call, as it would alone") {
   Server s;
-  std::shared_ptr<sr::Client> client = s.client();
+  server_time.set(kT0);
+  std::shared_ptr<sr::Client> client = make_client(timed(s.options()));
   const sr::Limit three = make_limit({{.requests = 3, .period = seconds(1)}});
   // Every write is refused (NOREPLICAS) while reads still answer.
   s.redis.command({"CONFIG", "SET", "min-replicas-to-write", "1"});
@@ -314,20 +337,17 @@ TEST_CASE("a server that refuses writes fails each admitted check of a call, as 
                                             {.key = "a", .limit = &three, .cost = 0},
                                             {.key = "b", .limit = &three},
                                             {.key = "a", .limit = &three, .cost = 3}};
-  const std::vector<absl::StatusOr<Decision>> coalesced =
-      client->check_coalesced_at_for_testing(items, kT0);
+  const std::vector<absl::StatusOr<Decision>> coalesced = coalesced_at(*client, items, kT0);
   for (std::size_t i = 0; i < items.size(); ++i) {
     INFO("item " << i << ": " << coalesced[i].status());
-    absl::StatusOr<std::vector<Decision>> alone =
-        client->check_all_at_for_testing(std::span(&items[i], 1), kT0);
+    absl::StatusOr<std::vector<Decision>> alone = checked_at(*client, std::span(&items[i], 1), kT0);
     REQUIRE(coalesced[i].status().code() == alone.status().code());
     if (alone.ok()) CHECK(*coalesced[i] == (*alone)[0]);
   }
   CHECK(coalesced[0].status().code() == absl::StatusCode::kUnavailable);
   CHECK((coalesced[1].ok() && coalesced[1]->remaining == 3));  // nothing was taken before it
   s.redis.command({"CONFIG", "SET", "min-replicas-to-write", "0"});
-  const std::vector<absl::StatusOr<Decision>> after =
-      client->check_coalesced_at_for_testing(items, kT0);
+  const std::vector<absl::StatusOr<Decision>> after = coalesced_at(*client, items, kT0);
   CHECK((after[0].ok() && after[0]->allowed() && after[0]->remaining == 2));
   CHECK((after[3].ok() && !after[3]->allowed()));  // sees a's earlier consumption
 }

@@ -128,16 +128,18 @@ TEST_CASE("a server restarted while connections sat idle in the pool fails no ch
 
 TEST_CASE("a command written before its deadline passed is never sent again") {
   sluice_test::RedisFixture s;
-  auto limiter = make_limiter(s.options(milliseconds(300)));
-  REQUIRE(limiter.check_at_for_testing("k", 0, kT0).ok());  // a connection is open and idle
+  sluice::redis::ClientOptions options = s.options(milliseconds(300));
+  options.time_source = [] { return kT0; };
+  auto limiter = make_limiter(options);
+  REQUIRE(limiter.check("k", 0).ok());  // a connection is open and idle
 
   s.redis.stop();  // the command is written but the server runs it only after it resumes
-  absl::StatusOr<Decision> d = limiter.check_at_for_testing("k", 1, kT0);
+  absl::StatusOr<Decision> d = limiter.check("k", 1);
   s.redis.resume();
   CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
 
   // The server ran that check exactly once: one of ten is spent.
-  absl::StatusOr<Decision> peek = limiter.check_at_for_testing("k", 0, kT0);
+  absl::StatusOr<Decision> peek = limiter.check("k", 0);
   INFO(peek.status());
   REQUIRE(peek.ok());
   CHECK(peek->remaining == 9);

@@ -1,16 +1,16 @@
 // The policy engine over Redis (sluice::redis::RedisEngineBackend) against a real redis-server
 // that each test case starts for itself, and the Redis limiter's parity with the in-memory one.
 //
-// Time: tests that need exact values hand the script a server time through the documented testing
-// hooks (RedisEngineBackend::Options::time_for_testing, RedisGcraLimiter::check_at_for_testing)
-// and compare with the in-memory side on a ManualClock at the same instants; tests on the real
-// TIME only assert what sub-second timing cannot change.
+// Time: tests that need exact values hand the script a server time through the client's time
+// source (ClientOptions::time_source) and compare with the in-memory side on a ManualClock at the
+// same instants; tests on the real TIME only assert what sub-second timing cannot change.
 #include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -25,6 +25,7 @@
 #include "sluice/engine.hpp"
 #include "sluice/gcra.hpp"
 #include "sluice/redis.hpp"
+#include "sluice/redis/engine_backend.hpp"
 
 namespace {
 
@@ -46,8 +47,15 @@ constexpr nanoseconds kT0 = std::chrono::seconds(1'700'000'000);  // server time
 // A private redis-server (sluice_test::RedisFixture) and the engine tests' own probes of it.
 struct Server : sluice_test::RedisFixture {
   // A client whose scripts keep every key an hour longer than its windows need (hold_keys).
-  std::shared_ptr<sluice::redis::Client> client_holding_keys() const {
-    std::shared_ptr<sluice::redis::Client> c = client();
+  // With `clock`, the scripts decide at kT0 + clock.now(): the same instants as an in-memory
+  // limiter or engine on `clock`.
+  std::shared_ptr<sluice::redis::Client> client_holding_keys(
+      std::optional<sluice::ManualClock> clock = std::nullopt) const {
+    sluice::redis::ClientOptions o = options();
+    if (clock) o.time_source = [clock] { return kT0 + clock->now(); };
+    auto made = sluice::redis::Client::create(o);
+    REQUIRE(made.ok());
+    std::shared_ptr<sluice::redis::Client> c = *std::move(made);
     sluice_test::hold_keys(*c);
     return c;
   }
@@ -121,12 +129,6 @@ RedisRateLimitEngine make(const sluice::PolicyConfig& config, RedisEngineBackend
   INFO(engine.status());
   REQUIRE(engine.ok());
   return *std::move(engine);
-}
-
-// Redis decides at kT0 + clock.now(): the same instants as an in-memory engine on `clock`.
-RedisEngineBackend::Options at_clock(std::shared_ptr<sluice::redis::Client> client,
-                                     sluice::ManualClock clock) {
-  return {.client = std::move(client), .time_for_testing = [clock] { return kT0 + clock.now(); }};
 }
 
 int admitted(const RedisRateLimitEngine& engine, const sluice::RequestContext& request, int n) {
@@ -216,7 +218,7 @@ TEST_CASE("the documented example over Redis gives the in-memory engine's evalua
   Server server;
   sluice::ManualClock clock;
   RedisRateLimitEngine redis =
-      make(documented_example(), at_clock(server.client_holding_keys(), clock));
+      make(documented_example(), {.client = server.client_holding_keys(clock)});
   auto memory = MemoryEngine::create(documented_example(), {.store = {.seed = 1}, .clock = clock});
   REQUIRE(memory.ok());
   expect_same_evaluations(redis, *memory, clock, 21);
@@ -252,7 +254,7 @@ TEST_CASE(
                              .min_samples = 1,  // one client's 503 is enough here
                              .min_clients = 1,
                              .max_retry_after = 2h};
-  RedisRateLimitEngine redis = make(config, at_clock(server.client_holding_keys(), clock));
+  RedisRateLimitEngine redis = make(config, {.client = server.client_holding_keys(clock)});
   auto memory = MemoryEngine::create(config, {.store = {.seed = 1}, .clock = clock});
   REQUIRE(memory.ok());
   // A 503 holding for an hour: both controllers sit at 500‰ for the whole run, whatever their
@@ -438,14 +440,13 @@ int run_parity(Server& server, const std::vector<sluice::GcraWindow>& windows,
   sluice::ManualClock clock;
   auto memory = sluice::GcraLimiter<sluice::ManualClock>::create(windows, {.seed = 7}, clock);
   REQUIRE(memory.ok());
-  auto redis = sluice::redis::RedisGcraLimiter::create(windows, server.client_holding_keys());
+  auto redis = sluice::redis::RedisGcraLimiter::create(windows, server.client_holding_keys(clock));
   REQUIRE(redis.ok());
   int denied = 0;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     clock.advance(steps[i].advance);
     absl::StatusOr<Decision> m = memory->check(steps[i].key, steps[i].cost);
-    absl::StatusOr<Decision> r =
-        redis->check_at_for_testing(steps[i].key, steps[i].cost, kT0 + clock.now());
+    absl::StatusOr<Decision> r = redis->check(steps[i].key, steps[i].cost);
     INFO("step " << i << " at " << clock.now().count() << " ns, key " << steps[i].key << ", cost "
                  << steps[i].cost);
     REQUIRE(m.ok());

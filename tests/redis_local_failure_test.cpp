@@ -43,6 +43,16 @@ using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
 
 constexpr nanoseconds kT0 = std::chrono::seconds(1'700'000'000);  // server time, ns since epoch
+
+// A client of `server` whose scripts decide at kT0 instead of the server's TIME.
+std::shared_ptr<sluice::redis::Client> client_at_t0(const sluice_test::RedisFixture& server,
+                                                    milliseconds timeout) {
+  sluice::redis::ClientOptions options = server.options(timeout);
+  options.time_source = [] { return kT0; };
+  auto client = sluice::redis::Client::create(options);
+  REQUIRE(client.ok());
+  return *std::move(client);
+}
 constexpr nanoseconds kRetry = 1s;
 
 // 10 per minute; at 500 permille a replica enforces 5 per minute alone.
@@ -51,10 +61,9 @@ const std::vector<GcraWindow> kTenPerMinute = {{.requests = 10, .period = 1min}}
 // A Redis limiter over `server` deciding at kT0.
 RedisGcraLimiter shared_limiter(const sluice_test::RedisFixture& server,
                                 milliseconds timeout = milliseconds(300)) {
-  auto limiter = RedisGcraLimiter::create(kTenPerMinute, server.client(timeout));
+  auto limiter = RedisGcraLimiter::create(kTenPerMinute, client_at_t0(server, timeout));
   INFO(limiter.status());
   REQUIRE(limiter.ok());
-  limiter->set_time_for_testing(kT0);
   return *std::move(limiter);
 }
 
@@ -127,9 +136,8 @@ sluice::PolicyConfig ten_per_minute(sluice::FailureMode mode) {
 
 Engine engine(const sluice::PolicyConfig& config, const sluice_test::RedisFixture& server,
               ManualClock clock) {
-  auto e = Engine::create(config, {.redis = {.client = server.client(milliseconds(300)),
-                                             .time_for_testing = [] { return kT0; }},
-                                   .clock = clock});
+  auto e = Engine::create(
+      config, {.redis = {.client = client_at_t0(server, milliseconds(300))}, .clock = clock});
   INFO(e.status());
   REQUIRE(e.ok());
   return *std::move(e);
@@ -369,7 +377,7 @@ TEST_CASE("the Redis engine goes local at once after one timeout of a frozen ser
   sluice_test::RedisFixture server;
   auto created = sluice::redis::RedisRateLimitEngine::create(
       ten_per_minute(sluice::FailureMode::kLocal),
-      {.client = server.client(milliseconds(100)), .time_for_testing = [] { return kT0; }});
+      {.client = client_at_t0(server, milliseconds(100))});
   REQUIRE(created.ok());
   const sluice::redis::RedisRateLimitEngine& e = *created;
   REQUIRE_FALSE(e.evaluate(on_route("10.0.0.1", "public")).degraded);

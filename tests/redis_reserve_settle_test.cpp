@@ -3,8 +3,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -27,8 +29,15 @@ constexpr nanoseconds kT0 = seconds(1'700'000'000);  // a server time, ns since 
 
 // Its keys outlive their windows by an hour (sluice_test::hold_keys): the parity scripts decide at
 // hooked times while the server expires keys by real time.
-Redis make_redis(const sluice_test::RedisFixture& server, std::vector<GcraWindow> windows) {
-  std::shared_ptr<sluice::redis::Client> client = server.client();
+// `clock`, when given, is the client's time source (ns since the Unix epoch); else the server's
+// TIME.
+Redis make_redis(const sluice_test::RedisFixture& server, std::vector<GcraWindow> windows,
+                 std::optional<sluice::ManualClock> clock = std::nullopt) {
+  sluice::redis::ClientOptions options = server.options();
+  if (clock) options.time_source = [clock] { return clock->now(); };
+  auto made = sluice::redis::Client::create(options);
+  REQUIRE(made.ok());
+  std::shared_ptr<sluice::redis::Client> client = *std::move(made);
   sluice_test::hold_keys(*client);
   auto limiter = Redis::create(std::move(windows), std::move(client));
   INFO(limiter.status());
@@ -48,7 +57,7 @@ void expect_same_script(const sluice_test::RedisFixture& server,
                         const std::vector<GcraWindow>& windows, std::uint64_t seed, int steps) {
   sluice::ManualClock clock(kT0);
   Memory memory = make_memory(clock, windows);
-  Redis redis = make_redis(server, windows);
+  Redis redis = make_redis(server, windows, clock);
   const std::string key = "script-" + std::to_string(seed);
   std::uint64_t max_cost = ~std::uint64_t{0};
   for (const GcraWindow& w : memory.windows()) max_cost = std::min(max_cost, w.burst);
@@ -58,7 +67,6 @@ void expect_same_script(const sluice_test::RedisFixture& server,
   std::string trace;
   for (int step = 0; step < steps; ++step) {
     INFO("step " << step << " after " << trace);
-    redis.set_time_for_testing(clock.now());
     const std::uint64_t cost = 1 + random() % max_cost;
     const auto op = random() % 9;
     trace += std::to_string(op) + (op == 0 ? "" : "/" + std::to_string(cost)) + " ";
@@ -203,8 +211,8 @@ TEST_CASE("over Redis, after a reset an old reservation or receipt gives nothing
 
 TEST_CASE("over Redis, a charge past the bucket puts the key in debt, bounded at 2^52 ns") {
   sluice_test::RedisFixture server;
-  Redis limiter = make_redis(server, {{.requests = 10, .period = seconds(1)}});
-  limiter.set_time_for_testing(kT0);
+  Redis limiter =
+      make_redis(server, {{.requests = 10, .period = seconds(1)}}, sluice::ManualClock(kT0));
   auto e = limiter.check_estimated("k", 2);
   REQUIRE(e.ok());
   auto after = limiter.settle(e->receipt, 25);
@@ -219,4 +227,46 @@ TEST_CASE("over Redis, a charge past the bucket puts the key in debt, bounded at
   // The key still works: the check script accepts the largest debt.
   CHECK_FALSE(limiter.check("big")->allowed());
   CHECK(limiter.reserve("big").status().code() == absl::StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("over Redis, a receipt from before a reset never gives back after it, as in memory") {
+  // 100 per second. Two receipts of 50; the earlier one refunds everything, so the key's debt
+  // (0.5 s) ends before the later receipt's TAT (1 s). Then a reset, a new client's full bucket,
+  // and the later receipt's refund once the debt the key had at the reset has drained (real
+  // time: Redis expires keys by its own clock).
+  sluice_test::RedisFixture server;
+  const std::vector<GcraWindow> windows = {{.requests = 100, .period = seconds(1), .burst = 100}};
+  sluice::ManualClock clock(kT0);
+  Memory memory = make_memory(clock, windows);
+  sluice::redis::ClientOptions options = server.options();
+  options.time_source = [clock] { return clock.now(); };
+  auto made = Redis::create(windows, options);  // real expiry: no hold_keys
+  REQUIRE(made.ok());
+  Redis redis = *std::move(made);
+  auto memory_early = memory.check_estimated("k", 50);
+  auto redis_early = redis.check_estimated("k", 50);
+  auto memory_late = memory.check_estimated("k", 50);
+  auto redis_late = redis.check_estimated("k", 50);
+  REQUIRE(redis_early.ok());
+  REQUIRE(redis_late.ok());
+  REQUIRE(redis_late->decision == memory_late->decision);
+  REQUIRE(*memory.settle(memory_early->receipt, 0) == *redis.settle(redis_early->receipt, 0));
+  memory.reset("k");
+  REQUIRE(redis.reset("k").ok());
+  for (int i = 0; i < 100; ++i) {
+    REQUIRE(memory.check("k")->allowed());
+    REQUIRE(redis.check("k")->allowed());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // past 0.5 s, before 1 s
+  auto memory_refund = memory.settle(memory_late->receipt, 0);
+  auto redis_refund = redis.settle(redis_late->receipt, 0);
+  REQUIRE(redis_refund.ok());
+  CHECK(*redis_refund == *memory_refund);
+  int memory_extra = 0, redis_extra = 0;
+  for (int i = 0; i < 100; ++i) {
+    memory_extra += memory.check("k")->allowed() ? 1 : 0;
+    redis_extra += redis.check("k")->allowed() ? 1 : 0;
+  }
+  CHECK(memory_extra == 0);
+  CHECK(redis_extra == memory_extra);
 }

@@ -26,8 +26,16 @@ constexpr nanoseconds kT0 = seconds(1'700'000'000);  // a server time, ns since 
 const std::vector<GcraWindow> kWindows = {{.requests = 3, .period = seconds(1)},
                                           {.requests = 10, .period = seconds(60), .burst = 5}};
 
+// The time of every client made with timed() options: tests set it, then check (the scripts
+// decide at it instead of the server's TIME).
+sluice::ManualClock server_time(kT0);
+sluice::redis::ClientOptions timed(sluice::redis::ClientOptions options) {
+  options.time_source = [] { return server_time.now(); };
+  return options;
+}
+
 sluice::redis::RedisGcraLimiter make_redis(const sluice_test::RedisFixture& server) {
-  auto limiter = sluice::redis::RedisGcraLimiter::create(kWindows, server.options());
+  auto limiter = sluice::redis::RedisGcraLimiter::create(kWindows, timed(server.options()));
   INFO(limiter.status());
   REQUIRE(limiter.ok());
   return *std::move(limiter);
@@ -41,7 +49,8 @@ sluice::GcraLimiter<sluice::ManualClock> make_memory(sluice::ManualClock clock) 
 
 Decision redis_at(sluice::redis::RedisGcraLimiter& limiter, std::string_view key, nanoseconds t,
                   std::uint64_t cost = 1) {
-  auto d = limiter.check_at_for_testing(key, cost, t);
+  server_time.set(t);
+  auto d = limiter.check(key, cost);
   INFO(d.status());
   REQUIRE(d.ok());
   return *d;
@@ -64,19 +73,17 @@ TEST_CASE("over Redis, inspect equals the next peek, consumes nothing and create
   sluice_test::RedisFixture server;
   sluice::redis::RedisGcraLimiter limiter = make_redis(server);
   const nanoseconds t = kT0;
-  auto fresh = limiter.inspect_at_for_testing("k", t);
+  server_time.set(t);
+  auto fresh = limiter.inspect("k");
   REQUIRE(fresh.ok());
   CHECK(*fresh == Decision{.reason = Reason::kAllowed, .limit = 3, .remaining = 3});
   REQUIRE(redis_at(limiter, "k", t, 2).allowed());
-  auto seen = limiter.inspect_at_for_testing("k", t);
+  auto seen = limiter.inspect("k");
   REQUIRE(seen.ok());
   CHECK(*seen == redis_at(limiter, "k", t, 0));
   CHECK(seen->remaining == 1);
   CHECK(redis_at(limiter, "k", t).allowed());  // inspect left the last unit in place
   CHECK(redis_at(limiter, "k", t).reason == Reason::kQuotaExceeded);
-  auto live = limiter.inspect("other");  // the server's TIME
-  REQUIRE(live.ok());
-  CHECK(live->remaining == 3);
 }
 
 TEST_CASE("reset and inspect over Redis decide exactly as in memory on the same inputs") {
@@ -88,6 +95,7 @@ TEST_CASE("reset and inspect over Redis decide exactly as in memory on the same 
   for (int step = 0; step < 400; ++step) {
     clock.advance(milliseconds(random() % 500));
     const nanoseconds t = clock.now();
+    server_time.set(t);
     const std::string key = (random() % 4 == 0) ? "b" : "a";
     switch (random() % 5) {
       case 0: {
@@ -96,7 +104,8 @@ TEST_CASE("reset and inspect over Redis decide exactly as in memory on the same 
         break;
       }
       case 1: {
-        auto r = redis.inspect_at_for_testing(key, t);
+        server_time.set(t);
+        auto r = redis.inspect(key);
         REQUIRE(r.ok());
         CHECK(*r == memory.inspect(key));
         break;

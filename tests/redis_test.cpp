@@ -1,8 +1,9 @@
 // sluice::redis against a real redis-server that each test case starts for itself.
 //
-// Decisions are asserted to exact hand-computed values. Time is controlled through the
-// documented testing hook check_at_for_testing, which hands the script a server time instead of
-// TIME; tests that use the real TIME only rely on outcomes that sub-second timing cannot change.
+// Decisions are asserted to exact hand-computed values. Time is controlled through the clients'
+// time source (ClientOptions::time_source, reading a ManualClock), which hands the script a
+// server time instead of TIME; tests that use the real TIME only rely on outcomes that
+// sub-second timing cannot change.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include "catch.hpp"
 #include "redis_fixture.hpp"
 #include "redis_server.hpp"
+#include "sluice/clock.hpp"
 #include "sluice/redis.hpp"
 #include "sluice/redis/detail/server_check.hpp"
 
@@ -57,9 +59,19 @@ Decision denied(std::uint64_t limit, std::uint64_t remaining, nanoseconds retry,
                   .binding_window = binding};
 }
 
+// The time of every client made with timed() options: tests set it, then check (the scripts
+// decide at it instead of the server's TIME).
+sluice::ManualClock server_time(kT0);
+sluice::redis::ClientOptions timed(sluice::redis::ClientOptions options) {
+  options.time_source = [] { return server_time.now(); };
+  return options;
+}
+
+// limiter.check(key, cost) at `t`; the limiter's client must have timed() options.
 Decision at(sluice::redis::RedisGcraLimiter& limiter, std::string_view key, nanoseconds t,
             std::uint64_t cost = 1) {
-  absl::StatusOr<Decision> d = limiter.check_at_for_testing(key, cost, t);
+  server_time.set(t);
+  absl::StatusOr<Decision> d = limiter.check(key, cost);
   INFO(d.status());
   REQUIRE(d.ok());
   return *d;
@@ -76,7 +88,7 @@ bool exists(const Server& s, const std::string& key) {
 
 TEST_CASE("three per second admits three at once then denies with the exact wait") {
   Server s;
-  auto limiter = make_limiter({{.requests = 3, .period = seconds(1)}}, s.options());
+  auto limiter = make_limiter({{.requests = 3, .period = seconds(1)}}, timed(s.options()));
   // T = 333,333,333⅓ ns: waits round up to whole nanoseconds.
   CHECK(at(limiter, "k", kT0) == allowed(3, 2, nanoseconds(333'333'334)));
   CHECK(at(limiter, "k", kT0) == allowed(3, 1, nanoseconds(666'666'667)));
@@ -92,7 +104,7 @@ TEST_CASE("three per second admits three at once then denies with the exact wait
 
 TEST_CASE("a denied request consumes nothing") {
   Server s;
-  auto limiter = make_limiter({{.requests = 1, .period = seconds(10)}}, s.options());
+  auto limiter = make_limiter({{.requests = 1, .period = seconds(10)}}, timed(s.options()));
   CHECK(at(limiter, "k", kT0).allowed());
   for (int i = 0; i < 5; ++i) {
     CHECK(at(limiter, "k", kT0 + seconds(5)) ==
@@ -103,7 +115,7 @@ TEST_CASE("a denied request consumes nothing") {
 
 TEST_CASE("cost zero peeks without changing or creating state") {
   Server s;
-  auto limiter = make_limiter({{.requests = 4, .period = seconds(1)}}, s.options());
+  auto limiter = make_limiter({{.requests = 4, .period = seconds(1)}}, timed(s.options()));
   CHECK(at(limiter, "fresh", kT0, 0) == allowed(4, 4, nanoseconds(0)));
   CHECK_FALSE(exists(s, limiter.redis_key("fresh")));
   CHECK(at(limiter, "k", kT0, 3) == allowed(4, 1, nanoseconds(750'000'000)));
@@ -128,8 +140,9 @@ TEST_CASE(
     "denied") {
   Server s;
   // Given longest first: the limiter sorts shortest period first.
-  auto limiter = make_limiter(
-      {{.requests = 5, .period = seconds(60)}, {.requests = 2, .period = seconds(1)}}, s.options());
+  auto limiter =
+      make_limiter({{.requests = 5, .period = seconds(60)}, {.requests = 2, .period = seconds(1)}},
+                   timed(s.options()));
   REQUIRE(limiter.windows()[0].period == seconds(1));
   REQUIRE(limiter.windows()[1].burst == 5);
   CHECK(at(limiter, "k", kT0) == allowed(2, 1, nanoseconds(500'000'000), 0));
@@ -147,8 +160,9 @@ TEST_CASE(
 
 TEST_CASE("retry after is the longest wait of all denying windows and is exactly enough") {
   Server s;
-  auto limiter = make_limiter(
-      {{.requests = 1, .period = seconds(1)}, {.requests = 2, .period = seconds(10)}}, s.options());
+  auto limiter =
+      make_limiter({{.requests = 1, .period = seconds(1)}, {.requests = 2, .period = seconds(10)}},
+                   timed(s.options()));
   CHECK(at(limiter, "k", kT0) == allowed(1, 0, nanoseconds(seconds(1)), 0));
   // Both windows have 0 remaining: the tie goes to the shorter one.
   CHECK(at(limiter, "k", kT0 + seconds(1)) == allowed(1, 0, nanoseconds(seconds(1)), 0));
@@ -162,7 +176,7 @@ TEST_CASE("retry after is the longest wait of all denying windows and is exactly
 
 TEST_CASE("three per second admits exactly three in every one of a thousand seconds") {
   Server s;
-  auto limiter = make_limiter({{.requests = 3, .period = seconds(1)}}, s.options());
+  auto limiter = make_limiter({{.requests = 3, .period = seconds(1)}}, timed(s.options()));
   int mismatches = 0;
   for (int second = 0; second < 1000; ++second) {
     const nanoseconds t = kT0 + seconds(second);
@@ -177,7 +191,7 @@ TEST_CASE("three per second admits exactly three in every one of a thousand seco
 
 TEST_CASE("a clock that goes back replenishes nothing") {
   Server s;
-  auto limiter = make_limiter({{.requests = 1, .period = seconds(1)}}, s.options());
+  auto limiter = make_limiter({{.requests = 1, .period = seconds(1)}}, timed(s.options()));
   CHECK(at(limiter, "k", kT0 + seconds(10)).allowed());
   // Decided as of the latest time seen: the same wait as at kT0 + 10 s.
   CHECK(at(limiter, "k", kT0) == denied(1, 0, nanoseconds(seconds(1)), nanoseconds(seconds(1))));
@@ -190,7 +204,8 @@ TEST_CASE("the largest request count and refill time stay exact to the nanosecon
   Server s;
   constexpr std::uint64_t kMax = sluice::redis::kMaxRequests;  // 2^52 - 1
   // T = 1 ns exactly, a bucket of 2^52 - 1 requests that refills in 2^52 - 1 ns (52 days).
-  auto limiter = make_limiter({{.requests = kMax, .period = nanoseconds(kMax)}}, s.options());
+  auto limiter =
+      make_limiter({{.requests = kMax, .period = nanoseconds(kMax)}}, timed(s.options()));
   const nanoseconds t = seconds(9'000'000'000);  // year 2255: 9e18 ns
   CHECK(at(limiter, "k", t, kMax) == allowed(kMax, 0, nanoseconds(kMax)));
   CHECK(at(limiter, "k", t) == denied(kMax, 0, nanoseconds(1), nanoseconds(kMax)));
@@ -201,7 +216,7 @@ TEST_CASE("an emission interval far below a nanosecond stays exact") {
   Server s;
   constexpr std::uint64_t kMax = sluice::redis::kMaxRequests;
   // 2^52 - 1 requests per second: T ≈ 2.2e-7 ns, kept as an exact fraction.
-  auto limiter = make_limiter({{.requests = kMax, .period = seconds(1)}}, s.options());
+  auto limiter = make_limiter({{.requests = kMax, .period = seconds(1)}}, timed(s.options()));
   CHECK(at(limiter, "k", kT0, kMax) == allowed(kMax, 0, nanoseconds(seconds(1))));
   CHECK(at(limiter, "k", kT0) == denied(kMax, 0, nanoseconds(1), nanoseconds(seconds(1))));
   // One nanosecond refills 4,503,599.6 requests: 4,503,598 remain after this one.
@@ -230,14 +245,15 @@ TEST_CASE("windows outside the exact range are invalid arguments") {
 
 TEST_CASE("a batch whose items all pass reserves every item in one call") {
   Server s;
-  auto client = sluice::redis::Client::create(s.options());
+  server_time.set(kT0);
+  auto client = sluice::redis::Client::create(timed(s.options()));
   REQUIRE(client.ok());
   auto per_ip = sluice::redis::Limit::create({{.requests = 2, .period = seconds(1)}});
   auto per_route = sluice::redis::Limit::create({{.requests = 1, .period = seconds(1)}});
   REQUIRE((per_ip.ok() && per_route.ok()));
   const sluice::redis::CheckItem items[] = {{.key = "ip:10.0.0.1", .limit = &*per_ip},
                                             {.key = "route:/login", .limit = &*per_route}};
-  auto first = (*client)->check_all_at_for_testing(items, kT0);
+  auto first = (*client)->check_all(items);
   REQUIRE(first.ok());
   CHECK((*first)[0] == allowed(2, 1, nanoseconds(500'000'000)));
   CHECK((*first)[1] == allowed(1, 0, nanoseconds(1'000'000'000)));
@@ -245,45 +261,47 @@ TEST_CASE("a batch whose items all pass reserves every item in one call") {
 
 TEST_CASE("a batch with one denied item reserves nothing in any item") {
   Server s;
-  auto client = sluice::redis::Client::create(s.options());
+  server_time.set(kT0);
+  auto client = sluice::redis::Client::create(timed(s.options()));
   REQUIRE(client.ok());
   auto per_ip = sluice::redis::Limit::create({{.requests = 2, .period = seconds(1)}});
   auto per_route = sluice::redis::Limit::create({{.requests = 1, .period = seconds(1)}});
   REQUIRE((per_ip.ok() && per_route.ok()));
   const sluice::redis::CheckItem items[] = {{.key = "ip:10.0.0.1", .limit = &*per_ip},
                                             {.key = "route:/login", .limit = &*per_route}};
-  REQUIRE((*client)->check_all_at_for_testing(items, kT0).ok());
-  auto second = (*client)->check_all_at_for_testing(items, kT0);
+  REQUIRE((*client)->check_all(items).ok());
+  auto second = (*client)->check_all(items);
   REQUIRE(second.ok());
   // Each item reports what a lone check would say; the route denies, so nothing is reserved.
   CHECK((*second)[0] == allowed(2, 0, nanoseconds(1'000'000'000)));
   CHECK((*second)[1] == denied(1, 0, nanoseconds(1'000'000'000), nanoseconds(1'000'000'000)));
   const sluice::redis::CheckItem peek[] = {{.key = "ip:10.0.0.1", .limit = &*per_ip, .cost = 0}};
-  auto after = (*client)->check_all_at_for_testing(peek, kT0);
+  auto after = (*client)->check_all(peek);
   REQUIRE(after.ok());
   CHECK((*after)[0] == allowed(2, 1, nanoseconds(500'000'000)));
 }
 
 TEST_CASE("a key repeated in a batch sees the earlier occurrences") {
   Server s;
-  auto client = sluice::redis::Client::create(s.options());
+  server_time.set(kT0);
+  auto client = sluice::redis::Client::create(timed(s.options()));
   REQUIRE(client.ok());
   auto limit = sluice::redis::Limit::create({{.requests = 2, .period = seconds(1)}});
   REQUIRE(limit.ok());
   const sluice::redis::CheckItem twice[] = {{.key = "k", .limit = &*limit},
                                             {.key = "k", .limit = &*limit}};
-  auto d = (*client)->check_all_at_for_testing(twice, kT0);
+  auto d = (*client)->check_all(twice);
   REQUIRE(d.ok());
   CHECK((*d)[0] == allowed(2, 1, nanoseconds(500'000'000)));
   CHECK((*d)[1] == allowed(2, 0, nanoseconds(1'000'000'000)));
   const sluice::redis::CheckItem thrice[] = {{.key = "j", .limit = &*limit},
                                              {.key = "j", .limit = &*limit},
                                              {.key = "j", .limit = &*limit}};
-  auto e = (*client)->check_all_at_for_testing(thrice, kT0);
+  auto e = (*client)->check_all(thrice);
   REQUIRE(e.ok());
   CHECK((*e)[2] == denied(2, 0, nanoseconds(500'000'000), nanoseconds(1'000'000'000)));
   const sluice::redis::CheckItem peek[] = {{.key = "j", .limit = &*limit, .cost = 0}};
-  CHECK((*(*client)->check_all_at_for_testing(peek, kT0))[0] == allowed(2, 2, nanoseconds(0)));
+  CHECK((*(*client)->check_all(peek))[0] == allowed(2, 2, nanoseconds(0)));
 }
 
 TEST_CASE("pipelined checks answer each item on its own") {
@@ -376,7 +394,7 @@ TEST_CASE("a check waits no longer than the command timeout for a free connectio
 
 TEST_CASE("TCP connections work like unix socket ones") {
   Server s;
-  auto options = s.options();
+  auto options = timed(s.options());
   options.connection.unix_socket.clear();
   options.connection.host = "127.0.0.1";
   options.connection.port = s.redis.port();
@@ -471,7 +489,7 @@ TEST_CASE("a server older than the scripts need is refused, naming the version t
 
 TEST_CASE("a script flush is repaired transparently by reloading the script") {
   Server s;
-  auto limiter = make_limiter({{.requests = 3, .period = seconds(1)}}, s.options());
+  auto limiter = make_limiter({{.requests = 3, .period = seconds(1)}}, timed(s.options()));
   CHECK(at(limiter, "k", kT0) == allowed(3, 2, nanoseconds(333'333'334)));
   REQUIRE(s.redis.command({"SCRIPT", "FLUSH"}));
   CHECK(at(limiter, "k", kT0) == allowed(3, 1, nanoseconds(666'666'667)));

@@ -26,7 +26,6 @@
 
 #include "sluice/redis/attempt_limiter.hpp"  // IWYU pragma: export
 #include "sluice/redis/client.hpp"           // IWYU pragma: export
-#include "sluice/redis/engine_backend.hpp"   // IWYU pragma: export
 #include "sluice/redis/limit.hpp"            // IWYU pragma: export
 #include "sluice/redis/limiter.hpp"          // IWYU pragma: export
 #include "sluice/redis/local_fallback.hpp"   // IWYU pragma: export

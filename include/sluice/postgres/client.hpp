@@ -1,8 +1,9 @@
 // sluice/postgres/client.hpp — checks against limits whose state lives in PostgreSQL.
 //
-// A `Client` owns the connection pool and the key seed, and decides batches: every item of a
-// batch is decided in one call of the server-side function `sluice.check_v1` (one round trip, one
-// transaction) at one reading of the database clock, `pg_catalog.clock_timestamp()`. The
+// A `Client` owns the connection pool, the key seed and the time source, and decides batches:
+// every item of a batch is decided in one call of the server-side function `sluice.check_v2` (one
+// round trip, one transaction) at one reading of the database clock,
+// `pg_catalog.clock_timestamp()` (or of ClientOptions::time_source when set). The
 // function locks the shards of the batch's keys in ascending order, decides, and stores. `reset`
 // forgets one key in one call of `sluice.reset_v1`, under its shard's lock likewise.
 //
@@ -10,12 +11,13 @@
 //                                                    .key_seed = kFleetSeed});
 //   auto per_user = sluice::postgres::Limit::gcra({{.requests = 10, .period = 1s}}, "user");
 //   auto per_org = sluice::postgres::Limit::gcra({{.requests = 100, .period = 1s}}, "org");
-//   sluice::postgres::CheckItem items[] = {{user_id, &*per_user}, {org_id, &*per_org}};
+//   sluice::postgres::CheckItem items[] = {{user_id, &*per_user}, {org_id, &*per_org, 5}};
 //   absl::StatusOr<std::vector<sluice::Decision>> d = (*client)->check_all(items);
 //
 // Batch modes: kAllOrNothing stores nothing unless every item is admitted (a denied batch
 // consumes nothing anywhere); kEachItem decides and stores each item on its own. Items repeating
-// a key see the earlier items' effect. Keys reach the database only as 16-byte digests (seeded
+// a key see the earlier items' effect. Each item has its own cost (0: a peek, which stores
+// nothing). Keys reach the database only as 16-byte digests (seeded
 // XXH3-128 over the limit's identity and the key).
 //
 // Errors (absl::Status), never a silent allow, never retried:
@@ -30,6 +32,7 @@
 #ifndef SLUICE_POSTGRES_CLIENT_HPP_
 #define SLUICE_POSTGRES_CLIENT_HPP_
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -56,12 +59,15 @@ struct ClientOptions {
   // Seeds the key digests. Every replica sharing limits must use the same seed; keep it secret so
   // that clients cannot aim their keys at one shard.
   std::uint64_t key_seed = 0;
+  // Empty (the default): decide on the database clock. See TimeSource (connection_pool.hpp).
+  TimeSource time_source{};
 };
 
-// One key against one limit. `limit` must outlive the call.
+// One key against one limit, for `cost` units (0 peeks). `limit` must outlive the call.
 struct CheckItem {
   std::string_view key{};
   const Limit* limit = nullptr;
+  std::uint64_t cost = 1;
 };
 
 enum class BatchMode {
@@ -76,27 +82,46 @@ class Client {
     absl::StatusOr<std::shared_ptr<ConnectionPool>> pool =
         ConnectionPool::create(std::move(options.connection));
     if (!pool.ok()) return pool.status();
-    return std::make_shared<Client>(*std::move(pool), options.key_seed);
+    return std::make_shared<Client>(*std::move(pool), options.key_seed,
+                                    std::move(options.time_source));
   }
 
-  Client(std::shared_ptr<ConnectionPool> pool, std::uint64_t key_seed)
-      : pool_(std::move(pool)), hasher_(key_seed) {}
+  Client(std::shared_ptr<ConnectionPool> pool, std::uint64_t key_seed, TimeSource time_source = {})
+      : pool_(std::move(pool)), hasher_(key_seed), time_source_(std::move(time_source)) {}
 
-  // Decides every item for `cost` (0 peeks: nothing changes) in one round trip. All items must
-  // use limits of one algorithm. One decision per item, in order.
+  // Decides every item for its cost in one round trip. All items must use limits of one
+  // algorithm. One decision per item, in order.
   absl::StatusOr<std::vector<Decision>> check_all(std::span<const CheckItem> items,
-                                                  std::uint64_t cost = 1,
                                                   BatchMode mode = BatchMode::kAllOrNothing) {
-    return call(items, cost, mode, std::nullopt);
+    if (items.empty()) return std::vector<Decision>{};
+    const detail::Deadline deadline = pool_->call_deadline();  // building the call counts too
+    absl::InlinedVector<KeyDigest, 8> digests;
+    absl::InlinedVector<const Limit*, 8> limits;
+    absl::InlinedVector<std::uint64_t, 8> costs;
+    for (const CheckItem& item : items) {
+      if (absl::Status valid = validate(item, items[0].limit); !valid.ok()) return valid;
+      digests.push_back(digest(item.key, *item.limit));
+      limits.push_back(item.limit);
+      costs.push_back(item.cost);
+    }
+    const std::vector<Param> params =
+        detail::check_params(items[0].limit->algorithm(), digests, limits, costs,
+                             mode == BatchMode::kAllOrNothing, now());
+    absl::StatusOr<ConnectionPool::Lease> lease = pool_->acquire();
+    if (!lease.ok()) return lease.status();
+    // A peek writes nothing, so a lost reply to it is plain Unavailable / DeadlineExceeded.
+    const bool writes = std::any_of(costs.begin(), costs.end(), [](auto c) { return c > 0; });
+    absl::StatusOr<detail::ResultPtr> r =
+        lease->run(detail::kCheckStatement, detail::kCheckSql, params,
+                   writes ? detail::Effect::kWrites : detail::Effect::kReadOnly, deadline);
+    if (!r.ok()) return r.status();
+    if (PQntuples(r->get()) != 1 || PQnfields(r->get()) != 1 || PQgetisnull(r->get(), 0, 0)) {
+      return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v2");
+    }
+    return detail::decode_check_reply(PQgetvalue(r->get(), 0, 0), limits);
   }
 
-  // Testing hook: as check_all, deciding at `unix_time` (ns since the Unix epoch) instead of the
-  // database clock. Production code never calls it.
-  absl::StatusOr<std::vector<Decision>> check_all_at_for_testing(
-      std::span<const CheckItem> items, std::uint64_t cost, BatchMode mode,
-      std::chrono::nanoseconds unix_time) {
-    return call(items, cost, mode, unix_time);
-  }
+  const TimeSource& time_source() const noexcept { return time_source_; }
 
   // Forgets `key` under `limit`: deletes its row, so that its next check sees every window full,
   // as for a key never seen; a key without a row is left as it is. One round trip (one
@@ -129,43 +154,29 @@ class Client {
   const std::shared_ptr<ConnectionPool>& shared_pool() const noexcept { return pool_; }
 
  private:
-  absl::StatusOr<std::vector<Decision>> call(std::span<const CheckItem> items, std::uint64_t cost,
-                                             BatchMode mode,
-                                             std::optional<std::chrono::nanoseconds> unix_time) {
-    if (items.empty()) return std::vector<Decision>{};
-    absl::InlinedVector<KeyDigest, 8> digests;
-    absl::InlinedVector<const Limit*, 8> limits;
-    for (const CheckItem& item : items) {
-      if (item.limit == nullptr || item.limit->algorithm() != items[0].limit->algorithm()) {
-        return absl::InvalidArgumentError(
-            "sluice::postgres: every item of a batch needs a limit, all of one algorithm");
-      }
-      if (cost > item.limit->max_cost()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("sluice::postgres: cost ", cost, " exceeds the smallest burst ",
-                         item.limit->max_cost(), " and can never be admitted"));
-      }
-      digests.push_back(digest(item.key, *item.limit));
-      limits.push_back(item.limit);
+  static absl::Status validate(const CheckItem& item, const Limit* first) {
+    if (item.limit == nullptr || first == nullptr ||
+        item.limit->algorithm() != first->algorithm()) {
+      return absl::InvalidArgumentError(
+          "sluice::postgres: every item of a batch needs a limit, all of one algorithm");
     }
-    const std::vector<Param> params =
-        detail::check_params(items[0].limit->algorithm(), digests, limits, cost,
-                             mode == BatchMode::kAllOrNothing, unix_time);
-    absl::StatusOr<ConnectionPool::Lease> lease = pool_->acquire();
-    if (!lease.ok()) return lease.status();
-    // A peek writes nothing, so a lost reply to it is plain Unavailable / DeadlineExceeded.
-    const detail::Effect effect = cost == 0 ? detail::Effect::kReadOnly : detail::Effect::kWrites;
-    absl::StatusOr<detail::ResultPtr> r =
-        lease->run(detail::kCheckStatement, detail::kCheckSql, params, effect);
-    if (!r.ok()) return r.status();
-    if (PQntuples(r->get()) != 1 || PQnfields(r->get()) != 1 || PQgetisnull(r->get(), 0, 0)) {
-      return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v1");
+    if (item.cost > item.limit->max_cost()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sluice::postgres: cost ", item.cost, " exceeds the smallest burst ",
+                       item.limit->max_cost(), " and can never be admitted"));
     }
-    return detail::decode_check_reply(PQgetvalue(r->get(), 0, 0), limits);
+    return absl::OkStatus();
+  }
+
+  // The time source's reading, or nullopt for the database clock.
+  std::optional<std::chrono::nanoseconds> now() const {
+    if (!time_source_) return std::nullopt;
+    return time_source_();
   }
 
   std::shared_ptr<ConnectionPool> pool_;
   KeyHasher hasher_;
+  TimeSource time_source_;
 };
 
 }  // namespace sluice::postgres

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -51,6 +52,11 @@ struct ConnectionOptions {
   std::chrono::milliseconds reply_grace{200};
   std::size_t max_connections = 16;  // open at once, idle or leased
 };
+
+// Where calls take their time, in ns since the Unix epoch (≥ 0). Empty, the default: the
+// database's clock_timestamp(), one clock for the whole fleet. Set it to decide at chosen times
+// (tests driving a sluice::ManualClock, replays); it is called once per call, from any thread.
+using TimeSource = std::function<std::chrono::nanoseconds()>;
 
 // One statement parameter: text (or raw bytes where `binary`), or SQL NULL.
 struct Param {
@@ -82,10 +88,16 @@ class ConnectionPool {
     PGconn* get() const noexcept { return connection_->conn; }
 
     // Runs `sql` with parameters $1..$n as the prepared statement `name`, preparing it on this
-    // connection first if needed (one extra round trip, once per connection). One round trip;
-    // see detail::read_results for the error mapping.
+    // connection first if needed (one extra round trip, once per connection), sending and
+    // reading by `deadline` (default: the pool's call_deadline() from now). One round trip; see
+    // detail::read_results for the error mapping.
     absl::StatusOr<detail::ResultPtr> run(const char* name, const char* sql,
-                                          std::span<const Param> params, detail::Effect effect);
+                                          std::span<const Param> params, detail::Effect effect) {
+      return run(name, sql, params, effect, pool_->call_deadline());
+    }
+    absl::StatusOr<detail::ResultPtr> run(const char* name, const char* sql,
+                                          std::span<const Param> params, detail::Effect effect,
+                                          detail::Deadline deadline);
 
     // Runs `sql` (one or more statements, no parameters) with the simple query protocol, waiting
     // at most `timeout` for the reply.
@@ -96,11 +108,10 @@ class ConnectionPool {
    private:
     friend class ConnectionPool;
     Lease(ConnectionPool* pool, Connection* connection) : pool_(pool), connection_(connection) {}
-    detail::Deadline deadline() const {
-      const ConnectionOptions& o = pool_->options_;
-      return std::chrono::steady_clock::now() + o.statement_timeout + o.reply_grace;
-    }
-    // Applies `read` (detail::read_results) and closes the connection if it was lost.
+    // Sends what the PQsend* call that returned `queued` queued, by `deadline`; closes the
+    // connection when it cannot (Unavailable, or DeadlineExceeded: nothing ran either way).
+    absl::Status flush(int queued, detail::Deadline deadline);
+    // Reads the request's results (detail::read_results); closes the connection if it was lost.
     absl::StatusOr<detail::ResultPtr> finish(detail::Deadline deadline, detail::Effect effect);
     void mark_broken() noexcept;
 
@@ -132,6 +143,12 @@ class ConnectionPool {
   }
 
   const ConnectionOptions& options() const noexcept { return options_; }
+
+  // The one deadline of a call starting now, for its sends and its reads: statement_timeout +
+  // reply_grace from now.
+  detail::Deadline call_deadline() const {
+    return std::chrono::steady_clock::now() + options_.statement_timeout + options_.reply_grace;
+  }
 
   // An idle connection, or a new one while fewer than max_connections are open; waits at most
   // acquire_timeout for one to come back (then DeadlineExceeded). A new connection that cannot
@@ -206,8 +223,14 @@ class ConnectionPool {
     delete c;
   }
 
-  // Returns a healthy connection to the idle list, or (nullptr) gives up a closed one's slot.
+  // Returns a healthy connection to the idle list, or gives up the slot of a closed one (nullptr)
+  // or of one not idle after its call — inside a transaction, a failed one, or with a request in
+  // flight — which it closes: no later call inherits another's transaction state.
   void release(Connection* c) {
+    if (c != nullptr && PQtransactionStatus(c->conn) != PQTRANS_IDLE) {
+      close(c);
+      c = nullptr;
+    }
     {
       std::lock_guard lock(mu_);
       if (c != nullptr) {
@@ -254,9 +277,17 @@ class ConnectionPool {
     const std::string setup =
         absl::StrCat("SET statement_timeout = ", options_.statement_timeout.count(),
                      "; SET lock_timeout = ", options_.statement_timeout.count());
-    if (PQsendQuery(c->conn, setup.c_str()) == 0) {
+    // Non-blocking from here on: every send is flushed against its call's deadline.
+    if (PQsetnonblocking(c->conn, 1) != 0 || PQsendQuery(c->conn, setup.c_str()) == 0) {
       return fail(absl::UnavailableError(
           absl::StrCat("sluice::postgres: connect: ", detail::connection_message(c->conn))));
+    }
+    if (const detail::Flush sent = detail::flush(c->conn, deadline); sent != detail::Flush::kSent) {
+      return fail(sent == detail::Flush::kTimedOut
+                      ? absl::DeadlineExceededError(
+                            "sluice::postgres: connect: no session within the connect timeout")
+                      : absl::UnavailableError(absl::StrCat("sluice::postgres: connect: ",
+                                                            detail::connection_message(c->conn))));
     }
     bool lost = false;
     absl::StatusOr<detail::ResultPtr> r =
@@ -280,6 +311,20 @@ inline void ConnectionPool::Lease::mark_broken() noexcept {
   connection_ = nullptr;
 }
 
+inline absl::Status ConnectionPool::Lease::flush(int queued, detail::Deadline deadline) {
+  const detail::Flush flushed =
+      queued == 0 ? detail::Flush::kConnectionLost : detail::flush(get(), deadline);
+  if (flushed == detail::Flush::kSent) return absl::OkStatus();
+  absl::Status status =
+      flushed == detail::Flush::kTimedOut
+          ? absl::DeadlineExceededError(
+                "sluice::postgres: the request was not sent whole before the deadline; nothing ran")
+          : absl::UnavailableError(
+                absl::StrCat("sluice::postgres: send: ", detail::connection_message(get())));
+  mark_broken();
+  return status;
+}
+
 inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::finish(detail::Deadline deadline,
                                                                        detail::Effect effect) {
   bool lost = false;
@@ -291,16 +336,15 @@ inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::finish(detail::D
 inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::run(const char* name,
                                                                     const char* sql,
                                                                     std::span<const Param> params,
-                                                                    detail::Effect effect) {
+                                                                    detail::Effect effect,
+                                                                    detail::Deadline deadline) {
   std::vector<std::string>& prepared = connection_->prepared;
   if (std::find(prepared.begin(), prepared.end(), name) == prepared.end()) {
-    if (PQsendPrepare(get(), name, sql, 0, nullptr) == 0) {
-      absl::Status status = absl::UnavailableError(
-          absl::StrCat("sluice::postgres: prepare: ", detail::connection_message(get())));
-      mark_broken();
-      return status;
+    if (absl::Status sent = flush(PQsendPrepare(get(), name, sql, 0, nullptr), deadline);
+        !sent.ok()) {
+      return sent;
     }
-    absl::StatusOr<detail::ResultPtr> r = finish(deadline(), detail::Effect::kReadOnly);
+    absl::StatusOr<detail::ResultPtr> r = finish(deadline, detail::Effect::kReadOnly);
     if (!r.ok()) return r.status();
     prepared.emplace_back(name);
   }
@@ -311,26 +355,20 @@ inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::run(const char* 
     lengths.push_back(static_cast<int>(p.value.size()));
     formats.push_back(p.binary ? 1 : 0);
   }
-  // A send that fails never reached the server whole: nothing ran, nothing committed.
-  if (PQsendQueryPrepared(get(), name, static_cast<int>(params.size()), values.data(),
-                          lengths.data(), formats.data(), /*resultFormat=*/0) == 0) {
-    absl::Status status = absl::UnavailableError(
-        absl::StrCat("sluice::postgres: send: ", detail::connection_message(get())));
-    mark_broken();
-    return status;
-  }
-  return finish(deadline(), effect);
+  const int queued = PQsendQueryPrepared(get(), name, static_cast<int>(params.size()),
+                                         values.data(), lengths.data(), formats.data(),
+                                         /*resultFormat=*/0);
+  if (absl::Status sent = flush(queued, deadline); !sent.ok()) return sent;
+  return finish(deadline, effect);
 }
 
 inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::run_simple(
     const std::string& sql, std::chrono::milliseconds timeout, detail::Effect effect) {
-  if (PQsendQuery(get(), sql.c_str()) == 0) {
-    absl::Status status = absl::UnavailableError(
-        absl::StrCat("sluice::postgres: send: ", detail::connection_message(get())));
-    mark_broken();
-    return status;
+  const detail::Deadline deadline = std::chrono::steady_clock::now() + timeout;
+  if (absl::Status sent = flush(PQsendQuery(get(), sql.c_str()), deadline); !sent.ok()) {
+    return sent;
   }
-  return finish(std::chrono::steady_clock::now() + timeout, effect);
+  return finish(deadline, effect);
 }
 
 }  // namespace sluice::postgres

@@ -9,7 +9,8 @@
 //   auto engine = sluice::postgres::PostgresRateLimitEngine::create(config, {.client = *client});
 //   sluice::Evaluation e = engine->evaluate(request);  // one round trip for the live rules
 //
-// A request's live rules are one call of sluice.check_v1 in either consumption mode:
+// A request's live rules are one call of sluice.check_v2, each rule's key for its own cost, in
+// either consumption mode:
 // kAllOrNothing stores nothing unless every rule admits; kEveryRule stores each admitting rule.
 // Dry-run rules, when a request has any, are a second round trip. Errors come back as the
 // client's absl::Status (see client.hpp; Unknown when a commit's acknowledgement was lost); the
@@ -19,8 +20,7 @@
 // windows are part of the limit's identity, so an unchanged rule keeps its rows across a reload
 // and a changed rule starts fresh (its old rows go idle and are cleaned up).
 // Stats: `rule_store_stats` is all zeros (the rows are in the database).
-// Thread-safety: `check_rules` may be called concurrently, provided Options::time_for_testing,
-// if set, is thread-safe too.
+// Thread-safety: `check_rules` may be called concurrently.
 #ifndef SLUICE_POSTGRES_ENGINE_BACKEND_HPP_
 #define SLUICE_POSTGRES_ENGINE_BACKEND_HPP_
 
@@ -51,10 +51,9 @@ namespace sluice::postgres {
 class PostgresEngineBackend {
  public:
   struct Options {
-    std::shared_ptr<Client> client{};  // required; shared by every generation of the engine
-    // Testing hook: when set, every call decides at the returned time (ns since the Unix epoch)
-    // instead of the database clock. Production code leaves it empty.
-    std::function<std::chrono::nanoseconds()> time_for_testing{};
+    // Required; shared by every generation of the engine. Its ClientOptions::time_source, when
+    // set, is the engine's time too.
+    std::shared_ptr<Client> client{};
   };
 
   // InvalidArgument naming the rule's label for a rule outside the supported ranges or an adaptive
@@ -80,19 +79,15 @@ class PostgresEngineBackend {
     return backend;
   }
 
-  // Every key of a request has the request's cost here (no adaptive rules: see create).
+  // Each rule's key for its own cost, in one round trip.
   absl::Status check_rules(std::span<const RuleKey> keys, ConsumptionMode mode,
                            std::span<Decision> out) {
     if (keys.empty()) return absl::OkStatus();
-    const std::uint64_t cost = keys.front().cost;
     absl::InlinedVector<CheckItem, 8> items;
-    for (const RuleKey& k : keys) items.push_back({k.key, &limits_[k.rule]});
+    for (const RuleKey& k : keys) items.push_back({k.key, &limits_[k.rule], k.cost});
     const BatchMode batch =
         mode == ConsumptionMode::kAllOrNothing ? BatchMode::kAllOrNothing : BatchMode::kEachItem;
-    absl::StatusOr<std::vector<Decision>> d =
-        options_.time_for_testing ? options_.client->check_all_at_for_testing(
-                                        items, cost, batch, options_.time_for_testing())
-                                  : options_.client->check_all(items, cost, batch);
+    absl::StatusOr<std::vector<Decision>> d = options_.client->check_all(items, batch);
     if (!d.ok()) return d.status();
     std::copy(d->begin(), d->end(), out.begin());
     return absl::OkStatus();

@@ -4,7 +4,8 @@
 // those of sluice::FixedWindowLimiter (stacked windows, atomic across windows, a denial consumes
 // nothing, cost 0 peeks, a cost above the smallest burst is InvalidArgument), with each key's
 // state in one row, so every replica using the same database, name, windows and key seed shares
-// one budget. The clock is the database's `pg_catalog.clock_timestamp()`.
+// one budget. The clock is the database's `pg_catalog.clock_timestamp()`, or the client's
+// ClientOptions::time_source when set (tests drive a sluice::ManualClock through it).
 //
 //   auto client = sluice::postgres::Client::create({.connection = {.conninfo = "dbname=app"},
 //                                                    .key_seed = kFleetSeed});
@@ -65,16 +66,16 @@ class PostgresLimiter {
   }
 
   absl::StatusOr<Decision> check(std::string_view key, std::uint64_t cost = 1) {
-    const CheckItem item{key, &limit_};
-    return first(client_->check_all(std::span(&item, 1), cost));
+    const CheckItem item{key, &limit_, cost};
+    return first(client_->check_all(std::span(&item, 1)));
   }
 
   // Every key for `cost`, all-or-nothing, in one round trip: one decision per key, in order.
   absl::StatusOr<std::vector<Decision>> check_batch(std::span<const std::string_view> keys,
                                                     std::uint64_t cost = 1) {
     absl::InlinedVector<CheckItem, 8> items;
-    for (std::string_view key : keys) items.push_back({key, &limit_});
-    return client_->check_all(items, cost, BatchMode::kAllOrNothing);
+    for (std::string_view key : keys) items.push_back({key, &limit_, cost});
+    return client_->check_all(items, BatchMode::kAllOrNothing);
   }
 
   // --- Operators: inspect and reset one key.
@@ -93,22 +94,6 @@ class PostgresLimiter {
   // trip, serialized with the checks of the key's shard. Errors as for check (Unknown: the key
   // may or may not have been forgotten; resetting again is always safe).
   absl::Status reset(std::string_view key) { return client_->reset(key, limit_); }
-
-  // Testing hook: as inspect(), at `unix_time` (ns since the Unix epoch) instead of the database
-  // clock. Production code never calls it.
-  absl::StatusOr<Decision> inspect_at_for_testing(std::string_view key,
-                                                  std::chrono::nanoseconds unix_time) {
-    return check_at_for_testing(key, 0, unix_time);
-  }
-
-  // Testing hook: as check(), at `unix_time` (ns since the Unix epoch) instead of the database
-  // clock. Production code never calls it.
-  absl::StatusOr<Decision> check_at_for_testing(std::string_view key, std::uint64_t cost,
-                                                std::chrono::nanoseconds unix_time) {
-    const CheckItem item{key, &limit_};
-    return first(client_->check_all_at_for_testing(std::span(&item, 1), cost,
-                                                   BatchMode::kAllOrNothing, unix_time));
-  }
 
   // Sorted shortest first; Decision::binding_window indexes this.
   const std::vector<Window>& windows() const noexcept {

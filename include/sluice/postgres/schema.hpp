@@ -37,9 +37,10 @@
 
 namespace sluice::postgres {
 
-// The schema version this header installs and calls. Version 2 adds what `reset` calls; a
-// database at version 1 is upgraded in place by `migrate`, keeping every row.
-inline constexpr int kSchemaVersion = 2;
+// The schema version this header installs and calls. Version 2 adds what `reset` calls, version
+// 3 a check with a cost per item; an older database is upgraded in place by `migrate`, keeping
+// every row.
+inline constexpr int kSchemaVersion = 3;
 static_assert(std::size(detail::kSchemaSteps) == static_cast<std::size_t>(kSchemaVersion));
 // Shards of the row bound: worst case rows = kShards × rows_per_shard.
 inline constexpr int kShards = 256;
@@ -64,8 +65,10 @@ inline absl::StatusOr<int> migrate(ConnectionPool& pool, const MigrationOptions&
         ") THEN\n", detail::kSchemaSteps[version - 1],
         "INSERT INTO sluice.schema_version (version) VALUES (", version, ");\nEND IF;\n");
   }
+  // One simple query without BEGIN: the server runs it as one implicit transaction, so an error
+  // anywhere (a timeout waiting for another replica's lock, say) rolls all of it back and leaves
+  // the session idle, never inside an aborted transaction.
   const std::string sql = absl::StrCat(
-      "BEGIN;\n"
       "SET LOCAL client_min_messages = warning;\n"
       "SET LOCAL statement_timeout = ",
       options.timeout.count(), ";\nSET LOCAL lock_timeout = ", options.timeout.count(),
@@ -81,10 +84,9 @@ inline absl::StatusOr<int> migrate(ConnectionPool& pool, const MigrationOptions&
       "UPDATE sluice.shards SET capacity = ",
       options.rows_per_shard, " WHERE capacity <> ", options.rows_per_shard,
       ";\n"
-      "COMMIT;\n"
       "SELECT pg_catalog.max(version) FROM sluice.schema_version;\n");
-  absl::StatusOr<detail::ResultPtr> r =
-      lease->run_simple(sql, options.timeout + pool.options().reply_grace, detail::Effect::kWrites);
+  absl::StatusOr<detail::ResultPtr> r = lease->run_simple(
+      sql, options.timeout + pool.options().reply_grace, detail::Effect::kOneTransaction);
   if (!r.ok()) return r.status();
   int version = 0;
   const char* text = PQntuples(r->get()) == 1 ? PQgetvalue(r->get(), 0, 0) : "";
@@ -99,15 +101,16 @@ inline absl::StatusOr<int> migrate(ConnectionPool& pool, const MigrationOptions&
 // check holds at that moment; one round trip, bounded by the pool's statement timeout. Returns
 // how many rows it deleted. An unknown outcome (kUnknown) means rows may have been deleted; idle
 // rows are indistinguishable from absent ones, so calling it again is always safe.
-inline absl::StatusOr<std::uint64_t> cleanup_expired(
-    ConnectionPool& pool, std::uint32_t max_rows,
-    std::optional<std::chrono::nanoseconds> unix_time_for_testing = std::nullopt) {
+// `time_source`, when set, tells the time instead of the database clock (as
+// ClientOptions::time_source: pass the one the limiters use).
+inline absl::StatusOr<std::uint64_t> cleanup_expired(ConnectionPool& pool, std::uint32_t max_rows,
+                                                     const TimeSource& time_source = {}) {
   absl::StatusOr<ConnectionPool::Lease> lease = pool.acquire();
   if (!lease.ok()) return lease.status();
   const Param params[] = {
       Param{.value = absl::StrCat(std::min<std::uint32_t>(max_rows, 0x7fffffffU))},
-      unix_time_for_testing ? Param{.value = absl::StrCat(unix_time_for_testing->count())}
-                            : Param{.value = {}, .binary = false, .null = true}};
+      time_source ? Param{.value = absl::StrCat(time_source().count())}
+                  : Param{.value = {}, .binary = false, .null = true}};
   absl::StatusOr<detail::ResultPtr> r =
       lease->run("sluice_cleanup_v1", "SELECT sluice.cleanup_v1($1::integer, $2::bigint)", params,
                  detail::Effect::kWrites);

@@ -6,7 +6,7 @@
 // success clears, an unfinished attempt fails at its lease deadline, fenced receipts), with each
 // subject's record in one Redis hash. Every operation is one round trip: one EVALSHA of a bundled
 // Lua script (reloaded after NOSCRIPT) that reads the server's clock (TIME), so the fleet shares
-// one clock.
+// one clock (or ClientOptions::time_source's, when set: tests drive a sluice::ManualClock).
 //
 //   auto limiter = sluice::redis::RedisAttemptLimiter::create(
 //       {.initial_delay = 1s, .delay_cap = 15min, .quiet_period = 24h, .lease = 30s},
@@ -34,7 +34,10 @@
 // reply of the wrong shape), FailedPrecondition (stale receipt), InvalidArgument. No retries.
 // Operators: `inspect` reports what `begin` would answer without writing anything; `reset` forgets
 // a subject (its attempt in flight, if any, ends and its receipt is stale).
-// Thread-safety: thread-safe; copies share one connection pool. Complexity: one round trip and
+// Thread-safety: thread-safe; copies share one client (its connection pools).
+// Cluster: with ClientOptions::cluster every operation goes to the node of its subject's slot
+// (all of a prefix's keys share the "{attempts}" hash tag, or the prefix's own), following
+// redirections as every other Redis limiter does. Complexity: one round trip and
 // O(log n) work on the server per operation (n records under the prefix).
 #ifndef SLUICE_REDIS_ATTEMPT_LIMITER_HPP_
 #define SLUICE_REDIS_ATTEMPT_LIMITER_HPP_
@@ -61,10 +64,10 @@
 #include "sluice/key.hpp"
 #include "sluice/redis/client.hpp"
 #include "sluice/redis/detail/attempt_script.hpp"
-#include "sluice/redis/detail/command.hpp"
-#include "sluice/redis/detail/connection_pool.hpp"
+#include "sluice/redis/detail/key_scheme.hpp"
 #include "sluice/redis/detail/script_sha1.hpp"
 #include "sluice/redis/detail/status.hpp"
+#include "sluice/redis/detail/transport.hpp"
 #include "sluice/redis/options.hpp"
 
 namespace sluice::redis {
@@ -103,28 +106,22 @@ class RedisAttemptLimiter {
       }
     }
     if (absl::Status s = validate(options.key_prefix, store); !s.ok()) return s;
-    // The client validates the connection options exactly as for every other Redis limiter.
-    if (absl::StatusOr<std::shared_ptr<Client>> c = Client::create(options); !c.ok()) {
-      return c.status();
-    }
-    RedisAttemptLimiter limiter(policy, std::move(options), store);
-    const detail::Deadline deadline =
-        std::chrono::steady_clock::now() + limiter.shared_->options.connection.command_timeout;
-    if (absl::Status verdict = limiter.shared_->pool.verify_server(deadline); !verdict.ok()) {
-      return verdict;
-    }
-    return limiter;
+    // The client: the options validated and the server checked exactly as for every other Redis
+    // limiter, and the one call path (a lone server or a Cluster) every operation goes through.
+    absl::StatusOr<std::shared_ptr<Client>> client = Client::create(std::move(options));
+    if (!client.ok()) return client.status();
+    return RedisAttemptLimiter(policy, *std::move(client), store);
   }
 
   // As AttemptLimiter::begin; errors as in the file comment.
   absl::StatusOr<AttemptDecision> begin(std::string_view subject) {
-    return begin_at(subject, std::nullopt);
+    return begin_at(subject, now());
   }
   // As AttemptLimiter::succeed / fail / abandon: OK, FailedPrecondition for a stale receipt,
   // InvalidArgument for an invalid one, or the backend's error.
-  absl::Status succeed(const AttemptReceipt& receipt) { return complete(receipt, "s", {}); }
-  absl::Status fail(const AttemptReceipt& receipt) { return complete(receipt, "f", {}); }
-  absl::Status abandon(const AttemptReceipt& receipt) { return complete(receipt, "f", {}); }
+  absl::Status succeed(const AttemptReceipt& receipt) { return complete(receipt, "s", now()); }
+  absl::Status fail(const AttemptReceipt& receipt) { return complete(receipt, "f", now()); }
+  absl::Status abandon(const AttemptReceipt& receipt) { return complete(receipt, "f", now()); }
 
   // --- Operators: inspect and reset one subject; errors as in the file comment.
 
@@ -132,32 +129,12 @@ class RedisAttemptLimiter {
   // an invalid receipt), decided at the server's TIME (clamped like begin's), without writing:
   // no attempt, no lease, no key created, no expiry extended. Never kStoreFull.
   absl::StatusOr<AttemptDecision> inspect(std::string_view subject) {
-    return inspect_at(subject, std::nullopt);
+    return inspect_at(subject, now());
   }
   // As AttemptLimiter::reset: the next `begin` is decided as for a subject never seen; a receipt
   // of the attempt in flight is stale from now on. The record is rewritten as after a success and
   // expires within a millisecond; an absent key stays absent.
-  absl::Status reset(std::string_view subject) { return reset_at(subject, std::nullopt); }
-
-  // Testing hooks: as above, with the server's clock replaced by `unix_time` (µs since the Unix
-  // epoch, ≥ 0). Production code never calls them.
-  absl::StatusOr<AttemptDecision> begin_at_for_testing(std::string_view subject,
-                                                       std::chrono::microseconds unix_time) {
-    return begin_at(subject, unix_time);
-  }
-  absl::Status succeed_at_for_testing(const AttemptReceipt& r, std::chrono::microseconds t) {
-    return complete(r, "s", t);
-  }
-  absl::Status fail_at_for_testing(const AttemptReceipt& r, std::chrono::microseconds t) {
-    return complete(r, "f", t);
-  }
-  absl::StatusOr<AttemptDecision> inspect_at_for_testing(std::string_view subject,
-                                                         std::chrono::microseconds unix_time) {
-    return inspect_at(subject, unix_time);
-  }
-  absl::Status reset_at_for_testing(std::string_view subject, std::chrono::microseconds unix_time) {
-    return reset_at(subject, unix_time);
-  }
+  absl::Status reset(std::string_view subject) { return reset_at(subject, now()); }
 
   // The Redis key holding `subject`'s record (for operators and tests; no raw subject bytes).
   std::string redis_key(std::string_view subject) const { return key_of(digest(subject)); }
@@ -168,7 +145,7 @@ class RedisAttemptLimiter {
   }
   // The sorted set indexing every record under the key prefix by when it goes idle; ZCARD of it
   // is the number of records the bound counts.
-  std::string index_key() const { return absl::StrCat(shared_->options.key_prefix, kTag, "index"); }
+  std::string index_key() const { return absl::StrCat(prefix(), kTag, "index"); }
   const AttemptStoreOptions& store_options() const noexcept { return shared_->store; }
   const AttemptPolicy& policy() const noexcept { return shared_->policy; }
   // SHA-1 of the script body, as EVALSHA names it.
@@ -194,28 +171,32 @@ class RedisAttemptLimiter {
   }
 
   struct Shared {
-    Shared(const AttemptPolicy& p, ClientOptions o, const AttemptStoreOptions& s)
+    Shared(const AttemptPolicy& p, std::shared_ptr<Client> c, const AttemptStoreOptions& s)
         : policy(p),
-          options(std::move(o)),
+          client(std::move(c)),
           store(s),
-          pool(options.connection, options.cluster),
-          sha(detail::sha1_hex(detail::kAttemptScript)) {
-      const std::uint64_t fingerprint = p.fingerprint();
-      unsigned char bytes[8];
-      for (int i = 0; i < 8; ++i) bytes[i] = static_cast<unsigned char>(fingerprint >> (8 * i));
-      seed = XXH3_64bits_withSeed(bytes, sizeof bytes, options.key_seed);
-    }
+          sha(detail::sha1_hex(detail::kAttemptScript)),
+          seed(detail::bound_seed(p.fingerprint(), client->options().key_seed)) {}
     const AttemptPolicy policy;
-    const ClientOptions options;
+    const std::shared_ptr<Client> client;
     const AttemptStoreOptions store;
-    detail::ConnectionPool pool;
     const std::string sha;
-    std::uint64_t seed = 0;  // the key seed bound to the policy's fingerprint
+    const std::uint64_t seed;  // the key seed bound to the policy's fingerprint
   };
 
-  RedisAttemptLimiter(const AttemptPolicy& policy, ClientOptions options,
+  RedisAttemptLimiter(const AttemptPolicy& policy, std::shared_ptr<Client> client,
                       const AttemptStoreOptions& store)
-      : shared_(std::make_shared<Shared>(policy, std::move(options), store)) {}
+      : shared_(std::make_shared<Shared>(policy, std::move(client), store)) {}
+
+  const std::string& prefix() const noexcept { return shared_->client->options().key_prefix; }
+
+  // The client's time (ClientOptions::time_source) in the script's whole microseconds, or
+  // nullopt for the server's TIME.
+  std::optional<std::chrono::microseconds> now() const {
+    const std::optional<std::chrono::nanoseconds> t = shared_->client->now();
+    if (!t) return std::nullopt;
+    return std::chrono::floor<std::chrono::microseconds>(*t);
+  }
 
   KeyDigest digest(std::string_view subject) const {
     const XXH128_hash_t h = XXH3_128bits_withSeed(subject.data(), subject.size(), shared_->seed);
@@ -223,12 +204,10 @@ class RedisAttemptLimiter {
     if (d.empty()) d.low = 1;
     return d;
   }
-  std::string key_of(const KeyDigest& d) const {
-    return absl::StrCat(shared_->options.key_prefix, kTag, hex(d));
-  }
+  std::string key_of(const KeyDigest& d) const { return absl::StrCat(prefix(), kTag, hex(d)); }
   // Where earlier versions kept the record (with a TTL); the script adopts what it finds there.
   std::string legacy_key_of(const KeyDigest& d) const {
-    return absl::StrCat(shared_->options.key_prefix, "{", hex(d), "}");
+    return absl::StrCat(prefix(), "{", hex(d), "}");
   }
   static std::string hex(const KeyDigest& d) {
     char bytes[16];
@@ -241,20 +220,29 @@ class RedisAttemptLimiter {
 
   static std::string micros(std::int64_t ns) { return absl::StrCat(ns / 1000); }
 
-  // One EVALSHA (after NOSCRIPT: SCRIPT LOAD and the call again, pipelined) on a pooled
-  // connection. Returns the reply or the transport / server error.
+  // One EVALSHA through the client's call path (sluice/redis/detail/transport.hpp: NOSCRIPT
+  // repaired, Cluster routing and redirections, connection health). Returns the reply or the
+  // transport / server error.
   absl::StatusOr<detail::ReplyPtr> call(const KeyDigest& d, std::string_view op,
                                         std::uint64_t token, std::int64_t started_ns,
                                         std::optional<std::chrono::microseconds> time) {
     const AttemptPolicy& p = shared_->policy;
+    detail::Transport& transport = shared_->client->transport();
+    const std::string record = key_of(d);
+    std::string legacy = legacy_key_of(d);
+    // Versions that kept legacy records never ran on a Cluster: when the legacy key is in
+    // another slot (no hash tag in the prefix), name an absent key of the record's slot instead.
+    if (transport.cluster() && detail::key_slot(legacy) != detail::key_slot(record)) {
+      legacy = absl::StrCat(prefix(), kTag, "no-legacy-record");
+    }
     // EVALSHA sha 3 record index legacy op token started initial cap quiet lease time
     // max_records sweep (see attempt_script.hpp).
     const std::array<std::string, 16> args = {"EVALSHA",
                                               shared_->sha,
                                               "3",
-                                              key_of(d),
+                                              record,
                                               index_key(),
-                                              legacy_key_of(d),
+                                              legacy,
                                               std::string(op),
                                               absl::StrCat(token),
                                               micros(started_ns),
@@ -265,38 +253,17 @@ class RedisAttemptLimiter {
                                               time ? absl::StrCat(time->count()) : std::string(),
                                               absl::StrCat(shared_->store.max_records),
                                               absl::StrCat(detail::kAttemptSweep)};
-    detail::Command evalsha;
-    for (const std::string& arg : args) evalsha.add(arg);
-
-    absl::StatusOr<detail::ConnectionPool::Lease> lease = shared_->pool.acquire();
-    if (!lease.ok()) return lease.status();
-    absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
-        detail::exchange(*lease, std::span<const detail::Command>(&evalsha, 1));
-    if (!replies.ok()) return replies.status();
-    detail::ReplyPtr reply = std::move((*replies)[0]);
-    if (is_error(*reply, "NOSCRIPT")) {
-      detail::Command load;
-      load.add("SCRIPT");
-      load.add("LOAD");
-      load.add(detail::kAttemptScript);
-      const detail::Command both[] = {load, evalsha};
-      replies = detail::exchange(*lease, both);
-      if (!replies.ok()) return replies.status();
-      reply = std::move((*replies)[1]);
+    detail::Transport::Call c{
+        .slot = transport.slot_of(record), .script = detail::kAttemptScript, .sha = shared_->sha};
+    for (const std::string& arg : args) c.command.add(arg);
+    transport.call(std::span(&c, 1), std::chrono::steady_clock::now() +
+                                         shared_->client->options().connection.command_timeout);
+    if (!c.reply.ok()) return c.reply.status();
+    const redisReply& reply = **c.reply;
+    if (reply.type == REDIS_REPLY_ERROR) {
+      return detail::server_error_status(std::string_view(reply.str, reply.len));
     }
-    if (reply->type == REDIS_REPLY_ERROR) {
-      // A replica, a loading server or a Cluster redirection: reconnect on the next call.
-      for (std::string_view code : {"READONLY", "MASTERDOWN", "LOADING", "MOVED", "ASK"}) {
-        if (is_error(*reply, code)) lease->mark_broken();
-      }
-      return detail::server_error_status(std::string_view(reply->str, reply->len));
-    }
-    return reply;
-  }
-
-  static bool is_error(const redisReply& reply, std::string_view code) {
-    const std::string_view text(reply.str == nullptr ? "" : reply.str, reply.len);
-    return reply.type == REDIS_REPLY_ERROR && text.substr(0, text.find(' ')) == code;
+    return std::move(c.reply);
   }
 
   // The reply's integers when it is an array of `n` integers, each ≥ 0; else nullopt.
@@ -314,13 +281,6 @@ class RedisAttemptLimiter {
 
   static absl::Status malformed() {
     return absl::InternalError("sluice::redis: attempt script reply of unexpected shape");
-  }
-
-  static absl::Status check_time(std::optional<std::chrono::microseconds> time) {
-    if (time && time->count() < 0) {
-      return absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
-    }
-    return absl::OkStatus();
   }
 
   // Every time and wait in a reply is below 2^53 µs.
@@ -347,7 +307,6 @@ class RedisAttemptLimiter {
 
   absl::StatusOr<AttemptDecision> begin_at(std::string_view subject,
                                            std::optional<std::chrono::microseconds> time) {
-    if (absl::Status s = check_time(time); !s.ok()) return s;
     const KeyDigest d = digest(subject);
     absl::StatusOr<detail::ReplyPtr> reply = call(d, "b", 0, 0, time);
     if (!reply.ok()) return reply.status();
@@ -369,7 +328,6 @@ class RedisAttemptLimiter {
 
   absl::StatusOr<AttemptDecision> inspect_at(std::string_view subject,
                                              std::optional<std::chrono::microseconds> time) {
-    if (absl::Status s = check_time(time); !s.ok()) return s;
     absl::StatusOr<detail::ReplyPtr> reply = call(digest(subject), "i", 0, 0, time);
     if (!reply.ok()) return reply.status();
     absl::StatusOr<AttemptDecision> state = state_of(**reply);
@@ -378,7 +336,6 @@ class RedisAttemptLimiter {
   }
 
   absl::Status reset_at(std::string_view subject, std::optional<std::chrono::microseconds> time) {
-    if (absl::Status s = check_time(time); !s.ok()) return s;
     absl::StatusOr<detail::ReplyPtr> reply = call(digest(subject), "r", 0, 0, time);
     if (!reply.ok()) return reply.status();
     const auto result = integers<1>(**reply);
@@ -389,7 +346,6 @@ class RedisAttemptLimiter {
   absl::Status complete(const AttemptReceipt& receipt, std::string_view op,
                         std::optional<std::chrono::microseconds> time) {
     if (!receipt.valid()) return absl::InvalidArgumentError("attempt receipt is not valid");
-    if (absl::Status s = check_time(time); !s.ok()) return s;
     absl::StatusOr<detail::ReplyPtr> reply =
         call(receipt.subject_, op, receipt.token_, receipt.started_, time);
     if (!reply.ok()) return reply.status();

@@ -41,7 +41,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>  // TRYAGAIN's pause
 #include <utility>
 #include <vector>
 
@@ -58,10 +57,12 @@
 #include "sluice/redis/detail/coalescer.hpp"
 #include "sluice/redis/detail/command.hpp"
 #include "sluice/redis/detail/connection_pool.hpp"
+#include "sluice/redis/detail/key_scheme.hpp"
 #include "sluice/redis/detail/script_call.hpp"
 #include "sluice/redis/detail/script_reply.hpp"
 #include "sluice/redis/detail/script_sha1.hpp"
 #include "sluice/redis/detail/status.hpp"
+#include "sluice/redis/detail/transport.hpp"
 #include "sluice/redis/limit.hpp"
 #include "sluice/redis/options.hpp"
 #include "sluice/redis/script.hpp"
@@ -105,14 +106,7 @@ class Client {
   // when the server cannot be reached now (it is then checked on the first connection that
   // opens, and every check fails until it passes). After a pass it returns at once. In a Cluster
   // the node `connection` names is checked here, every other node when first connected.
-  absl::Status verify_server() {
-    detail::ConnectionPool* pool =
-        cluster_ != nullptr
-            ? cluster_->pool_for_address(options_.connection.host, options_.connection.port)
-            : &pool_;
-    if (pool == nullptr) return absl::OkStatus();  // never: the seed is the first node known
-    return pool->verify_server(deadline());
-  }
+  absl::Status verify_server() { return transport_.verify_server(options_.connection, deadline()); }
 
   // Evaluates every item in one script call: if every item is admitted, every item's cost is
   // reserved; if any is denied, nothing changes anywhere. Returns one decision per item: what a
@@ -122,13 +116,13 @@ class Client {
   // are given back when another slot denies (docs/redis.md, "Redis Cluster"). InvalidArgument
   // when a cost exceeds its limit's max_cost().
   absl::StatusOr<std::vector<Decision>> check_all(std::span<const CheckItem> items) {
-    return run(items, std::nullopt);
+    return run(items, now());
   }
 
   // Independent checks, pipelined on one connection: one write, one reply per item, not atomic
   // as a group. For callers with many unrelated keys at once.
   std::vector<absl::StatusOr<Decision>> check_pipelined(std::span<const CheckItem> items) {
-    return run_pipelined(items, std::nullopt);
+    return run_pipelined(items, now());
   }
 
   // One single-key check, decided exactly as check_all of the one item. With options().coalesce
@@ -137,25 +131,23 @@ class Client {
   // start (command_timeout) covers the queue too: a check still queued at its deadline is
   // DeadlineExceeded and consumed nothing; one whose call was sent but whose reply was lost may
   // have been counted, as any check whose reply is lost.
-  absl::StatusOr<Decision> check(const CheckItem& item) { return check_one(item, std::nullopt); }
+  absl::StatusOr<Decision> check(const CheckItem& item) { return check_one(item, now()); }
   // Checks that went out in one script call together with at least one other check.
   std::uint64_t coalesced_checks() const { return coalescer_.coalesced_checks(); }
 
   // Booking checks (for settling a cost later, as RedisRateLimitEngine's settlements do): as
-  // check_all and check_pipelined at the server's TIME (or at `time`, ns since the Unix epoch,
-  // for tests), and each also fills `bookings` with one entry per item: the TATs the item left
-  // and its key's reset count. An entry is meaningful only for an item that was admitted.
+  // check_all and check_pipelined, and each also fills `bookings` with one entry per item: the
+  // TATs the item left and its key's reset count. An entry is meaningful only for an item that
+  // was admitted.
   absl::StatusOr<std::vector<Decision>> check_all_booking(
-      std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
-      std::vector<detail::ItemBooking>& bookings) {
+      std::span<const CheckItem> items, std::vector<detail::ItemBooking>& bookings) {
     bookings.clear();
-    return run(items, time, &bookings);
+    return run(items, now(), &bookings);
   }
   std::vector<absl::StatusOr<Decision>> check_pipelined_booking(
-      std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
-      std::vector<detail::ItemBooking>& bookings) {
+      std::span<const CheckItem> items, std::vector<detail::ItemBooking>& bookings) {
     bookings.assign(items.size(), {});
-    return run_pipelined(items, time, &bookings);
+    return run_pipelined(items, now(), &bookings);
   }
 
   // Deletes `key`'s state under `limit` (one script call, one round trip): its next check sees
@@ -164,11 +156,10 @@ class Client {
   // been paid off, so that reservations and receipts from before it give nothing back. OK
   // whether or not the key had state; Unavailable or DeadlineExceeded as a check; a server error
   // reply becomes its status.
-  absl::Status reset(std::string_view key, const Limit& limit,
-                     std::optional<std::chrono::nanoseconds> time = std::nullopt) {
+  absl::Status reset(std::string_view key, const Limit& limit) {
     const std::string name = redis_key(key, limit);
     std::vector<std::string> args = {name, absl::StrCat(name, ":reset"), "x", "", "", "", ""};
-    if (time) set_time_args(*time, args[4], args[5]);
+    if (const auto time = now()) set_time_args(*time, args[4], args[5]);
     absl::StatusOr<detail::ReplyPtr> reply = run_booking(args);
     if (!reply.ok()) {
       return reply.status();
@@ -183,56 +174,29 @@ class Client {
   // its key count: loads the script after a NOSCRIPT and closes a connection whose reply says it
   // is the wrong server. A server error reply becomes its status. For RedisGcraLimiter.
   absl::StatusOr<detail::ReplyPtr> run_booking(std::span<const std::string> args) {
-    detail::Command command;
-    command.add("EVALSHA");
-    command.add(booking_sha_);
-    command.add("2");
-    for (const std::string& arg : args) command.add(arg);
-    if (cluster_ != nullptr) {
-      Routed call{.slot = detail::key_slot(args[0]),
-                  .command = std::move(command),
-                  .script = booking_script_,
-                  .sha = booking_sha_};
-      exchange_cluster(std::span(&call, 1), deadline());
-      if (!call.reply.ok()) return call.reply.status();
-      const redisReply& reply = **call.reply;
-      if (reply.type == REDIS_REPLY_ERROR) {
-        return detail::server_error_status(std::string_view(reply.str, reply.len));
-      }
-      return std::move(call.reply);
+    Call call{.slot = transport_.slot_of(args[0]), .script = booking_script_, .sha = booking_sha_};
+    call.command.add("EVALSHA");
+    call.command.add(booking_sha_);
+    call.command.add("2");
+    for (const std::string& arg : args) call.command.add(arg);
+    transport_.call(std::span(&call, 1), deadline());
+    if (!call.reply.ok()) return call.reply.status();
+    const redisReply& reply = **call.reply;
+    if (reply.type == REDIS_REPLY_ERROR) {
+      return detail::server_error_status(std::string_view(reply.str, reply.len));
     }
-    absl::StatusOr<detail::ConnectionPool::Lease> lease = pool_.acquire();
-    if (!lease.ok()) {
-      return lease.status();
-    }
-    absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
-        detail::exchange(*lease, std::span<const detail::Command>(&command, 1));
-    if (!replies.ok()) {
-      return replies.status();
-    }
-    detail::ReplyPtr reply = std::move((*replies)[0]);
-    if (is_noscript(*reply)) {
-      detail::Command load;
-      load.add("SCRIPT");
-      load.add("LOAD");
-      load.add(booking_script_);
-      const detail::Command both[] = {load, command};
-      replies = detail::exchange(*lease, both);
-      if (!replies.ok()) {
-        return replies.status();
-      }
-      reply = std::move((*replies)[1]);
-    }
-    if (needs_new_connection(*reply)) {
-      lease->mark_broken();
-    }
-    if (reply->type == REDIS_REPLY_ERROR) {
-      return detail::server_error_status(std::string_view(reply->str, reply->len));
-    }
-    return reply;
+    return std::move(call.reply);
   }
 
-  // A test-only time (ns since the Unix epoch, ≥ 0) as the scripts' (seconds, ns) arguments.
+  // The time the scripts decide at: nullopt for the server's TIME, else the reading of
+  // ClientOptions::time_source (ns since the Unix epoch; a reading before it is read as 0).
+  std::optional<std::chrono::nanoseconds> now() const {
+    if (!options_.time_source) return std::nullopt;
+    return std::max(options_.time_source(), std::chrono::nanoseconds::zero());
+  }
+
+  // A time source's reading (ns since the Unix epoch, ≥ 0) as the scripts' (seconds, ns)
+  // arguments.
   static void set_time_args(std::chrono::nanoseconds time, std::string& s, std::string& ns) {
     const auto t = static_cast<std::uint64_t>(time.count());
     s = absl::StrCat(t / detail::kNanosPerSecond);
@@ -241,12 +205,7 @@ class Client {
 
   // The Redis key holding `key`'s state under `limit` (for operators; contains no raw key bytes).
   std::string redis_key(std::string_view key, const Limit& limit) const {
-    unsigned char fingerprint[8];  // little-endian: seeds the digest with the limit's windows
-    for (int i = 0; i < 8; ++i) {
-      fingerprint[i] = static_cast<unsigned char>(limit.fingerprint_ >> (8 * i));
-    }
-    const XXH64_hash_t seed =
-        XXH3_64bits_withSeed(fingerprint, sizeof fingerprint, options_.key_seed);
+    const XXH64_hash_t seed = detail::bound_seed(limit.fingerprint_, options_.key_seed);
     XXH128_canonical_t digest;  // big-endian: high half first
     XXH128_canonicalFromHash(&digest, XXH3_128bits_withSeed(key.data(), key.size(), seed));
     const absl::string_view bytes(reinterpret_cast<const char*>(digest.digest),
@@ -258,49 +217,17 @@ class Client {
   // SHA-1 of the script body, as EVALSHA names it.
   const std::string& script_sha() const noexcept { return script_sha_; }
 
-  // Testing hook: decide as if the Redis server's clock read `unix_time` (ns since the Unix
-  // epoch, ≥ 0) instead of calling TIME. Production code never calls it.
-  absl::StatusOr<std::vector<Decision>> check_all_at_for_testing(
-      std::span<const CheckItem> items, std::chrono::nanoseconds unix_time) {
-    if (unix_time < std::chrono::nanoseconds::zero()) {
-      return absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
-    }
-    return run(items, unix_time);
-  }
-  // Testing hook: as check_pipelined(), with every item decided at `unix_time` (as above).
-  std::vector<absl::StatusOr<Decision>> check_pipelined_at_for_testing(
-      std::span<const CheckItem> items, std::chrono::nanoseconds unix_time) {
-    if (unix_time < std::chrono::nanoseconds::zero()) {
-      return std::vector<absl::StatusOr<Decision>>(
-          items.size(), absl::InvalidArgumentError("sluice::redis: testing time must be >= 0"));
-    }
-    return run_pipelined(items, unix_time);
-  }
-  // Testing hook: as check(), decided at `unix_time` (as above); it coalesces with concurrent
-  // checks at the same `unix_time`.
-  absl::StatusOr<Decision> check_at_for_testing(const CheckItem& item,
-                                                std::chrono::nanoseconds unix_time) {
-    if (unix_time < std::chrono::nanoseconds::zero()) {
-      return absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
-    }
-    return check_one(item, unix_time);
-  }
   // Testing hook: `items` as the one script call that concurrent check()s of them, queued in
-  // this order, would share, at `unix_time`; one result per item.
-  std::vector<absl::StatusOr<Decision>> check_coalesced_at_for_testing(
-      std::span<const CheckItem> items, std::chrono::nanoseconds unix_time) {
+  // this order, would share; one result per item.
+  std::vector<absl::StatusOr<Decision>> check_coalesced_for_testing(
+      std::span<const CheckItem> items) {
     std::vector<absl::StatusOr<Decision>> results(items.size(),
                                                   absl::UnknownError("sluice::redis: not run"));
-    absl::Status status = validate(items);
-    if (status.ok() && unix_time < std::chrono::nanoseconds::zero()) {
-      status = absl::InvalidArgumentError("sluice::redis: testing time must be >= 0");
-    }
-    if (!status.ok()) {
+    if (absl::Status status = validate(items); !status.ok()) {
       std::fill(results.begin(), results.end(), status);
       return results;
     }
-    run_each(items, unix_time,
-             std::chrono::steady_clock::now() + options_.connection.command_timeout, results);
+    run_each(items, now(), deadline(), results);
     return results;
   }
   // Testing hook: run `body` instead of the bundled script (to prove that wrong replies become
@@ -316,14 +243,16 @@ class Client {
   }
   const std::string& script_for_testing() const noexcept { return script_; }
   const std::string& booking_script_for_testing() const noexcept { return booking_script_; }
-  detail::ConnectionPool& pool_for_testing() noexcept { return pool_; }
+  detail::ConnectionPool& pool_for_testing() noexcept { return transport_.pool(); }
+  // The call path every limiter over this client uses (sluice/redis/detail/transport.hpp).
+  detail::Transport& transport() noexcept { return transport_; }
 
  private:
+  using Call = detail::Transport::Call;
+
   explicit Client(ClientOptions options)
       : options_(std::move(options)),
-        pool_(options_.connection),
-        cluster_(options_.cluster ? std::make_unique<detail::ClusterRouter>(options_.connection)
-                                  : nullptr),
+        transport_(options_.connection, options_.cluster),
         script_(kGcraScript),
         script_sha_(detail::sha1_hex(script_)),
         booking_script_(detail::kBookingScript),
@@ -361,108 +290,25 @@ class Client {
     return detail::ScriptCall::create(items, std::move(keys), time);
   }
 
-  // A server that answers READONLY (a replica after a failover), MASTERDOWN, LOADING or a Cluster
-  // redirection is the wrong one to keep talking to: the connection is closed, so the next check
-  // reconnects and, behind a failover-aware address, reaches the new primary.
-  static bool needs_new_connection(const redisReply& reply) {
-    if (reply.type != REDIS_REPLY_ERROR) {
-      return false;
-    }
-    const std::string_view error(reply.str, reply.len);
-    const std::string_view code = error.substr(0, error.find(' '));
-    return code == "READONLY" || code == "MASTERDOWN" || code == "LOADING" || code == "MOVED" ||
-           code == "ASK" || code == "CLUSTERDOWN";
-  }
-
-  static bool is_noscript(const redisReply& reply) {
-    return reply.type == REDIS_REPLY_ERROR &&
-           std::string_view(reply.str, reply.len).substr(0, 8) == "NOSCRIPT";
-  }
-
-  // Loads the script (pipelined with `retry`) after a NOSCRIPT; returns retry's reply.
-  absl::StatusOr<detail::ReplyPtr> reload_and_retry(detail::ConnectionPool::Lease& lease,
-                                                    const detail::Command& retry) {
-    return load_and_retry(lease, script_, script_sha_, retry, /*asking=*/false);
-  }
-  // Loads `script` (whose SHA-1 is `sha`) and sends `retry` again, pipelined on the same
-  // connection (after ASKING when `asking`); returns retry's reply.
-  static absl::StatusOr<detail::ReplyPtr> load_and_retry(detail::ConnectionPool::Lease& lease,
-                                                         std::string_view script,
-                                                         std::string_view sha,
-                                                         const detail::Command& retry,
-                                                         bool asking) {
-    detail::Command load;
-    load.add("SCRIPT");
-    load.add("LOAD");
-    load.add(script);
-    std::vector<detail::Command> commands = {load};
-    if (asking) commands.push_back(asking_command());
-    commands.push_back(retry);
-    absl::StatusOr<std::vector<detail::ReplyPtr>> replies = detail::exchange(lease, commands);
-    if (!replies.ok()) {
-      return replies.status();
-    }
-    const redisReply& loaded = *(*replies)[0];
-    if (loaded.type == REDIS_REPLY_ERROR) {
-      return detail::server_error_status(std::string_view(loaded.str, loaded.len));
-    }
-    if (loaded.type != REDIS_REPLY_STRING || std::string_view(loaded.str, loaded.len) != sha) {
-      return absl::InternalError("sluice::redis: SCRIPT LOAD returned an unexpected SHA-1");
-    }
-    return std::move(replies->back());
-  }
-
-  // The reply to `command` once the server has the script: a NOSCRIPT is repaired on the same
-  // connection (load, then retry). Closes the connection when the reply says the server is the
-  // wrong one; the reply itself still becomes the caller's status.
-  absl::StatusOr<detail::ReplyPtr> settle(detail::ConnectionPool::Lease& lease,
-                                          detail::ReplyPtr reply, const detail::Command& command) {
-    if (is_noscript(*reply)) {
-      if (lease.get() == nullptr) {  // closed after an earlier reply of the same pipeline
-        return absl::UnavailableError("sluice::redis: connection lost");
-      }
-      absl::StatusOr<detail::ReplyPtr> retried = reload_and_retry(lease, command);
-      if (!retried.ok()) {
-        return retried.status();
-      }
-      reply = std::move(*retried);
-    }
-    if (needs_new_connection(*reply)) {
-      lease.mark_broken();
-    }
-    return reply;
-  }
-
   absl::StatusOr<std::vector<Decision>> run(std::span<const CheckItem> items,
                                             std::optional<std::chrono::nanoseconds> time,
                                             std::vector<detail::ItemBooking>* bookings = nullptr) {
     if (absl::Status status = validate(items); !status.ok()) {
       return status;
     }
-    if (cluster_ != nullptr) return run_cluster(items, time, bookings);
-    const detail::ScriptCall call = make_call(items, time, bookings != nullptr);
-    const detail::Command command = call.evalsha(script_sha_);
-    absl::StatusOr<detail::ConnectionPool::Lease> lease = pool_.acquire();
-    if (!lease.ok()) {
-      return lease.status();
-    }
-    absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
-        detail::exchange(*lease, std::span<const detail::Command>(&command, 1));
-    if (!replies.ok()) {
-      return replies.status();
-    }
-    absl::StatusOr<detail::ReplyPtr> reply = settle(*lease, std::move((*replies)[0]), command);
-    if (!reply.ok()) {
-      return reply.status();
-    }
-    return detail::decode_reply(items, **reply, bookings);
+    if (transport_.cluster()) return run_cluster(items, time, bookings);
+    const detail::ScriptCall script = make_call(items, time, bookings != nullptr);
+    Call call{.command = script.evalsha(script_sha_), .script = script_, .sha = script_sha_};
+    transport_.call(std::span(&call, 1), deadline());
+    if (!call.reply.ok()) return call.reply.status();
+    return detail::decode_reply(items, **call.reply, bookings);
   }
 
   absl::StatusOr<Decision> check_one(const CheckItem& item,
                                      std::optional<std::chrono::nanoseconds> time) {
     const detail::Deadline deadline =
         std::chrono::steady_clock::now() + options_.connection.command_timeout;
-    if (!options_.coalesce || options_.cluster) {
+    if (!options_.coalesce || transport_.cluster()) {
       absl::StatusOr<std::vector<Decision>> d = run(std::span(&item, 1), time);
       if (!d.ok()) return d.status();
       return (*d)[0];
@@ -479,23 +325,15 @@ class Client {
   // one item, the independent-items mode (sluice/redis/script.hpp) for several. Never resent.
   void run_each(std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
                 detail::Deadline deadline, std::span<absl::StatusOr<Decision>> results) {
-    const detail::ScriptCall call = make_call(items, time, /*marked=*/false);
-    detail::Command command = call.evalsha(script_sha_);
-    if (items.size() > 1) command.add(kIndependentItems);
-    absl::StatusOr<detail::ConnectionPool::Lease> lease = pool_.acquire(deadline);
-    absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
-        lease.ok() ? detail::exchange(*lease, std::span<const detail::Command>(&command, 1))
-                   : lease.status();
-    absl::StatusOr<detail::ReplyPtr> reply =
-        replies.ok() ? settle(*lease, std::move((*replies)[0]), command) : replies.status();
-    if (!reply.ok()) {
-      std::fill(results.begin(), results.end(), reply.status());
+    const detail::ScriptCall script = make_call(items, time, /*marked=*/false);
+    Call call{.command = script.evalsha(script_sha_), .script = script_, .sha = script_sha_};
+    if (items.size() > 1) call.command.add(kIndependentItems);
+    transport_.call(std::span(&call, 1), deadline);
+    if (!call.reply.ok()) {
+      std::fill(results.begin(), results.end(), call.reply.status());
       return;
     }
-    detail::decode_independent_replies(items, **reply, results);
-    for (std::size_t i = 0; (*reply)->type == REDIS_REPLY_ARRAY && i < (*reply)->elements; ++i) {
-      if (needs_new_connection(*(*reply)->element[i])) lease->mark_broken();  // e.g. READONLY
-    }
+    detail::decode_independent_replies(items, **call.reply, results);
   }
 
   // `bookings`, when set, has one entry per item, filled for each item decided.
@@ -517,216 +355,35 @@ class Client {
     if (calls.empty()) {
       return results;
     }
-    if (cluster_ != nullptr) {
-      std::vector<Routed> routed;
-      routed.reserve(calls.size());
-      for (const detail::ScriptCall& call : calls) {
-        routed.push_back({.slot = detail::key_slot(call.keys[0]),
-                          .command = call.evalsha(script_sha_),
-                          .script = script_,
-                          .sha = script_sha_});
-      }
-      exchange_cluster(routed, deadline());
-      for (std::size_t k = 0; k < sent.size(); ++k) {
-        if (!routed[k].reply.ok()) {
-          results[sent[k]] = routed[k].reply.status();
-          continue;
-        }
-        std::vector<detail::ItemBooking> booked;
-        absl::StatusOr<std::vector<Decision>> one = detail::decode_reply(
-            items.subspan(sent[k], 1), **routed[k].reply, bookings != nullptr ? &booked : nullptr);
-        if (one.ok() && bookings != nullptr) (*bookings)[sent[k]] = std::move(booked[0]);
-        results[sent[k]] =
-            one.ok() ? absl::StatusOr<Decision>((*one)[0]) : absl::StatusOr<Decision>(one.status());
-      }
-      return results;
-    }
-    std::vector<detail::Command> commands;
-    commands.reserve(calls.size());
+    std::vector<Call> routed;
+    routed.reserve(calls.size());
     for (const detail::ScriptCall& call : calls) {
-      commands.push_back(call.evalsha(script_sha_));
+      routed.push_back({.slot = transport_.slot_of(call.keys[0]),
+                        .command = call.evalsha(script_sha_),
+                        .script = script_,
+                        .sha = script_sha_});
     }
-    absl::StatusOr<detail::ConnectionPool::Lease> lease = pool_.acquire();
-    absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
-        lease.ok() ? detail::exchange(*lease, commands) : lease.status();
-    if (!replies.ok()) {
-      for (std::size_t i : sent) {
-        results[i] = replies.status();
-      }
-      return results;
-    }
-    decode_each(*lease, items, sent, commands, *replies, results, bookings);
-    return results;
-  }
-
-  // Decodes the pipelined reply k (to commands[k], for items[sent[k]]) into results[sent[k]].
-  // Replies lost with the connection (a failed reload) become Unavailable.
-  void decode_each(detail::ConnectionPool::Lease& lease, std::span<const CheckItem> items,
-                   std::span<const std::size_t> sent, std::span<const detail::Command> commands,
-                   std::vector<detail::ReplyPtr>& replies,
-                   std::vector<absl::StatusOr<Decision>>& results,
-                   std::vector<detail::ItemBooking>* bookings) {
+    transport_.call(routed, deadline());
     for (std::size_t k = 0; k < sent.size(); ++k) {
-      absl::StatusOr<detail::ReplyPtr> reply = settle(lease, std::move(replies[k]), commands[k]);
-      if (!reply.ok()) {
-        results[sent[k]] = reply.status();
-        if (lease.get() == nullptr) {
-          break;  // connection lost: the rest stay unknown, reported below
-        }
+      if (!routed[k].reply.ok()) {
+        results[sent[k]] = routed[k].reply.status();
         continue;
       }
       std::vector<detail::ItemBooking> booked;
       absl::StatusOr<std::vector<Decision>> one = detail::decode_reply(
-          items.subspan(sent[k], 1), **reply, bookings != nullptr ? &booked : nullptr);
+          items.subspan(sent[k], 1), **routed[k].reply, bookings != nullptr ? &booked : nullptr);
       if (one.ok() && bookings != nullptr) (*bookings)[sent[k]] = std::move(booked[0]);
       results[sent[k]] =
           one.ok() ? absl::StatusOr<Decision>((*one)[0]) : absl::StatusOr<Decision>(one.status());
     }
-    for (std::size_t i : sent) {
-      if (results[i].status().code() == absl::StatusCode::kUnknown) {
-        results[i] = absl::UnavailableError("sluice::redis: connection lost");
-      }
-    }
+    return results;
   }
-
-  // --- Redis Cluster ---------------------------------------------------------------------------
-
-  // One command of a Cluster call: the slot it serves, the command, the script to load if the
-  // node answers NOSCRIPT (and its SHA-1), and its reply once answered.
-  struct Routed {
-    std::size_t slot = 0;
-    detail::Command command;
-    std::string_view script;
-    std::string_view sha;
-    absl::StatusOr<detail::ReplyPtr> reply = absl::UnknownError("sluice::redis: not sent");
-  };
-  // Redirections followed per command at most (a slot moved twice during one check is rare).
-  static constexpr int kMaxRedirects = 5;
 
   detail::Deadline deadline() const {
     return std::chrono::steady_clock::now() + options_.connection.command_timeout;
   }
 
-  // Sends every call to the node serving its slot: one pipelined write per node, all written
-  // before any is read, so the nodes work in parallel (one round trip of the slowest); then
-  // follows MOVED, ASK and TRYAGAIN replies one command at a time. Those replies mean the command
-  // did not run, so sending it again is safe; nothing else is ever sent twice.
-  void exchange_cluster(std::span<Routed> calls, detail::Deadline deadline) {
-    std::vector<NodeBatch> batches;
-    for (std::size_t i = 0; i < calls.size(); ++i) {
-      absl::StatusOr<detail::ConnectionPool*> pool =
-          cluster_->pool_for_slot(calls[i].slot, deadline);
-      if (!pool.ok()) {
-        calls[i].reply = pool.status();
-        continue;
-      }
-      auto batch = std::find_if(batches.begin(), batches.end(),
-                                [&](const NodeBatch& b) { return b.pool == *pool; });
-      if (batch == batches.end()) {
-        batches.push_back({.pool = *pool, .which = {i}});
-      } else {
-        batch->which.push_back(i);
-      }
-    }
-    for (NodeBatch& b : batches) write_batch(calls, b, deadline);
-    for (NodeBatch& b : batches) read_batch(calls, b);
-    for (Routed& call : calls) follow_redirects(call, deadline);
-  }
-
-  // Calls for one node: written together, then read together.
-  struct NodeBatch {
-    detail::ConnectionPool* pool = nullptr;
-    std::vector<std::size_t> which;  // indices into the calls
-    bool asking = false;             // ASKING first (one call after an ASK redirection)
-    std::unique_ptr<detail::ConnectionPool::Lease> lease{};  // set while its replies are due
-  };
-
-  void write_batch(std::span<Routed> calls, NodeBatch& b, detail::Deadline deadline) {
-    absl::StatusOr<detail::ConnectionPool::Lease> lease = b.pool->acquire(deadline);
-    if (!lease.ok()) {
-      for (std::size_t i : b.which) calls[i].reply = lease.status();
-      cluster_->mark_stale();  // a node that cannot be reached may have failed over
-      return;
-    }
-    b.lease = std::make_unique<detail::ConnectionPool::Lease>(*std::move(lease));
-    std::vector<detail::Command> commands;
-    if (b.asking) commands.push_back(asking_command());
-    for (std::size_t i : b.which) commands.push_back(calls[i].command);
-    if (absl::Status sent = detail::send(*b.lease, commands); !sent.ok()) {
-      for (std::size_t i : b.which) calls[i].reply = sent;
-      cluster_->mark_stale();
-      b.lease.reset();
-    }
-  }
-
-  void read_batch(std::span<Routed> calls, NodeBatch& b) {
-    if (!b.lease) return;
-    detail::ConnectionPool::Lease& lease = *b.lease;
-    const std::size_t offset = b.asking ? 1 : 0;
-    absl::StatusOr<std::vector<detail::ReplyPtr>> replies =
-        detail::receive(lease, b.which.size() + offset);
-    if (!replies.ok()) {
-      for (std::size_t i : b.which) calls[i].reply = replies.status();
-      cluster_->mark_stale();
-      b.lease.reset();
-      return;
-    }
-    for (std::size_t k = 0; k < b.which.size(); ++k) {
-      Routed& call = calls[b.which[k]];
-      detail::ReplyPtr reply = std::move((*replies)[k + offset]);
-      if (is_noscript(*reply)) {
-        if (lease.get() == nullptr) {
-          call.reply = absl::UnavailableError("sluice::redis: connection lost");
-          continue;
-        }
-        absl::StatusOr<detail::ReplyPtr> retried =
-            load_and_retry(lease, call.script, call.sha, call.command, b.asking);
-        if (!retried.ok()) {
-          call.reply = retried.status();
-          continue;
-        }
-        reply = std::move(*retried);
-      }
-      if (is_node_state_error(*reply)) {
-        lease.mark_broken();
-        cluster_->mark_stale();
-      }
-      call.reply = std::move(reply);
-    }
-    b.lease.reset();  // back to the pool
-  }
-
-  // While `call`'s reply is MOVED, ASK or TRYAGAIN: sends it again where the reply says (MOVED
-  // also repoints the slot; TRYAGAIN, a multi-key command meeting a slot in migration, waits a
-  // millisecond), by the same deadline, at most kMaxRedirects times.
-  void follow_redirects(Routed& call, detail::Deadline deadline) {
-    for (int hop = 0;
-         hop < kMaxRedirects && call.reply.ok() && detail::is_redirect_or_retry(**call.reply);
-         ++hop) {
-      const std::optional<detail::Redirect> to = detail::parse_redirect(**call.reply);
-      detail::ConnectionPool* pool = nullptr;
-      if (to) {
-        if (!to->ask) cluster_->moved(*to);
-        pool = cluster_->pool_for_address(to->host, to->port);
-        if (pool == nullptr) {
-          call.reply = absl::UnavailableError("sluice::redis: too many Cluster node addresses");
-          return;
-        }
-      } else {
-        if (detail::time_left(deadline) <= std::chrono::milliseconds(2)) return;
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        absl::StatusOr<detail::ConnectionPool*> p = cluster_->pool_for_slot(call.slot, deadline);
-        if (!p.ok()) {
-          call.reply = p.status();
-          return;
-        }
-        pool = *p;
-      }
-      NodeBatch b{.pool = pool, .which = {0}, .asking = to.has_value() && to->ask};
-      write_batch(std::span(&call, 1), b, deadline);
-      read_batch(std::span(&call, 1), b);
-    }
-  }
+  // --- Redis Cluster ---------------------------------------------------------------------------
 
   // check_all in a Cluster. Items of one slot are one script call, as on one node. Items of
   // several slots are one booking check per slot, sent to their nodes in parallel; if any slot
@@ -750,7 +407,7 @@ class Client {
     const bool marked = bookings != nullptr || several;
     std::vector<std::vector<CheckItem>> group_items(groups.size());
     std::vector<detail::ScriptCall> scripts;
-    std::vector<Routed> routed;
+    std::vector<Call> routed;
     scripts.reserve(groups.size());
     routed.reserve(groups.size());
     for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -761,7 +418,7 @@ class Client {
                         .script = script_,
                         .sha = script_sha_});
     }
-    exchange_cluster(routed, deadline());
+    transport_.call(routed, deadline());
     std::vector<Decision> decisions(items.size());
     std::vector<detail::ItemBooking> booked(items.size());
     std::vector<bool> admitted(groups.size(), false);
@@ -821,7 +478,7 @@ class Client {
         slots.push_back(groups[g].first);
       }
     }
-    std::vector<Routed> calls;
+    std::vector<Call> calls;
     calls.reserve(args.size());
     for (std::size_t k = 0; k < args.size(); ++k) {
       detail::Command command;
@@ -834,26 +491,11 @@ class Client {
                        .script = booking_script_,
                        .sha = booking_sha_});
     }
-    if (!calls.empty()) exchange_cluster(calls, deadline());
-  }
-
-  static detail::Command asking_command() {
-    detail::Command c;
-    c.add("ASKING");
-    return c;
-  }
-
-  // READONLY (a replica), MASTERDOWN, LOADING, CLUSTERDOWN: this node cannot serve now.
-  static bool is_node_state_error(const redisReply& reply) {
-    if (reply.type != REDIS_REPLY_ERROR) return false;
-    const std::string_view error(reply.str, reply.len);
-    const std::string_view code = error.substr(0, error.find(' '));
-    return code == "READONLY" || code == "MASTERDOWN" || code == "LOADING" || code == "CLUSTERDOWN";
+    if (!calls.empty()) transport_.call(calls, deadline());
   }
 
   const ClientOptions options_;
-  detail::ConnectionPool pool_;                     // one node (unused in Cluster mode)
-  std::unique_ptr<detail::ClusterRouter> cluster_;  // Cluster mode: a pool per node
+  detail::Transport transport_;  // every call goes through it
   std::string script_;
   std::string script_sha_;
   std::string booking_script_;

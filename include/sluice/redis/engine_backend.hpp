@@ -24,8 +24,7 @@
 //
 // Stats: `rule_store_stats` is all zeros: Redis holds the keys (count them there); the engine's
 // per-rule allowed/denied counters work as with the in-memory backend.
-// Thread-safety: `check_rules` may be called concurrently (the client is thread-safe), provided
-// Options::time_for_testing, if set, is too.
+// Thread-safety: `check_rules` may be called concurrently (the client is thread-safe).
 #ifndef SLUICE_REDIS_ENGINE_BACKEND_HPP_
 #define SLUICE_REDIS_ENGINE_BACKEND_HPP_
 
@@ -59,10 +58,9 @@ namespace sluice::redis {
 class RedisEngineBackend {
  public:
   struct Options {
-    std::shared_ptr<Client> client{};  // required; shared by every generation of the engine
-    // Testing hook: when set, every script call decides at the returned time (ns since the Unix
-    // epoch) instead of the server's TIME. Production code leaves it empty.
-    std::function<std::chrono::nanoseconds()> time_for_testing{};
+    // Required; shared by every generation of the engine. Its ClientOptions::time_source, when
+    // set, is the engine's time too.
+    std::shared_ptr<Client> client{};
   };
 
   // InvalidArgument naming the rule's label when its windows are outside the script's exact
@@ -98,13 +96,10 @@ class RedisEngineBackend {
     }
     absl::InlinedVector<CheckItem, 8> items;
     if (absl::Status s = make_items(keys, items); !s.ok()) return s;
-    const std::optional<std::chrono::nanoseconds> time = testing_time();
     if (mode == ConsumptionMode::kEveryRule) {
-      return check_each(items, time, out);
+      return check_each(items, out);
     }
-    absl::StatusOr<std::vector<Decision>> decisions =
-        time ? options_.client->check_all_at_for_testing(items, *time)
-             : options_.client->check_all(items);
+    absl::StatusOr<std::vector<Decision>> decisions = options_.client->check_all(items);
     if (!decisions.ok()) {
       return decisions.status();
     }
@@ -119,7 +114,6 @@ class RedisEngineBackend {
     std::shared_ptr<Client> client{};
     std::shared_ptr<const Limit> limit{};
     detail::Receipt receipt{};  // the Redis key, the TATs booked, the reset count, the cost
-    std::function<std::chrono::nanoseconds()> time_for_testing{};
   };
 
   // `check_rules` that also records each key's booking when every key was admitted (else
@@ -131,18 +125,17 @@ class RedisEngineBackend {
     if (keys.empty()) return absl::OkStatus();
     absl::InlinedVector<CheckItem, 8> items;
     if (absl::Status s = make_items(keys, items); !s.ok()) return s;
-    const std::optional<std::chrono::nanoseconds> time = testing_time();
     std::vector<detail::ItemBooking> booked;
     if (mode == ConsumptionMode::kEveryRule) {
       std::vector<absl::StatusOr<Decision>> decisions =
-          options_.client->check_pipelined_booking(items, time, booked);
+          options_.client->check_pipelined_booking(items, booked);
       for (std::size_t i = 0; i < decisions.size(); ++i) {
         if (!decisions[i].ok()) return decisions[i].status();
         out[i] = *decisions[i];
       }
     } else {
       absl::StatusOr<std::vector<Decision>> decisions =
-          options_.client->check_all_booking(items, time, booked);
+          options_.client->check_all_booking(items, booked);
       if (!decisions.ok()) return decisions.status();
       std::copy(decisions->begin(), decisions->end(), out.begin());
     }
@@ -156,8 +149,7 @@ class RedisEngineBackend {
                           .receipt = {.key = options_.client->redis_key(keys[i].key, *limit),
                                       .tats = std::move(booked[i].tats),
                                       .serial = booked[i].serial,
-                                      .estimate = keys[i].cost},
-                          .time_for_testing = options_.time_for_testing});
+                                      .estimate = keys[i].cost}});
     }
     return absl::OkStatus();
   }
@@ -165,9 +157,7 @@ class RedisEngineBackend {
   // Settles one booking at `units` (RedisGcraLimiter::settle's rules, one round trip): the key's
   // state after it.
   static absl::StatusOr<Decision> settle_booking(const Booking& b, std::uint64_t units) {
-    const std::optional<std::chrono::nanoseconds> time =
-        b.time_for_testing ? std::optional(b.time_for_testing()) : std::nullopt;
-    return detail::settle_receipt(*b.client, *b.limit, b.receipt, units, time);
+    return detail::settle_receipt(*b.client, *b.limit, b.receipt, units);
   }
 
   // Zeros: the keys live in Redis (see the class comment).
@@ -175,7 +165,7 @@ class RedisEngineBackend {
 
   // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset): one round trip.
   absl::Status reset_key(std::size_t rule, std::string_view key) {
-    return options_.client->reset(key, *limits_[rule], testing_time());
+    return options_.client->reset(key, *limits_[rule]);
   }
 
   // Rule `rule`'s limit (its limiter_windows, shortest first).
@@ -203,16 +193,10 @@ class RedisEngineBackend {
     }
     return absl::OkStatus();
   }
-  std::optional<std::chrono::nanoseconds> testing_time() const {
-    return options_.time_for_testing ? std::optional(options_.time_for_testing()) : std::nullopt;
-  }
 
   // kEveryRule: one pipelined script call per item; the first error is the result.
-  absl::Status check_each(std::span<const CheckItem> items,
-                          std::optional<std::chrono::nanoseconds> time, std::span<Decision> out) {
-    std::vector<absl::StatusOr<Decision>> decisions =
-        time ? options_.client->check_pipelined_at_for_testing(items, *time)
-             : options_.client->check_pipelined(items);
+  absl::Status check_each(std::span<const CheckItem> items, std::span<Decision> out) {
+    std::vector<absl::StatusOr<Decision>> decisions = options_.client->check_pipelined(items);
     for (std::size_t i = 0; i < decisions.size(); ++i) {
       if (!decisions[i].ok()) {
         return decisions[i].status();

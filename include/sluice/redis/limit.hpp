@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sluice/detail/xxhash.hpp"
+#include "sluice/redis/detail/key_scheme.hpp"
 #include "sluice/window.hpp"
 
 namespace sluice::redis {
@@ -103,9 +104,7 @@ inline absl::StatusOr<Limit> Limit::create(std::vector<GcraWindow> windows) {
     }
     limit.max_cost_ = std::min(limit.max_cost_, w.burst);
     for (std::uint64_t v : {w.requests, static_cast<std::uint64_t>(w.period.count()), w.burst}) {
-      for (int i = 0; i < 8; ++i) {
-        bytes.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-      }
+      detail::append_le64(bytes, v);
     }
   }
   limit.fingerprint_ = XXH3_64bits(bytes.data(), bytes.size());

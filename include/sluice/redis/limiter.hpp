@@ -17,7 +17,8 @@
 //   if (!d.ok()) { /* Unavailable / DeadlineExceeded: the caller fails open or closed */ }
 //   else if (!d->allowed()) { respond_429(d->retry_after); }
 //
-// Units, key scheme and errors: as the client's (sluice/redis/client.hpp).
+// Units, key scheme and errors: as the client's (sluice/redis/client.hpp). Time: the server's
+// TIME, or ClientOptions::time_source when set (tests drive a sluice::ManualClock through it).
 // Thread-safety: thread-safe; copies share the client.
 #ifndef SLUICE_REDIS_LIMITER_HPP_
 #define SLUICE_REDIS_LIMITER_HPP_
@@ -89,7 +90,6 @@ class RedisGcraLimiter {
   // InvalidArgument. One round trip, bounded by the client's timeouts; concurrent checks share
   // script calls when the client coalesces (ClientOptions::coalesce), each decided on its own.
   absl::StatusOr<Decision> check(std::string_view key, std::uint64_t cost = 1) {
-    if (time_) return check_at_for_testing(key, cost, *time_);
     return client_->check({.key = key, .limit = &limit_, .cost = cost});
   }
 
@@ -99,7 +99,7 @@ class RedisGcraLimiter {
 
   // Forgets the key (one script call, one round trip): its next check sees every window full;
   // reservations and receipts from before it give nothing back.
-  absl::Status reset(std::string_view key) { return client_->reset(key, limit_, time_); }
+  absl::Status reset(std::string_view key) { return client_->reset(key, limit_); }
 
   // --- Reserve, cancel and wait; check_estimated and settle. GcraLimiter's exact rules
   // (sluice/gcra.hpp), decided at the server's TIME, one round trip each. A window's debt is
@@ -279,26 +279,7 @@ class RedisGcraLimiter {
     if (!receipt.open_.take()) {
       return absl::FailedPreconditionError("the receipt was settled already or never admitted");
     }
-    return detail::settle_receipt(*client_, limit_, receipt.booked_, actual, time_);
-  }
-
-  // Testing hook: every later call of this limiter (check, inspect, reset, the bookings) uses
-  // `unix_time` (ns since the Unix epoch) instead of the server's TIME; nullopt restores it.
-  void set_time_for_testing(std::optional<std::chrono::nanoseconds> unix_time) {
-    time_ = unix_time;
-  }
-
-  // Testing hook: as inspect(), at `unix_time` (ns since the Unix epoch) instead of TIME.
-  absl::StatusOr<Decision> inspect_at_for_testing(std::string_view key,
-                                                  std::chrono::nanoseconds unix_time) {
-    return check_at_for_testing(key, 0, unix_time);
-  }
-
-  // Testing hook: as check(), with the server's clock replaced by `unix_time` (ns since the
-  // Unix epoch). Production code never calls it.
-  absl::StatusOr<Decision> check_at_for_testing(std::string_view key, std::uint64_t cost,
-                                                std::chrono::nanoseconds unix_time) {
-    return client_->check_at_for_testing({.key = key, .limit = &limit_, .cost = cost}, unix_time);
+    return detail::settle_receipt(*client_, limit_, receipt.booked_, actual);
   }
 
   // Sorted shortest period first; Decision::binding_window indexes this.
@@ -330,13 +311,11 @@ class RedisGcraLimiter {
   }
   absl::StatusOr<Ints> call(const std::string& redis_key, std::string_view op, std::string params,
                             std::string extra) {
-    return detail::call_booking(*client_, redis_key, op, std::move(params), std::move(extra),
-                                time_);
+    return detail::call_booking(*client_, redis_key, op, std::move(params), std::move(extra));
   }
 
   Limit limit_;
   std::shared_ptr<Client> client_;
-  std::optional<std::chrono::nanoseconds> time_;
 };
 
 static_assert(sluice::RateLimiter<RedisGcraLimiter>);

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace sluice::redis {
@@ -70,6 +71,11 @@ struct ClientOptions {
   // script's keys must share a slot). check_all and the bookings are never coalesced.
   bool coalesce = true;
   std::size_t max_coalesced_checks = 64;  // 1..1000: bounds one call's arguments and reply
+  // Where the scripts take their time, in ns since the Unix epoch. Empty (the default): the
+  // Redis server's TIME, one clock for the whole fleet. Set it to decide at chosen times (tests
+  // driving a sluice::ManualClock, replays), as the in-memory limiters take a clock; it is called
+  // once per script call, from any thread. Keys still expire on the server's own clock.
+  std::function<std::chrono::nanoseconds()> time_source{};
 };
 
 }  // namespace sluice::redis

@@ -1,4 +1,4 @@
-// Internal: the arguments of sluice.check_v1 and the decoding of its reply (untrusted input:
+// Internal: the arguments of sluice.check_v2 and the decoding of its reply (untrusted input:
 // anything out of shape is an Internal error, never a decision).
 #ifndef SLUICE_POSTGRES_DETAIL_CHECK_CALL_HPP_
 #define SLUICE_POSTGRES_DETAIL_CHECK_CALL_HPP_
@@ -23,10 +23,10 @@
 
 namespace sluice::postgres::detail {
 
-inline constexpr const char* kCheckStatement = "sluice_check_v1";
+inline constexpr const char* kCheckStatement = "sluice_check_v2";
 inline constexpr const char* kCheckSql =
-    "SELECT sluice.check_v1($1::integer, $2::bytea, $3::integer[], $4::bigint[], $5::bigint[], "
-    "$6::bigint[], $7::bigint, $8::boolean, $9::bigint)";
+    "SELECT sluice.check_v2($1::integer, $2::bytea, $3::integer[], $4::bigint[], $5::bigint[], "
+    "$6::bigint[], $7::bigint[], $8::boolean, $9::bigint)";
 
 // 16 bytes, high word first, big-endian: the database's shard is the first byte.
 inline void append_digest(std::string& out, const KeyDigest& d) {
@@ -37,18 +37,19 @@ inline void append_digest(std::string& out, const KeyDigest& d) {
   }
 }
 
-// The nine parameters of sluice.check_v1 for `limits[i]` checked at `digests[i]`.
+// The nine parameters of sluice.check_v2 for `limits[i]` checked at `digests[i]` for `costs[i]`.
 inline std::vector<Param> check_params(Algorithm algorithm, std::span<const KeyDigest> digests,
-                                       std::span<const Limit* const> limits, std::uint64_t cost,
-                                       bool all_or_nothing,
+                                       std::span<const Limit* const> limits,
+                                       std::span<const std::uint64_t> costs, bool all_or_nothing,
                                        std::optional<std::chrono::nanoseconds> unix_time) {
   std::vector<Param> p(9);
   p[0].value = absl::StrCat(static_cast<int>(algorithm));
   p[1].binary = true;
-  std::string windows = "{", a = "{", b = "{", c = "{";
+  std::string windows = "{", a = "{", b = "{", c = "{", cost = "{";
   for (std::size_t i = 0; i < digests.size(); ++i) {
     append_digest(p[1].value, digests[i]);
     absl::StrAppend(&windows, i == 0 ? "" : ",", limits[i]->parameters().size());
+    absl::StrAppend(&cost, i == 0 ? "" : ",", costs[i]);
     for (const auto& w : limits[i]->parameters()) {
       const char* sep = a.size() == 1 ? "" : ",";
       absl::StrAppend(&a, sep, w[0]);
@@ -60,7 +61,7 @@ inline std::vector<Param> check_params(Algorithm algorithm, std::span<const KeyD
   p[3].value = a + "}";
   p[4].value = b + "}";
   p[5].value = c + "}";
-  p[6].value = absl::StrCat(cost);
+  p[6].value = cost + "}";
   p[7].value = all_or_nothing ? "t" : "f";
   if (unix_time) {
     p[8].value = absl::StrCat(unix_time->count());
@@ -92,7 +93,7 @@ inline std::optional<std::vector<std::int64_t>> parse_bigint_array(std::string_v
 inline absl::StatusOr<std::vector<Decision>> decode_check_reply(
     std::string_view text, std::span<const Limit* const> limits) {
   const auto malformed = [] {
-    return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v1");
+    return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v2");
   };
   std::optional<std::vector<std::int64_t>> v = parse_bigint_array(text);
   if (!v || v->size() != 1 + 6 * limits.size()) return malformed();

@@ -42,6 +42,22 @@ inline bool wait_fd(int fd, short events, Deadline deadline) {
   }
 }
 
+// Hands the server what libpq holds for it (the connection is non-blocking: a send only queues),
+// waiting at most until `deadline`. A request not flushed whole by then never ran: the server
+// runs nothing of a simple query before its end, and commits nothing before an extended query's
+// final Sync.
+enum class Flush { kSent, kTimedOut, kConnectionLost };
+inline Flush flush(PGconn* conn, Deadline deadline) {
+  for (;;) {
+    const int pending = PQflush(conn);
+    if (pending == 0) return Flush::kSent;
+    if (pending < 0) return Flush::kConnectionLost;
+    // libpq's protocol: read what the server sent meanwhile (it may wait for us to), then retry.
+    if (!wait_fd(PQsocket(conn), POLLIN | POLLOUT, deadline)) return Flush::kTimedOut;
+    if (PQconsumeInput(conn) == 0) return Flush::kConnectionLost;
+  }
+}
+
 // libpq's message for a connection, trimmed to one line without the trailing newline.
 inline std::string connection_message(const PGconn* conn) {
   std::string_view text = conn != nullptr ? PQerrorMessage(conn) : "out of memory";
@@ -74,6 +90,9 @@ inline absl::Status server_error_status(std::string_view sqlstate, std::string_v
 enum class Effect {
   kReadOnly,  // nothing commits: a lost reply is plain Unavailable / DeadlineExceeded
   kWrites,    // the statement commits: a lost reply leaves the outcome unknown
+  // Several statements in one implicit transaction (a simple query without BEGIN): as kWrites,
+  // except that a server error anywhere means that none of them committed.
+  kOneTransaction,
 };
 
 // How one request over a connection ended, when it did not end in results.
@@ -124,7 +143,7 @@ inline absl::StatusOr<ResultPtr> read_results(PGconn* conn, Deadline deadline, E
   absl::Status error;
   auto lost = [&](std::string_view why, bool timed_out = false) {
     connection_lost = true;
-    if (effect == Effect::kWrites) return unknown_outcome(why);
+    if (effect != Effect::kReadOnly) return unknown_outcome(why);
     const std::string text = absl::StrCat("sluice::postgres: ", std::string(why));
     return timed_out ? absl::DeadlineExceededError(text) : absl::UnavailableError(text);
   };
@@ -142,7 +161,7 @@ inline absl::StatusOr<ResultPtr> read_results(PGconn* conn, Deadline deadline, E
     } else {
       std::optional<absl::Status> s = error_result_status(result.get());
       if (!s) return lost(absl::StrCat("connection lost: ", connection_message(conn)));
-      if (data != nullptr && effect == Effect::kWrites) {
+      if (data != nullptr && effect == Effect::kWrites) {  // e.g. the commit itself failed
         connection_lost = PQstatus(conn) != CONNECTION_OK;
         return unknown_outcome("an error followed the reply");
       }

@@ -1,7 +1,8 @@
 // Internal: the SQL of the schema that sluice::postgres::migrate installs, one step per version;
 // a step, once released, never changes (deployed databases have applied it). Version 1 creates the
 // schema `sluice`: a per-shard row counter, one row per key (digest, shard, idle time, state), and
-// the functions a check and a cleanup call; version 2 adds the function a reset calls. Every value
+// the functions a check and a cleanup call; version 2 adds the function a reset calls; version 3
+// the check with a cost per item. Every value
 // is an exact integer (bigint, or numeric for products that exceed 64 bits); times are ns since the
 // Unix epoch from pg_catalog.clock_timestamp(). Shard = the first byte of the key digest (256
 // shards); shard locks are transaction-scoped advisory locks (class kLockClass, object = shard)
@@ -309,8 +310,166 @@ END
 $fn$;
 )sql";
 
+// Applied once, after version 2, when schema_version lacks version 3: check_v2, with one cost per
+// item (a policy's rules may cost differently), and check_v1 as a call of it, so that both decide
+// with one body (replicas not yet upgraded keep calling check_v1 during a rolling deploy).
+inline constexpr const char* kSchemaV3 = R"sql(
+-- Decides n items, as check_v1, with a cost per item: p_costs[i] (0: a peek of item i). An
+-- item of cost 0 stores nothing; an all-or-nothing call stores nothing unless every item is
+-- admitted.
+CREATE FUNCTION sluice.check_v2(p_kind integer, p_digests bytea, p_windows integer[],
+                                p_a bigint[], p_b bigint[], p_c bigint[], p_costs bigint[],
+                                p_all_or_nothing boolean, p_now bigint)
+RETURNS bigint[] LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  n integer := length(p_digests) / 16;
+  now_ns bigint;
+  digests bytea[] := '{}';
+  shards integer[] := '{}';
+  offs integer[] := '{}';        -- 0-based offset of each item's first window in p_a, p_b, p_c
+  states bigint[] := '{}';       -- per item, 8 slots: the key's state after the item
+  stored boolean[] := '{}';      -- per item: the key has a row, or an earlier item creates one
+  existed boolean[] := '{}';     -- per item: the key had a row before this call
+  touched integer[];             -- the shards of the call, ascending
+  idles bigint[] := '{}';        -- per item: when the key's state after it is idle
+  pending integer[] := array_fill(0, ARRAY[256]);  -- rows this call adds, per shard
+  result bigint[];
+  d bigint[];
+  st bigint[];
+  admitted boolean := true;
+  o integer := 0; wc integer; prev integer; s integer; freed integer; cap integer; cnt integer;
+  earliest bigint; c bigint;
+BEGIN
+  IF n < 1 OR length(p_digests) <> 16 * n OR cardinality(p_windows) <> n
+     OR cardinality(p_costs) <> n OR p_kind NOT IN (1, 2) THEN
+    RAISE EXCEPTION 'sluice.check_v2: malformed arguments' USING ERRCODE = '22023';
+  END IF;
+  FOR i IN 1..n LOOP
+    IF p_windows[i] IS NULL OR p_windows[i] NOT BETWEEN 1 AND 4 THEN
+      RAISE EXCEPTION 'sluice.check_v2: 1 to 4 windows per item' USING ERRCODE = '22023';
+    END IF;
+    IF p_costs[i] IS NULL OR p_costs[i] < 0 THEN
+      RAISE EXCEPTION 'sluice.check_v2: costs must be >= 0' USING ERRCODE = '22023';
+    END IF;
+    digests := digests || substring(p_digests FROM 16 * i - 15 FOR 16);
+    shards := shards || get_byte(digests[i], 0);
+    offs := offs || o;
+    o := o + p_windows[i];
+  END LOOP;
+  IF cardinality(p_a) <> o OR cardinality(p_b) <> o OR cardinality(p_c) <> o THEN
+    RAISE EXCEPTION 'sluice.check_v2: malformed windows' USING ERRCODE = '22023';
+  END IF;
+  -- Every shard the call touches, locked in ascending order: concurrent calls cannot deadlock.
+  IF n = 1 THEN
+    touched := shards;
+  ELSE
+    SELECT array_agg(DISTINCT u ORDER BY u) INTO touched FROM unnest(shards) AS u;
+  END IF;
+  FOREACH s IN ARRAY touched LOOP
+    PERFORM pg_advisory_xact_lock(1936483173, s);
+  END LOOP;
+  -- Read after the locks: a call that waited decides no earlier than the call it waited for.
+  now_ns := coalesce(p_now, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint * 1000);
+  result := ARRAY[now_ns];
+
+  FOR i IN 1..n LOOP
+    wc := p_windows[i]; o := offs[i]; s := shards[i]; c := p_costs[i];
+    prev := NULL;
+    FOR j IN REVERSE i - 1..1 LOOP
+      IF digests[j] = digests[i] THEN prev := j; EXIT; END IF;
+    END LOOP;
+    IF prev IS NOT NULL THEN
+      st := states[8 * prev - 7 : 8 * prev - 8 + 2 * wc];
+      stored := stored || stored[prev];
+      existed := existed || existed[prev];
+    ELSE
+      SELECT l.state INTO st FROM sluice.limit_state AS l WHERE l.digest = digests[i];
+      stored := stored || FOUND;
+      existed := existed || FOUND;
+      IF FOUND AND cardinality(st) <> 2 * wc THEN
+        RAISE EXCEPTION 'sluice.check_v2: stored state of the wrong shape' USING ERRCODE = 'XX000';
+      END IF;
+    END IF;
+    IF NOT stored[i] THEN
+      st := '{}';
+      FOR w IN 1..wc LOOP st := st || ARRAY[now_ns, 0]::bigint[]; END LOOP;
+    END IF;
+    IF p_kind = 1 THEN
+      d := sluice.gcra_decide_v1(st, p_a[o + 1 : o + wc], p_b[o + 1 : o + wc], p_c[o + 1 : o + wc],
+                                 c, now_ns);
+    ELSE
+      d := sluice.fixed_window_decide_v1(st, p_a[o + 1 : o + wc], p_b[o + 1 : o + wc], c, now_ns);
+    END IF;
+    IF d[1] = 0 AND c > 0 AND NOT stored[i] THEN
+      -- A new key: it needs a slot in its shard. Idle rows (never another batch member's) are
+      -- reclaimed first, a few at a time; a full shard denies the key (capacity denial).
+      SELECT h.row_count, h.capacity INTO cnt, cap FROM sluice.shards AS h WHERE h.shard = s;
+      IF cnt + pending[s + 1] >= cap THEN
+        WITH gone AS (
+          DELETE FROM sluice.limit_state AS l WHERE l.digest IN (
+            SELECT x.digest FROM sluice.limit_state AS x
+            WHERE x.shard = s AND x.idle_at <= now_ns AND x.digest <> ALL (digests)
+            ORDER BY x.idle_at LIMIT 16)
+          RETURNING 1)
+        SELECT count(*) INTO freed FROM gone;
+        UPDATE sluice.shards SET row_count = row_count - freed WHERE shard = s;
+        cnt := cnt - freed;
+      END IF;
+      IF cnt + pending[s + 1] >= cap THEN
+        SELECT min(l.idle_at) INTO earliest FROM sluice.limit_state AS l WHERE l.shard = s;
+        d := ARRAY[2, p_c[o + 1], 0, greatest(coalesce(earliest, now_ns) - now_ns, 0), 0, 0, 0]
+             || st;
+        IF p_kind = 2 THEN d[2] := p_a[o + 1]; END IF;
+      ELSE
+        pending[s + 1] := pending[s + 1] + 1;
+        stored[i] := true;
+      END IF;
+    END IF;
+    result := result || d[1:6];
+    IF d[1] <> 0 THEN admitted := false; END IF;
+    IF d[1] = 0 AND c > 0 THEN st := d[8:7 + 2 * wc]; END IF;
+    states := states || st || array_fill(0::bigint, ARRAY[8 - 2 * wc]);
+    idles := idles || CASE WHEN d[1] = 0 AND c > 0 THEN d[7] END;
+  END LOOP;
+
+  IF p_all_or_nothing AND NOT admitted THEN
+    RETURN result;
+  END IF;
+  -- Write each admitted key (an item of cost 0 writes nothing) once, with the state after its last admitted item.
+  FOR i IN REVERSE n..1 LOOP
+    CONTINUE WHEN idles[i] IS NULL;
+    CONTINUE WHEN n > 1 AND EXISTS (SELECT 1 FROM generate_subscripts(digests, 1) AS k
+                                    WHERE k > i AND digests[k] = digests[i]
+                                      AND idles[k] IS NOT NULL);
+    IF existed[i] THEN
+      UPDATE sluice.limit_state
+        SET idle_at = idles[i], state = states[8 * i - 7 : 8 * i - 8 + 2 * p_windows[i]]
+        WHERE digest = digests[i];
+    ELSE
+      INSERT INTO sluice.limit_state (digest, shard, idle_at, state)
+        VALUES (digests[i], shards[i], idles[i], states[8 * i - 7 : 8 * i - 8 + 2 * p_windows[i]]);
+    END IF;
+  END LOOP;
+  FOREACH s IN ARRAY touched LOOP
+    CONTINUE WHEN pending[s + 1] = 0;
+    UPDATE sluice.shards SET row_count = row_count + pending[s + 1] WHERE shard = s;
+  END LOOP;
+  RETURN result;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION sluice.check_v1(p_kind integer, p_digests bytea, p_windows integer[],
+                                           p_a bigint[], p_b bigint[], p_c bigint[], p_cost bigint,
+                                           p_all_or_nothing boolean, p_now bigint)
+RETURNS bigint[] LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT sluice.check_v2(p_kind, p_digests, p_windows, p_a, p_b, p_c,
+                         array_fill(p_cost, ARRAY[greatest(length(p_digests) / 16, 0)]),
+                         p_all_or_nothing AND p_cost > 0, p_now)
+$fn$;
+)sql";
+
 // The steps in order: step i installs version i + 1.
-inline constexpr const char* kSchemaSteps[] = {kSchemaV1, kSchemaV2};
+inline constexpr const char* kSchemaSteps[] = {kSchemaV1, kSchemaV2, kSchemaV3};
 
 }  // namespace sluice::postgres::detail
 

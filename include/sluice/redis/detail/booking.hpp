@@ -42,8 +42,7 @@ namespace sluice::redis::detail {
 // One booking-script call of `op` on `redis_key`; its reply as non-negative integers.
 inline absl::StatusOr<BookingInts> call_booking(Client& client, const std::string& redis_key,
                                                 std::string_view op, std::string params,
-                                                std::string extra,
-                                                std::optional<std::chrono::nanoseconds> time) {
+                                                std::string extra) {
   std::vector<std::string> args = {redis_key,
                                    absl::StrCat(redis_key, ":reset"),
                                    std::string(op),
@@ -51,7 +50,7 @@ inline absl::StatusOr<BookingInts> call_booking(Client& client, const std::strin
                                    "",
                                    std::move(params),
                                    std::move(extra)};
-  if (time) Client::set_time_args(*time, args[3], args[4]);
+  if (const auto time = client.now()) Client::set_time_args(*time, args[3], args[4]);
   absl::StatusOr<ReplyPtr> reply = client.run_booking(args);
   if (!reply.ok()) return reply.status();
   const redisReply& r = **reply;
@@ -85,13 +84,12 @@ inline absl::StatusOr<Decision> state_after(const Limit& limit, const BookingInt
 // gives back estimate − actual, bounded by what the booking still holds ahead of now, and nothing
 // if the key was reset since. Returns the key's state after it. One round trip.
 inline absl::StatusOr<Decision> settle_receipt(Client& client, const Limit& limit, const Receipt& r,
-                                               std::uint64_t actual,
-                                               std::optional<std::chrono::nanoseconds> time) {
+                                               std::uint64_t actual) {
   absl::StatusOr<BookingInts> reply =
       actual > r.estimate
-          ? call_booking(client, r.key, "c", booking_params(limit, actual - r.estimate), "", time)
+          ? call_booking(client, r.key, "c", booking_params(limit, actual - r.estimate), "")
           : call_booking(client, r.key, "g", booking_params(limit, r.estimate - actual),
-                         give_back_extra(limit, r.serial, kNeverPasses, r.tats), time);
+                         give_back_extra(limit, r.serial, kNeverPasses, r.tats));
   if (!reply.ok()) return reply.status();
   return state_after(limit, *reply);
 }

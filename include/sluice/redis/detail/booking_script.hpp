@@ -26,9 +26,11 @@
 //        window: debt before (ns, frac)}.
 //   'g', 'c'  {0, t_s, t_ns, per window: debt after (ns, frac)}; {3}: the instant has passed;
 //        {4, t_s, t_ns, debts}: the key was reset after the booking (nothing given back).
-//   'x'  {0}. The state is deleted; if it held bookings, the marker key's count is raised, and
-//        kept for as long as any booking that saw the previous count could give back: a booking
-//        gives back only while the count is the one it saw.
+//   'x'  {0}. The state is deleted; if it or the marker still lives, the marker's count is
+//        raised and kept for as long as the longer of the two: past the TAT of every booking
+//        that saw the previous count, since a give-back that shortens the state's life first
+//        extends the marker to it. A booking gives back only while the count is the one it saw,
+//        and none can once its TAT passed.
 #ifndef SLUICE_REDIS_DETAIL_BOOKING_SCRIPT_HPP_
 #define SLUICE_REDIS_DETAIL_BOOKING_SCRIPT_HPP_
 
@@ -48,10 +50,12 @@ local sunpack, spack = struct.unpack, struct.pack
 local key, marker, op = KEYS[1], KEYS[2], ARGV[1]
 local MAXD = 4503599627370496
 if op == 'x' then
+  -- Bookings may give back for as long as the state lives, or the marker, which a give-back
+  -- that shortened the state's life extended to the life it had (see the write below).
   local ttl = redis.call('PTTL', key)
+  local held = redis.call('PTTL', marker)
+  if held > ttl then ttl = held end
   if ttl > 0 then
-    local held = redis.call('PTTL', marker)
-    if held > ttl then ttl = held end
     redis.call('INCR', marker)
     redis.call('PEXPIRE', marker, ttl)
   end
@@ -165,17 +169,31 @@ elseif op == 'c' then
 else
   return redis.error_reply('sluice: unknown booking operation')
 end
--- Write the state at t; expire it when every window is full again; no debt: no state.
+-- Write the state at t; expire it when every window is full again; no debt: no state. A write
+-- that brings the state's expiry closer (a give-back shrinks the debt, not the TATs earlier
+-- bookings hold) first extends the marker to the life the state had (count 0 if none yet), so
+-- that a later reset's marker outlives every booking made before it.
 local packed, most, any = spack('<dd', ts, tns), 0, false
 for w = 1, n do
   packed = packed .. spack('<dd', dn[w], df[w])
   if dn[w] > most then most = dn[w] end
   if dn[w] > 0 or df[w] > 0 then any = true end
 end
+local q = ((ts - now_s) * 1e9 + (tns - now_ns) + most) / 1e6
+local ttl = q - q % 1 + 1
+if ttl > 1e10 then ttl = 1e10 end
+if not any then ttl = 0 end
+if s then
+  local kept = redis.call('PTTL', key)
+  if kept > ttl and redis.call('PTTL', marker) < kept then
+    if serial > 0 then
+      redis.call('PEXPIRE', marker, kept)
+    else
+      redis.call('SET', marker, '0', 'PX', kept)
+    end
+  end
+end
 if any then
-  local q = ((ts - now_s) * 1e9 + (tns - now_ns) + most) / 1e6
-  local ttl = q - q % 1 + 1
-  if ttl > 1e10 then ttl = 1e10 end
   redis.call('SET', key, packed, 'PX', ttl)
   -- A booking that saw a reset count keeps it alive for as long as the booking can give back.
   if serial > 0 and redis.call('PTTL', marker) < ttl then redis.call('PEXPIRE', marker, ttl) end

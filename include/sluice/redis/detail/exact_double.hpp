@@ -21,6 +21,8 @@
 #include <string>
 #include <string_view>
 
+#include "sluice/redis/detail/key_scheme.hpp"
+
 namespace sluice::redis::detail {
 
 // Times cross to and from the script as (seconds, nanoseconds within the second).
@@ -66,10 +68,7 @@ inline std::optional<std::uint64_t> double_bits_to_integer(std::uint64_t bits) n
 
 // Appends `integer` (< 2^53) as a little-endian double.
 inline void append_double(std::string& out, std::uint64_t integer) {
-  const std::uint64_t bits = integer_to_double_bits(integer);
-  for (int i = 0; i < 8; ++i) {
-    out.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
-  }
+  append_le64(out, integer_to_double_bits(integer));
 }
 
 // Reads a little-endian double at `pos` as an integer ≤ `max`; advances `pos`. nullopt when
