@@ -1,0 +1,408 @@
+// The Envoy rate limit service (sluice/envoy.hpp) driven over gRPC on 127.0.0.1 by a client
+// generated from the same protos, through the reference-format fixtures in tests/envoy/config.
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "catch.hpp"
+#include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
+#include "sluice/clock.hpp"
+#include "sluice/envoy.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+namespace rls = ::envoy::service::ratelimit::v3;
+using Backend = sluice::InMemoryBackend<sluice::ManualClock>;
+using Limiter = sluice::envoy::BasicLimiter<Backend>;
+constexpr auto kOk = rls::RateLimitResponse::OK;
+constexpr auto kOverLimit = rls::RateLimitResponse::OVER_LIMIT;
+
+sluice::envoy::ServiceConfig fixtures() {
+  absl::StatusOr<sluice::envoy::ServiceConfig> config =
+      sluice::envoy::load_config_directory(SLUICE_ENVOY_CONFIG_DIR);
+  REQUIRE(config.ok());
+  return *config;
+}
+
+// A limiter over the fixtures on a manual clock, served on an ephemeral port of 127.0.0.1.
+class EnvoyServer {
+ public:
+  explicit EnvoyServer(const sluice::envoy::ServiceConfig& config, bool headers = false) {
+    auto created =
+        Limiter::create(config, {.response_headers = headers, .backend = {.clock = clock_}});
+    REQUIRE(created.ok());
+    limiter_ = *std::move(created);
+    service_ = std::make_unique<sluice::envoy::BasicRateLimitService<Backend>>(*limiter_);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    REQUIRE(server_ != nullptr);
+    REQUIRE(port != 0);
+    stub_ = rls::RateLimitService::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+  EnvoyServer(const EnvoyServer&) = delete;
+  EnvoyServer& operator=(const EnvoyServer&) = delete;
+  ~EnvoyServer() { server_->Shutdown(std::chrono::system_clock::now() + 5s); }
+
+  grpc::Status call(const rls::RateLimitRequest& request, rls::RateLimitResponse& response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 20s);
+    return stub_->ShouldRateLimit(&context, request, &response);
+  }
+  // A call that must succeed.
+  rls::RateLimitResponse ok(const rls::RateLimitRequest& request) {
+    rls::RateLimitResponse response;
+    const grpc::Status status = call(request, response);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    REQUIRE(response.statuses_size() == request.descriptors_size());
+    return response;
+  }
+
+  sluice::ManualClock& clock() { return clock_; }
+  Limiter& limiter() { return *limiter_; }
+
+ private:
+  sluice::ManualClock clock_;
+  std::unique_ptr<Limiter> limiter_;
+  std::unique_ptr<sluice::envoy::BasicRateLimitService<Backend>> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<rls::RateLimitService::Stub> stub_;
+};
+
+using Entries = std::initializer_list<std::pair<const char*, const char*>>;
+
+// Adds a descriptor of `entries` to `request`.
+envoy::extensions::common::ratelimit::v3::RateLimitDescriptor& add(rls::RateLimitRequest& request,
+                                                                   Entries entries) {
+  auto* d = request.add_descriptors();
+  for (const auto& [key, value] : entries) {
+    auto* e = d->add_entries();
+    e->set_key(key);
+    e->set_value(value);
+  }
+  return *d;
+}
+
+rls::RateLimitRequest request(const char* domain, std::initializer_list<Entries> descriptors,
+                              std::uint32_t hits = 0) {
+  rls::RateLimitRequest r;
+  r.set_domain(domain);
+  r.set_hits_addend(hits);
+  for (const Entries& e : descriptors) add(r, e);
+  return r;
+}
+
+std::int64_t reset_ms(const rls::RateLimitResponse::DescriptorStatus& s) {
+  return s.duration_until_reset().seconds() * 1000 + s.duration_until_reset().nanos() / 1'000'000;
+}
+
+}  // namespace
+
+TEST_CASE("envoy: a key without a value counts each value apart", "[envoy]") {
+  EnvoyServer server(fixtures());
+  const auto from = [](const char* ip) {
+    return request("edge_proxy_per_ip", {{{"remote_address", ip}}});
+  };
+  rls::RateLimitResponse first = server.ok(from("10.0.0.1"));
+  CHECK(first.overall_code() == kOk);
+  const auto& s = first.statuses(0);
+  CHECK(s.code() == kOk);
+  CHECK(s.current_limit().requests_per_unit() == 10);
+  CHECK(s.current_limit().unit() == rls::RateLimitResponse::RateLimit::SECOND);
+  CHECK(s.current_limit().name() == "edge_proxy_per_ip.remote_address");
+  CHECK(s.limit_remaining() == 9);
+  CHECK(reset_ms(s) == 100);  // one hit of 10 per second refills in 100 ms
+  for (int i = 0; i < 9; ++i) CHECK(server.ok(from("10.0.0.1")).overall_code() == kOk);
+  rls::RateLimitResponse over = server.ok(from("10.0.0.1"));
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  CHECK(over.statuses(0).limit_remaining() == 0);
+  CHECK(server.ok(from("10.0.0.2")).overall_code() == kOk);
+  server.clock().advance(100ms);  // one hit's worth back
+  CHECK(server.ok(from("10.0.0.1")).overall_code() == kOk);
+  CHECK(server.ok(from("10.0.0.1")).overall_code() == kOverLimit);
+}
+
+TEST_CASE("envoy: an exact value wins over the key alone, and a limit of 0 denies", "[envoy]") {
+  EnvoyServer server(fixtures());
+  rls::RateLimitResponse r =
+      server.ok(request("edge_proxy_per_ip", {{{"remote_address", "50.0.0.5"}}}));
+  CHECK(r.overall_code() == kOverLimit);
+  CHECK(r.statuses(0).current_limit().requests_per_unit() == 0);
+  CHECK(r.statuses(0).current_limit().name() == "edge_proxy_per_ip.remote_address_50.0.0.5");
+}
+
+TEST_CASE("envoy: a limit applies only where the descriptor ends (most specific)", "[envoy]") {
+  EnvoyServer server(fixtures());
+  rls::RateLimitResponse r =
+      server.ok(request("messaging", {{{"message_type", "marketing"}, {"to_number", "555"}},
+                                      {{"to_number", "555"}},
+                                      {{"message_type", "marketing"}},
+                                      {{"message_type", "other"}, {"to_number", "555"}},
+                                      {{"to_number", "555"}, {"extra", "x"}}}));
+  CHECK(r.overall_code() == kOk);
+  CHECK(r.statuses(0).current_limit().requests_per_unit() == 5);
+  CHECK(r.statuses(0).current_limit().unit() == rls::RateLimitResponse::RateLimit::DAY);
+  CHECK(r.statuses(0).limit_remaining() == 4);
+  CHECK(r.statuses(1).current_limit().requests_per_unit() == 100);
+  CHECK(r.statuses(1).limit_remaining() == 99);
+  for (int i : {2, 3, 4}) {
+    INFO(i);
+    CHECK_FALSE(r.statuses(i).has_current_limit());
+    CHECK(r.statuses(i).code() == kOk);
+    CHECK(r.statuses(i).limit_remaining() == 0);
+  }
+}
+
+TEST_CASE("envoy: an over-limit request consumes nothing on any descriptor", "[envoy]") {
+  EnvoyServer server(fixtures());
+  const auto both = request(
+      "messaging", {{{"message_type", "marketing"}, {"to_number", "1"}}, {{"to_number", "1"}}});
+  for (int i = 0; i < 5; ++i) CHECK(server.ok(both).overall_code() == kOk);
+  rls::RateLimitResponse over = server.ok(both);
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  CHECK(over.statuses(0).limit_remaining() == 0);
+  CHECK(over.statuses(1).code() == kOk);
+  CHECK(over.statuses(1).limit_remaining() == 95);  // as it stands: this request took nothing
+  rls::RateLimitResponse alone = server.ok(request("messaging", {{{"to_number", "1"}}}));
+  CHECK(alone.statuses(0).limit_remaining() == 94);
+}
+
+TEST_CASE("envoy: hits_addend counts per request, a descriptor's overrides it, 0 is 1", "[envoy]") {
+  EnvoyServer server(fixtures());
+  auto r = request("messaging", {{{"to_number", "a"}}, {{"to_number", "b"}}}, 7);
+  add(r, {{"to_number", "c"}}).mutable_hits_addend()->set_value(20);
+  add(r, {{"to_number", "d"}}).mutable_hits_addend()->set_value(0);
+  rls::RateLimitResponse out = server.ok(r);
+  CHECK(out.statuses(0).limit_remaining() == 93);
+  CHECK(out.statuses(1).limit_remaining() == 93);
+  CHECK(out.statuses(2).limit_remaining() == 80);
+  CHECK(out.statuses(3).limit_remaining() == 99);
+  CHECK(server.ok(request("messaging", {{{"to_number", "e"}}}, 0)).statuses(0).limit_remaining() ==
+        99);
+}
+
+TEST_CASE("envoy: more hits than a limit's burst answer OVER_LIMIT and consume nothing",
+          "[envoy]") {
+  EnvoyServer server(fixtures());
+  auto r = request("messaging",
+                   {{{"to_number", "9"}}, {{"message_type", "marketing"}, {"to_number", "9"}}});
+  r.mutable_descriptors(1)->mutable_hits_addend()->set_value(6);  // the marketing limit is 5
+  rls::RateLimitResponse out = server.ok(r);
+  CHECK(out.overall_code() == kOverLimit);
+  CHECK(out.statuses(0).code() == kOk);
+  CHECK(out.statuses(0).limit_remaining() == 100);
+  CHECK(out.statuses(1).code() == kOverLimit);
+  CHECK(out.statuses(1).limit_remaining() == 5);
+  CHECK(server.ok(request("messaging", {{{"to_number", "9"}}})).statuses(0).limit_remaining() ==
+        99);
+}
+
+TEST_CASE("envoy: a limit override applies with a counter of its own", "[envoy]") {
+  EnvoyServer server(fixtures());
+  auto with_override = [](Entries entries) {
+    rls::RateLimitRequest r = request("messaging", {});
+    auto& d = add(r, entries);
+    d.mutable_limit()->set_requests_per_unit(2);
+    d.mutable_limit()->set_unit(envoy::type::v3::MINUTE);
+    return r;
+  };
+  // Where nothing is configured.
+  CHECK(server.ok(with_override({{"unconfigured", "x"}})).statuses(0).limit_remaining() == 1);
+  CHECK(server.ok(with_override({{"unconfigured", "x"}})).overall_code() == kOk);
+  rls::RateLimitResponse over = server.ok(with_override({{"unconfigured", "x"}}));
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).current_limit().requests_per_unit() == 2);
+  CHECK(over.statuses(0).current_limit().unit() == rls::RateLimitResponse::RateLimit::MINUTE);
+  // Where a limit is configured: the override decides, and the configured counter is untouched.
+  CHECK(server.ok(with_override({{"to_number", "7"}})).statuses(0).limit_remaining() == 1);
+  CHECK(server.ok(request("messaging", {{{"to_number", "7"}}})).statuses(0).limit_remaining() ==
+        99);
+}
+
+TEST_CASE("envoy: an unknown domain answers OK for every descriptor", "[envoy]") {
+  EnvoyServer server(fixtures());
+  rls::RateLimitResponse r =
+      server.ok(request("nobody", {{{"remote_address", "1"}}, {{"to_number", "2"}}}));
+  CHECK(r.overall_code() == kOk);
+  for (const auto& s : r.statuses()) {
+    CHECK(s.code() == kOk);
+    CHECK_FALSE(s.has_current_limit());
+  }
+}
+
+TEST_CASE("envoy: shadow mode counts without denying; unlimited never limits", "[envoy]") {
+  EnvoyServer server(fixtures());
+  const auto r = request("messaging", {{{"sender", "s"}}, {{"internal", "true"}}});
+  rls::RateLimitResponse first = server.ok(r);
+  CHECK(first.statuses(0).limit_remaining() == 0);
+  rls::RateLimitResponse second = server.ok(r);
+  CHECK(second.overall_code() == kOk);
+  CHECK(second.statuses(0).code() == kOk);
+  CHECK(second.statuses(0).current_limit().requests_per_unit() == 1);
+  CHECK(second.statuses(1).code() == kOk);
+  CHECK_FALSE(second.statuses(1).has_current_limit());
+  CHECK(second.statuses(1).limit_remaining() == 4294967295u);
+  bool found = false;
+  for (const sluice::envoy::LimitStats& s : server.limiter().stats()) {
+    if (s.label != "messaging.sender") continue;
+    found = true;
+    CHECK(s.total_hits == 2);
+    CHECK(s.shadow_mode == 1);
+    CHECK(s.over_limit == 0);
+  }
+  CHECK(found);
+}
+
+TEST_CASE("envoy: a limit replaced by another matched limit does not apply", "[envoy]") {
+  EnvoyServer server(fixtures());
+  const auto both = request("mongo_cps", {{{"tenant", "t"}}, {{"tenant_vip", "t"}}});
+  for (int i = 0; i < 5; ++i) {
+    rls::RateLimitResponse r = server.ok(both);
+    CHECK(r.overall_code() == kOk);
+    CHECK_FALSE(r.statuses(0).has_current_limit());
+    CHECK(r.statuses(1).current_limit().name() == "vip");
+  }
+  // Alone, per_tenant applies (3 a minute).
+  for (int i = 0; i < 3; ++i) {
+    CHECK(server.ok(request("mongo_cps", {{{"tenant", "t"}}})).overall_code() == kOk);
+  }
+  CHECK(server.ok(request("mongo_cps", {{{"tenant", "t"}}})).overall_code() == kOverLimit);
+}
+
+TEST_CASE("envoy: a value ending in * matches by prefix", "[envoy]") {
+  EnvoyServer server(fixtures());
+  const auto tmp = request("mongo_cps", {{{"database", "tmp_42"}}});
+  CHECK(server.ok(tmp).statuses(0).current_limit().requests_per_unit() == 2);
+  CHECK(server.ok(tmp).overall_code() == kOk);
+  CHECK(server.ok(tmp).overall_code() == kOverLimit);
+  CHECK(server.ok(request("mongo_cps", {{{"database", "users"}}})).statuses(0).limit_remaining() ==
+        499);
+}
+
+TEST_CASE("envoy: sluice's periods, bursts and stacked windows", "[envoy]") {
+  EnvoyServer server(fixtures());
+  // 100 per 5 minutes with a burst of 10: reported as 20 a minute.
+  const auto key = request("sluice_api", {{{"api_key", "k"}}});
+  rls::RateLimitResponse first = server.ok(key);
+  CHECK(first.statuses(0).current_limit().name() == "five_minutes");
+  CHECK(first.statuses(0).current_limit().unit() == rls::RateLimitResponse::RateLimit::MINUTE);
+  CHECK(first.statuses(0).current_limit().requests_per_unit() == 20);
+  CHECK(first.statuses(0).limit_remaining() == 9);
+  CHECK(reset_ms(first.statuses(0)) == 3000);  // 5 min / 100
+  // 2 a second and 5 a minute: the minute binds after five.
+  const auto user = request("sluice_api", {{{"user", "u"}}});
+  for (int i = 0; i < 5; ++i) {
+    CHECK(server.ok(user).overall_code() == kOk);
+    server.clock().advance(1s);
+  }
+  rls::RateLimitResponse over = server.ok(user);
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).current_limit().unit() == rls::RateLimitResponse::RateLimit::MINUTE);
+  CHECK(over.statuses(0).current_limit().requests_per_unit() == 5);
+}
+
+TEST_CASE("envoy: response headers describe the binding limit when switched on", "[envoy]") {
+  EnvoyServer off(fixtures());
+  CHECK(off.ok(request("mongo_cps", {{{"database", "tmp_1"}}})).response_headers_to_add_size() ==
+        0);
+  EnvoyServer server(fixtures(), true);
+  const auto tmp = request("mongo_cps", {{{"database", "tmp_1"}}, {{"database", "users"}}});
+  rls::RateLimitResponse ok = server.ok(tmp);
+  REQUIRE(ok.response_headers_to_add_size() == 2);
+  CHECK(ok.response_headers_to_add(0).key() == "RateLimit-Policy");
+  CHECK(ok.response_headers_to_add(0).value() == "\"mongo_cps.database_tmp_*\";q=2;w=1");
+  CHECK(ok.response_headers_to_add(1).key() == "RateLimit");
+  CHECK(ok.response_headers_to_add(1).value() == "\"mongo_cps.database_tmp_*\";r=1;t=1");
+  server.ok(tmp);
+  rls::RateLimitResponse over = server.ok(tmp);
+  REQUIRE(over.response_headers_to_add_size() == 3);
+  CHECK(over.response_headers_to_add(1).value() == "\"mongo_cps.database_tmp_*\";r=0;t=1");
+  CHECK(over.response_headers_to_add(2).key() == "Retry-After");
+  CHECK(over.response_headers_to_add(2).value() == "1");
+}
+
+TEST_CASE("envoy: requests beyond the bounds answer INVALID_ARGUMENT", "[envoy]") {
+  EnvoyServer server(fixtures());
+  auto refused = [&](const rls::RateLimitRequest& r) {
+    rls::RateLimitResponse response;
+    const grpc::Status status = server.call(r, response);
+    INFO(status.error_message());
+    return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT;
+  };
+  CHECK(refused(request("", {{{"a", "b"}}})));
+  CHECK(refused(request("messaging", {})));
+  CHECK(refused(request("messaging", {{}})));
+  CHECK(refused(request("messaging", {{{"", "b"}}})));
+  CHECK(refused(request(std::string(257, 'd').c_str(), {{{"a", "b"}}})));
+  CHECK(refused(request("messaging", {{{"a", std::string(4097, 'v').c_str()}}})));
+  rls::RateLimitRequest many = request("messaging", {});
+  for (int i = 0; i < 65; ++i) add(many, {{"to_number", "1"}});
+  CHECK(refused(many));
+  rls::RateLimitRequest unit = request("messaging", {{{"to_number", "1"}}});
+  unit.mutable_descriptors(0)->mutable_limit()->set_requests_per_unit(5);
+  CHECK(refused(unit));  // unit UNKNOWN
+  // Nothing was counted by the refused requests.
+  CHECK(server.ok(request("messaging", {{{"to_number", "1"}}})).statuses(0).limit_remaining() ==
+        99);
+}
+
+TEST_CASE("envoy: a reload keeps every unchanged limit's counters", "[envoy]") {
+  sluice::envoy::ServiceConfig config = fixtures();
+  EnvoyServer server(config);
+  const auto ip = request("edge_proxy_per_ip", {{{"remote_address", "1"}}});
+  const auto db = request("mongo_cps", {{{"database", "users"}}});
+  server.ok(ip);
+  server.ok(db);
+  for (auto& d : config.domains) {
+    if (d.domain == "mongo_cps") d.descriptors[0].rate_limit->windows[0].requests = 50;
+  }
+  REQUIRE(server.limiter().reload(config).ok());
+  CHECK(server.ok(ip).statuses(0).limit_remaining() == 8);
+  rls::RateLimitResponse changed = server.ok(db);
+  CHECK(changed.statuses(0).current_limit().requests_per_unit() == 50);
+  CHECK(changed.statuses(0).limit_remaining() < 49);  // carried its spent share, not fresh
+  config.domains.front().descriptors.front().key.clear();
+  CHECK_FALSE(server.limiter().reload(config).ok());  // refused: the running config stays
+  CHECK(server.ok(ip).statuses(0).limit_remaining() == 7);
+}
+
+TEST_CASE("envoy: invalid files are refused with file:line:column", "[envoy]") {
+  using sluice::envoy::load_domain_config;
+  auto message = [](std::string_view text) {
+    absl::StatusOr<sluice::envoy::DomainConfig> d = load_domain_config(text, "f.yaml");
+    REQUIRE_FALSE(d.ok());
+    return std::string(d.status().message());
+  };
+  CHECK(message("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, "
+                "requests_per_unit: 1}\n") ==
+        "f.yaml:4:24: descriptors[0].rate_limit.unit: unknown unit \"fortnight\" (expected "
+        "second, minute, hour, day, month or year)");
+  CHECK(message("domain: d\ndescriptors:\n  - key: k\n    limit: 3\n") ==
+        "f.yaml:4:5: descriptors[0]: unknown key \"limit\" (expected one of key, value, "
+        "rate_limit, descriptors, shadow_mode, detailed_metric)");
+  CHECK(message("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: "
+                "second}\n")
+            .starts_with("f.yaml:4:17: descriptors[0].rate_limit: an unlimited"));
+  CHECK(message("domain: d\ndescriptors:\n  - key: k\n  - key: k\n")
+            .starts_with("f.yaml:4:5: descriptors[1]: duplicate descriptor"));
+  CHECK(message("descriptors: []\n").starts_with("f.yaml:1:1: domain:"));
+  CHECK(message("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {period: 5 minutes, "
+                "requests_per_unit: 1}\n")
+            .starts_with("f.yaml:4:26: descriptors[0].rate_limit.period: expected a period"));
+}
