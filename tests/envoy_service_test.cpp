@@ -1,13 +1,22 @@
 // The Envoy rate limit service (sluice/envoy.hpp) driven over gRPC on 127.0.0.1 by a client
 // generated from the same protos, through the reference-format fixtures in tests/envoy/config.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <future>
 #include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -406,3 +415,145 @@ TEST_CASE("envoy: invalid files are refused with file:line:column", "[envoy]") {
                 "requests_per_unit: 1}\n")
             .starts_with("f.yaml:4:26: descriptors[0].rate_limit.period: expected a period"));
 }
+
+#ifdef SLUICE_ENVOY_RLS_BINARY
+namespace {
+
+// The service binary on a free port of 127.0.0.1, its configuration in a temporary directory.
+class RlsProcess {
+ public:
+  explicit RlsProcess(const std::string& dir) {
+    int out[2];
+    REQUIRE(pipe(out) == 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, out[0]);
+    std::vector<std::string> args = {SLUICE_ENVOY_RLS_BINARY, "--config-dir",     dir, "--listen",
+                                     "127.0.0.1:0",           "--reload-poll-ms", "0"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    REQUIRE(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) == 0);
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    std::string line;
+    char c = 0;
+    while (read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+    close(out[0]);
+    const std::string prefix = "sluice_envoy_rls: listening on ";
+    INFO(line);
+    REQUIRE(line.starts_with(prefix));
+    channel_ = grpc::CreateChannel(line.substr(prefix.size()), grpc::InsecureChannelCredentials());
+    stub_ = rls::RateLimitService::NewStub(channel_);
+  }
+  RlsProcess(const RlsProcess&) = delete;
+  RlsProcess& operator=(const RlsProcess&) = delete;
+  ~RlsProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  rls::RateLimitResponse call(const rls::RateLimitRequest& request) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 20s);
+    rls::RateLimitResponse response;
+    const grpc::Status status = stub_->ShouldRateLimit(&context, request, &response);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    return response;
+  }
+
+  // grpc.health.v1.Health/Check for the empty service name: the response's serialized bytes
+  // (08 01 is SERVING), through the generic stub (no health proto needed).
+  std::string health() {
+    grpc::GenericStub stub(channel_);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 20s);
+    grpc::Slice empty(std::string{});  // HealthCheckRequest{service: ""} serializes to no bytes
+    grpc::ByteBuffer request(&empty, 1);
+    grpc::ByteBuffer response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                   &response, [&](grpc::Status s) { done.set_value(std::move(s)); });
+    const grpc::Status status = done.get_future().get();
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    std::vector<grpc::Slice> slices;
+    REQUIRE(response.Dump(&slices).ok());
+    std::string bytes;
+    for (const grpc::Slice& s : slices)
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    return bytes;
+  }
+
+  void signal(int sig) { REQUIRE(kill(pid_, sig) == 0); }
+
+  // The exit status after SIGTERM (the drain), or -1 if it did not exit within 20 s.
+  int terminate() {
+    signal(SIGTERM);
+    for (int i = 0; i < 2000; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = 0;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(10ms);  // waiting for an exit, not timing a rate
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = 0;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<rls::RateLimitService::Stub> stub_;
+};
+
+void write_file(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path temporary = path.string() + ".tmp";
+  std::ofstream(temporary) << text;
+  std::filesystem::rename(temporary, path);  // atomically, as operators should
+}
+
+}  // namespace
+
+TEST_CASE("envoy: the service binary serves, answers health, reloads on SIGHUP and drains",
+          "[envoy][e2e]") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("sluice_envoy_rls_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto config = [](int n) {
+    return absl::StrCat(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, "
+        "requests_per_unit: ",
+        n, "}\n");
+  };
+  write_file(dir / "d.yaml", config(2));
+  RlsProcess rls_process(dir.string());
+  CHECK(rls_process.health() == std::string("\x08\x01", 2));
+  const auto k = request("d", {{{"k", "v"}}});
+  CHECK(rls_process.call(k).overall_code() == kOk);
+  CHECK(rls_process.call(k).overall_code() == kOk);
+  CHECK(rls_process.call(k).overall_code() == kOverLimit);
+  write_file(dir / "d.yaml", "domain: d\ndescriptors: [{key: k, bad: 1}]\n");
+  rls_process.signal(SIGHUP);  // refused: the last good configuration keeps serving
+  write_file(dir / "d.yaml", config(5));
+  rls_process.signal(SIGHUP);
+  std::uint32_t limit = 0;
+  for (int i = 0; i < 500 && limit != 5; ++i) {  // the reload is asynchronous
+    limit = rls_process.call(request("d", {{{"k", "other"}}}))
+                .statuses(0)
+                .current_limit()
+                .requests_per_unit();
+    if (limit != 5) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(limit == 5);
+  // The changed limit carried the spent share of "v" (2 of 2 spent: all of 5 spent).
+  CHECK(rls_process.call(k).overall_code() == kOverLimit);
+  CHECK(rls_process.terminate() == 0);
+  std::filesystem::remove_all(dir);
+}
+#endif  // SLUICE_ENVOY_RLS_BINARY
