@@ -25,6 +25,10 @@
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "sluice/clock.hpp"
 #include "sluice/envoy.hpp"
+#ifdef SLUICE_TEST_REDIS
+#include "redis_fixture.hpp"
+#include "sluice/redis.hpp"
+#endif
 
 using namespace std::chrono_literals;
 
@@ -32,7 +36,6 @@ namespace {
 
 namespace rls = ::envoy::service::ratelimit::v3;
 using Backend = sluice::InMemoryBackend<sluice::ManualClock>;
-using Limiter = sluice::envoy::BasicLimiter<Backend>;
 constexpr auto kOk = rls::RateLimitResponse::OK;
 constexpr auto kOverLimit = rls::RateLimitResponse::OVER_LIMIT;
 
@@ -43,15 +46,17 @@ sluice::envoy::ServiceConfig fixtures() {
   return *config;
 }
 
-// A limiter over the fixtures on a manual clock, served on an ephemeral port of 127.0.0.1.
-class EnvoyServer {
+// A limiter over `config` served on an ephemeral port of 127.0.0.1, and a client of it.
+template <class B>
+class BasicEnvoyServer {
  public:
-  explicit EnvoyServer(const sluice::envoy::ServiceConfig& config, bool headers = false) {
-    auto created =
-        Limiter::create(config, {.response_headers = headers, .backend = {.clock = clock_}});
+  BasicEnvoyServer(const sluice::envoy::ServiceConfig& config,
+                   typename sluice::envoy::BasicLimiter<B>::Options options) {
+    auto created = sluice::envoy::BasicLimiter<B>::create(config, std::move(options));
+    INFO(created.status());
     REQUIRE(created.ok());
     limiter_ = *std::move(created);
-    service_ = std::make_unique<sluice::envoy::BasicRateLimitService<Backend>>(*limiter_);
+    service_ = std::make_unique<sluice::envoy::BasicRateLimitService<B>>(*limiter_);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -62,9 +67,9 @@ class EnvoyServer {
     stub_ = rls::RateLimitService::NewStub(
         grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
   }
-  EnvoyServer(const EnvoyServer&) = delete;
-  EnvoyServer& operator=(const EnvoyServer&) = delete;
-  ~EnvoyServer() { server_->Shutdown(std::chrono::system_clock::now() + 5s); }
+  BasicEnvoyServer(const BasicEnvoyServer&) = delete;
+  BasicEnvoyServer& operator=(const BasicEnvoyServer&) = delete;
+  ~BasicEnvoyServer() { server_->Shutdown(std::chrono::system_clock::now() + 5s); }
 
   grpc::Status call(const rls::RateLimitRequest& request, rls::RateLimitResponse& response) {
     grpc::ClientContext context;
@@ -81,15 +86,26 @@ class EnvoyServer {
     return response;
   }
 
-  sluice::ManualClock& clock() { return clock_; }
-  Limiter& limiter() { return *limiter_; }
+  sluice::envoy::BasicLimiter<B>& limiter() { return *limiter_; }
 
  private:
-  sluice::ManualClock clock_;
-  std::unique_ptr<Limiter> limiter_;
-  std::unique_ptr<sluice::envoy::BasicRateLimitService<Backend>> service_;
+  std::unique_ptr<sluice::envoy::BasicLimiter<B>> limiter_;
+  std::unique_ptr<sluice::envoy::BasicRateLimitService<B>> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<rls::RateLimitService::Stub> stub_;
+};
+
+struct WithManualClock {
+  sluice::ManualClock clock_;
+};
+
+// In memory, on a manual clock.
+class EnvoyServer : private WithManualClock, public BasicEnvoyServer<Backend> {
+ public:
+  explicit EnvoyServer(const sluice::envoy::ServiceConfig& config, bool headers = false)
+      : BasicEnvoyServer<Backend>(config,
+                                  {.response_headers = headers, .backend = {.clock = clock_}}) {}
+  sluice::ManualClock& clock() { return clock_; }
 };
 
 using Entries = std::initializer_list<std::pair<const char*, const char*>>;
@@ -557,3 +573,41 @@ TEST_CASE("envoy: the service binary serves, answers health, reloads on SIGHUP a
   std::filesystem::remove_all(dir);
 }
 #endif  // SLUICE_ENVOY_RLS_BINARY
+
+#ifdef SLUICE_TEST_REDIS
+TEST_CASE("envoy: two replicas over one Redis share one budget, all or nothing", "[envoy][redis]") {
+  sluice_test::RedisFixture redis;
+  // Server time; a day's limits do not refill within the test.
+  using RedisServer = BasicEnvoyServer<sluice::redis::RedisEngineBackend>;
+  RedisServer a(fixtures(), {.backend = {.client = redis.client()}});
+  RedisServer b(fixtures(), {.backend = {.client = redis.client()}});
+  const auto both = request(
+      "messaging", {{{"message_type", "marketing"}, {"to_number", "1"}}, {{"to_number", "1"}}});
+  for (int i = 0; i < 5; ++i) {
+    rls::RateLimitResponse r = (i % 2 == 0 ? a : b).ok(both);
+    CHECK(r.overall_code() == kOk);
+    CHECK(r.statuses(0).limit_remaining() == static_cast<std::uint32_t>(4 - i));
+    CHECK(r.statuses(1).limit_remaining() == static_cast<std::uint32_t>(99 - i));
+  }
+  rls::RateLimitResponse over = b.ok(both);
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  CHECK(over.statuses(1).code() == kOk);
+  CHECK(over.statuses(1).limit_remaining() == 95);  // nothing consumed
+  CHECK(a.ok(request("messaging", {{{"to_number", "1"}}})).statuses(0).limit_remaining() == 94);
+}
+
+TEST_CASE("envoy: a Redis failure is decided by the failure mode", "[envoy][redis]") {
+  sluice_test::RedisFixture redis;
+  using RedisServer = BasicEnvoyServer<sluice::redis::RedisEngineBackend>;
+  RedisServer open(fixtures(),
+                   {.backend = {.client = redis.client(std::chrono::milliseconds(300))}});
+  RedisServer closed(fixtures(),
+                     {.on_backend_error = sluice::FailureMode::kFailClosed,
+                      .backend = {.client = redis.client(std::chrono::milliseconds(300))}});
+  redis.redis.kill();
+  const auto db = request("mongo_cps", {{{"database", "users"}}});
+  CHECK(open.ok(db).overall_code() == kOk);
+  CHECK(closed.ok(db).overall_code() == kOverLimit);
+}
+#endif  // SLUICE_TEST_REDIS
