@@ -499,8 +499,9 @@ class BasicLimiter {
     Counters& c = *gen.counters[step.rule];
     c.total_hits.fetch_add(step.hits, std::memory_order_relaxed);
     if (gen.rule(step.rule).shadow) {
-      if (!d.allowed() || step.never_fits)
+      if (!d.allowed() || step.never_fits) {
         c.shadow_mode.fetch_add(step.hits, std::memory_order_relaxed);
+      }
       return;
     }
     if (denied) {

@@ -140,8 +140,9 @@ class DomainReader : public yaml::detail::NodeReader {
       out.windows.insert(out.windows.begin(), window_of(node, path, fs));
     }
     for (const std::string& r : out.replaces) {
-      if (r == out.name)
+      if (r == out.name) {
         fail(mark_of(path + ".replaces"), path + ".replaces", "a limit must not replace itself");
+      }
     }
     return out;
   }
@@ -167,7 +168,7 @@ class DomainReader : public yaml::detail::NodeReader {
       }
     }
     require(node, path, fs, "requests_per_unit");
-    if (!has_unit) fail(node.Mark(), path, "missing required key \"unit\" (or \"period\")");
+    if (!has_unit) fail(node.Mark(), path, R"(missing required key "unit" (or "period"))");
     if (w.burst != 0 && w.requests == 0) {
       fail(node.Mark(), path + ".burst", "a limit of 0 requests admits nothing; drop its burst");
     }

@@ -104,7 +104,8 @@ class CompiledLimits {
       std::string identity;
       append_key_part(identity, "envoy");
       append_key_part(identity, d.domain);
-      if (absl::Status s = out.add_level(d, d.domain, identity, d.descriptors, root); !s.ok()) {
+      if (absl::Status s = out.add_tree(d, {d.domain, std::move(identity), &d.descriptors, root});
+          !s.ok()) {
         return s;
       }
     }
@@ -152,40 +153,53 @@ class CompiledLimits {
     auto key = level.by_key.find(view(entry.key));
     if (key == level.by_key.end()) return nullptr;
     const KeyNodes& nodes = key->second;
-    if (auto v = nodes.by_value.find(view(entry.value)); v != nodes.by_value.end())
+    if (auto v = nodes.by_value.find(view(entry.value)); v != nodes.by_value.end()) {
       return &v->second;
+    }
     for (const auto& [prefix, node] : nodes.by_prefix) {
       if (entry.value.starts_with(prefix)) return &node;
     }
     return nodes.any ? &*nodes.any : nullptr;
   }
 
-  absl::Status add_level(const DomainConfig& d, const std::string& path,
-                         const std::string& identity, const std::vector<DescriptorConfig>& nodes,
-                         std::size_t level) {
-    absl::flat_hash_set<std::pair<std::string, std::string>> seen;
-    for (const DescriptorConfig& c : nodes) {
-      const std::string here = c.value.empty() ? absl::StrCat(path, ".", c.key)
-                                               : absl::StrCat(path, ".", c.key, "_", c.value);
-      if (c.key.empty()) return error(d, here, "a descriptor's key must not be empty");
-      if (!seen.emplace(c.key, c.value).second) {
-        return error(d, here, "duplicate descriptor (the same key and value twice in one level)");
+  // One level of a domain's tree still to compile (breadth first, so no recursion however deep
+  // a tree built in code nests).
+  struct Pending {
+    std::string path;      // "domain.key_value..."
+    std::string identity;  // the rules' identity prefix
+    const std::vector<DescriptorConfig>* nodes = nullptr;
+    std::size_t level = 0;
+  };
+
+  absl::Status add_tree(const DomainConfig& d, Pending root) {
+    std::vector<Pending> pending{std::move(root)};
+    while (!pending.empty()) {
+      Pending p = std::move(pending.back());
+      pending.pop_back();
+      absl::flat_hash_set<std::pair<std::string, std::string>> seen;
+      for (const DescriptorConfig& c : *p.nodes) {
+        const std::string here = c.value.empty() ? absl::StrCat(p.path, ".", c.key)
+                                                 : absl::StrCat(p.path, ".", c.key, "_", c.value);
+        if (c.key.empty()) return error(d, here, "a descriptor's key must not be empty");
+        if (!seen.emplace(c.key, c.value).second) {
+          return error(d, here, "duplicate descriptor (the same key and value twice in one level)");
+        }
+        std::string id = p.identity;
+        append_key_part(id, c.key);
+        append_key_part(id, c.value);
+        Node node;
+        if (c.rate_limit) {
+          absl::StatusOr<std::size_t> rule = add_rule(d, here, id, *c.rate_limit, c.shadow_mode);
+          if (!rule.ok()) return rule.status();
+          node.rule = *rule;
+        }
+        if (!c.descriptors.empty()) {
+          node.level = levels_.size();
+          levels_.emplace_back();
+          pending.push_back({here, std::move(id), &c.descriptors, node.level});
+        }
+        place(levels_[p.level].by_key[c.key], c.value, node);
       }
-      std::string id = identity;
-      append_key_part(id, c.key);
-      append_key_part(id, c.value);
-      Node node;
-      if (c.rate_limit) {
-        absl::StatusOr<std::size_t> rule = add_rule(d, here, id, *c.rate_limit, c.shadow_mode);
-        if (!rule.ok()) return rule.status();
-        node.rule = *rule;
-      }
-      if (!c.descriptors.empty()) {
-        node.level = levels_.size();
-        levels_.emplace_back();
-        if (absl::Status s = add_level(d, here, id, c.descriptors, node.level); !s.ok()) return s;
-      }
-      place(levels_[level].by_key[c.key], c.value, node);
     }
     return absl::OkStatus();
   }
