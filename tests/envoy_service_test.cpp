@@ -238,6 +238,26 @@ TEST_CASE("envoy: more hits than a limit's burst answer OVER_LIMIT and consume n
         99);
 }
 
+TEST_CASE("envoy: descriptors of one request on the same counter are decided together", "[envoy]") {
+  EnvoyServer server(fixtures());
+  const auto twice = request("mongo_cps", {{{"database", "tmp_a"}}, {{"database", "tmp_a"}}});
+  rls::RateLimitResponse r = server.ok(twice);  // 2 hits of a burst of 2
+  CHECK(r.overall_code() == kOk);
+  CHECK(r.statuses(0).limit_remaining() == 0);
+  CHECK(r.statuses(1).limit_remaining() == 0);
+  server.clock().advance(500ms);                   // one hit back
+  rls::RateLimitResponse over = server.ok(twice);  // 2 hits do not fit in 1
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  CHECK(server.ok(request("mongo_cps", {{{"database", "tmp_a"}}})).overall_code() == kOk);
+  // Three at once never fit a burst of 2: nothing is taken.
+  const auto thrice = request(
+      "mongo_cps", {{{"database", "tmp_b"}}, {{"database", "tmp_b"}}, {{"database", "tmp_b"}}});
+  rls::RateLimitResponse never = server.ok(thrice);
+  CHECK(never.overall_code() == kOverLimit);
+  CHECK(never.statuses(2).limit_remaining() == 2);
+}
+
 TEST_CASE("envoy: a limit override applies with a counter of its own", "[envoy]") {
   EnvoyServer server(fixtures());
   auto with_override = [](Entries entries) {

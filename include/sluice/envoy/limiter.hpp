@@ -9,6 +9,7 @@
 //
 // Semantics (the descriptor walk is in sluice/envoy/config.hpp):
 // - Hits: a descriptor adds its own `hits_addend` if set, else the request's; 0 counts as 1.
+//   Descriptors on the same counter (same limit and entries) are decided once, hits summed.
 // - A descriptor with a `limit` override is counted by that limit alone, under a counter of its
 //   own (per domain, entries and override), whether or not a configured limit matches; an
 //   override never runs in shadow mode. Overrides need a known domain, like every limit.
@@ -377,16 +378,21 @@ class BasicLimiter {
       status.duration_until_reset = d.reset_after;
       status.code = denied[i] && !rule.shadow ? Code::kOverLimit : Code::kOk;
       count(gen, step, d, denied[i], over);
-      if (binding == n || (denied[i] && !denied[binding]) ||
-          (denied[i] == denied[binding] && !denied[i] &&
-           d.remaining < decisions[binding].remaining)) {
-        if (!rule.shadow) binding = i;
-      }
+      if (!rule.shadow && binds_before(i, binding, decisions, denied)) binding = i;
     }
     if (over) response.overall_code = Code::kOverLimit;
     if (options_.response_headers && binding != n) {
       add_headers(gen.rule(plan.steps[binding].rule), decisions[binding], response);
     }
+  }
+
+  // Whether descriptor `i` describes the request better than `binding`: the first denying one,
+  // else the one with the least remaining.
+  static bool binds_before(std::size_t i, std::size_t binding, std::span<const Decision> decisions,
+                           std::span<const bool> denied) {
+    if (binding == decisions.size()) return true;
+    if (denied[i] != denied[binding]) return denied[i];
+    return !denied[i] && decisions[i].remaining < decisions[binding].remaining;
   }
 
   // RateLimit-Policy and RateLimit for the binding limit's binding window; Retry-After.
@@ -404,48 +410,93 @@ class BasicLimiter {
     }
   }
 
+  // One backend call's keys. Descriptors of one group with the same limit and entries share one
+  // key whose cost is the sum of their hits: decided once, so that together they cannot take
+  // more than the bucket holds.
+  struct Batch {
+    absl::InlinedVector<RuleKey, 8> keys;
+    absl::InlinedVector<std::uint64_t, 8> max_hits;  // per key: more never fits
+    absl::InlinedVector<std::size_t, 8> key_of;      // per descriptor: its key, or kNone
+  };
+
+  Batch collect(const Generation& gen, const Plan& plan, Group group) const {
+    Batch b;
+    b.key_of.assign(plan.steps.size(), detail::kNone);
+    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+      const Step& step = plan.steps[i];
+      if (!in_group(gen, step, group)) continue;
+      const detail::LimitRule& rule = gen.rule(step.rule);
+      if (rule.backend_rule == detail::kNone) continue;  // admits nothing: no counter
+      std::size_t j = 0;
+      while (j < b.keys.size() &&
+             (b.keys[j].rule != rule.backend_rule || b.keys[j].key != plan.keys[i])) {
+        ++j;
+      }
+      if (j == b.keys.size()) {
+        b.keys.push_back({.rule = rule.backend_rule, .key = plan.keys[i], .cost = 0});
+        b.max_hits.push_back(rule.max_hits);
+      }
+      std::uint64_t& cost = b.keys[j].cost;
+      cost = cost > std::numeric_limits<std::uint64_t>::max() - step.hits
+                 ? std::numeric_limits<std::uint64_t>::max()
+                 : cost + step.hits;
+      b.key_of[i] = j;
+    }
+    return b;
+  }
+
   // The enforcing limits, all or nothing; true if the request is over limit. `denied` marks the
   // descriptors that deny it; `decisions` holds each one's state (unchanged when over limit).
   bool decide_enforcing(const Generation& gen, const Plan& plan, std::span<Decision> decisions,
                         std::span<bool> denied, Response& response) const {
-    absl::InlinedVector<RuleKey, 8> keys;
-    absl::InlinedVector<std::size_t, 8> at;  // keys[j] decides descriptor at[j]
+    Batch b = collect(gen, plan, Group::kEnforcing);
     bool never_fits = false;
     for (std::size_t i = 0; i < plan.steps.size(); ++i) {
-      const Step& step = plan.steps[i];
-      if (!in_group(gen, step, Group::kEnforcing)) continue;
-      never_fits = never_fits || step.never_fits;
-      if (step.never_fits) denied[i] = true;
-      const detail::LimitRule& rule = gen.rule(step.rule);
-      if (rule.backend_rule == detail::kNone) continue;  // admits nothing: no counter
-      keys.push_back({.rule = rule.backend_rule, .key = plan.keys[i], .cost = step.hits});
-      at.push_back(i);
+      const std::size_t j = b.key_of[i];
+      const bool cannot = in_group(gen, plan.steps[i], Group::kEnforcing) &&
+                          (j == detail::kNone ? gen.rule(plan.steps[i].rule).admits_nothing
+                                              : b.keys[j].cost > b.max_hits[j]);
+      denied[i] = cannot;
+      never_fits = never_fits || cannot;
     }
-    if (keys.empty()) return never_fits;
-    absl::InlinedVector<Decision, 8> out(keys.size());
+    if (b.keys.empty()) return never_fits;
+    absl::InlinedVector<Decision, 8> out(b.keys.size());
     if (!never_fits) {
-      if (!call(gen, keys, ConsumptionMode::kAllOrNothing, out, response)) {
+      if (!call(gen, b.keys, ConsumptionMode::kAllOrNothing, out, response)) {
         return fail(gen, plan, decisions, denied);
       }
       bool all = true;
-      for (std::size_t j = 0; j < keys.size(); ++j) {
-        decisions[at[j]] = out[j];
-        if (out[j].allowed()) continue;
+      for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+        if (b.key_of[i] == detail::kNone) continue;
+        const Decision& d = out[b.key_of[i]];
+        decisions[i] = d;
+        if (d.allowed()) continue;
         all = false;
-        denied[at[j]] = true;
-        response.retry_after = std::max(response.retry_after, out[j].retry_after);
+        denied[i] = true;
+        response.retry_after = std::max(response.retry_after, d.retry_after);
       }
       if (all) return false;
     }
-    // Over limit: nothing was consumed; report every limit as it stands (a peek, cost 0).
-    for (RuleKey& k : keys) k.cost = 0;
-    if (!call(gen, keys, ConsumptionMode::kAllOrNothing, out, response)) return true;
-    for (std::size_t j = 0; j < keys.size(); ++j) {
-      const std::size_t i = at[j];
+    return report_unchanged(gen, plan, b, never_fits, decisions, denied, response);
+  }
+
+  // Over limit: nothing was consumed. Each descriptor reports its limit as it stands (a peek at
+  // cost 0); when nothing was decided (a hit that never fits), its code says whether its own hits
+  // would have fitted.
+  bool report_unchanged(const Generation& gen, const Plan& plan, Batch& b, bool never_fits,
+                        std::span<Decision> decisions, std::span<bool> denied,
+                        Response& response) const {
+    const absl::InlinedVector<RuleKey, 8> wanted = b.keys;
+    for (RuleKey& k : b.keys) k.cost = 0;
+    absl::InlinedVector<Decision, 8> out(b.keys.size());
+    if (!call(gen, b.keys, ConsumptionMode::kAllOrNothing, out, response)) return true;
+    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+      const std::size_t j = b.key_of[i];
+      if (j == detail::kNone || !in_group(gen, plan.steps[i], Group::kEnforcing)) continue;
       if (!denied[i]) {
         decisions[i] = out[j];
-        denied[i] = never_fits && out[j].remaining < plan.steps[i].hits;
-      } else if (plan.steps[i].never_fits) {
+        denied[i] = never_fits && out[j].remaining < wanted[j].cost;
+      } else if (never_fits) {  // no decision was taken: report the peek
         decisions[i] = out[j];
       }
     }
@@ -455,23 +506,17 @@ class BasicLimiter {
   // Shadow mode limits: consume where they have room when the request was admitted; else a peek.
   void decide_shadow(const Generation& gen, const Plan& plan, bool over,
                      std::span<Decision> decisions) const {
-    absl::InlinedVector<RuleKey, 8> keys;
-    absl::InlinedVector<std::size_t, 8> at;
-    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
-      const Step& step = plan.steps[i];
-      if (!in_group(gen, step, Group::kShadow)) continue;
-      const detail::LimitRule& rule = gen.rule(step.rule);
-      if (rule.backend_rule == detail::kNone) continue;
-      const bool consume = !over && !step.never_fits;
-      keys.push_back(
-          {.rule = rule.backend_rule, .key = plan.keys[i], .cost = consume ? step.hits : 0});
-      at.push_back(i);
+    Batch b = collect(gen, plan, Group::kShadow);
+    if (b.keys.empty()) return;
+    for (std::size_t j = 0; j < b.keys.size(); ++j) {
+      if (over || b.keys[j].cost > b.max_hits[j]) b.keys[j].cost = 0;
     }
-    if (keys.empty()) return;
-    absl::InlinedVector<Decision, 8> out(keys.size());
+    absl::InlinedVector<Decision, 8> out(b.keys.size());
     Response ignored;
-    if (!call(gen, keys, ConsumptionMode::kEveryRule, out, ignored)) return;
-    for (std::size_t j = 0; j < keys.size(); ++j) decisions[at[j]] = out[j];
+    if (!call(gen, b.keys, ConsumptionMode::kEveryRule, out, ignored)) return;
+    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+      if (b.key_of[i] != detail::kNone) decisions[i] = out[b.key_of[i]];
+    }
   }
 
   bool call(const Generation& gen, std::span<const RuleKey> keys, ConsumptionMode mode,
