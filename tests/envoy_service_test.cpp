@@ -458,7 +458,7 @@ namespace {
 // The service binary on a free port of 127.0.0.1, its configuration in a temporary directory.
 class RlsProcess {
  public:
-  explicit RlsProcess(const std::string& dir) {
+  explicit RlsProcess(const std::string& dir, const std::vector<std::string>& extra = {}) {
     int out[2];
     REQUIRE(pipe(out) == 0);
     posix_spawn_file_actions_t actions;
@@ -467,6 +467,7 @@ class RlsProcess {
     posix_spawn_file_actions_addclose(&actions, out[0]);
     std::vector<std::string> args = {SLUICE_ENVOY_RLS_BINARY, "--config-dir",     dir, "--listen",
                                      "127.0.0.1:0",           "--reload-poll-ms", "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -592,6 +593,36 @@ TEST_CASE("envoy: the service binary serves, answers health, reloads on SIGHUP a
   CHECK(rls_process.terminate() == 0);
   std::filesystem::remove_all(dir);
 }
+#ifdef SLUICE_TEST_REDIS
+TEST_CASE("envoy: two service replicas over one Redis share one budget", "[envoy][e2e][redis]") {
+  sluice_test::RedisFixture redis;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("sluice_envoy_rls_redis_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  write_file(dir / "d.yaml",
+             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, "
+             "requests_per_unit: 3}\n  - key: j\n    rate_limit: {unit: day, "
+             "requests_per_unit: 100}\n");
+  const std::vector<std::string> shared = {"--redis-socket",       redis.redis.unix_socket(),
+                                           "--redis-key-seed",     "7",
+                                           "--redis-failure-mode", "fail_closed"};
+  RlsProcess a(dir.string(), shared);
+  RlsProcess b(dir.string(), shared);
+  const auto both = request("d", {{{"j", "x"}}, {{"k", "x"}}});
+  CHECK(a.call(both).overall_code() == kOk);
+  CHECK(b.call(both).overall_code() == kOk);
+  CHECK(a.call(both).statuses(1).limit_remaining() == 0);
+  rls::RateLimitResponse over = b.call(both);
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).limit_remaining() == 97);  // all or nothing across replicas too
+  redis.redis.kill();
+  CHECK(a.call(request("d", {{{"j", "y"}}})).overall_code() == kOverLimit);  // fail_closed
+  CHECK(a.terminate() == 0);
+  CHECK(b.terminate() == 0);
+  std::filesystem::remove_all(dir);
+}
+#endif  // SLUICE_TEST_REDIS
 #endif  // SLUICE_ENVOY_RLS_BINARY
 
 #ifdef SLUICE_TEST_REDIS

@@ -6,7 +6,11 @@
 //                    [--max-entries 32] [--max-value-bytes 4096]
 //
 // The first line on stdout is "sluice_envoy_rls: listening on <host>:<port>" (`--listen
-// 127.0.0.1:0` picks a free port). Limits are kept in memory: run one replica.
+// 127.0.0.1:0` picks a free port). Limits are kept in memory (one replica), or with
+// --redis-socket / --redis-address in Redis, where every replica with the same --redis-key-prefix
+// and --redis-key-seed shares them (--redis-cluster: the address names one node of a Redis
+// Cluster). When Redis fails, --redis-failure-mode decides: fail_open (default) answers OK,
+// fail_closed OVER_LIMIT.
 // - Health: the standard gRPC health service (grpc.health.v1.Health) answers SERVING for the
 //   empty service name while the service runs, NOT_SERVING once it drains.
 // - Reload: the directory is read again every --reload-poll-ms (0: only on SIGHUP) and on SIGHUP;
@@ -27,6 +31,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,13 +40,19 @@
 #include <thread>
 
 #include "sluice/envoy.hpp"
+#ifdef SLUICE_ENVOY_RLS_REDIS
+#include "sluice/redis.hpp"
+#endif
 
 namespace {
 
 constexpr std::string_view kUsage =
     "usage: sluice_envoy_rls --config-dir DIR [--listen HOST:PORT] [--response-headers]\n"
     "                        [--drain-seconds N] [--reload-poll-ms N] [--max-descriptors N]\n"
-    "                        [--max-entries N] [--max-value-bytes N]\n";
+    "                        [--max-entries N] [--max-value-bytes N]\n"
+    "                        [--redis-socket PATH | --redis-address HOST:PORT [--redis-cluster]]\n"
+    "                        [--redis-key-prefix P] [--redis-key-seed N]\n"
+    "                        [--redis-failure-mode fail_open|fail_closed]\n";
 
 struct Options {
   std::string config_dir;
@@ -50,6 +61,13 @@ struct Options {
   std::uint64_t drain_seconds = 5;
   std::uint64_t reload_poll_ms = 1000;
   sluice::envoy::RequestBounds bounds{};
+  // Redis: empty socket and address keep the limits in memory.
+  std::string redis_socket;
+  std::string redis_address;  // HOST:PORT
+  bool redis_cluster = false;
+  std::string redis_key_prefix = "sluice:envoy:";
+  std::uint64_t redis_key_seed = 0;
+  sluice::FailureMode on_redis_error = sluice::FailureMode::kFailOpen;
 };
 
 bool parse_count(const char* text, std::uint64_t& out) {
@@ -62,8 +80,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
-    if (flag == "--response-headers") {
-      o.response_headers = true;
+    if (flag == "--response-headers" || flag == "--redis-cluster") {
+      (flag == "--response-headers" ? o.response_headers : o.redis_cluster) = true;
       continue;
     }
     if (i + 1 >= argc) return std::nullopt;
@@ -84,6 +102,18 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.bounds.max_entries = n;
     } else if (flag == "--max-value-bytes" && count && n > 0) {
       o.bounds.max_value_bytes = n;
+    } else if (flag == "--redis-socket") {
+      o.redis_socket = value;
+    } else if (flag == "--redis-address") {
+      o.redis_address = value;
+    } else if (flag == "--redis-key-prefix") {
+      o.redis_key_prefix = value;
+    } else if (flag == "--redis-key-seed" && count) {
+      o.redis_key_seed = n;
+    } else if (flag == "--redis-failure-mode" && (std::string_view(value) == "fail_open" ||
+                                                  std::string_view(value) == "fail_closed")) {
+      o.on_redis_error = std::string_view(value) == "fail_open" ? sluice::FailureMode::kFailOpen
+                                                                : sluice::FailureMode::kFailClosed;
     } else {
       return std::nullopt;
     }
@@ -99,9 +129,10 @@ void log(std::string_view what) {
 // Follows the configuration directory: reload() publishes it when it changed.
 class ConfigFollower {
  public:
-  ConfigFollower(std::string dir, sluice::envoy::ServiceConfig first,
-                 sluice::envoy::Limiter& limiter)
-      : dir_(std::move(dir)), last_(std::move(first)), limiter_(limiter) {}
+  // Publishes a configuration into the limiter (its reload).
+  using Reload = std::function<absl::Status(const sluice::envoy::ServiceConfig&)>;
+  ConfigFollower(std::string dir, sluice::envoy::ServiceConfig first, Reload limiter)
+      : dir_(std::move(dir)), last_(std::move(first)), limiter_(std::move(limiter)) {}
 
   void reload() {
     std::lock_guard lock(mutex_);
@@ -114,7 +145,7 @@ class ConfigFollower {
     }
     last_error_ = absl::OkStatus();
     if (*next == last_) return;
-    if (absl::Status s = limiter_.reload(*next); !s.ok()) {
+    if (absl::Status s = limiter_(*next); !s.ok()) {
       log(absl::StrCat("reload refused: ", s.message()));
       return;
     }
@@ -127,7 +158,7 @@ class ConfigFollower {
   std::mutex mutex_;
   sluice::envoy::ServiceConfig last_;
   absl::Status last_error_;
-  sluice::envoy::Limiter& limiter_;
+  const Reload limiter_;
 };
 
 // Polls the directory every `interval` until `stop` is set.
@@ -170,6 +201,62 @@ void serve_until_signal(grpc::Server& server, ConfigFollower& follower, const Op
   if (poller.joinable()) poller.join();
 }
 
+// Serves `config` over `Backend` until a signal stops it; the exit code.
+template <class Backend>
+int serve(const Options& options, sluice::envoy::ServiceConfig config,
+          typename sluice::envoy::BasicLimiter<Backend>::Options limiter_options,
+          const sigset_t& signals) {
+  auto limiter = sluice::envoy::BasicLimiter<Backend>::create(config, std::move(limiter_options));
+  if (!limiter.ok()) {
+    log(limiter.status().ToString());
+    return 2;
+  }
+  sluice::envoy::BasicRateLimitService<Backend> service(**limiter);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    log(absl::StrCat("cannot listen on ", options.listen));
+    return 1;
+  }
+  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  std::printf("sluice_envoy_rls: listening on %s:%d\n", host.c_str(), port);
+  std::fflush(stdout);
+  ConfigFollower follower(
+      options.config_dir, std::move(config),
+      [&](const sluice::envoy::ServiceConfig& next) { return (*limiter)->reload(next); });
+  serve_until_signal(*server, follower, options, signals);
+  server->Wait();
+  log("stopped");
+  return 0;
+}
+
+#ifdef SLUICE_ENVOY_RLS_REDIS
+// The Redis client of --redis-socket or --redis-address.
+absl::StatusOr<std::shared_ptr<sluice::redis::Client>> redis_client(const Options& o) {
+  sluice::redis::ClientOptions c;
+  c.key_prefix = o.redis_key_prefix;
+  c.key_seed = o.redis_key_seed;
+  c.cluster = o.redis_cluster;
+  if (!o.redis_socket.empty()) {
+    c.connection.unix_socket = o.redis_socket;
+  } else {
+    const std::size_t colon = o.redis_address.rfind(':');
+    std::uint64_t port = 0;
+    if (colon == std::string::npos || !parse_count(o.redis_address.c_str() + colon + 1, port) ||
+        port == 0 || port > 65535) {
+      return absl::InvalidArgumentError("--redis-address takes HOST:PORT");
+    }
+    c.connection.host = o.redis_address.substr(0, colon);
+    c.connection.port = static_cast<int>(port);
+  }
+  return sluice::redis::Client::create(std::move(c));
+}
+#endif  // SLUICE_ENVOY_RLS_REDIS
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -191,29 +278,25 @@ int main(int argc, char** argv) {
     log(config.status().ToString());
     return 2;
   }
-  auto limiter = sluice::envoy::Limiter::create(
-      *config, {.bounds = options->bounds, .response_headers = options->response_headers});
-  if (!limiter.ok()) {
-    log(limiter.status().ToString());
+  if (options->redis_socket.empty() && options->redis_address.empty()) {
+    return serve<sluice::InMemoryBackend<>>(
+        *options, *std::move(config),
+        {.bounds = options->bounds, .response_headers = options->response_headers}, signals);
+  }
+#ifndef SLUICE_ENVOY_RLS_REDIS
+  log("built without the Redis part (hiredis): --redis-* flags are not available");
+  return 2;
+#else
+  absl::StatusOr<std::shared_ptr<sluice::redis::Client>> client = redis_client(*options);
+  if (!client.ok()) {
+    log(client.status().ToString());
     return 2;
   }
-  sluice::envoy::RateLimitService service(**limiter);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(options->listen, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    log(absl::StrCat("cannot listen on ", options->listen));
-    return 1;
-  }
-  const std::string host = options->listen.substr(0, options->listen.rfind(':'));
-  std::printf("sluice_envoy_rls: listening on %s:%d\n", host.c_str(), port);
-  std::fflush(stdout);
-  ConfigFollower follower(options->config_dir, *std::move(config), **limiter);
-  serve_until_signal(*server, follower, *options, signals);
-  server->Wait();
-  log("stopped");
-  return 0;
+  return serve<sluice::redis::RedisEngineBackend>(*options, *std::move(config),
+                                                  {.bounds = options->bounds,
+                                                   .on_backend_error = options->on_redis_error,
+                                                   .response_headers = options->response_headers,
+                                                   .backend = {.client = *std::move(client)}},
+                                                  signals);
+#endif
 }
