@@ -312,6 +312,14 @@ TEST_CASE("envoy: shadow mode counts without denying; unlimited never limits", "
     CHECK(s.over_limit == 0);
   }
   CHECK(found);
+  std::string metrics;
+  sluice::envoy::append_prometheus_text(metrics, server.limiter());
+  CHECK(metrics.find("sluice_envoy_shadow_mode_total{limit=\"messaging.sender\"} 1\n") !=
+        std::string::npos);
+  CHECK(metrics.find("sluice_envoy_hits_total{limit=\"messaging.internal_true\"} 2\n") !=
+        std::string::npos);
+  CHECK(metrics.find("sluice_envoy_backend_errors_total{failure_mode=\"fail_open\"} 0\n") !=
+        std::string::npos);
 }
 
 TEST_CASE("envoy: a limit replaced by another matched limit does not apply", "[envoy]") {

@@ -11,6 +11,8 @@
 // and --redis-key-seed shares them (--redis-cluster: the address names one node of a Redis
 // Cluster). When Redis fails, --redis-failure-mode decides: fail_open (default) answers OK,
 // fail_closed OVER_LIMIT.
+// - Metrics: with --metrics-listen HOST:PORT, GET /metrics there answers every limit's counters
+//   in the Prometheus text format (sluice/envoy/prometheus.hpp).
 // - Health: the standard gRPC health service (grpc.health.v1.Health) answers SERVING for the
 //   empty service name while the service runs, NOT_SERVING once it drains.
 // - Reload: the directory is read again every --reload-poll-ms (0: only on SIGHUP) and on SIGHUP;
@@ -43,6 +45,9 @@
 #ifdef SLUICE_ENVOY_RLS_REDIS
 #include "sluice/redis.hpp"
 #endif
+#ifdef SLUICE_ENVOY_RLS_METRICS
+#include <httplib.h>
+#endif
 
 namespace {
 
@@ -52,7 +57,8 @@ constexpr std::string_view kUsage =
     "                        [--max-entries N] [--max-value-bytes N]\n"
     "                        [--redis-socket PATH | --redis-address HOST:PORT [--redis-cluster]]\n"
     "                        [--redis-key-prefix P] [--redis-key-seed N]\n"
-    "                        [--redis-failure-mode fail_open|fail_closed]\n";
+    "                        [--redis-failure-mode fail_open|fail_closed]\n"
+    "                        [--metrics-listen HOST:PORT]\n";
 
 struct Options {
   std::string config_dir;
@@ -66,6 +72,7 @@ struct Options {
   std::string redis_address;  // HOST:PORT
   bool redis_cluster = false;
   std::string redis_key_prefix = "sluice:envoy:";
+  std::string metrics_listen;  // HOST:PORT of the Prometheus endpoint; empty: none
   std::uint64_t redis_key_seed = 0;
   sluice::FailureMode on_redis_error = sluice::FailureMode::kFailOpen;
 };
@@ -102,6 +109,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.bounds.max_entries = n;
     } else if (flag == "--max-value-bytes" && count && n > 0) {
       o.bounds.max_value_bytes = n;
+    } else if (flag == "--metrics-listen") {
+      o.metrics_listen = value;
     } else if (flag == "--redis-socket") {
       o.redis_socket = value;
     } else if (flag == "--redis-address") {
@@ -225,11 +234,37 @@ int serve(const Options& options, sluice::envoy::ServiceConfig config,
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   std::printf("sluice_envoy_rls: listening on %s:%d\n", host.c_str(), port);
   std::fflush(stdout);
+#ifdef SLUICE_ENVOY_RLS_METRICS
+  httplib::Server metrics;
+  std::thread metrics_thread;
+  if (!options.metrics_listen.empty()) {
+    metrics.Get("/metrics", [&](const httplib::Request&, httplib::Response& response) {
+      std::string body;
+      sluice::envoy::append_prometheus_text(body, **limiter);
+      response.set_content(body, std::string(sluice::kPrometheusContentType));
+    });
+    const std::size_t colon = options.metrics_listen.rfind(':');
+    std::uint64_t metrics_port = 0;
+    if (colon == std::string::npos ||
+        !parse_count(options.metrics_listen.c_str() + colon + 1, metrics_port) ||
+        metrics_port > 65535 ||
+        !metrics.bind_to_port(options.metrics_listen.substr(0, colon),
+                              static_cast<int>(metrics_port))) {
+      log(absl::StrCat("cannot serve metrics on ", options.metrics_listen));
+      return 1;
+    }
+    metrics_thread = std::thread([&] { metrics.listen_after_bind(); });
+  }
+#endif
   ConfigFollower follower(
       options.config_dir, std::move(config),
       [&](const sluice::envoy::ServiceConfig& next) { return (*limiter)->reload(next); });
   serve_until_signal(*server, follower, options, signals);
   server->Wait();
+#ifdef SLUICE_ENVOY_RLS_METRICS
+  metrics.stop();
+  if (metrics_thread.joinable()) metrics_thread.join();
+#endif
   log("stopped");
   return 0;
 }

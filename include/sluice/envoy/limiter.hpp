@@ -144,6 +144,10 @@ class BasicLimiter {
     return absl::OkStatus();
   }
 
+  // Calls whose backend failed (decided by the failure mode), over the limiter's life.
+  std::uint64_t backend_errors() const { return backend_errors_.load(std::memory_order_relaxed); }
+  FailureMode failure_mode() const { return options_.on_backend_error; }
+
   // Every limit's counters, configured limits first, in configuration order.
   std::vector<LimitStats> stats() const {
     std::shared_ptr<const Generation> gen = current();
@@ -369,6 +373,7 @@ class BasicLimiter {
       const detail::LimitRule& rule = gen.rule(step.rule);
       if (rule.unlimited) {
         status.limit_remaining = std::numeric_limits<std::uint32_t>::max();
+        count(gen, step, Decision{.remaining = status.limit_remaining}, false, over);
         continue;
       }
       const Decision& d = decisions[i];
@@ -523,6 +528,7 @@ class BasicLimiter {
             std::span<Decision> out, Response& response) const {
     if (gen.backend.check_rules(keys, mode, out).ok()) return true;
     response.backend_failed = true;
+    backend_errors_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
 
@@ -558,6 +564,7 @@ class BasicLimiter {
   }
 
   const Options options_;
+  mutable std::atomic<std::uint64_t> backend_errors_{0};
   mutable sluice::detail::SpinLock current_lock_;
   mutable std::shared_ptr<const Generation> current_ ABSL_GUARDED_BY(current_lock_);
   mutable sluice::detail::Mutex reload_mutex_;  // serializes publishers; never taken to read
