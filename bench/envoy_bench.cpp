@@ -27,7 +27,8 @@ namespace rls = ::envoy::service::ratelimit::v3;
 
 // The ceiling: answers OK with one status per descriptor, deciding nothing.
 class EmptyService final : public rls::RateLimitService::Service {
-  grpc::Status ShouldRateLimit(grpc::ServerContext* /*context*/, const rls::RateLimitRequest* request,
+  grpc::Status ShouldRateLimit(grpc::ServerContext* /*context*/,
+                               const rls::RateLimitRequest* request,
                                rls::RateLimitResponse* reply) override {
     reply->set_overall_code(rls::RateLimitResponse::OK);
     for (int i = 0; i < request->descriptors_size(); ++i) {
@@ -97,14 +98,15 @@ void run(benchmark::State& state, bool sluice) {
   }
   std::sort(latencies.begin(), latencies.end());
   const auto at = [&](std::size_t permille) {
-    return latencies.empty() ? 0.0
-                             : static_cast<double>(latencies[latencies.size() * permille / 1000]) / 1e3;
+    return latencies.empty()
+               ? 0.0
+               : static_cast<double>(latencies[latencies.size() * permille / 1000]) / 1e3;
   };
   state.counters["p50_us"] = benchmark::Counter(at(500), benchmark::Counter::kAvgThreads);
   state.counters["p99_us"] = benchmark::Counter(at(990), benchmark::Counter::kAvgThreads);
   state.counters["failed"] = benchmark::Counter(static_cast<double>(failed));
-  state.counters["calls_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()),
-                                                     benchmark::Counter::kIsRate);
+  state.counters["calls_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 // The decision alone, without gRPC: what the service adds to each call.

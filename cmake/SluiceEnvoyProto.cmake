@@ -38,5 +38,7 @@ if(TARGET protobuf::protoc AND TARGET protobuf::libprotobuf AND SLUICE_GRPC_CPP_
   target_include_directories(sluice_envoy_proto SYSTEM PUBLIC "$<BUILD_INTERFACE:${proto_out}>")
   target_link_libraries(sluice_envoy_proto PUBLIC gRPC::grpc++ protobuf::libprotobuf)
   target_compile_options(sluice_envoy_proto PRIVATE -w)
-  set_target_properties(sluice_envoy_proto PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  # Built only when something links it (the service, its tests): a project that vendors sluice
+  # does not compile the protocol unless it uses the Envoy part.
+  set_target_properties(sluice_envoy_proto PROPERTIES POSITION_INDEPENDENT_CODE ON EXCLUDE_FROM_ALL ON)
 endif()

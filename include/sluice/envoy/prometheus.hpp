@@ -30,7 +30,7 @@ template <EngineBackend Backend>
 void append_prometheus_text(std::string& out, const BasicLimiter<Backend>& limiter) {
   struct Family {
     sluice::detail::PrometheusFamily family;
-    std::uint64_t LimitStats::*counter;
+    std::uint64_t LimitStats::*counter = nullptr;
   };
   static constexpr Family kFamilies[] = {
       {{"sluice_envoy_hits_total", "counter", "Hits that reached the limit."},
@@ -40,10 +40,8 @@ void append_prometheus_text(std::string& out, const BasicLimiter<Backend>& limit
       {{"sluice_envoy_near_limit_total", "counter",
         "Admitted hits that left less than a fifth of the burst."},
        &LimitStats::near_limit},
-      {{"sluice_envoy_within_limit_total", "counter", "Admitted hits."},
-       &LimitStats::within_limit},
-      {{"sluice_envoy_shadow_mode_total", "counter",
-        "Hits a shadow mode limit would have denied."},
+      {{"sluice_envoy_within_limit_total", "counter", "Admitted hits."}, &LimitStats::within_limit},
+      {{"sluice_envoy_shadow_mode_total", "counter", "Hits a shadow mode limit would have denied."},
        &LimitStats::shadow_mode},
   };
   const std::vector<LimitStats> stats = limiter.stats();
