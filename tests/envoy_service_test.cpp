@@ -26,6 +26,7 @@
 #include "sluice/clock.hpp"
 #include "sluice/envoy.hpp"
 #ifdef SLUICE_TEST_REDIS
+#include "redis_cluster.hpp"
 #include "redis_fixture.hpp"
 #include "sluice/redis.hpp"
 #endif
@@ -626,6 +627,41 @@ TEST_CASE("envoy: two service replicas over one Redis share one budget", "[envoy
   CHECK(over.statuses(0).limit_remaining() == 97);  // all or nothing across replicas too
   redis.redis.kill();
   CHECK(a.call(request("d", {{{"j", "y"}}})).overall_code() == kOverLimit);  // fail_closed
+  CHECK(a.terminate() == 0);
+  CHECK(b.terminate() == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("envoy: two service replicas over one Redis Cluster share one budget",
+          "[envoy][e2e][redis][cluster]") {
+  sluice_test::RedisCluster& cluster = sluice_test::RedisCluster::shared();
+  INFO(cluster.error());
+  REQUIRE(cluster.error().empty());
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("sluice_envoy_rls_cluster_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  write_file(dir / "d.yaml",
+             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, "
+             "requests_per_unit: 3}\n  - key: j\n    rate_limit: {unit: day, "
+             "requests_per_unit: 100}\n");
+  const std::vector<std::string> shared = {
+      "--redis-address", absl::StrCat("127.0.0.1:", cluster.seed_port()), "--redis-cluster",
+      "--redis-key-seed", absl::StrCat(getpid())};
+  RlsProcess a(dir.string(), shared);
+  RlsProcess b(dir.string(), shared);
+  // Many descriptors: their keys fall in several slots, decided per node.
+  rls::RateLimitRequest wide = request("d", {{{"k", "x"}}});
+  for (int i = 0; i < 8; ++i) add(wide, {{"j", absl::StrCat("v", i).c_str()}});
+  for (int i = 0; i < 3; ++i) CHECK((i % 2 == 0 ? a : b).call(wide).overall_code() == kOk);
+  rls::RateLimitResponse over = b.call(wide);
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  for (int i = 1; i <= 8; ++i) {
+    INFO(i);
+    CHECK(over.statuses(i).code() == kOk);
+    CHECK(over.statuses(i).limit_remaining() == 97);  // given back on every slot
+  }
   CHECK(a.terminate() == 0);
   CHECK(b.terminate() == 0);
   std::filesystem::remove_all(dir);
