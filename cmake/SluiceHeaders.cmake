@@ -4,11 +4,11 @@
 # a list to keep in step (a header missing from such a list used to be left out of the package).
 #
 # sluice_part_headers(<part> <out-var>): the headers of <part> (core, redis, postgres, yaml, grpc,
-# httplib), as paths relative to the project's source directory.
+# httplib, envoy), as paths relative to the project's source directory.
 file(GLOB_RECURSE SLUICE_PUBLIC_HEADERS CONFIGURE_DEPENDS
   RELATIVE "${PROJECT_SOURCE_DIR}" "${PROJECT_SOURCE_DIR}/include/sluice/*.hpp")
 list(SORT SLUICE_PUBLIC_HEADERS)
-set(SLUICE_OPTIONAL_PARTS redis postgres yaml grpc httplib)
+set(SLUICE_OPTIONAL_PARTS redis postgres yaml grpc httplib envoy)
 
 function(sluice_part_headers part out)
   set(headers ${SLUICE_PUBLIC_HEADERS})

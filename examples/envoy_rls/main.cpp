@@ -1,0 +1,337 @@
+// sluice_envoy_rls — an Envoy rate limit service (envoy.service.ratelimit.v3.RateLimitService)
+// over sluice's limiters, configured by a directory of the reference service's YAML files.
+//
+//   sluice_envoy_rls --config-dir DIR [--listen 127.0.0.1:8081] [--response-headers]
+//                    [--drain-seconds 5] [--reload-poll-ms 1000] [--max-descriptors 64]
+//                    [--max-entries 32] [--max-value-bytes 4096]
+//
+// The first line on stdout is "sluice_envoy_rls: listening on <host>:<port>" (`--listen
+// 127.0.0.1:0` picks a free port). Limits are kept in memory (one replica), or with
+// --redis-socket / --redis-address in Redis, where every replica with the same --redis-key-prefix
+// and --redis-key-seed shares them (--redis-cluster: the address names one node of a Redis
+// Cluster). When Redis fails, --redis-failure-mode decides: fail_open (default) answers OK,
+// fail_closed OVER_LIMIT.
+// - Metrics: with --metrics-listen HOST:PORT, GET /metrics there answers every limit's counters
+//   in the Prometheus text format (sluice/envoy/prometheus.hpp).
+// - Health: the standard gRPC health service (grpc.health.v1.Health) answers SERVING for the
+//   empty service name while the service runs, NOT_SERVING once it drains.
+// - Reload: the directory is read again every --reload-poll-ms (0: only on SIGHUP) and on SIGHUP;
+//   a changed configuration is published, keeping every unchanged limit's counters; an invalid one
+//   is logged to stderr with its file:line:column and the last good one keeps serving.
+// - Drain: on SIGTERM or SIGINT the health service turns NOT_SERVING, the server stops accepting
+//   calls and waits up to --drain-seconds for the calls in flight, then exits 0.
+// - Errors in requests (bounds, empty domain, ...) answer INVALID_ARGUMENT (sluice/envoy.hpp).
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "sluice/envoy.hpp"
+#ifdef SLUICE_ENVOY_RLS_REDIS
+#include "sluice/redis.hpp"
+#endif
+#ifdef SLUICE_ENVOY_RLS_METRICS
+#include <httplib.h>
+#endif
+
+namespace {
+
+constexpr std::string_view kUsage =
+    "usage: sluice_envoy_rls --config-dir DIR [--listen HOST:PORT] [--response-headers]\n"
+    "                        [--drain-seconds N] [--reload-poll-ms N] [--max-descriptors N]\n"
+    "                        [--max-entries N] [--max-value-bytes N]\n"
+    "                        [--redis-socket PATH | --redis-address HOST:PORT [--redis-cluster]]\n"
+    "                        [--redis-key-prefix P] [--redis-key-seed N]\n"
+    "                        [--redis-failure-mode fail_open|fail_closed]\n"
+    "                        [--metrics-listen HOST:PORT]\n";
+
+struct Options {
+  std::string config_dir;
+  std::string listen = "127.0.0.1:8081";
+  bool response_headers = false;
+  std::uint64_t drain_seconds = 5;
+  std::uint64_t reload_poll_ms = 1000;
+  sluice::envoy::RequestBounds bounds{};
+  // Redis: empty socket and address keep the limits in memory.
+  std::string redis_socket;
+  std::string redis_address;  // HOST:PORT
+  bool redis_cluster = false;
+  std::string redis_key_prefix = "sluice:envoy:";
+  std::string metrics_listen;  // HOST:PORT of the Prometheus endpoint; empty: none
+  std::uint64_t redis_key_seed = 0;
+  sluice::FailureMode on_redis_error = sluice::FailureMode::kFailOpen;
+};
+
+bool parse_count(const char* text, std::uint64_t& out) {
+  const char* end = text + std::strlen(text);
+  const auto [ptr, error] = std::from_chars(text, end, out);
+  return error == std::errc() && ptr == end;
+}
+
+std::optional<Options> parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--response-headers" || flag == "--redis-cluster") {
+      (flag == "--response-headers" ? o.response_headers : o.redis_cluster) = true;
+      continue;
+    }
+    if (i + 1 >= argc) return std::nullopt;
+    const char* value = argv[++i];
+    std::uint64_t n = 0;
+    const bool count = parse_count(value, n);
+    if (flag == "--config-dir") {
+      o.config_dir = value;
+    } else if (flag == "--listen") {
+      o.listen = value;
+    } else if (flag == "--drain-seconds" && count) {
+      o.drain_seconds = n;
+    } else if (flag == "--reload-poll-ms" && count) {
+      o.reload_poll_ms = n;
+    } else if (flag == "--max-descriptors" && count && n > 0) {
+      o.bounds.max_descriptors = n;
+    } else if (flag == "--max-entries" && count && n > 0) {
+      o.bounds.max_entries = n;
+    } else if (flag == "--max-value-bytes" && count && n > 0) {
+      o.bounds.max_value_bytes = n;
+    } else if (flag == "--metrics-listen") {
+      o.metrics_listen = value;
+    } else if (flag == "--redis-socket") {
+      o.redis_socket = value;
+    } else if (flag == "--redis-address") {
+      o.redis_address = value;
+    } else if (flag == "--redis-key-prefix") {
+      o.redis_key_prefix = value;
+    } else if (flag == "--redis-key-seed" && count) {
+      o.redis_key_seed = n;
+    } else if (flag == "--redis-failure-mode" && (std::string_view(value) == "fail_open" ||
+                                                  std::string_view(value) == "fail_closed")) {
+      o.on_redis_error = std::string_view(value) == "fail_open" ? sluice::FailureMode::kFailOpen
+                                                                : sluice::FailureMode::kFailClosed;
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (o.config_dir.empty()) return std::nullopt;
+  return o;
+}
+
+void log(std::string_view what) {
+  std::fprintf(stderr, "sluice_envoy_rls: %.*s\n", static_cast<int>(what.size()), what.data());
+}
+
+// Follows the configuration directory: reload() publishes it when it changed.
+class ConfigFollower {
+ public:
+  // Publishes a configuration into the limiter (its reload).
+  using Reload = std::function<absl::Status(const sluice::envoy::ServiceConfig&)>;
+  ConfigFollower(std::string dir, sluice::envoy::ServiceConfig first, Reload limiter)
+      : dir_(std::move(dir)), last_(std::move(first)), limiter_(std::move(limiter)) {}
+
+  void reload() {
+    std::lock_guard lock(mutex_);
+    absl::StatusOr<sluice::envoy::ServiceConfig> next = sluice::envoy::load_config_directory(dir_);
+    if (!next.ok()) {
+      if (next.status() != last_error_)
+        log(absl::StrCat("reload refused: ", next.status().message()));
+      last_error_ = next.status();
+      return;
+    }
+    last_error_ = absl::OkStatus();
+    if (*next == last_) return;
+    if (absl::Status s = limiter_(*next); !s.ok()) {
+      log(absl::StrCat("reload refused: ", s.message()));
+      return;
+    }
+    last_ = *std::move(next);
+    log("configuration reloaded");
+  }
+
+ private:
+  const std::string dir_;
+  std::mutex mutex_;
+  sluice::envoy::ServiceConfig last_;
+  absl::Status last_error_;
+  const Reload limiter_;
+};
+
+// Polls the directory every `interval` until `stop` is set.
+void poll(ConfigFollower& follower, std::chrono::milliseconds interval,
+          const std::atomic<bool>& stop, std::mutex& mutex, std::condition_variable& wake) {
+  std::unique_lock lock(mutex);
+  while (!stop.load()) {
+    wake.wait_for(lock, interval, [&] { return stop.load(); });
+    if (stop.load()) break;
+    lock.unlock();
+    follower.reload();
+    lock.lock();
+  }
+}
+
+// Until SIGTERM or SIGINT (SIGHUP reloads); then NOT_SERVING and a drain of the calls in flight.
+void serve_until_signal(grpc::Server& server, ConfigFollower& follower, const Options& options,
+                        const sigset_t& signals) {
+  std::atomic<bool> stop{false};
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::thread poller;
+  if (options.reload_poll_ms > 0) {
+    poller =
+        std::thread(poll, std::ref(follower), std::chrono::milliseconds(options.reload_poll_ms),
+                    std::cref(stop), std::ref(mutex), std::ref(wake));
+  }
+  int signal = 0;
+  while (sigwait(&signals, &signal) == 0 && signal == SIGHUP) follower.reload();
+  log("draining");
+  if (grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService()) {
+    health->SetServingStatus(false);
+  }
+  server.Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(options.drain_seconds));
+  {
+    std::lock_guard lock(mutex);
+    stop.store(true);
+  }
+  wake.notify_all();
+  if (poller.joinable()) poller.join();
+}
+
+// Serves `config` over `Backend` until a signal stops it; the exit code.
+template <class Backend>
+int serve(const Options& options, sluice::envoy::ServiceConfig config,
+          typename sluice::envoy::BasicLimiter<Backend>::Options limiter_options,
+          const sigset_t& signals) {
+  auto limiter = sluice::envoy::BasicLimiter<Backend>::create(config, std::move(limiter_options));
+  if (!limiter.ok()) {
+    log(limiter.status().ToString());
+    return 2;
+  }
+  sluice::envoy::BasicRateLimitService<Backend> service(**limiter);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    log(absl::StrCat("cannot listen on ", options.listen));
+    return 1;
+  }
+  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  std::printf("sluice_envoy_rls: listening on %s:%d\n", host.c_str(), port);
+  std::fflush(stdout);
+#ifdef SLUICE_ENVOY_RLS_METRICS
+  httplib::Server metrics;
+  std::thread metrics_thread;
+  if (!options.metrics_listen.empty()) {
+    metrics.Get("/metrics", [&](const httplib::Request&, httplib::Response& response) {
+      std::string body;
+      sluice::envoy::append_prometheus_text(body, **limiter);
+      response.set_content(body, std::string(sluice::kPrometheusContentType));
+    });
+    const std::size_t colon = options.metrics_listen.rfind(':');
+    std::uint64_t metrics_port = 0;
+    if (colon == std::string::npos ||
+        !parse_count(options.metrics_listen.c_str() + colon + 1, metrics_port) ||
+        metrics_port > 65535 ||
+        !metrics.bind_to_port(options.metrics_listen.substr(0, colon),
+                              static_cast<int>(metrics_port))) {
+      log(absl::StrCat("cannot serve metrics on ", options.metrics_listen));
+      return 1;
+    }
+    metrics_thread = std::thread([&] { metrics.listen_after_bind(); });
+  }
+#endif
+  ConfigFollower follower(
+      options.config_dir, std::move(config),
+      [&](const sluice::envoy::ServiceConfig& next) { return (*limiter)->reload(next); });
+  serve_until_signal(*server, follower, options, signals);
+  server->Wait();
+#ifdef SLUICE_ENVOY_RLS_METRICS
+  metrics.stop();
+  if (metrics_thread.joinable()) metrics_thread.join();
+#endif
+  log("stopped");
+  return 0;
+}
+
+#ifdef SLUICE_ENVOY_RLS_REDIS
+// The Redis client of --redis-socket or --redis-address.
+absl::StatusOr<std::shared_ptr<sluice::redis::Client>> redis_client(const Options& o) {
+  sluice::redis::ClientOptions c;
+  c.key_prefix = o.redis_key_prefix;
+  c.key_seed = o.redis_key_seed;
+  c.cluster = o.redis_cluster;
+  if (!o.redis_socket.empty()) {
+    c.connection.unix_socket = o.redis_socket;
+  } else {
+    const std::size_t colon = o.redis_address.rfind(':');
+    std::uint64_t port = 0;
+    if (colon == std::string::npos || !parse_count(o.redis_address.c_str() + colon + 1, port) ||
+        port == 0 || port > 65535) {
+      return absl::InvalidArgumentError("--redis-address takes HOST:PORT");
+    }
+    c.connection.host = o.redis_address.substr(0, colon);
+    c.connection.port = static_cast<int>(port);
+  }
+  return sluice::redis::Client::create(std::move(c));
+}
+#endif  // SLUICE_ENVOY_RLS_REDIS
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::optional<Options> options = parse_args(argc, argv);
+  if (!options) {
+    std::fputs(kUsage.data(), stderr);
+    return 2;
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before any thread starts: all inherit it
+
+  absl::StatusOr<sluice::envoy::ServiceConfig> config =
+      sluice::envoy::load_config_directory(options->config_dir);
+  if (!config.ok()) {
+    log(config.status().ToString());
+    return 2;
+  }
+  if (options->redis_socket.empty() && options->redis_address.empty()) {
+    return serve<sluice::InMemoryBackend<>>(
+        *options, *std::move(config),
+        {.bounds = options->bounds, .response_headers = options->response_headers}, signals);
+  }
+#ifndef SLUICE_ENVOY_RLS_REDIS
+  log("built without the Redis part (hiredis): --redis-* flags are not available");
+  return 2;
+#else
+  absl::StatusOr<std::shared_ptr<sluice::redis::Client>> client = redis_client(*options);
+  if (!client.ok()) {
+    log(client.status().ToString());
+    return 2;
+  }
+  return serve<sluice::redis::RedisEngineBackend>(*options, *std::move(config),
+                                                  {.bounds = options->bounds,
+                                                   .on_backend_error = options->on_redis_error,
+                                                   .response_headers = options->response_headers,
+                                                   .backend = {.client = *std::move(client)}},
+                                                  signals);
+#endif
+}

@@ -1,0 +1,577 @@
+// sluice/envoy/limiter.hpp — Envoy's ShouldRateLimit decided over an engine backend: a domain's
+// descriptors matched against a ServiceConfig and counted all-or-nothing.
+//
+//   auto limiter = sluice::envoy::Limiter::create(config);  // in memory, one replica
+//   if (!limiter.ok()) return limiter.status();             // InvalidArgument naming the limit
+//   sluice::envoy::Response response;
+//   absl::Status s = (*limiter)->should_rate_limit(request, response);  // InvalidArgument: bounds
+//   (*limiter)->reload(next_config);  // unchanged limits keep their counters
+//
+// Semantics (the descriptor walk is in sluice/envoy/config.hpp):
+// - Hits: a descriptor adds its own `hits_addend` if set, else the request's; 0 counts as 1.
+//   Descriptors on the same counter (same limit and entries) are decided once, hits summed.
+// - A descriptor with a `limit` override is counted by that limit alone, under a counter of its
+//   own (per domain, entries and override), whether or not a configured limit matches; an
+//   override never runs in shadow mode. Overrides need a known domain, like every limit.
+// - A matched limit whose name another matched limit of the same request `replaces` does not
+//   apply. An `unlimited` limit applies and never limits (remaining 2^32-1).
+// - All or nothing: the enforcing limits of a request are decided together under all their
+//   locks (one Redis script on Redis); if any of them denies, the request is OVER_LIMIT and
+//   nothing is consumed on any descriptor. Each descriptor then reports its own code and its
+//   state as it stands (not reduced by this request). Hits above a limit's burst, or a limit of
+//   0 requests, deny without consuming anything.
+// - Shadow mode limits are decided after the enforcing ones: they consume when the request is
+//   admitted and their bucket has room, never deny, and always report OK.
+// - An unknown domain, or a descriptor no limit matches, answers OK without a limit.
+//
+// Thread-safety: should_rate_limit and stats may be called concurrently from any threads, and
+// concurrently with reload (which readers never wait for: a generation is published by swapping
+// one pointer). Complexity: O(descriptors × entries) lookups plus one backend call (two when the
+// request is over limit, one more when it has shadow mode limits).
+#ifndef SLUICE_ENVOY_LIMITER_HPP_
+#define SLUICE_ENVOY_LIMITER_HPP_
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/decision.hpp"
+#include "sluice/detail/mutex.hpp"
+#include "sluice/detail/spin_lock.hpp"
+#include "sluice/engine.hpp"
+#include "sluice/envoy/config.hpp"
+#include "sluice/envoy/detail/compiled_limits.hpp"
+#include "sluice/envoy/request.hpp"
+#include "sluice/http_fields.hpp"
+#include "sluice/key.hpp"
+#include "sluice/policy.hpp"
+
+namespace sluice::envoy {
+
+// Bounds on what one request may carry; a request beyond them is refused with InvalidArgument
+// before anything is looked up or allocated for it.
+struct RequestBounds {
+  std::size_t max_domain_bytes = 256;
+  std::size_t max_descriptors = 64;
+  std::size_t max_entries = 32;  // per descriptor
+  std::size_t max_key_bytes = 256;
+  std::size_t max_value_bytes = 4096;
+  // Distinct (requests_per_unit, unit) overrides with counters, over the limiter's life.
+  std::size_t max_overrides = 64;
+};
+
+// One limit's counters over the limiter's life (kept across reloads by label): hits counted
+// once per request that reached the limit, as in the reference service.
+struct LimitStats {
+  std::string label{};
+  std::uint64_t total_hits = 0;
+  std::uint64_t over_limit = 0;    // hits of requests this limit denied
+  std::uint64_t near_limit = 0;    // admitted hits that left less than a fifth of the burst
+  std::uint64_t within_limit = 0;  // admitted hits
+  std::uint64_t shadow_mode = 0;   // hits a shadow mode limit would have denied
+  friend bool operator==(const LimitStats&, const LimitStats&) = default;
+};
+
+template <EngineBackend Backend>
+class BasicLimiter {
+ public:
+  struct Options {
+    RequestBounds bounds{};
+    // When the backend fails: kFailOpen answers OK, kFailClosed OVER_LIMIT (kLocal is refused).
+    FailureMode on_backend_error = FailureMode::kFailOpen;
+    bool response_headers = false;  // fill Response::headers
+    typename Backend::Options backend{};
+  };
+
+  static absl::StatusOr<std::unique_ptr<BasicLimiter>> create(const ServiceConfig& config,
+                                                              Options options = {}) {
+    if (options.on_backend_error == FailureMode::kLocal) {
+      return absl::InvalidArgumentError("the Envoy service supports fail_open and fail_closed");
+    }
+    std::unique_ptr<BasicLimiter> limiter(new BasicLimiter(std::move(options)));
+    if (absl::Status s = limiter->reload(config); !s.ok()) return s;
+    return limiter;
+  }
+
+  BasicLimiter(const BasicLimiter&) = delete;
+  BasicLimiter& operator=(const BasicLimiter&) = delete;
+
+  // Decides `request` into `response` (cleared first). InvalidArgument when the request breaks
+  // the bounds or the protocol (empty domain, no descriptors, a descriptor without entries, an
+  // empty key, an override of unknown unit); a backend failure is decided by the failure mode.
+  absl::Status should_rate_limit(const Request& request, Response& response) const {
+    response.overall_code = Code::kOk;
+    response.statuses.assign(request.descriptors.size(), DescriptorStatus{});
+    response.retry_after = std::chrono::nanoseconds(0);
+    response.backend_failed = false;
+    response.headers.clear();
+    if (absl::Status s = validate(request); !s.ok()) return s;
+    absl::StatusOr<std::shared_ptr<const Generation>> gen = generation_for(request);
+    if (!gen.ok()) return gen.status();
+    Plan plan = make_plan(**gen, request);
+    decide(**gen, plan, response);
+    return absl::OkStatus();
+  }
+
+  // Compiles `config` and publishes it. Every limit whose place in the tree and windows are
+  // unchanged keeps its counters; one whose windows changed carries each key's spent share (the
+  // in-memory backend); overrides keep theirs. On error the running configuration stays.
+  absl::Status reload(const ServiceConfig& config) {
+    absl::StatusOr<detail::CompiledLimits> compiled = detail::CompiledLimits::compile(config);
+    if (!compiled.ok()) return compiled.status();
+    sluice::detail::MutexLock lock(reload_mutex_);
+    std::shared_ptr<const Generation> now = current();
+    auto limits = std::make_shared<const detail::CompiledLimits>(*std::move(compiled));
+    absl::StatusOr<std::shared_ptr<const Generation>> next =
+        build(limits, now ? now->overrides : std::vector<detail::LimitRule>{}, now.get());
+    if (!next.ok()) return next.status();
+    publish(*std::move(next));
+    return absl::OkStatus();
+  }
+
+  // Calls whose backend failed (decided by the failure mode), over the limiter's life.
+  std::uint64_t backend_errors() const { return backend_errors_.load(std::memory_order_relaxed); }
+  FailureMode failure_mode() const { return options_.on_backend_error; }
+
+  // Every limit's counters, configured limits first, in configuration order.
+  std::vector<LimitStats> stats() const {
+    std::shared_ptr<const Generation> gen = current();
+    std::vector<LimitStats> out;
+    for (std::size_t i = 0; i < gen->counters.size(); ++i) {
+      const Counters& c = *gen->counters[i];
+      out.push_back({.label = gen->rule(i).label,
+                     .total_hits = c.total_hits.load(),
+                     .over_limit = c.over_limit.load(),
+                     .near_limit = c.near_limit.load(),
+                     .within_limit = c.within_limit.load(),
+                     .shadow_mode = c.shadow_mode.load()});
+    }
+    return out;
+  }
+
+ private:
+  struct Counters {
+    std::atomic<std::uint64_t> total_hits{0}, over_limit{0}, near_limit{0}, within_limit{0},
+        shadow_mode{0};
+  };
+
+  // One published configuration: the compiled limits, the overrides seen so far (their backend
+  // rules follow the limits'), the backend over all of them and every rule's counters.
+  struct Generation {
+    std::shared_ptr<const detail::CompiledLimits> limits;
+    std::vector<detail::LimitRule> overrides;
+    absl::flat_hash_map<std::uint64_t, std::size_t> override_index;  // override_id -> overrides
+    std::vector<CompiledRule> backend_rules;
+    mutable Backend backend;  // check_rules is thread-safe; the engine holds its backend alike
+    std::vector<std::shared_ptr<Counters>> counters;  // limits' rules, then overrides
+
+    const detail::LimitRule& rule(std::size_t i) const {
+      return i < limits->rule_count() ? limits->rule(i) : overrides[i - limits->rule_count()];
+    }
+  };
+
+  // A descriptor as it will be decided: its rule (index into Generation::rule) and hits.
+  struct Step {
+    std::size_t rule = detail::kNone;
+    std::uint64_t hits = 1;
+    bool never_fits = false;  // a limit of 0, or more hits than the burst
+  };
+  struct Plan {
+    absl::InlinedVector<Step, 8> steps;
+    absl::InlinedVector<std::string, 8> keys;  // counter keys, per step
+  };
+
+  explicit BasicLimiter(Options options) : options_(std::move(options)) {}
+
+  static std::uint64_t override_id(const LimitOverride& o) {
+    return (std::uint64_t{o.requests_per_unit} << 8) | static_cast<std::uint64_t>(o.unit);
+  }
+
+  std::shared_ptr<const Generation> current() const {
+    sluice::detail::SpinLockHolder hold(current_lock_);
+    return current_;
+  }
+
+  void publish(std::shared_ptr<const Generation> next) const {
+    {
+      sluice::detail::SpinLockHolder hold(current_lock_);
+      std::swap(current_, next);
+    }  // the old generation is released here, outside the spin lock
+  }
+
+  absl::Status validate(const Request& request) const {
+    const RequestBounds& b = options_.bounds;
+    if (request.domain.empty()) return invalid("the domain must not be empty");
+    if (request.domain.size() > b.max_domain_bytes) {
+      return invalid(absl::StrCat("the domain is longer than ", b.max_domain_bytes, " bytes"));
+    }
+    if (request.descriptors.empty()) return invalid("a request needs at least one descriptor");
+    if (request.descriptors.size() > b.max_descriptors) {
+      return invalid(absl::StrCat("more than ", b.max_descriptors, " descriptors"));
+    }
+    for (std::size_t i = 0; i < request.descriptors.size(); ++i) {
+      const Descriptor& d = request.descriptors[i];
+      const std::string at = absl::StrCat("descriptors[", i, "]");
+      if (d.entries.empty()) return invalid(absl::StrCat(at, " has no entries"));
+      if (d.entries.size() > b.max_entries) {
+        return invalid(absl::StrCat(at, " has more than ", b.max_entries, " entries"));
+      }
+      for (const Entry& e : d.entries) {
+        if (e.key.empty()) return invalid(absl::StrCat(at, " has an entry with an empty key"));
+        if (e.key.size() > b.max_key_bytes || e.value.size() > b.max_value_bytes) {
+          return invalid(absl::StrCat(at, " has an entry longer than ", b.max_key_bytes,
+                                      " bytes of key or ", b.max_value_bytes, " of value"));
+        }
+      }
+      if (d.limit && unit_period(d.limit->unit).count() == 0) {
+        return invalid(absl::StrCat(at, ".limit has an unknown unit"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::Status invalid(const std::string& what) { return absl::InvalidArgumentError(what); }
+
+  // The current generation, after publishing one with every override of `request` it lacks.
+  absl::StatusOr<std::shared_ptr<const Generation>> generation_for(const Request& request) const {
+    std::shared_ptr<const Generation> gen = current();
+    if (!gen->limits->has_domain(request.domain)) return gen;
+    for (const Descriptor& d : request.descriptors) {
+      if (!d.limit || gen->override_index.contains(override_id(*d.limit))) continue;
+      sluice::detail::MutexLock lock(reload_mutex_);
+      gen = current();
+      if (gen->override_index.contains(override_id(*d.limit))) continue;
+      if (gen->overrides.size() >= options_.bounds.max_overrides) {
+        return invalid(
+            absl::StrCat("more than ", options_.bounds.max_overrides, " distinct limit overrides"));
+      }
+      std::vector<detail::LimitRule> overrides = gen->overrides;
+      overrides.push_back(detail::CompiledLimits::override_rule(*d.limit).first);
+      absl::StatusOr<std::shared_ptr<const Generation>> next =
+          build(gen->limits, std::move(overrides), gen.get());
+      if (!next.ok()) return next.status();
+      gen = *next;
+      publish(gen);
+    }
+    return gen;
+  }
+
+  // A generation over `limits` and `overrides`, sharing `previous`'s state where it can.
+  absl::StatusOr<std::shared_ptr<const Generation>> build(
+      std::shared_ptr<const detail::CompiledLimits> limits,
+      std::vector<detail::LimitRule> overrides, const Generation* previous) const {
+    std::vector<CompiledRule> rules = limits->backend_rules();
+    absl::flat_hash_map<std::uint64_t, std::size_t> index;
+    for (std::size_t i = 0; i < overrides.size(); ++i) {
+      const GcraWindow& w = overrides[i].windows.front();
+      const LimitOverride o{.requests_per_unit = static_cast<std::uint32_t>(w.requests),
+                            .unit = override_unit(w.period)};
+      index.emplace(override_id(o), i);
+      if (overrides[i].admits_nothing) continue;
+      overrides[i].backend_rule = rules.size();
+      rules.push_back(detail::CompiledLimits::override_rule(o).second);
+    }
+    absl::StatusOr<Backend> backend =
+        Backend::create(rules, previous ? &previous->backend : nullptr, options_.backend);
+    if (!backend.ok()) return backend.status();
+    auto gen = std::make_shared<Generation>(Generation{std::move(limits),
+                                                       std::move(overrides),
+                                                       std::move(index),
+                                                       std::move(rules),
+                                                       *std::move(backend),
+                                                       {}});
+    absl::flat_hash_map<absl::string_view, std::shared_ptr<Counters>> kept;
+    if (previous != nullptr) {
+      for (std::size_t i = 0; i < previous->counters.size(); ++i) {
+        kept.emplace(previous->rule(i).label, previous->counters[i]);
+      }
+    }
+    for (std::size_t i = 0; i < gen->limits->rule_count() + gen->overrides.size(); ++i) {
+      auto it = kept.find(gen->rule(i).label);
+      gen->counters.push_back(it != kept.end() ? it->second : std::make_shared<Counters>());
+    }
+    return std::shared_ptr<const Generation>(std::move(gen));
+  }
+
+  static Unit override_unit(std::chrono::nanoseconds period) {
+    for (Unit u :
+         {Unit::kSecond, Unit::kMinute, Unit::kHour, Unit::kDay, Unit::kMonth, Unit::kYear}) {
+      if (unit_period(u) == period) return u;
+    }
+    return Unit::kUnknown;
+  }
+
+  // Each descriptor's rule (after overrides and `replaces`), hits and counter key.
+  static Plan make_plan(const Generation& gen, const Request& request) {
+    Plan plan;
+    plan.steps.resize(request.descriptors.size());
+    plan.keys.resize(request.descriptors.size());
+    absl::flat_hash_set<absl::string_view> replaced;
+    for (std::size_t i = 0; i < request.descriptors.size(); ++i) {
+      const Descriptor& d = request.descriptors[i];
+      Step& step = plan.steps[i];
+      const std::uint64_t hits = d.hits_addend ? *d.hits_addend : request.hits_addend;
+      step.hits = hits == 0 ? 1 : hits;
+      if (!gen.limits->has_domain(request.domain)) continue;
+      step.rule = d.limit ? gen.limits->rule_count() + gen.override_index.at(override_id(*d.limit))
+                          : gen.limits->match(request.domain, d.entries);
+      if (step.rule == detail::kNone) continue;
+      const detail::LimitRule& rule = gen.rule(step.rule);
+      for (const std::string& name : rule.replaces) replaced.insert(name);
+      step.never_fits = rule.admits_nothing || step.hits > rule.max_hits;
+      std::string& key = plan.keys[i];
+      key.push_back(rule.key_tag);
+      append_key_part(key, request.domain);
+      for (const Entry& e : d.entries) {
+        append_key_part(key, e.key);
+        append_key_part(key, e.value);
+      }
+    }
+    for (Step& step : plan.steps) {
+      if (step.rule != detail::kNone && gen.rule(step.rule).named &&
+          replaced.contains(gen.rule(step.rule).name)) {
+        step.rule = detail::kNone;
+      }
+    }
+    return plan;
+  }
+
+  enum class Group { kEnforcing, kShadow };
+
+  bool in_group(const Generation& gen, const Step& step, Group group) const {
+    if (step.rule == detail::kNone) return false;
+    const detail::LimitRule& rule = gen.rule(step.rule);
+    return !rule.unlimited && rule.shadow == (group == Group::kShadow);
+  }
+
+  void decide(const Generation& gen, const Plan& plan, Response& response) const {
+    const std::size_t n = plan.steps.size();
+    absl::InlinedVector<Decision, 8> decisions(n);
+    absl::InlinedVector<bool, 8> denied(n, false);
+    const bool over = decide_enforcing(gen, plan, decisions, denied, response);
+    decide_shadow(gen, plan, over, decisions);
+    std::size_t binding = n;  // the descriptor the headers describe
+    for (std::size_t i = 0; i < n; ++i) {
+      const Step& step = plan.steps[i];
+      DescriptorStatus& status = response.statuses[i];
+      if (step.rule == detail::kNone) continue;
+      const detail::LimitRule& rule = gen.rule(step.rule);
+      if (rule.unlimited) {
+        status.limit_remaining = std::numeric_limits<std::uint32_t>::max();
+        count(gen, step, Decision{.remaining = status.limit_remaining}, false, over);
+        continue;
+      }
+      const Decision& d = decisions[i];
+      status.current_limit = detail::report(rule, d.binding_window);
+      status.limit_remaining = static_cast<std::uint32_t>(
+          std::min<std::uint64_t>(d.remaining, std::numeric_limits<std::uint32_t>::max()));
+      status.duration_until_reset = d.reset_after;
+      status.code = denied[i] && !rule.shadow ? Code::kOverLimit : Code::kOk;
+      count(gen, step, d, denied[i], over);
+      if (!rule.shadow && binds_before(i, binding, decisions, denied)) binding = i;
+    }
+    if (over) response.overall_code = Code::kOverLimit;
+    if (options_.response_headers && binding != n) {
+      add_headers(gen.rule(plan.steps[binding].rule), decisions[binding], response);
+    }
+  }
+
+  // Whether descriptor `i` describes the request better than `binding`: the first denying one,
+  // else the one with the least remaining.
+  static bool binds_before(std::size_t i, std::size_t binding, std::span<const Decision> decisions,
+                           std::span<const bool> denied) {
+    if (binding == decisions.size()) return true;
+    if (denied[i] != denied[binding]) return denied[i];
+    return !denied[i] && decisions[i].remaining < decisions[binding].remaining;
+  }
+
+  // RateLimit-Policy and RateLimit for the binding limit's binding window; Retry-After.
+  static void add_headers(const detail::LimitRule& rule, const Decision& d, Response& response) {
+    const GcraWindow& w = rule.windows[std::min(d.binding_window, rule.windows.size() - 1)];
+    response.headers.push_back(ratelimit_policy_field(
+        QuotaPolicy{.name = rule.name, .quota = w.burst, .window = w.period}));
+    ServiceLimit limit = service_limit(rule.name, d);
+    if (response.overall_code == Code::kOverLimit && d.allowed()) {
+      limit.effective_window = std::chrono::seconds(retry_after_seconds(response.retry_after));
+    }
+    response.headers.push_back(ratelimit_field(limit));
+    if (response.overall_code == Code::kOverLimit) {
+      response.headers.push_back(retry_after_field(response.retry_after));
+    }
+  }
+
+  // One backend call's keys. Descriptors of one group with the same limit and entries share one
+  // key whose cost is the sum of their hits: decided once, so that together they cannot take
+  // more than the bucket holds.
+  struct Batch {
+    absl::InlinedVector<RuleKey, 8> keys;
+    absl::InlinedVector<std::uint64_t, 8> max_hits;  // per key: more never fits
+    absl::InlinedVector<std::size_t, 8> key_of;      // per descriptor: its key, or kNone
+  };
+
+  Batch collect(const Generation& gen, const Plan& plan, Group group) const {
+    Batch b;
+    b.key_of.assign(plan.steps.size(), detail::kNone);
+    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+      const Step& step = plan.steps[i];
+      if (!in_group(gen, step, group)) continue;
+      const detail::LimitRule& rule = gen.rule(step.rule);
+      if (rule.backend_rule == detail::kNone) continue;  // admits nothing: no counter
+      std::size_t j = 0;
+      while (j < b.keys.size() &&
+             (b.keys[j].rule != rule.backend_rule || b.keys[j].key != plan.keys[i])) {
+        ++j;
+      }
+      if (j == b.keys.size()) {
+        b.keys.push_back({.rule = rule.backend_rule, .key = plan.keys[i], .cost = 0});
+        b.max_hits.push_back(rule.max_hits);
+      }
+      std::uint64_t& cost = b.keys[j].cost;
+      cost = cost > std::numeric_limits<std::uint64_t>::max() - step.hits
+                 ? std::numeric_limits<std::uint64_t>::max()
+                 : cost + step.hits;
+      b.key_of[i] = j;
+    }
+    return b;
+  }
+
+  // The enforcing limits, all or nothing; true if the request is over limit. `denied` marks the
+  // descriptors that deny it; `decisions` holds each one's state (unchanged when over limit).
+  bool decide_enforcing(const Generation& gen, const Plan& plan, std::span<Decision> decisions,
+                        std::span<bool> denied, Response& response) const {
+    Batch b = collect(gen, plan, Group::kEnforcing);
+    bool never_fits = false;
+    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+      const std::size_t j = b.key_of[i];
+      const bool cannot = in_group(gen, plan.steps[i], Group::kEnforcing) &&
+                          (j == detail::kNone ? gen.rule(plan.steps[i].rule).admits_nothing
+                                              : b.keys[j].cost > b.max_hits[j]);
+      denied[i] = cannot;
+      never_fits = never_fits || cannot;
+    }
+    if (b.keys.empty()) return never_fits;
+    absl::InlinedVector<Decision, 8> out(b.keys.size());
+    if (!never_fits) {
+      if (!call(gen, b.keys, ConsumptionMode::kAllOrNothing, out, response)) {
+        return fail(gen, plan, decisions, denied);
+      }
+      bool all = true;
+      for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+        if (b.key_of[i] == detail::kNone) continue;
+        const Decision& d = out[b.key_of[i]];
+        decisions[i] = d;
+        if (d.allowed()) continue;
+        all = false;
+        denied[i] = true;
+        response.retry_after = std::max(response.retry_after, d.retry_after);
+      }
+      if (all) return false;
+    }
+    return report_unchanged(gen, plan, b, never_fits, decisions, denied, response);
+  }
+
+  // Over limit: nothing was consumed. Each descriptor reports its limit as it stands (a peek at
+  // cost 0); when nothing was decided (a hit that never fits), its code says whether its own hits
+  // would have fitted.
+  bool report_unchanged(const Generation& gen, const Plan& plan, Batch& b, bool never_fits,
+                        std::span<Decision> decisions, std::span<bool> denied,
+                        Response& response) const {
+    const absl::InlinedVector<RuleKey, 8> wanted = b.keys;
+    for (RuleKey& k : b.keys) k.cost = 0;
+    absl::InlinedVector<Decision, 8> out(b.keys.size());
+    if (!call(gen, b.keys, ConsumptionMode::kAllOrNothing, out, response)) return true;
+    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+      const std::size_t j = b.key_of[i];
+      if (j == detail::kNone || !in_group(gen, plan.steps[i], Group::kEnforcing)) continue;
+      if (!denied[i]) {
+        decisions[i] = out[j];
+        denied[i] = never_fits && out[j].remaining < wanted[j].cost;
+      } else if (never_fits) {  // no decision was taken: report the peek
+        decisions[i] = out[j];
+      }
+    }
+    return true;
+  }
+
+  // Shadow mode limits: consume where they have room when the request was admitted; else a peek.
+  void decide_shadow(const Generation& gen, const Plan& plan, bool over,
+                     std::span<Decision> decisions) const {
+    Batch b = collect(gen, plan, Group::kShadow);
+    if (b.keys.empty()) return;
+    for (std::size_t j = 0; j < b.keys.size(); ++j) {
+      if (over || b.keys[j].cost > b.max_hits[j]) b.keys[j].cost = 0;
+    }
+    absl::InlinedVector<Decision, 8> out(b.keys.size());
+    Response ignored;
+    if (!call(gen, b.keys, ConsumptionMode::kEveryRule, out, ignored)) return;
+    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+      if (b.key_of[i] != detail::kNone) decisions[i] = out[b.key_of[i]];
+    }
+  }
+
+  bool call(const Generation& gen, std::span<const RuleKey> keys, ConsumptionMode mode,
+            std::span<Decision> out, Response& response) const {
+    if (gen.backend.check_rules(keys, mode, out).ok()) return true;
+    response.backend_failed = true;
+    backend_errors_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+
+  // The backend failed: every enforcing limit admits (fail open) or denies (fail closed).
+  bool fail(const Generation& gen, const Plan& plan, std::span<Decision> decisions,
+            std::span<bool> denied) const {
+    const bool closed = options_.on_backend_error == FailureMode::kFailClosed;
+    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+      if (!in_group(gen, plan.steps[i], Group::kEnforcing)) continue;
+      decisions[i] = Decision{.reason = closed ? Reason::kQuotaExceeded : Reason::kAllowed};
+      denied[i] = closed;
+    }
+    return closed;
+  }
+
+  // The reference service's counters: every hit counts; near limit is within the last fifth.
+  static void count(const Generation& gen, const Step& step, const Decision& d, bool denied,
+                    bool over) {
+    Counters& c = *gen.counters[step.rule];
+    c.total_hits.fetch_add(step.hits, std::memory_order_relaxed);
+    if (gen.rule(step.rule).shadow) {
+      if (!d.allowed() || step.never_fits) {
+        c.shadow_mode.fetch_add(step.hits, std::memory_order_relaxed);
+      }
+      return;
+    }
+    if (denied) {
+      c.over_limit.fetch_add(step.hits, std::memory_order_relaxed);
+    } else if (!over) {
+      c.within_limit.fetch_add(step.hits, std::memory_order_relaxed);
+      if (d.remaining * 5 < d.limit) c.near_limit.fetch_add(step.hits, std::memory_order_relaxed);
+    }
+  }
+
+  const Options options_;
+  mutable std::atomic<std::uint64_t> backend_errors_{0};
+  mutable sluice::detail::SpinLock current_lock_;
+  mutable std::shared_ptr<const Generation> current_ ABSL_GUARDED_BY(current_lock_);
+  mutable sluice::detail::Mutex reload_mutex_;  // serializes publishers; never taken to read
+};
+
+using Limiter = BasicLimiter<InMemoryBackend<>>;
+
+}  // namespace sluice::envoy
+
+#endif  // SLUICE_ENVOY_LIMITER_HPP_

@@ -1,0 +1,68 @@
+// sluice/envoy/prometheus.hpp — an Envoy service limiter's counters in the Prometheus text
+// exposition format 0.0.4 (content type sluice::kPrometheusContentType).
+//
+//   std::string body;
+//   sluice::envoy::append_prometheus_text(body, *limiter);
+//
+// Families (counters): sluice_envoy_hits_total, sluice_envoy_over_limit_total,
+// sluice_envoy_near_limit_total, sluice_envoy_within_limit_total and sluice_envoy_shadow_mode_total
+// with the label `limit` (the limit's descriptor path, e.g. "edge.remote_address", or
+// "override.<n>/<unit>"), their meaning that of sluice::envoy::LimitStats; and
+// sluice_envoy_backend_errors_total with the label `failure_mode` (fail_open, fail_closed). Label
+// values are escaped; no descriptor value a client sent is ever written.
+//
+// Thread-safety: reads atomics; call it from any thread. Complexity: O(limits).
+#ifndef SLUICE_ENVOY_PROMETHEUS_HPP_
+#define SLUICE_ENVOY_PROMETHEUS_HPP_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "sluice/envoy/limiter.hpp"
+#include "sluice/prometheus.hpp"
+
+namespace sluice::envoy {
+
+template <EngineBackend Backend>
+void append_prometheus_text(std::string& out, const BasicLimiter<Backend>& limiter) {
+  struct Family {
+    sluice::detail::PrometheusFamily family;
+    std::uint64_t LimitStats::*counter = nullptr;
+  };
+  static constexpr Family kFamilies[] = {
+      {{"sluice_envoy_hits_total", "counter", "Hits that reached the limit."},
+       &LimitStats::total_hits},
+      {{"sluice_envoy_over_limit_total", "counter", "Hits of requests the limit denied."},
+       &LimitStats::over_limit},
+      {{"sluice_envoy_near_limit_total", "counter",
+        "Admitted hits that left less than a fifth of the burst."},
+       &LimitStats::near_limit},
+      {{"sluice_envoy_within_limit_total", "counter", "Admitted hits."}, &LimitStats::within_limit},
+      {{"sluice_envoy_shadow_mode_total", "counter", "Hits a shadow mode limit would have denied."},
+       &LimitStats::shadow_mode},
+  };
+  const std::vector<LimitStats> stats = limiter.stats();
+  for (const Family& f : kFamilies) {
+    sluice::detail::append_prometheus_header(out, f.family);
+    for (const LimitStats& s : stats) {
+      out.append(f.family.name);
+      out.append("{limit=\"");
+      sluice::detail::append_prometheus_label_value(out, s.label);
+      absl::StrAppend(&out, "\"} ", s.*(f.counter), "\n");
+    }
+  }
+  sluice::detail::append_prometheus_header(
+      out, {"sluice_envoy_backend_errors_total", "counter",
+            "Calls whose backend failed, decided by the failure mode."});
+  const std::string_view mode = to_string(limiter.failure_mode());
+  absl::StrAppend(&out, "sluice_envoy_backend_errors_total{failure_mode=\"",
+                  absl::string_view(mode.data(), mode.size()), "\"} ", limiter.backend_errors(),
+                  "\n");
+}
+
+}  // namespace sluice::envoy
+
+#endif  // SLUICE_ENVOY_PROMETHEUS_HPP_

@@ -1,0 +1,708 @@
+// The Envoy rate limit service (sluice/envoy.hpp) driven over gRPC on 127.0.0.1 by a client
+// generated from the same protos, through the reference-format fixtures in tests/envoy/config.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "catch.hpp"
+#include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
+#include "sluice/clock.hpp"
+#include "sluice/envoy.hpp"
+#ifdef SLUICE_TEST_REDIS
+#include "redis_cluster.hpp"
+#include "redis_fixture.hpp"
+#include "sluice/redis.hpp"
+#endif
+
+using namespace std::chrono_literals;
+
+namespace {
+
+namespace rls = ::envoy::service::ratelimit::v3;
+using Backend = sluice::InMemoryBackend<sluice::ManualClock>;
+constexpr auto kOk = rls::RateLimitResponse::OK;
+constexpr auto kOverLimit = rls::RateLimitResponse::OVER_LIMIT;
+
+sluice::envoy::ServiceConfig fixtures() {
+  absl::StatusOr<sluice::envoy::ServiceConfig> config =
+      sluice::envoy::load_config_directory(SLUICE_ENVOY_CONFIG_DIR);
+  REQUIRE(config.ok());
+  return *config;
+}
+
+// A limiter over `config` served on an ephemeral port of 127.0.0.1, and a client of it.
+template <class B>
+class BasicEnvoyServer {
+ public:
+  BasicEnvoyServer(const sluice::envoy::ServiceConfig& config,
+                   typename sluice::envoy::BasicLimiter<B>::Options options) {
+    auto created = sluice::envoy::BasicLimiter<B>::create(config, std::move(options));
+    INFO(created.status());
+    REQUIRE(created.ok());
+    limiter_ = *std::move(created);
+    service_ = std::make_unique<sluice::envoy::BasicRateLimitService<B>>(*limiter_);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    REQUIRE(server_ != nullptr);
+    REQUIRE(port != 0);
+    stub_ = rls::RateLimitService::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+  BasicEnvoyServer(const BasicEnvoyServer&) = delete;
+  BasicEnvoyServer& operator=(const BasicEnvoyServer&) = delete;
+  ~BasicEnvoyServer() { server_->Shutdown(std::chrono::system_clock::now() + 5s); }
+
+  grpc::Status call(const rls::RateLimitRequest& request, rls::RateLimitResponse& response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 20s);
+    return stub_->ShouldRateLimit(&context, request, &response);
+  }
+  // A call that must succeed.
+  rls::RateLimitResponse ok(const rls::RateLimitRequest& request) {
+    rls::RateLimitResponse response;
+    const grpc::Status status = call(request, response);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    REQUIRE(response.statuses_size() == request.descriptors_size());
+    return response;
+  }
+
+  sluice::envoy::BasicLimiter<B>& limiter() { return *limiter_; }
+
+ private:
+  std::unique_ptr<sluice::envoy::BasicLimiter<B>> limiter_;
+  std::unique_ptr<sluice::envoy::BasicRateLimitService<B>> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<rls::RateLimitService::Stub> stub_;
+};
+
+struct WithManualClock {
+  sluice::ManualClock clock_;
+};
+
+// In memory, on a manual clock.
+class EnvoyServer : private WithManualClock, public BasicEnvoyServer<Backend> {
+ public:
+  explicit EnvoyServer(const sluice::envoy::ServiceConfig& config, bool headers = false)
+      : BasicEnvoyServer<Backend>(config,
+                                  {.response_headers = headers, .backend = {.clock = clock_}}) {}
+  sluice::ManualClock& clock() { return clock_; }
+};
+
+using Entries = std::initializer_list<std::pair<const char*, const char*>>;
+
+// Adds a descriptor of `entries` to `request`.
+envoy::extensions::common::ratelimit::v3::RateLimitDescriptor& add(rls::RateLimitRequest& request,
+                                                                   Entries entries) {
+  auto* d = request.add_descriptors();
+  for (const auto& [key, value] : entries) {
+    auto* e = d->add_entries();
+    e->set_key(key);
+    e->set_value(value);
+  }
+  return *d;
+}
+
+rls::RateLimitRequest request(const char* domain, std::initializer_list<Entries> descriptors,
+                              std::uint32_t hits = 0) {
+  rls::RateLimitRequest r;
+  r.set_domain(domain);
+  r.set_hits_addend(hits);
+  for (const Entries& e : descriptors) add(r, e);
+  return r;
+}
+
+std::int64_t reset_ms(const rls::RateLimitResponse::DescriptorStatus& s) {
+  return s.duration_until_reset().seconds() * 1000 + s.duration_until_reset().nanos() / 1'000'000;
+}
+
+}  // namespace
+
+TEST_CASE("envoy: a key without a value counts each value apart", "[envoy]") {
+  EnvoyServer server(fixtures());
+  const auto from = [](const char* ip) {
+    return request("edge_proxy_per_ip", {{{"remote_address", ip}}});
+  };
+  rls::RateLimitResponse first = server.ok(from("10.0.0.1"));
+  CHECK(first.overall_code() == kOk);
+  const auto& s = first.statuses(0);
+  CHECK(s.code() == kOk);
+  CHECK(s.current_limit().requests_per_unit() == 10);
+  CHECK(s.current_limit().unit() == rls::RateLimitResponse::RateLimit::SECOND);
+  CHECK(s.current_limit().name() == "edge_proxy_per_ip.remote_address");
+  CHECK(s.limit_remaining() == 9);
+  CHECK(reset_ms(s) == 100);  // one hit of 10 per second refills in 100 ms
+  for (int i = 0; i < 9; ++i) CHECK(server.ok(from("10.0.0.1")).overall_code() == kOk);
+  rls::RateLimitResponse over = server.ok(from("10.0.0.1"));
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  CHECK(over.statuses(0).limit_remaining() == 0);
+  CHECK(server.ok(from("10.0.0.2")).overall_code() == kOk);
+  server.clock().advance(100ms);  // one hit's worth back
+  CHECK(server.ok(from("10.0.0.1")).overall_code() == kOk);
+  CHECK(server.ok(from("10.0.0.1")).overall_code() == kOverLimit);
+}
+
+TEST_CASE("envoy: an exact value wins over the key alone, and a limit of 0 denies", "[envoy]") {
+  EnvoyServer server(fixtures());
+  rls::RateLimitResponse r =
+      server.ok(request("edge_proxy_per_ip", {{{"remote_address", "50.0.0.5"}}}));
+  CHECK(r.overall_code() == kOverLimit);
+  CHECK(r.statuses(0).current_limit().requests_per_unit() == 0);
+  CHECK(r.statuses(0).current_limit().name() == "edge_proxy_per_ip.remote_address_50.0.0.5");
+}
+
+TEST_CASE("envoy: a limit applies only where the descriptor ends (most specific)", "[envoy]") {
+  EnvoyServer server(fixtures());
+  rls::RateLimitResponse r =
+      server.ok(request("messaging", {{{"message_type", "marketing"}, {"to_number", "555"}},
+                                      {{"to_number", "555"}},
+                                      {{"message_type", "marketing"}},
+                                      {{"message_type", "other"}, {"to_number", "555"}},
+                                      {{"to_number", "555"}, {"extra", "x"}}}));
+  CHECK(r.overall_code() == kOk);
+  CHECK(r.statuses(0).current_limit().requests_per_unit() == 5);
+  CHECK(r.statuses(0).current_limit().unit() == rls::RateLimitResponse::RateLimit::DAY);
+  CHECK(r.statuses(0).limit_remaining() == 4);
+  CHECK(r.statuses(1).current_limit().requests_per_unit() == 100);
+  CHECK(r.statuses(1).limit_remaining() == 99);
+  for (int i : {2, 3, 4}) {
+    INFO(i);
+    CHECK_FALSE(r.statuses(i).has_current_limit());
+    CHECK(r.statuses(i).code() == kOk);
+    CHECK(r.statuses(i).limit_remaining() == 0);
+  }
+}
+
+TEST_CASE("envoy: an over-limit request consumes nothing on any descriptor", "[envoy]") {
+  EnvoyServer server(fixtures());
+  const auto both = request(
+      "messaging", {{{"message_type", "marketing"}, {"to_number", "1"}}, {{"to_number", "1"}}});
+  for (int i = 0; i < 5; ++i) CHECK(server.ok(both).overall_code() == kOk);
+  rls::RateLimitResponse over = server.ok(both);
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  CHECK(over.statuses(0).limit_remaining() == 0);
+  CHECK(over.statuses(1).code() == kOk);
+  CHECK(over.statuses(1).limit_remaining() == 95);  // as it stands: this request took nothing
+  rls::RateLimitResponse alone = server.ok(request("messaging", {{{"to_number", "1"}}}));
+  CHECK(alone.statuses(0).limit_remaining() == 94);
+}
+
+TEST_CASE("envoy: hits_addend counts per request, a descriptor's overrides it, 0 is 1", "[envoy]") {
+  EnvoyServer server(fixtures());
+  auto r = request("messaging", {{{"to_number", "a"}}, {{"to_number", "b"}}}, 7);
+  add(r, {{"to_number", "c"}}).mutable_hits_addend()->set_value(20);
+  add(r, {{"to_number", "d"}}).mutable_hits_addend()->set_value(0);
+  rls::RateLimitResponse out = server.ok(r);
+  CHECK(out.statuses(0).limit_remaining() == 93);
+  CHECK(out.statuses(1).limit_remaining() == 93);
+  CHECK(out.statuses(2).limit_remaining() == 80);
+  CHECK(out.statuses(3).limit_remaining() == 99);
+  CHECK(server.ok(request("messaging", {{{"to_number", "e"}}}, 0)).statuses(0).limit_remaining() ==
+        99);
+}
+
+TEST_CASE("envoy: more hits than a limit's burst answer OVER_LIMIT and consume nothing",
+          "[envoy]") {
+  EnvoyServer server(fixtures());
+  auto r = request("messaging",
+                   {{{"to_number", "9"}}, {{"message_type", "marketing"}, {"to_number", "9"}}});
+  r.mutable_descriptors(1)->mutable_hits_addend()->set_value(6);  // the marketing limit is 5
+  rls::RateLimitResponse out = server.ok(r);
+  CHECK(out.overall_code() == kOverLimit);
+  CHECK(out.statuses(0).code() == kOk);
+  CHECK(out.statuses(0).limit_remaining() == 100);
+  CHECK(out.statuses(1).code() == kOverLimit);
+  CHECK(out.statuses(1).limit_remaining() == 5);
+  CHECK(server.ok(request("messaging", {{{"to_number", "9"}}})).statuses(0).limit_remaining() ==
+        99);
+}
+
+TEST_CASE("envoy: descriptors of one request on the same counter are decided together", "[envoy]") {
+  EnvoyServer server(fixtures());
+  const auto twice = request("mongo_cps", {{{"database", "tmp_a"}}, {{"database", "tmp_a"}}});
+  rls::RateLimitResponse r = server.ok(twice);  // 2 hits of a burst of 2
+  CHECK(r.overall_code() == kOk);
+  CHECK(r.statuses(0).limit_remaining() == 0);
+  CHECK(r.statuses(1).limit_remaining() == 0);
+  server.clock().advance(500ms);                   // one hit back
+  rls::RateLimitResponse over = server.ok(twice);  // 2 hits do not fit in 1
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  CHECK(server.ok(request("mongo_cps", {{{"database", "tmp_a"}}})).overall_code() == kOk);
+  // Three at once never fit a burst of 2: nothing is taken.
+  const auto thrice = request(
+      "mongo_cps", {{{"database", "tmp_b"}}, {{"database", "tmp_b"}}, {{"database", "tmp_b"}}});
+  rls::RateLimitResponse never = server.ok(thrice);
+  CHECK(never.overall_code() == kOverLimit);
+  CHECK(never.statuses(2).limit_remaining() == 2);
+}
+
+TEST_CASE("envoy: a limit override applies with a counter of its own", "[envoy]") {
+  EnvoyServer server(fixtures());
+  auto with_override = [](Entries entries) {
+    rls::RateLimitRequest r = request("messaging", {});
+    auto& d = add(r, entries);
+    d.mutable_limit()->set_requests_per_unit(2);
+    d.mutable_limit()->set_unit(envoy::type::v3::MINUTE);
+    return r;
+  };
+  // Where nothing is configured.
+  CHECK(server.ok(with_override({{"unconfigured", "x"}})).statuses(0).limit_remaining() == 1);
+  CHECK(server.ok(with_override({{"unconfigured", "x"}})).overall_code() == kOk);
+  rls::RateLimitResponse over = server.ok(with_override({{"unconfigured", "x"}}));
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).current_limit().requests_per_unit() == 2);
+  CHECK(over.statuses(0).current_limit().unit() == rls::RateLimitResponse::RateLimit::MINUTE);
+  // Where a limit is configured: the override decides, and the configured counter is untouched.
+  CHECK(server.ok(with_override({{"to_number", "7"}})).statuses(0).limit_remaining() == 1);
+  CHECK(server.ok(request("messaging", {{{"to_number", "7"}}})).statuses(0).limit_remaining() ==
+        99);
+}
+
+TEST_CASE("envoy: an unknown domain answers OK for every descriptor", "[envoy]") {
+  EnvoyServer server(fixtures());
+  rls::RateLimitResponse r =
+      server.ok(request("nobody", {{{"remote_address", "1"}}, {{"to_number", "2"}}}));
+  CHECK(r.overall_code() == kOk);
+  for (const auto& s : r.statuses()) {
+    CHECK(s.code() == kOk);
+    CHECK_FALSE(s.has_current_limit());
+  }
+}
+
+TEST_CASE("envoy: shadow mode counts without denying; unlimited never limits", "[envoy]") {
+  EnvoyServer server(fixtures());
+  const auto r = request("messaging", {{{"sender", "s"}}, {{"internal", "true"}}});
+  rls::RateLimitResponse first = server.ok(r);
+  CHECK(first.statuses(0).limit_remaining() == 0);
+  rls::RateLimitResponse second = server.ok(r);
+  CHECK(second.overall_code() == kOk);
+  CHECK(second.statuses(0).code() == kOk);
+  CHECK(second.statuses(0).current_limit().requests_per_unit() == 1);
+  CHECK(second.statuses(1).code() == kOk);
+  CHECK_FALSE(second.statuses(1).has_current_limit());
+  CHECK(second.statuses(1).limit_remaining() == 4294967295u);
+  bool found = false;
+  for (const sluice::envoy::LimitStats& s : server.limiter().stats()) {
+    if (s.label != "messaging.sender") continue;
+    found = true;
+    CHECK(s.total_hits == 2);
+    CHECK(s.shadow_mode == 1);
+    CHECK(s.over_limit == 0);
+  }
+  CHECK(found);
+  std::string metrics;
+  sluice::envoy::append_prometheus_text(metrics, server.limiter());
+  CHECK(metrics.find("sluice_envoy_shadow_mode_total{limit=\"messaging.sender\"} 1\n") !=
+        std::string::npos);
+  CHECK(metrics.find("sluice_envoy_hits_total{limit=\"messaging.internal_true\"} 2\n") !=
+        std::string::npos);
+  CHECK(metrics.find("sluice_envoy_backend_errors_total{failure_mode=\"fail_open\"} 0\n") !=
+        std::string::npos);
+}
+
+TEST_CASE("envoy: a limit replaced by another matched limit does not apply", "[envoy]") {
+  EnvoyServer server(fixtures());
+  const auto both = request("mongo_cps", {{{"tenant", "t"}}, {{"tenant_vip", "t"}}});
+  for (int i = 0; i < 5; ++i) {
+    rls::RateLimitResponse r = server.ok(both);
+    CHECK(r.overall_code() == kOk);
+    CHECK_FALSE(r.statuses(0).has_current_limit());
+    CHECK(r.statuses(1).current_limit().name() == "vip");
+  }
+  // Alone, per_tenant applies (3 a minute).
+  for (int i = 0; i < 3; ++i) {
+    CHECK(server.ok(request("mongo_cps", {{{"tenant", "t"}}})).overall_code() == kOk);
+  }
+  CHECK(server.ok(request("mongo_cps", {{{"tenant", "t"}}})).overall_code() == kOverLimit);
+}
+
+TEST_CASE("envoy: a value ending in * matches by prefix", "[envoy]") {
+  EnvoyServer server(fixtures());
+  const auto tmp = request("mongo_cps", {{{"database", "tmp_42"}}});
+  CHECK(server.ok(tmp).statuses(0).current_limit().requests_per_unit() == 2);
+  CHECK(server.ok(tmp).overall_code() == kOk);
+  CHECK(server.ok(tmp).overall_code() == kOverLimit);
+  CHECK(server.ok(request("mongo_cps", {{{"database", "users"}}})).statuses(0).limit_remaining() ==
+        499);
+}
+
+TEST_CASE("envoy: sluice's periods, bursts and stacked windows", "[envoy]") {
+  EnvoyServer server(fixtures());
+  // 100 per 5 minutes with a burst of 10: reported as 20 a minute.
+  const auto key = request("sluice_api", {{{"api_key", "k"}}});
+  rls::RateLimitResponse first = server.ok(key);
+  CHECK(first.statuses(0).current_limit().name() == "five_minutes");
+  CHECK(first.statuses(0).current_limit().unit() == rls::RateLimitResponse::RateLimit::MINUTE);
+  CHECK(first.statuses(0).current_limit().requests_per_unit() == 20);
+  CHECK(first.statuses(0).limit_remaining() == 9);
+  CHECK(reset_ms(first.statuses(0)) == 3000);  // 5 min / 100
+  // 2 a second and 5 a minute: the minute binds after five.
+  const auto user = request("sluice_api", {{{"user", "u"}}});
+  for (int i = 0; i < 5; ++i) {
+    CHECK(server.ok(user).overall_code() == kOk);
+    server.clock().advance(1s);
+  }
+  rls::RateLimitResponse over = server.ok(user);
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).current_limit().unit() == rls::RateLimitResponse::RateLimit::MINUTE);
+  CHECK(over.statuses(0).current_limit().requests_per_unit() == 5);
+}
+
+TEST_CASE("envoy: response headers describe the binding limit when switched on", "[envoy]") {
+  EnvoyServer off(fixtures());
+  CHECK(off.ok(request("mongo_cps", {{{"database", "tmp_1"}}})).response_headers_to_add_size() ==
+        0);
+  EnvoyServer server(fixtures(), true);
+  const auto tmp = request("mongo_cps", {{{"database", "tmp_1"}}, {{"database", "users"}}});
+  rls::RateLimitResponse ok = server.ok(tmp);
+  REQUIRE(ok.response_headers_to_add_size() == 2);
+  CHECK(ok.response_headers_to_add(0).key() == "RateLimit-Policy");
+  CHECK(ok.response_headers_to_add(0).value() == "\"mongo_cps.database_tmp_*\";q=2;w=1");
+  CHECK(ok.response_headers_to_add(1).key() == "RateLimit");
+  CHECK(ok.response_headers_to_add(1).value() == "\"mongo_cps.database_tmp_*\";r=1;t=1");
+  server.ok(tmp);
+  rls::RateLimitResponse over = server.ok(tmp);
+  REQUIRE(over.response_headers_to_add_size() == 3);
+  CHECK(over.response_headers_to_add(1).value() == "\"mongo_cps.database_tmp_*\";r=0;t=1");
+  CHECK(over.response_headers_to_add(2).key() == "Retry-After");
+  CHECK(over.response_headers_to_add(2).value() == "1");
+}
+
+TEST_CASE("envoy: requests beyond the bounds answer INVALID_ARGUMENT", "[envoy]") {
+  EnvoyServer server(fixtures());
+  auto refused = [&](const rls::RateLimitRequest& r) {
+    rls::RateLimitResponse response;
+    const grpc::Status status = server.call(r, response);
+    INFO(status.error_message());
+    return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT;
+  };
+  CHECK(refused(request("", {{{"a", "b"}}})));
+  CHECK(refused(request("messaging", {})));
+  CHECK(refused(request("messaging", {{}})));
+  CHECK(refused(request("messaging", {{{"", "b"}}})));
+  CHECK(refused(request(std::string(257, 'd').c_str(), {{{"a", "b"}}})));
+  CHECK(refused(request("messaging", {{{"a", std::string(4097, 'v').c_str()}}})));
+  rls::RateLimitRequest many = request("messaging", {});
+  for (int i = 0; i < 65; ++i) add(many, {{"to_number", "1"}});
+  CHECK(refused(many));
+  rls::RateLimitRequest unit = request("messaging", {{{"to_number", "1"}}});
+  unit.mutable_descriptors(0)->mutable_limit()->set_requests_per_unit(5);
+  CHECK(refused(unit));  // unit UNKNOWN
+  // Nothing was counted by the refused requests.
+  CHECK(server.ok(request("messaging", {{{"to_number", "1"}}})).statuses(0).limit_remaining() ==
+        99);
+}
+
+TEST_CASE("envoy: a reload keeps every unchanged limit's counters", "[envoy]") {
+  sluice::envoy::ServiceConfig config = fixtures();
+  EnvoyServer server(config);
+  const auto ip = request("edge_proxy_per_ip", {{{"remote_address", "1"}}});
+  const auto db = request("mongo_cps", {{{"database", "users"}}});
+  server.ok(ip);
+  server.ok(db);
+  for (auto& d : config.domains) {
+    if (d.domain == "mongo_cps") d.descriptors[0].rate_limit->windows[0].requests = 50;
+  }
+  REQUIRE(server.limiter().reload(config).ok());
+  CHECK(server.ok(ip).statuses(0).limit_remaining() == 8);
+  rls::RateLimitResponse changed = server.ok(db);
+  CHECK(changed.statuses(0).current_limit().requests_per_unit() == 50);
+  CHECK(changed.statuses(0).limit_remaining() < 49);  // carried its spent share, not fresh
+  config.domains.front().descriptors.front().key.clear();
+  CHECK_FALSE(server.limiter().reload(config).ok());  // refused: the running config stays
+  CHECK(server.ok(ip).statuses(0).limit_remaining() == 7);
+}
+
+TEST_CASE("envoy: invalid files are refused with file:line:column", "[envoy]") {
+  using sluice::envoy::load_domain_config;
+  auto message = [](std::string_view text) {
+    absl::StatusOr<sluice::envoy::DomainConfig> d = load_domain_config(text, "f.yaml");
+    REQUIRE_FALSE(d.ok());
+    return std::string(d.status().message());
+  };
+  CHECK(message("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, "
+                "requests_per_unit: 1}\n") ==
+        "f.yaml:4:24: descriptors[0].rate_limit.unit: unknown unit \"fortnight\" (expected "
+        "second, minute, hour, day, month or year)");
+  CHECK(message("domain: d\ndescriptors:\n  - key: k\n    limit: 3\n") ==
+        "f.yaml:4:5: descriptors[0]: unknown key \"limit\" (expected one of key, value, "
+        "rate_limit, descriptors, shadow_mode, detailed_metric)");
+  CHECK(message("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: "
+                "second}\n")
+            .starts_with("f.yaml:4:17: descriptors[0].rate_limit: an unlimited"));
+  CHECK(message("domain: d\ndescriptors:\n  - key: k\n  - key: k\n")
+            .starts_with("f.yaml:4:5: descriptors[1]: duplicate descriptor"));
+  CHECK(message("descriptors: []\n").starts_with("f.yaml:1:1: domain:"));
+  CHECK(message("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {period: 5 minutes, "
+                "requests_per_unit: 1}\n")
+            .starts_with("f.yaml:4:26: descriptors[0].rate_limit.period: expected a period"));
+}
+
+#ifdef SLUICE_ENVOY_RLS_BINARY
+namespace {
+
+// The service binary on a free port of 127.0.0.1, its configuration in a temporary directory.
+class RlsProcess {
+ public:
+  explicit RlsProcess(const std::string& dir, const std::vector<std::string>& extra = {}) {
+    int out[2];
+    REQUIRE(pipe(out) == 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, out[0]);
+    std::vector<std::string> args = {SLUICE_ENVOY_RLS_BINARY, "--config-dir",     dir, "--listen",
+                                     "127.0.0.1:0",           "--reload-poll-ms", "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    REQUIRE(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) == 0);
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    std::string line;
+    char c = 0;
+    while (read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+    close(out[0]);
+    const std::string prefix = "sluice_envoy_rls: listening on ";
+    INFO(line);
+    REQUIRE(line.starts_with(prefix));
+    channel_ = grpc::CreateChannel(line.substr(prefix.size()), grpc::InsecureChannelCredentials());
+    stub_ = rls::RateLimitService::NewStub(channel_);
+  }
+  RlsProcess(const RlsProcess&) = delete;
+  RlsProcess& operator=(const RlsProcess&) = delete;
+  ~RlsProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  rls::RateLimitResponse call(const rls::RateLimitRequest& request) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 20s);
+    rls::RateLimitResponse response;
+    const grpc::Status status = stub_->ShouldRateLimit(&context, request, &response);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    return response;
+  }
+
+  // grpc.health.v1.Health/Check for the empty service name: the response's serialized bytes
+  // (08 01 is SERVING), through the generic stub (no health proto needed).
+  std::string health() {
+    grpc::GenericStub stub(channel_);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 20s);
+    grpc::Slice empty(std::string{});  // HealthCheckRequest{service: ""} serializes to no bytes
+    grpc::ByteBuffer request(&empty, 1);
+    grpc::ByteBuffer response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                   &response, [&](grpc::Status s) { done.set_value(std::move(s)); });
+    const grpc::Status status = done.get_future().get();
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    std::vector<grpc::Slice> slices;
+    REQUIRE(response.Dump(&slices).ok());
+    std::string bytes;
+    for (const grpc::Slice& s : slices)
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    return bytes;
+  }
+
+  void signal(int sig) { REQUIRE(kill(pid_, sig) == 0); }
+
+  // The exit status after SIGTERM (the drain), or -1 if it did not exit within 20 s.
+  int terminate() {
+    signal(SIGTERM);
+    for (int i = 0; i < 2000; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = 0;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(10ms);  // waiting for an exit, not timing a rate
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = 0;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<rls::RateLimitService::Stub> stub_;
+};
+
+void write_file(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path temporary = path.string() + ".tmp";
+  std::ofstream(temporary) << text;
+  std::filesystem::rename(temporary, path);  // atomically, as operators should
+}
+
+}  // namespace
+
+TEST_CASE("envoy: the service binary serves, answers health, reloads on SIGHUP and drains",
+          "[envoy][e2e]") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("sluice_envoy_rls_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto config = [](int n) {
+    return absl::StrCat(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, "
+        "requests_per_unit: ",
+        n, "}\n");
+  };
+  write_file(dir / "d.yaml", config(2));
+  RlsProcess rls_process(dir.string());
+  CHECK(rls_process.health() == std::string("\x08\x01", 2));
+  const auto k = request("d", {{{"k", "v"}}});
+  CHECK(rls_process.call(k).overall_code() == kOk);
+  CHECK(rls_process.call(k).overall_code() == kOk);
+  CHECK(rls_process.call(k).overall_code() == kOverLimit);
+  write_file(dir / "d.yaml", "domain: d\ndescriptors: [{key: k, bad: 1}]\n");
+  rls_process.signal(SIGHUP);  // refused: the last good configuration keeps serving
+  write_file(dir / "d.yaml", config(5));
+  rls_process.signal(SIGHUP);
+  std::uint32_t limit = 0;
+  for (int i = 0; i < 500 && limit != 5; ++i) {  // the reload is asynchronous
+    limit = rls_process.call(request("d", {{{"k", "other"}}}))
+                .statuses(0)
+                .current_limit()
+                .requests_per_unit();
+    if (limit != 5) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(limit == 5);
+  // The changed limit carried the spent share of "v" (2 of 2 spent: all of 5 spent).
+  CHECK(rls_process.call(k).overall_code() == kOverLimit);
+  CHECK(rls_process.terminate() == 0);
+  std::filesystem::remove_all(dir);
+}
+#ifdef SLUICE_TEST_REDIS
+TEST_CASE("envoy: two service replicas over one Redis share one budget", "[envoy][e2e][redis]") {
+  sluice_test::RedisFixture redis;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("sluice_envoy_rls_redis_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  write_file(dir / "d.yaml",
+             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, "
+             "requests_per_unit: 3}\n  - key: j\n    rate_limit: {unit: day, "
+             "requests_per_unit: 100}\n");
+  const std::vector<std::string> shared = {"--redis-socket",       redis.redis.unix_socket(),
+                                           "--redis-key-seed",     "7",
+                                           "--redis-failure-mode", "fail_closed"};
+  RlsProcess a(dir.string(), shared);
+  RlsProcess b(dir.string(), shared);
+  const auto both = request("d", {{{"j", "x"}}, {{"k", "x"}}});
+  CHECK(a.call(both).overall_code() == kOk);
+  CHECK(b.call(both).overall_code() == kOk);
+  CHECK(a.call(both).statuses(1).limit_remaining() == 0);
+  rls::RateLimitResponse over = b.call(both);
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).limit_remaining() == 97);  // all or nothing across replicas too
+  redis.redis.kill();
+  CHECK(a.call(request("d", {{{"j", "y"}}})).overall_code() == kOverLimit);  // fail_closed
+  CHECK(a.terminate() == 0);
+  CHECK(b.terminate() == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("envoy: two service replicas over one Redis Cluster share one budget",
+          "[envoy][e2e][redis][cluster]") {
+  sluice_test::RedisCluster& cluster = sluice_test::RedisCluster::shared();
+  INFO(cluster.error());
+  REQUIRE(cluster.error().empty());
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("sluice_envoy_rls_cluster_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  write_file(dir / "d.yaml",
+             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, "
+             "requests_per_unit: 3}\n  - key: j\n    rate_limit: {unit: day, "
+             "requests_per_unit: 100}\n");
+  const std::vector<std::string> shared = {
+      "--redis-address", absl::StrCat("127.0.0.1:", cluster.seed_port()), "--redis-cluster",
+      "--redis-key-seed", absl::StrCat(getpid())};
+  RlsProcess a(dir.string(), shared);
+  RlsProcess b(dir.string(), shared);
+  // Many descriptors: their keys fall in several slots, decided per node.
+  rls::RateLimitRequest wide = request("d", {{{"k", "x"}}});
+  for (int i = 0; i < 8; ++i) add(wide, {{"j", absl::StrCat("v", i).c_str()}});
+  for (int i = 0; i < 3; ++i) CHECK((i % 2 == 0 ? a : b).call(wide).overall_code() == kOk);
+  rls::RateLimitResponse over = b.call(wide);
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  for (int i = 1; i <= 8; ++i) {
+    INFO(i);
+    CHECK(over.statuses(i).code() == kOk);
+    CHECK(over.statuses(i).limit_remaining() == 97);  // given back on every slot
+  }
+  CHECK(a.terminate() == 0);
+  CHECK(b.terminate() == 0);
+  std::filesystem::remove_all(dir);
+}
+#endif  // SLUICE_TEST_REDIS
+#endif  // SLUICE_ENVOY_RLS_BINARY
+
+#ifdef SLUICE_TEST_REDIS
+TEST_CASE("envoy: two replicas over one Redis share one budget, all or nothing", "[envoy][redis]") {
+  sluice_test::RedisFixture redis;
+  // Server time; a day's limits do not refill within the test.
+  using RedisServer = BasicEnvoyServer<sluice::redis::RedisEngineBackend>;
+  RedisServer a(fixtures(), {.backend = {.client = redis.client()}});
+  RedisServer b(fixtures(), {.backend = {.client = redis.client()}});
+  const auto both = request(
+      "messaging", {{{"message_type", "marketing"}, {"to_number", "1"}}, {{"to_number", "1"}}});
+  for (int i = 0; i < 5; ++i) {
+    rls::RateLimitResponse r = (i % 2 == 0 ? a : b).ok(both);
+    CHECK(r.overall_code() == kOk);
+    CHECK(r.statuses(0).limit_remaining() == static_cast<std::uint32_t>(4 - i));
+    CHECK(r.statuses(1).limit_remaining() == static_cast<std::uint32_t>(99 - i));
+  }
+  rls::RateLimitResponse over = b.ok(both);
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  CHECK(over.statuses(1).code() == kOk);
+  CHECK(over.statuses(1).limit_remaining() == 95);  // nothing consumed
+  CHECK(a.ok(request("messaging", {{{"to_number", "1"}}})).statuses(0).limit_remaining() == 94);
+}
+
+TEST_CASE("envoy: a Redis failure is decided by the failure mode", "[envoy][redis]") {
+  sluice_test::RedisFixture redis;
+  using RedisServer = BasicEnvoyServer<sluice::redis::RedisEngineBackend>;
+  RedisServer open(fixtures(),
+                   {.backend = {.client = redis.client(std::chrono::milliseconds(300))}});
+  RedisServer closed(fixtures(),
+                     {.on_backend_error = sluice::FailureMode::kFailClosed,
+                      .backend = {.client = redis.client(std::chrono::milliseconds(300))}});
+  redis.redis.kill();
+  const auto db = request("mongo_cps", {{{"database", "users"}}});
+  CHECK(open.ok(db).overall_code() == kOk);
+  CHECK(closed.ok(db).overall_code() == kOverLimit);
+}
+#endif  // SLUICE_TEST_REDIS
