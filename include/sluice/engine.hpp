@@ -246,7 +246,7 @@ class BasicRateLimitEngine {
     }
     totals_->local().evaluations.fetch_add(1, std::memory_order_relaxed);
     thread_local Workspace work;
-    ScopedRequest request;
+    ScopedRequest request(raw);
     if (absl::Status s = rules_.scope(raw, request, work.scratch); !s.ok()) {
       e.allowed = false;
       e.backend_error = std::move(s);
@@ -472,7 +472,7 @@ class BasicRateLimitEngine {
   absl::Status record_upstream(const RequestContext& raw, const UpstreamResponse& response) const {
     if (!adaptive_.any() || rules_.exempt(raw.path)) return absl::OkStatus();
     RuleSet::Scratch scratch;
-    ScopedRequest request;
+    ScopedRequest request(raw);
     if (absl::Status s = rules_.scope(raw, request, scratch); !s.ok()) return s;
     const std::chrono::nanoseconds at = now();
     const std::span<const std::uint8_t> address = request.client.bytes();
@@ -617,7 +617,7 @@ class BasicRateLimitEngine {
                                               absl::string_view(label.data(), label.size()), "\""));
     }
     RuleSet::Scratch scratch;
-    ScopedRequest request;
+    ScopedRequest request(raw);
     if (absl::Status s = rules_.scope(raw, request, scratch); !s.ok()) return s;
     return RuleKeyFor{.rule = *r, .key = rules_.key(static_cast<std::uint32_t>(*r), request)};
   }
