@@ -29,6 +29,7 @@
 #include "redis_cluster.hpp"
 #include "redis_fixture.hpp"
 #include "sluice/redis.hpp"
+#include "sluice/redis/engine_backend.hpp"
 #endif
 
 using namespace std::chrono_literals;

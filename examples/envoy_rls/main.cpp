@@ -44,6 +44,7 @@
 #include "sluice/envoy.hpp"
 #ifdef SLUICE_ENVOY_RLS_REDIS
 #include "sluice/redis.hpp"
+#include "sluice/redis/engine_backend.hpp"
 #endif
 #ifdef SLUICE_ENVOY_RLS_METRICS
 #include <httplib.h>
