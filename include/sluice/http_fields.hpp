@@ -158,13 +158,11 @@ inline HttpField retry_after_field(std::chrono::nanoseconds retry_after) {
 }
 
 namespace detail {
-// Field `index` of `out` named `name` with an empty value, its string's capacity kept: writing
-// the same fields again allocates nothing once each slot has held its longest value.
-inline std::string& reuse_field(HttpFields& out, std::size_t index, std::string_view name) {
+// Slot `index` of `out`, added if `out` is shorter. Its string keeps its capacity: writing the
+// same fields again allocates nothing once each slot has held its longest value.
+inline HttpField& slot(HttpFields& out, std::size_t index) {
   if (out.size() <= index) out.resize(index + 1);
-  out[index].name = name;
-  out[index].value.clear();
-  return out[index].value;
+  return out[index];
 }
 
 // Sets `field` to `name` and `value` in decimal, reusing its string.
@@ -195,19 +193,17 @@ inline void arrange_fields(HttpFields& out, std::size_t count) {
 // Writes `Retry-After` into slot `index` of `out`, reusing the slot's string.
 inline void write_retry_after_field(HttpFields& out, std::size_t index,
                                     std::chrono::nanoseconds retry_after) {
-  detail::append_decimal(detail::reuse_field(out, index, kRetryAfterField),
-                         retry_after_seconds(retry_after));
+  detail::set_decimal(detail::slot(out, index), kRetryAfterField, retry_after_seconds(retry_after));
 }
 
 // Writes X-RateLimit-Limit, -Remaining and -Reset for the decision's binding window into slots
 // `first` ... `first + 2` of `out`, reusing the slots' strings. Returns the next slot.
 inline std::size_t write_x_ratelimit_fields(HttpFields& out, std::size_t first,
                                             const Decision& decision, WallTime now) {
-  detail::append_decimal(detail::reuse_field(out, first, kXRateLimitLimitField), decision.limit);
-  detail::append_decimal(detail::reuse_field(out, first + 1, kXRateLimitRemainingField),
-                         decision.remaining);
-  detail::append_decimal(detail::reuse_field(out, first + 2, kXRateLimitResetField),
-                         reset_epoch_seconds(now, decision.reset_after));
+  detail::set_decimal(detail::slot(out, first), kXRateLimitLimitField, decision.limit);
+  detail::set_decimal(detail::slot(out, first + 1), kXRateLimitRemainingField, decision.remaining);
+  detail::set_decimal(detail::slot(out, first + 2), kXRateLimitResetField,
+                      reset_epoch_seconds(now, decision.reset_after));
   return first + 3;
 }
 
@@ -318,14 +314,10 @@ inline void write_decision_fields(HttpFields& out, const Decision& decision, Wal
                                   std::string_view policy_value, std::string_view item_prefix) {
   const std::size_t count = decision.allowed() ? 5 : 6;
   if (out.size() != count) detail::arrange_fields(out, count);
-  HttpField* field = out.data();
-  if (!decision.allowed()) {
-    detail::set_decimal(*field++, kRetryAfterField, retry_after_seconds(decision.retry_after));
-  }
-  detail::set_decimal(*field++, kXRateLimitLimitField, decision.limit);
-  detail::set_decimal(*field++, kXRateLimitRemainingField, decision.remaining);
-  detail::set_decimal(*field++, kXRateLimitResetField,
-                      reset_epoch_seconds(now, decision.reset_after));
+  std::size_t next = 0;
+  if (!decision.allowed()) write_retry_after_field(out, next++, decision.retry_after);
+  next = write_x_ratelimit_fields(out, next, decision, now);
+  HttpField* field = &out[next];
   field->name = kRateLimitPolicyField;
   field->value.clear();
   field->value.append(policy_value);
