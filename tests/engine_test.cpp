@@ -108,6 +108,24 @@ TEST_CASE("all_or_nothing consumes nothing in admitting rules when one rule deni
   CHECK(field(engine.evaluate(on_route("10.0.0.1", "loose-only")), "X-RateLimit-Remaining") == "8");
 }
 
+TEST_CASE("all_or_nothing puts back an earlier rule's reservation when a later rule denies") {
+  sluice::ManualClock clock;
+  // The loose rule is decided first: it reserves before the tight one denies.
+  sluice::PolicyConfig config{
+      .policies = {{.name = "loose",
+                    .rate_limits = {rule("loose", {Selector::kIp}, {.minute = 10})}},
+                   {.name = "tight",
+                    .rate_limits = {rule("tight", {Selector::kIp}, {.minute = 1})}}},
+      .routes = {{.name = "both", .policies = {"loose", "tight"}},
+                 {.name = "loose-only", .policies = {"loose"}}}};
+  Engine engine = make_engine(config, clock);
+  CHECK(admitted(engine, on_route("10.0.0.1", "both"), 5) == 1);
+  CHECK(field(engine.evaluate(on_route("10.0.0.1", "loose-only")), "X-RateLimit-Remaining") == "8");
+  // A client the loose rule has not seen yet is decided without being tracked, then inserted.
+  CHECK(admitted(engine, on_route("10.0.0.2", "both"), 3) == 1);
+  CHECK(field(engine.evaluate(on_route("10.0.0.2", "loose-only")), "X-RateLimit-Remaining") == "8");
+}
+
 TEST_CASE("every_rule lets admitting rules consume when another rule denies") {
   sluice::ManualClock clock;
   sluice::PolicyConfig config{
