@@ -739,12 +739,13 @@ TEST_CASE("envoy: the local failure mode limits on the replica's share while Red
                       "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, "
                       "requests_per_unit: 10}\n  - key: j\n    rate_limit: {unit: day, "
                       "requests_per_unit: 100}\n");
-  RlsProcess rls_process(dir.path(), {"--redis-socket", redis.redis.unix_socket(),
-                                      "--redis-failure-mode", "local", "--local-share-permille",
-                                      "500", "--local-retry-ms", "2000", "--redis-timeout-ms",
-                                      "300"});
+  RlsProcess rls_process(
+      dir.path(),
+      {"--redis-socket", redis.redis.unix_socket(), "--redis-failure-mode", "local",
+       "--local-share-permille", "500", "--local-retry-ms", "2000", "--redis-timeout-ms", "300"});
   const auto k = request("d", {{{"k", "x"}}});
-  for (std::uint32_t left : {9u, 8u, 7u, 6u}) CHECK(rls_process.call(k).statuses(0).limit_remaining() == left);
+  for (std::uint32_t left : {9u, 8u, 7u, 6u})
+    CHECK(rls_process.call(k).statuses(0).limit_remaining() == left);
   redis.redis.stop();  // frozen: calls time out; then decided locally at once
   // The local share: 5 of 10 a day, fresh (Redis's state is not known here).
   for (std::uint32_t left : {4u, 3u, 2u, 1u, 0u}) {
@@ -784,9 +785,8 @@ TEST_CASE("envoy: a call in flight when SIGTERM arrives completes; new calls are
   CHECK(rls_process.call(k).statuses(0).limit_remaining() == 99);  // connected to Redis
   redis.redis.stop();
   rls::RateLimitResponse in_flight_response;
-  std::future<grpc::Status> in_flight = std::async(std::launch::async, [&] {
-    return rls_process.try_call(k, in_flight_response);
-  });
+  std::future<grpc::Status> in_flight =
+      std::async(std::launch::async, [&] { return rls_process.try_call(k, in_flight_response); });
   bool waiting = false;  // the call's script sits unread in the stopped Redis
   for (int i = 0; i < 2000 && !waiting; ++i) {
     waiting = unread_bytes_at(redis.redis.port());
@@ -865,13 +865,14 @@ TEST_CASE("envoy: the local failure mode decides on the replica's share and coun
   CHECK_FALSE(Limiter::create(fixtures(), {.on_backend_error = sluice::FailureMode::kLocal,
                                            .backend = {.client = redis.client()}})
                   .ok());  // the share is required
-  RedisServer local(fixtures(), {.on_backend_error = sluice::FailureMode::kLocal,
-                                 .local_share_permille = 500,
-                                 .local_retry_interval = std::chrono::hours(1),
-                                 .backend = {.client = redis.client(std::chrono::milliseconds(300))}});
+  RedisServer local(fixtures(),
+                    {.on_backend_error = sluice::FailureMode::kLocal,
+                     .local_share_permille = 500,
+                     .local_retry_interval = std::chrono::hours(1),
+                     .backend = {.client = redis.client(std::chrono::milliseconds(300))}});
   redis.redis.kill();
   const auto tmp = request("mongo_cps", {{{"database", "tmp_1"}}});  // 2 a second: 1 locally
-  rls::RateLimitResponse first = local.ok(tmp);  // Redis fails: decided locally
+  rls::RateLimitResponse first = local.ok(tmp);                      // Redis fails: decided locally
   CHECK(first.overall_code() == kOk);
   CHECK(first.statuses(0).limit_remaining() == 0);
   CHECK(local.ok(tmp).overall_code() == kOverLimit);  // decided locally at once

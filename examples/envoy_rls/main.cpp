@@ -80,8 +80,8 @@ struct Options {
   std::string metrics_listen;  // HOST:PORT of the Prometheus endpoint; empty: none
   std::uint64_t redis_key_seed = 0;
   sluice::FailureMode on_redis_error = sluice::FailureMode::kFailOpen;
-  std::uint64_t redis_timeout_ms = 200;       // per call: connect, write, reply
-  std::uint64_t local_share_permille = 0;     // required with --redis-failure-mode local
+  std::uint64_t redis_timeout_ms = 200;    // per call: connect, write, reply
+  std::uint64_t local_share_permille = 0;  // required with --redis-failure-mode local
   std::uint64_t local_retry_ms = 1000;
 };
 
@@ -341,15 +341,14 @@ int main(int argc, char** argv) {
     log(client.status().ToString());
     return 2;
   }
-  return serve<sluice::redis::RedisEngineBackend>(*options, *std::move(config),
-                                                  {.bounds = options->bounds,
-                                                   .on_backend_error = options->on_redis_error,
-                                                   .local_share_permille =
-                                                       options->local_share_permille,
-                                                   .local_retry_interval = std::chrono::milliseconds(
-                                                       options->local_retry_ms),
-                                                   .response_headers = options->response_headers,
-                                                   .backend = {.client = *std::move(client)}},
-                                                  signals);
+  return serve<sluice::redis::RedisEngineBackend>(
+      *options, *std::move(config),
+      {.bounds = options->bounds,
+       .on_backend_error = options->on_redis_error,
+       .local_share_permille = options->local_share_permille,
+       .local_retry_interval = std::chrono::milliseconds(options->local_retry_ms),
+       .response_headers = options->response_headers,
+       .backend = {.client = *std::move(client)}},
+      signals);
 #endif
 }

@@ -174,9 +174,7 @@ class BasicLimiter {
   std::uint64_t backend_errors() const { return backend_errors_.load(std::memory_order_relaxed); }
   FailureMode failure_mode() const { return options_.on_backend_error; }
   // Backend calls decided on the local share (kLocal), over the limiter's life.
-  std::uint64_t local_decisions() const {
-    return local_decisions_.load(std::memory_order_relaxed);
-  }
+  std::uint64_t local_decisions() const { return local_decisions_.load(std::memory_order_relaxed); }
 
   // Every limit's counters, configured limits first, in configuration order.
   std::vector<LimitStats> stats() const {
@@ -569,7 +567,8 @@ class BasicLimiter {
   // the local share.
   bool call(const Generation& gen, std::span<const RuleKey> keys, ConsumptionMode mode,
             std::span<Decision> out, Response& response) const {
-    if (gen.local != nullptr && !gen.local->should_call()) return call_local(gen, keys, mode, out, response);
+    if (gen.local != nullptr && !gen.local->should_call())
+      return call_local(gen, keys, mode, out, response);
     const absl::Status s = gen.backend.check_rules(keys, mode, out);
     if (s.ok()) {
       if (gen.local != nullptr) gen.local->record_success();
