@@ -567,8 +567,9 @@ class BasicLimiter {
   // the local share.
   bool call(const Generation& gen, std::span<const RuleKey> keys, ConsumptionMode mode,
             std::span<Decision> out, Response& response) const {
-    if (gen.local != nullptr && !gen.local->should_call())
+    if (gen.local != nullptr && !gen.local->should_call()) {
       return call_local(gen, keys, mode, out, response);
+    }
     const absl::Status s = gen.backend.check_rules(keys, mode, out);
     if (s.ok()) {
       if (gen.local != nullptr) gen.local->record_success();
