@@ -15,14 +15,8 @@
 #include "bench_support.hpp"
 #include "example_config.hpp"
 #include "sluice/engine.hpp"
-#include "sluice/engine/variant_backend.hpp"
 #include "sluice/gcra.hpp"
-#ifdef SLUICE_WITH_REDIS
-#include "sluice/redis/engine_backend.hpp"
-#endif
-#ifdef SLUICE_WITH_POSTGRES
-#include "sluice/postgres/engine_backend.hpp"
-#endif
+#include "sluice/runtime_engine.hpp"
 
 namespace {
 
@@ -31,17 +25,8 @@ using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<bench::TickC
 using Gcra = sluice::GcraLimiter<bench::TickClock>;
 // The engine whose backend is chosen at run time (sluice/runtime_engine.hpp), with every backend
 // this build has, on the tick clock: the same in-memory backend behind one branch.
-using RuntimeEngine = sluice::BasicRateLimitEngine<sluice::VariantBackend<
-    sluice::InMemoryBackend<bench::TickClock>
-#ifdef SLUICE_WITH_REDIS
-    ,
-    sluice::redis::RedisEngineBackend
-#endif
-#ifdef SLUICE_WITH_POSTGRES
-    ,
-    sluice::postgres::PostgresEngineBackend
-#endif
-    >>;
+using RuntimeEngine = sluice::BasicRateLimitEngine<
+    sluice::RuntimeBackendOf<sluice::InMemoryBackend<bench::TickClock>>>;
 using sluice::Selector;
 using sluice::testing::documented_example;
 using sluice::testing::rule;

@@ -17,14 +17,8 @@
 #include "bench_support.hpp"
 #include "example_config.hpp"
 #include "sluice/engine.hpp"
-#include "sluice/engine/variant_backend.hpp"
 #include "sluice/gcra.hpp"
-#ifdef SLUICE_WITH_REDIS
-#include "sluice/redis/engine_backend.hpp"
-#endif
-#ifdef SLUICE_WITH_POSTGRES
-#include "sluice/postgres/engine_backend.hpp"
-#endif
+#include "sluice/runtime_engine.hpp"
 
 namespace {
 
@@ -32,17 +26,8 @@ using namespace std::chrono_literals;
 using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<bench::TickClock>>;
 using Gcra = sluice::GcraLimiter<bench::TickClock>;
 // As bench/engine_bench.cpp's RuntimeEngine: every backend the script found, memory chosen.
-using RuntimeEngine = sluice::BasicRateLimitEngine<sluice::VariantBackend<
-    sluice::InMemoryBackend<bench::TickClock>
-#ifdef SLUICE_WITH_REDIS
-    ,
-    sluice::redis::RedisEngineBackend
-#endif
-#ifdef SLUICE_WITH_POSTGRES
-    ,
-    sluice::postgres::PostgresEngineBackend
-#endif
-    >>;
+using RuntimeEngine = sluice::BasicRateLimitEngine<
+    sluice::RuntimeBackendOf<sluice::InMemoryBackend<bench::TickClock>>>;
 
 RuntimeEngine runtime_engine() {
   RuntimeEngine::BackendOptions options;

@@ -379,8 +379,7 @@ void install(httplib::Server& server, const Holder& holder,
                  response.status = 503;
                  return;
                }
-               response.set_content(prometheus_text(*engine),
-                                    std::string(kPrometheusContentType));
+               response.set_content(prometheus_text(*engine), std::string(kPrometheusContentType));
              });
 }
 

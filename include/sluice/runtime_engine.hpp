@@ -54,22 +54,31 @@ struct BackendList {
   using apply = T<Backends...>;
 };
 
-using MemoryBackends = BackendList<InMemoryBackend<SteadyClock>>;
+// `Memory`, then every optional backend this build includes.
+template <class Memory>
+struct BuiltBackends {
+  using with_memory = BackendList<Memory>;
 #ifdef SLUICE_WITH_REDIS
-using RedisBackends = MemoryBackends::with<redis::RedisEngineBackend>;
+  using with_redis = typename with_memory::template with<redis::RedisEngineBackend>;
 #else
-using RedisBackends = MemoryBackends;
+  using with_redis = with_memory;
 #endif
 #ifdef SLUICE_WITH_POSTGRES
-using BuiltBackends = RedisBackends::with<postgres::PostgresEngineBackend>;
+  using all = typename with_redis::template with<postgres::PostgresEngineBackend>;
 #else
-using BuiltBackends = RedisBackends;
+  using all = with_redis;
 #endif
+};
 
 }  // namespace detail
 
-// Every backend of this build, chosen at run time.
-using RuntimeBackend = detail::BuiltBackends::apply<VariantBackend>;
+// Every backend of this build, chosen at run time, with `Memory` as the in-memory one (a test's
+// or benchmark's clock in place of the steady clock).
+template <class Memory = InMemoryBackend<SteadyClock>>
+using RuntimeBackendOf =
+    typename detail::BuiltBackends<Memory>::all::template apply<VariantBackend>;
+
+using RuntimeBackend = RuntimeBackendOf<>;
 
 // The engine over it.
 using RuntimeRateLimitEngine = BasicRateLimitEngine<RuntimeBackend>;

@@ -313,10 +313,10 @@ class ReloadingEngine {
   Version seen_ ABSL_GUARDED_BY(reload_mutex_);  // the content last loaded or rejected
   std::optional<Settling> settling_ ABSL_GUARDED_BY(reload_mutex_);  // a change not loaded yet
   std::size_t attached_ ABSL_GUARDED_BY(reload_mutex_);  // attached_rule_count of the running one
-  detail::WakePipe wake_;                                 // wakes thread_
-  int signal_ = 0;                                        // the reload signal taken, if any
-  struct sigaction previous_action_ {};                   // its handling before
-  std::thread thread_;                                    // polls and reloads, if started
+  detail::WakePipe wake_;                                // wakes thread_
+  int signal_ = 0;                                       // the reload signal taken, if any
+  struct sigaction previous_action_ {};                  // its handling before
+  std::thread thread_;                                   // polls and reloads, if started
 };
 
 }  // namespace sluice::yaml

@@ -42,7 +42,8 @@ class WakePipe {
     return WakePipe(fds[0], fds[1]);
   }
   WakePipe(WakePipe&& other) noexcept
-      : read_fd_(std::exchange(other.read_fd_, -1)), write_fd_(std::exchange(other.write_fd_, -1)) {}
+      : read_fd_(std::exchange(other.read_fd_, -1)),
+        write_fd_(std::exchange(other.write_fd_, -1)) {}
   WakePipe& operator=(WakePipe&&) = delete;
   ~WakePipe() {
     if (read_fd_ >= 0) ::close(read_fd_);
@@ -106,8 +107,8 @@ inline absl::Status take_reload_signal(int signal, const WakePipe& pipe,
   action.sa_flags = SA_RESTART;
   if (::sigaction(signal, &action, &previous) != 0) {
     g_reload_signal_fd.store(-1, std::memory_order_release);
-    return absl::InvalidArgumentError(absl::StrCat("reload_signal ", signal, ": ",
-                                                   std::strerror(errno)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("reload_signal ", signal, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
