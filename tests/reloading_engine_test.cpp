@@ -24,6 +24,7 @@
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
+#include "sluice/runtime_engine.hpp"
 
 using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
 using Holder = sluice::yaml::ReloadingEngine<Engine, sluice::ManualClock>;
@@ -532,4 +533,18 @@ TEST_CASE("the reload signal makes the holder's thread reload; one holder per pr
   REQUIRE(::sigaction(SIGUSR2, nullptr, &now) == 0);
   CHECK(now.sa_handler == SIG_DFL);
   CHECK(make_threaded(path, counter, std::chrono::milliseconds(0), SIGUSR2).ok());
+}
+
+TEST_CASE("a file naming a backend this build does not include is refused at the first load") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2) + "backend: { type: postgres, conninfo: \"dbname=app\" }\n");
+  const auto holder = sluice::yaml::ReloadingEngine<sluice::RuntimeRateLimitEngine>::create(path);
+  CHECK(holder.status().code() == absl::StatusCode::kInvalidArgument);
+#ifndef SLUICE_WITH_POSTGRES
+  CHECK(holder.status().message() ==
+        path +
+            ": backend.type: postgres is not in this build of sluice (link sluice::postgres, "
+            "built where libpq is found)");
+#endif
 }

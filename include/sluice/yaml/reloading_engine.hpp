@@ -104,8 +104,8 @@ class ReloadingEngine {
   };
 
   // Loads `path` and compiles the first generation; its errors are load_config_file's, the
-  // engine's, or FailedPrecondition for a config that attaches no rule without saying
-  // `limits_nothing: true` (nothing is served without a first good config).
+  // engine's (after "<path>: "), or FailedPrecondition for a config that attaches no rule without
+  // saying `limits_nothing: true` (nothing is served without a first good config).
   static absl::StatusOr<std::unique_ptr<ReloadingEngine>> create(std::string path,
                                                                  Options options = {}) {
     absl::StatusOr<std::string> text = detail::read_config_file(path);
@@ -115,7 +115,10 @@ class ReloadingEngine {
     if (absl::Status s = check_attaches_a_rule(path, *config, std::nullopt); !s.ok()) return s;
     auto engine =
         Engine::create(*config, std::move(options.backend), options.observer, options.on_event);
-    if (!engine.ok()) return engine.status();
+    if (!engine.ok()) {  // e.g. a backend section naming a backend this build does not include
+      return absl::Status(engine.status().code(),
+                          absl::StrCat(path, ": ", engine.status().message()));
+    }
     absl::StatusOr<detail::WakePipe> wake = detail::WakePipe::create();
     if (!wake.ok()) return wake.status();
     std::unique_ptr<ReloadingEngine> holder(new ReloadingEngine(

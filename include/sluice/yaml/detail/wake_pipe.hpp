@@ -13,7 +13,8 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
-#include <cstring>
+#include <string>
+#include <system_error>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -32,12 +33,17 @@ struct Wakeups {
   bool stop = false;
 };
 
+// errno's text (std::strerror is not thread-safe).
+inline std::string error_text(int error) {
+  return std::error_code(error, std::generic_category()).message();
+}
+
 class WakePipe {
  public:
   static absl::StatusOr<WakePipe> create() {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
-      return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("pipe2: ", error_text(errno)));
     }
     return WakePipe(fds[0], fds[1]);
   }
@@ -66,7 +72,9 @@ class WakePipe {
     const int n = ::poll(&p, 1, timeout);
     Wakeups out{.timed_out = n == 0};
     char bytes[64];
-    for (ssize_t got; (got = ::read(read_fd_, bytes, sizeof bytes)) > 0;) {
+    for (;;) {
+      const ssize_t got = ::read(read_fd_, bytes, sizeof bytes);
+      if (got <= 0) break;  // empty (EAGAIN): every byte read
       for (ssize_t i = 0; i < got; ++i) {
         out.reload = out.reload || bytes[i] == kWakeReload;
         out.stop = out.stop || bytes[i] == kWakeStop;
@@ -82,13 +90,16 @@ class WakePipe {
   int write_fd_ = -1;
 };
 
-// The wake pipe a reload signal writes to: one holder per process. A lock-free atomic, so the
-// handler may read it.
-inline std::atomic<int> g_reload_signal_fd{-1};
+// The wake pipe a reload signal writes to: one holder per process. A lock-free atomic, constant
+// initialized (no guard to take), so the signal handler may read it.
+inline std::atomic<int>& reload_signal_fd() noexcept {
+  static constinit std::atomic<int> fd{-1};
+  return fd;
+}
 static_assert(std::atomic<int>::is_always_lock_free);
 
 inline void on_reload_signal(int /*signal*/) {
-  const int fd = g_reload_signal_fd.load(std::memory_order_acquire);
+  const int fd = reload_signal_fd().load(std::memory_order_acquire);
   if (fd >= 0) WakePipe::write_byte(fd, kWakeReload);
 }
 
@@ -97,7 +108,7 @@ inline void on_reload_signal(int /*signal*/) {
 inline absl::Status take_reload_signal(int signal, const WakePipe& pipe,
                                        struct sigaction& previous) {
   int expected = -1;
-  if (!g_reload_signal_fd.compare_exchange_strong(expected, pipe.write_fd())) {
+  if (!reload_signal_fd().compare_exchange_strong(expected, pipe.write_fd())) {
     return absl::FailedPreconditionError(
         "reload_signal: another reloading holder of this process already reloads on a signal");
   }
@@ -106,9 +117,9 @@ inline absl::Status take_reload_signal(int signal, const WakePipe& pipe,
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
   if (::sigaction(signal, &action, &previous) != 0) {
-    g_reload_signal_fd.store(-1, std::memory_order_release);
+    reload_signal_fd().store(-1, std::memory_order_release);
     return absl::InvalidArgumentError(
-        absl::StrCat("reload_signal ", signal, ": ", std::strerror(errno)));
+        absl::StrCat("reload_signal ", signal, ": ", error_text(errno)));
   }
   return absl::OkStatus();
 }
@@ -116,7 +127,7 @@ inline absl::Status take_reload_signal(int signal, const WakePipe& pipe,
 // Gives the signal back: its previous disposition, and no pipe.
 inline void release_reload_signal(int signal, const struct sigaction& previous) {
   ::sigaction(signal, &previous, nullptr);
-  g_reload_signal_fd.store(-1, std::memory_order_release);
+  reload_signal_fd().store(-1, std::memory_order_release);
 }
 
 }  // namespace sluice::yaml::detail
