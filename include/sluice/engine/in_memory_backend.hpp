@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/backend_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/detail/limiter_common.hpp"
@@ -80,6 +81,10 @@ class InMemoryBackend {
     }
     return backend;
   }
+
+  // As an alternative of VariantBackend: serves `memory`, which a section configures nothing of.
+  static bool serves(BackendKind kind) { return kind == BackendKind::kMemory; }
+  static absl::StatusOr<Options> options_for(const BackendConfig& /*section*/) { return Options{}; }
 
   absl::Status check_rules(std::span<const RuleKey> keys, ConsumptionMode mode,
                            std::span<Decision> out) {
