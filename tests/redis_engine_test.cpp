@@ -482,6 +482,17 @@ TEST_CASE("two limit changes over Redis in a row carry a key the middle one neve
   CHECK(t.same(a, 10) == 5);
 }
 
+TEST_CASE("a reset after a limit change over Redis gives the new burst, not a carried one") {
+  Server server;
+  sluice::ManualClock clock;
+  Twins t = twins(server, clock, per_ip({.minute = 100}));
+  const sluice::RequestContext a = on_route("10.0.0.1", "x");
+  CHECK(t.same(a, 100) == 100);
+  t.reload(per_ip({.minute = 10}));
+  REQUIRE(t.redis.reset("p/per-ip", a).ok());
+  CHECK(t.redis.inspect("p/per-ip", a)->remaining == 10);
+}
+
 TEST_CASE("two Redis engines on separate clients share one budget exactly") {
   Server server;
   sluice::PolicyConfig config{
