@@ -289,10 +289,9 @@ std::vector<AttackSecond> one_client_attack(sluice::AdaptivePolicy adaptive, int
       if (second == 5 && tick == 0) {
         const sluice::RequestContext attacker = on_route("203.0.113.66", "api");
         REQUIRE(engine.evaluate(attacker).allowed);
-        REQUIRE(engine
-                    .record_upstream(attacker,
-                                     {.latency = 5ms, .status = 503, .retry_after = 300s})
-                    .ok());
+        REQUIRE(
+            engine.record_upstream(attacker, {.latency = 5ms, .status = 503, .retry_after = 300s})
+                .ok());
       }
       for (const std::string& ip : clients) {
         const sluice::RequestContext request = on_route(ip, "api");

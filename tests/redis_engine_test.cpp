@@ -432,7 +432,7 @@ TEST_CASE("a limit lowered over Redis mid-burst leaves each client its spent sha
   clock.advance(1ns);
 
   t.reload(per_ip({.minute = 10}));
-  CHECK(t.same(a, 20) == 4);  // 40 % of the new 10, not a fresh 10
+  CHECK(t.same(a, 20) == 4);                           // 40 % of the new 10, not a fresh 10
   CHECK(t.same(on_route("10.0.0.2", "x"), 20) == 10);  // a client the old rule never saw
   clock.advance(6s);                                   // one emission interval of 10/minute
   CHECK(t.same(a, 3) == 1);

@@ -60,9 +60,9 @@ struct CarriedRule {
 template <class Limit>
 std::vector<CarrySource<Limit>> carry_sources(const CompiledRule& rule,
                                               std::span<const CarriedRule<Limit>> previous) {
-  const auto same = std::find_if(previous.begin(), previous.end(), [&](const CarriedRule<Limit>& p) {
-    return p.identity == rule.identity;
-  });
+  const auto same =
+      std::find_if(previous.begin(), previous.end(),
+                   [&](const CarriedRule<Limit>& p) { return p.identity == rule.identity; });
   if (same == previous.end()) return {};
   if (same->fingerprint == rule.fingerprint) return same->sources;
   std::vector<CarrySource<Limit>> sources;

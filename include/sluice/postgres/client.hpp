@@ -116,7 +116,8 @@ class Client {
       limits.push_back(item.limit);
       costs.push_back(item.cost);
       for (const CarriedFrom& from : item.carried_from) {
-        sources.push_back({.item = i, .digest = digest(from.key, *from.limit), .limit = from.limit});
+        sources.push_back(
+            {.item = i, .digest = digest(from.key, *from.limit), .limit = from.limit});
       }
     }
     std::vector<Param> params =

@@ -108,11 +108,11 @@ class PostgresEngineBackend {
         old_keys.push_back(sluice::detail::carried_key(source, k.key, prefix_size(k.rule)));
         from.push_back({.key = old_keys.back(), .limit = source.limit.get()});
       }
-      items.push_back({.key = k.key,
-                       .limit = limits_[k.rule].get(),
-                       .cost = k.cost,
-                       .carried_from = std::span<const CarriedFrom>(from).subspan(
-                           first, from.size() - first)});
+      items.push_back(
+          {.key = k.key,
+           .limit = limits_[k.rule].get(),
+           .cost = k.cost,
+           .carried_from = std::span<const CarriedFrom>(from).subspan(first, from.size() - first)});
     }
     const BatchMode batch =
         mode == ConsumptionMode::kAllOrNothing ? BatchMode::kAllOrNothing : BatchMode::kEachItem;

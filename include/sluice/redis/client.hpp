@@ -311,7 +311,8 @@ class Client {
   // Carries the state of every item with `carried_from` whose key holds none (detail/carry.hpp):
   // reads each earlier key with its node's time (one round trip, nodes in parallel), then writes
   // the carried state with SET NX (one more), so a key written meanwhile keeps its state.
-  absl::Status carry(std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time) {
+  absl::Status carry(std::span<const CheckItem> items,
+                     std::optional<std::chrono::nanoseconds> time) {
     std::vector<std::string> old_keys;
     std::vector<Call> reads;
     for (const CheckItem& item : items) {
@@ -357,16 +358,15 @@ class Client {
 
   // SET key value PX ttl NX for each carried state, one round trip; OK whether or not the key
   // was absent (a key written since the script's CARRY reply keeps its state).
-  absl::Status write_carried(std::span<const std::string> keys,
-                             std::span<const std::string> values,
+  absl::Status write_carried(std::span<const std::string> keys, std::span<const std::string> values,
                              std::span<const std::string> ttls) {
     std::vector<Call> writes;
     for (std::size_t i = 0; i < keys.size(); ++i) {
       Call& w = writes.emplace_back();
       w.slot = transport_.slot_of(keys[i]);
-      for (std::string_view arg : {std::string_view("SET"), std::string_view(keys[i]),
-                                   std::string_view(values[i]), std::string_view("PX"),
-                                   std::string_view(ttls[i]), std::string_view("NX")}) {
+      for (std::string_view arg :
+           {std::string_view("SET"), std::string_view(keys[i]), std::string_view(values[i]),
+            std::string_view("PX"), std::string_view(ttls[i]), std::string_view("NX")}) {
         w.command.add(arg);
       }
     }
@@ -618,7 +618,7 @@ class Client {
   std::string script_sha_;
   std::string booking_script_;
   std::string booking_sha_;
-  std::string carry_read_sha_;  // of detail::kCarryReadScript
+  std::string carry_read_sha_;                                  // of detail::kCarryReadScript
   detail::Coalescer coalescer_{options_.max_coalesced_checks};  // single-key checks, one node
 };
 

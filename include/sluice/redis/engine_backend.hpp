@@ -231,8 +231,8 @@ class RedisEngineBackend {
       items.push_back({.key = k.key,
                        .limit = &limit,
                        .cost = k.cost,
-                       .carried_from = std::span<const CarriedFrom>(carried.from).subspan(
-                           first, carried.from.size() - first)});
+                       .carried_from = std::span<const CarriedFrom>(carried.from)
+                                           .subspan(first, carried.from.size() - first)});
     }
     return absl::OkStatus();
   }
