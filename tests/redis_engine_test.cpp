@@ -438,6 +438,17 @@ TEST_CASE("a limit lowered over Redis mid-burst leaves each client its spent sha
   CHECK(t.same(a, 3) == 1);
   clock.advance(59s);  // 9.83 emission intervals
   CHECK(t.same(a, 12) == 9);
+
+  // A new client's first check looks for a state to carry (the script's CARRY reply, the read
+  // of its old key, the check) until no key can hold state under the old windows: their refill
+  // (60 s) plus a minute's margin after the reload. Then it is one call again.
+  REQUIRE(server.redis.command({"CONFIG", "RESETSTAT"}));
+  CHECK(t.same(on_route("10.0.0.3", "x"), 1) == 1);
+  CHECK(server.command_calls()["evalsha"] == 3);
+  clock.advance(2min);
+  REQUIRE(server.redis.command({"CONFIG", "RESETSTAT"}));
+  CHECK(t.same(on_route("10.0.0.4", "x"), 1) == 1);
+  CHECK(server.command_calls()["evalsha"] == 1);
 }
 
 TEST_CASE("a limit raised over Redis gives no more than the share a client had left, as memory") {

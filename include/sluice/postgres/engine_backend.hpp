@@ -84,9 +84,14 @@ class PostgresEngineBackend {
           {.identity = rule.identity,
            .fingerprint = rule.fingerprint,
            .limit = backend.limits_.back(),
-           .sources = previous != nullptr ? sluice::detail::carry_sources<Limit>(
-                                                rule, std::span(previous->carried_))
-                                          : std::vector<sluice::detail::CarrySource<Limit>>{}});
+           .sources = previous != nullptr
+                          ? sluice::detail::carry_sources<Limit>(
+                                rule, std::span(previous->carried_),
+                                sluice::detail::unix_now(options.client->time_source()),
+                                [](const Limit& l) -> const std::vector<GcraWindow>& {
+                                  return l.gcra_windows();
+                                })
+                          : std::vector<sluice::detail::CarrySource<Limit>>{}});
     }
     return backend;
   }
@@ -96,23 +101,14 @@ class PostgresEngineBackend {
                            std::span<Decision> out) {
     if (keys.empty()) return absl::OkStatus();
     absl::InlinedVector<CheckItem, 8> items;
-    std::size_t sources = 0;
-    for (const RuleKey& k : keys) sources += carried_[k.rule].sources.size();
-    std::vector<std::string> old_keys;  // reserved: the items' spans stay valid
-    std::vector<CarriedFrom> from;
-    old_keys.reserve(sources);
-    from.reserve(sources);
+    sluice::detail::CarriedKeys<Limit, CarriedFrom> carried(keys, carried_, [this] {
+      return sluice::detail::unix_now(options_.client->time_source());
+    });
     for (const RuleKey& k : keys) {
-      const std::size_t first = from.size();
-      for (const sluice::detail::CarrySource<Limit>& source : carried_[k.rule].sources) {
-        old_keys.push_back(sluice::detail::carried_key(source, k.key, prefix_size(k.rule)));
-        from.push_back({.key = old_keys.back(), .limit = source.limit.get()});
-      }
-      items.push_back(
-          {.key = k.key,
-           .limit = limits_[k.rule].get(),
-           .cost = k.cost,
-           .carried_from = std::span<const CarriedFrom>(from).subspan(first, from.size() - first)});
+      items.push_back({.key = k.key,
+                       .limit = limits_[k.rule].get(),
+                       .cost = k.cost,
+                       .carried_from = carried.add(carried_[k.rule], k.key)});
     }
     const BatchMode batch =
         mode == ConsumptionMode::kAllOrNothing ? BatchMode::kAllOrNothing : BatchMode::kEachItem;

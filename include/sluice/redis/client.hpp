@@ -297,8 +297,8 @@ class Client {
   }
 
   // One atomic check of `items`; when a key with `carried_from` holds no state, its state is
-  // carried over first (carry), then the check is made again: one more round trip for the
-  // reads and one for the writes, only on such a miss.
+  // carried over first (carry), then the check is made again: on such a miss only, a round trip
+  // for the reads, one for the writes (if any) and the second check.
   absl::StatusOr<std::vector<Decision>> run(std::span<const CheckItem> items,
                                             std::optional<std::chrono::nanoseconds> time,
                                             std::vector<detail::ItemBooking>* bookings = nullptr) {

@@ -23,8 +23,8 @@
 // nothing is transferred). A rule whose only change is its windows (same CompiledRule::identity)
 // maps to new keys, and each key carries its spent share over from the keys of the rule's earlier
 // window sets on its first check in the new generation (sluice/engine/carried_rules.hpp,
-// sluice/redis/detail/carry.hpp): two more round trips for that check only. Old keys expire by
-// themselves.
+// sluice/redis/detail/carry.hpp): up to three more round trips for that check only. Old keys
+// expire by themselves.
 //
 // Stats: `rule_store_stats` is all zeros: Redis holds the keys (count them there); the engine's
 // per-rule allowed/denied counters work as with the in-memory backend.
@@ -92,9 +92,14 @@ class RedisEngineBackend {
           {.identity = rule.identity,
            .fingerprint = rule.fingerprint,
            .limit = backend.limits_.back(),
-           .sources = previous != nullptr ? sluice::detail::carry_sources<Limit>(
-                                                rule, std::span(previous->carried_))
-                                          : std::vector<sluice::detail::CarrySource<Limit>>{}});
+           .sources = previous != nullptr
+                          ? sluice::detail::carry_sources<Limit>(
+                                rule, std::span(previous->carried_),
+                                sluice::detail::unix_now(options.client->options().time_source),
+                                [](const Limit& l) -> const std::vector<GcraWindow>& {
+                                  return l.windows();
+                                })
+                          : std::vector<sluice::detail::CarrySource<Limit>>{}});
     }
     if (absl::Status verdict = options.client->verify_server(); !verdict.ok()) return verdict;
     return backend;
@@ -107,7 +112,9 @@ class RedisEngineBackend {
       return absl::OkStatus();
     }
     absl::InlinedVector<CheckItem, 8> items;
-    CarriedKeys carried;
+    CarriedKeys carried(keys, carried_, [this] {
+      return sluice::detail::unix_now(options_.client->options().time_source);
+    });
     if (absl::Status s = make_items(keys, items, carried); !s.ok()) return s;
     if (mode == ConsumptionMode::kEveryRule) {
       return check_each(items, out);
@@ -137,7 +144,9 @@ class RedisEngineBackend {
     bookings.clear();
     if (keys.empty()) return absl::OkStatus();
     absl::InlinedVector<CheckItem, 8> items;
-    CarriedKeys carried;
+    CarriedKeys carried(keys, carried_, [this] {
+      return sluice::detail::unix_now(options_.client->options().time_source);
+    });
     if (absl::Status s = make_items(keys, items, carried); !s.ok()) return s;
     std::vector<detail::ItemBooking> booked;
     if (mode == ConsumptionMode::kEveryRule) {
@@ -198,12 +207,7 @@ class RedisEngineBackend {
  private:
   explicit RedisEngineBackend(Options options) : options_(std::move(options)) {}
 
-  // The keys a check's items had under their rules' earlier window sets (reserved up front, so
-  // the items' spans stay valid).
-  struct CarriedKeys {
-    std::vector<std::string> keys;
-    std::vector<CarriedFrom> from;
-  };
+  using CarriedKeys = sluice::detail::CarriedKeys<Limit, CarriedFrom>;
 
   std::size_t prefix_size(std::size_t rule) const {
     return rule_key_prefix(carried_[rule].fingerprint).size();
@@ -213,26 +217,16 @@ class RedisEngineBackend {
   // before anything is sent, for a cost that can never pass its rule.
   absl::Status make_items(std::span<const RuleKey> keys, absl::InlinedVector<CheckItem, 8>& items,
                           CarriedKeys& carried) const {
-    std::size_t sources = 0;
-    for (const RuleKey& k : keys) sources += carried_[k.rule].sources.size();
-    carried.keys.reserve(sources);
-    carried.from.reserve(sources);
     for (const RuleKey& k : keys) {
       const Limit& limit = *limits_[k.rule];
       if (k.cost > limit.max_cost()) {
         return absl::InvalidArgumentError(
             absl::StrCat(labels_[k.rule], ": cost exceeds the smallest burst and can never pass"));
       }
-      const std::size_t first = carried.from.size();
-      for (const sluice::detail::CarrySource<Limit>& source : carried_[k.rule].sources) {
-        carried.keys.push_back(sluice::detail::carried_key(source, k.key, prefix_size(k.rule)));
-        carried.from.push_back({.key = carried.keys.back(), .limit = source.limit.get()});
-      }
       items.push_back({.key = k.key,
                        .limit = &limit,
                        .cost = k.cost,
-                       .carried_from = std::span<const CarriedFrom>(carried.from)
-                                           .subspan(first, carried.from.size() - first)});
+                       .carried_from = carried.add(carried_[k.rule], k.key)});
     }
     return absl::OkStatus();
   }
