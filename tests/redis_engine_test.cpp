@@ -373,9 +373,11 @@ TEST_CASE("a reload over Redis keeps an unchanged rule's state and carries a cha
 namespace {
 
 // One ip on one route under `windows`.
-sluice::PolicyConfig per_ip(sluice::RequestsPer windows) {
+sluice::PolicyConfig per_ip(sluice::RequestsPer windows,
+                            sluice::ConsumptionMode mode = sluice::ConsumptionMode::kAllOrNothing) {
   return {.policies = {{.name = "p", .rate_limits = {rule("per-ip", {Selector::kIp}, windows)}}},
-          .routes = {{.name = "x", .policies = {"p"}}}};
+          .routes = {{.name = "x", .policies = {"p"}}},
+          .engine = {.consumption = mode}};
 }
 
 // Sends `request` `n` times to both engines; checks that they decide each one alike, field by
@@ -491,6 +493,28 @@ TEST_CASE("two limit changes over Redis in a row carry a key the middle one neve
   t.reload(per_ip({.minute = 20}));
   t.reload(per_ip({.minute = 10}));
   CHECK(t.same(a, 10) == 5);
+}
+
+TEST_CASE("a lowered limit over Redis is carried in both modes and for a settled request") {
+  for (auto mode : {sluice::ConsumptionMode::kAllOrNothing, sluice::ConsumptionMode::kEveryRule}) {
+    Server server;
+    sluice::ManualClock clock;
+    Twins t = twins(server, clock, per_ip({.minute = 100}, mode));
+    const sluice::RequestContext a = on_route("10.0.0.1", "x");
+    CHECK(t.same(a, 60) == 60);
+    t.reload(per_ip({.minute = 10}, mode));
+    sluice::Evaluation r, m;
+    RedisRateLimitEngine::Settlement booked;
+    MemoryEngine::Settlement expected;
+    t.redis.evaluate(a, r, booked);  // the key's first check after the reload carries it
+    t.memory.evaluate(a, m, expected);
+    REQUIRE(r.backend_error.ok());
+    CHECK(r.fields == m.fields);
+    REQUIRE(booked.open());
+    REQUIRE(t.redis.settle(booked, 3).ok());
+    REQUIRE(t.memory.settle(expected, 3).ok());
+    CHECK(t.same(a, 10) == 1);  // 4 carried, 3 settled
+  }
 }
 
 TEST_CASE("a reset after a limit change over Redis gives the new burst, not a carried one") {
