@@ -261,6 +261,85 @@ TEST_CASE("threads evaluating while others feed responses never exceed the bucke
   CHECK(count <= 10);  // never more than the full bucket
 }
 
+namespace {
+
+// One second of the attack scenario below: the factor at its start and what the six normal
+// clients got through during it.
+struct AttackSecond {
+  std::uint32_t factor = 0;
+  int admitted = 0;
+};
+
+// Six clients send 5 requests per second each through a 20 per second per-ip adaptive rule
+// (target 100 ms) to an upstream that answers in 20 ms; at 5 s one other client sends one
+// request that the upstream answers 503 with Retry-After: 300. `seconds` of it, under `adaptive`.
+std::vector<AttackSecond> one_client_attack(sluice::AdaptivePolicy adaptive, int seconds) {
+  sluice::ManualClock clock;
+  sluice::Rule limited = rule("per-ip", {Selector::kIp}, {.s = 20});
+  limited.adaptive = adaptive;
+  Engine engine = make_engine({.policies = {{.name = "upstream", .rate_limits = {limited}}},
+                               .routes = {{.name = "api", .policies = {"upstream"}}}},
+                              clock);
+  const std::string clients[] = {"198.51.100.1", "198.51.100.2", "198.51.100.3",
+                                 "198.51.100.4", "198.51.100.5", "198.51.100.6"};
+  std::vector<AttackSecond> out;
+  for (int second = 0; second < seconds; ++second) {
+    AttackSecond now{.factor = factor(engine)};
+    for (int tick = 0; tick < 5; ++tick) {
+      if (second == 5 && tick == 0) {
+        const sluice::RequestContext attacker = on_route("203.0.113.66", "api");
+        REQUIRE(engine.evaluate(attacker).allowed);
+        REQUIRE(
+            engine.record_upstream(attacker, {.latency = 5ms, .status = 503, .retry_after = 300s})
+                .ok());
+      }
+      for (const std::string& ip : clients) {
+        const sluice::RequestContext request = on_route(ip, "api");
+        if (!engine.evaluate(request).allowed) continue;
+        ++now.admitted;
+        REQUIRE(engine.record_upstream(request, {.latency = 20ms}).ok());
+      }
+      clock.advance(200ms);
+    }
+    out.push_back(now);
+  }
+  return out;
+}
+
+}  // namespace
+
+// The attack docs/adaptive.md plots beside the normal trajectory. With SLUICE_ADAPTIVE_ATTACK
+// set, both runs are written there as CSV
+// (second,protected_factor,protected_admitted,unprotected_factor,unprotected_admitted) for
+// scripts/plot_adaptive_attack.py.
+TEST_CASE("one client's 503 with Retry-After 300 moves no factor under the default protection") {
+  constexpr int kSeconds = 330;
+  // The defaults: min_samples 5, min_clients 3, max_retry_after 30 s.
+  const std::vector<AttackSecond> guarded = one_client_attack({.target_latency = 100ms}, kSeconds);
+  // What the rule did before those bounds: one answer from one client, Retry-After up to max_hold.
+  const std::vector<AttackSecond> open = one_client_attack(
+      {.target_latency = 100ms, .min_samples = 1, .min_clients = 1, .max_retry_after = 300s},
+      kSeconds);
+  if (const char* out = std::getenv("SLUICE_ADAPTIVE_ATTACK")) {
+    std::ofstream csv(out);
+    csv << "second,protected_factor,protected_admitted,unprotected_factor,unprotected_admitted\n";
+    for (int s = 0; s < kSeconds; ++s) {
+      csv << s << ',' << guarded[s].factor << ',' << guarded[s].admitted << ',' << open[s].factor
+          << ',' << open[s].admitted << '\n';
+    }
+  }
+  for (int s = 0; s < kSeconds; ++s) {
+    INFO("second " << s);
+    CHECK(guarded[s].factor == 1000);
+    CHECK(guarded[s].admitted == 30);  // every request of the six clients
+  }
+  CHECK(open[5].factor == 1000);
+  CHECK(open[6].factor == 100);    // one answer dropped the rule to its floor for everyone
+  CHECK(open[304].factor == 100);  // and held it there for the 300 s the upstream asked
+  CHECK(open[6].admitted == 12);   // 2 per second per client: a tenth of 20
+  CHECK(open[kSeconds - 1].factor == 1000);
+}
+
 // The scenario docs/adaptive.md plots: a client sends 50 requests per second through a 20 per
 // second rule for 60 s; the upstream answers in 20 ms, except from 10 s to 20 s (400 ms) and one
 // 503 with Retry-After: 5 early in second 30. With SLUICE_ADAPTIVE_TRAJECTORY set, the per-second

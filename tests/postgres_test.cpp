@@ -209,8 +209,8 @@ TEST_CASE("the migration installs the current version and running it twice chang
       query("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'sluice'");
   auto second = sluice::postgres::migrate(**pool);
   REQUIRE(second.ok());
-  CHECK(*second == 3);
-  CHECK(query("SELECT count(*) FROM sluice.schema_version") == "3");
+  CHECK(*second == 4);
+  CHECK(query("SELECT count(*) FROM sluice.schema_version") == "4");
   CHECK(query("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'sluice'") == tables);
   CHECK(query("SELECT count(*) FROM sluice.shards") == "256");
 }
@@ -640,6 +640,119 @@ TEST_CASE("the engine over PostgreSQL inspects and resets one rule's key by requ
   CHECK(engine.inspect("api/per-ip", other)->remaining == 2);  // another client keeps its state
   CHECK(engine.evaluate(one).allowed);
   CHECK(engine.reset("api/nope", one).code() == absl::StatusCode::kNotFound);
+}
+
+namespace {
+
+using MemoryEngine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+
+// One ip on one route of bundle `bundle` (each case its own, so rows never collide) under
+// `windows`.
+sluice::PolicyConfig per_ip(const std::string& bundle, sluice::RequestsPer windows) {
+  return {.policies = {{.name = bundle,
+                        .rate_limits = {{.name = "per-ip",
+                                         .selector = {sluice::Selector::kIp},
+                                         .requests_per = windows}}}},
+          .routes = {{.name = "r", .path_prefix = "/", .policies = {bundle}}}};
+}
+
+// An engine over PostgreSQL and an in-memory one on `clock`, reloaded together; `same` sends a
+// request to both `n` times, checks that they decide alike, and returns the admissions.
+struct Twins {
+  sluice::postgres::PostgresRateLimitEngine database;
+  MemoryEngine memory;
+
+  void reload(const sluice::PolicyConfig& config) {
+    database = make(database.reload(config));
+    memory = make(memory.reload(config));
+  }
+  int same(std::string_view ip, int n) {
+    const sluice::RequestContext request{.client_ip = ip,
+                                         .route = "r",
+                                         .path = "/x",
+                                         .wall_time = sluice::WallTime{std::chrono::seconds(1)}};
+    int count = 0;
+    for (int i = 0; i < n; ++i) {
+      const sluice::Evaluation d = database.evaluate(request);
+      const sluice::Evaluation m = memory.evaluate(request);
+      INFO("request " << i << ": " << d.backend_error);
+      REQUIRE(d.backend_error.ok());
+      CHECK(d.allowed == m.allowed);
+      CHECK(d.retry_after == m.retry_after);
+      CHECK(d.fields == m.fields);
+      count += d.allowed;
+    }
+    return count;
+  }
+};
+
+Twins twins(sluice::ManualClock clock, const sluice::PolicyConfig& config) {
+  return {make(sluice::postgres::PostgresRateLimitEngine::create(
+              config, {.client = client(1000ms, [clock] { return kT0 + clock.now(); })})),
+          make(MemoryEngine::create(config, {.store = {.seed = 1}, .clock = clock}))};
+}
+
+}  // namespace
+
+TEST_CASE("a limit lowered over PostgreSQL mid-burst leaves each client its spent share") {
+  sluice::ManualClock clock;
+  Twins t = twins(clock, per_ip("carry-lower", {.minute = 100}));
+  CHECK(t.same("10.1.0.1", 60) == 60);
+  clock.advance(1ns);
+
+  t.reload(per_ip("carry-lower", {.minute = 10}));
+  CHECK(t.same("10.1.0.1", 20) == 4);   // 40 % of the new 10, not a fresh 10
+  CHECK(t.same("10.1.0.2", 20) == 10);  // a client the old rule never saw
+  clock.advance(6s);                    // one emission interval of 10/minute
+  CHECK(t.same("10.1.0.1", 3) == 1);
+  clock.advance(59s);  // 9.83 emission intervals
+  CHECK(t.same("10.1.0.1", 12) == 9);
+}
+
+TEST_CASE("a limit raised over PostgreSQL gives no more than the share a client had left") {
+  sluice::ManualClock clock;
+  Twins t = twins(clock, per_ip("carry-raise", {.minute = 100}));
+  CHECK(t.same("10.1.0.1", 60) == 60);
+  clock.advance(333'333'333ns);
+
+  t.reload(per_ip("carry-raise", {.minute = 1000}));
+  // 40.55 % of 100 left (a third of a second refilled 0.55), so 405 of 1000, rounded down.
+  CHECK(t.same("10.1.0.1", 420) == 405);
+}
+
+TEST_CASE("a window added over PostgreSQL starts full and a removed one is dropped") {
+  sluice::ManualClock clock;
+  Twins t = twins(clock, per_ip("carry-window", {.minute = 100}));
+  CHECK(t.same("10.1.0.1", 95) == 95);
+
+  t.reload(per_ip("carry-window", {.s = 3, .minute = 100}));  // the minute keeps its 95 spent
+  CHECK(t.same("10.1.0.1", 10) == 3);
+  clock.advance(1s);
+  CHECK(t.same("10.1.0.1", 10) == 3);  // the minute window's 2 left + 1.67 refilled
+
+  t.reload(per_ip("carry-window", {.s = 3}));  // the second window alone: its state is carried
+  CHECK(t.same("10.1.0.1", 10) == 0);
+  clock.advance(1s);
+  CHECK(t.same("10.1.0.1", 10) == 3);
+}
+
+TEST_CASE("two limit changes over PostgreSQL in a row carry a key the middle one never saw") {
+  sluice::ManualClock clock;
+  Twins t = twins(clock, per_ip("carry-chain", {.minute = 100}));
+  CHECK(t.same("10.1.0.1", 50) == 50);
+  t.reload(per_ip("carry-chain", {.minute = 20}));
+  t.reload(per_ip("carry-chain", {.minute = 10}));
+  CHECK(t.same("10.1.0.1", 10) == 5);
+}
+
+TEST_CASE("a reset after a limit change over PostgreSQL gives the new burst, not a carried one") {
+  sluice::ManualClock clock;
+  Twins t = twins(clock, per_ip("carry-reset", {.minute = 100}));
+  CHECK(t.same("10.1.0.1", 100) == 100);
+  t.reload(per_ip("carry-reset", {.minute = 10}));
+  const sluice::RequestContext one{.client_ip = "10.1.0.1", .route = "r", .path = "/x"};
+  REQUIRE(t.database.reset("carry-reset/per-ip", one).ok());
+  CHECK(t.database.inspect("carry-reset/per-ip", one)->remaining == 10);
 }
 
 TEST_CASE("an adaptive rule is refused by the engine over PostgreSQL, naming the rule") {

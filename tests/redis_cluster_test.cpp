@@ -188,6 +188,55 @@ TEST_CASE("the engine over a Cluster decides exactly as in memory (random script
   }
 }
 
+TEST_CASE("limits lowered over a Cluster carry each key's spent share across slots, as memory") {
+  const auto config = [](std::uint64_t per_ip, std::uint64_t per_route) {
+    return sluice::PolicyConfig{
+        .policies = {{.name = "api",
+                      .rate_limits = {{.name = "per-ip",
+                                       .selector = {sluice::Selector::kIp},
+                                       .requests_per = {.minute = per_ip}},
+                                      {.name = "per-route",
+                                       .selector = {sluice::Selector::kRoute},
+                                       .requests_per = {.minute = per_route}}}}},
+        .routes = {{.name = "r", .path_prefix = "/", .policies = {"api"}}}};
+  };
+  sluice::ManualClock clock;
+  using MemoryEngine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
+  auto memory = MemoryEngine::create(config(100, 1000), {.clock = clock});
+  auto redis = sluice::redis::RedisRateLimitEngine::create(
+      config(100, 1000), {.client = client("carry:", [clock] { return kT0 + clock.now(); })});
+  REQUIRE(memory.ok());
+  REQUIRE(redis.ok());
+  const sluice::WallTime kWall{std::chrono::seconds(1'700'000'000)};
+  const auto same = [&](const auto& r, const auto& m, int ip, int n) {
+    const std::string address = "198.51.100." + std::to_string(ip);
+    const sluice::RequestContext request{
+        .client_ip = address, .route = "r", .path = "/x", .wall_time = kWall};
+    int count = 0;
+    for (int i = 0; i < n; ++i) {
+      const sluice::Evaluation expected = m.evaluate(request);
+      const sluice::Evaluation actual = r.evaluate(request);
+      INFO("ip " << ip << ", request " << i << ": " << actual.backend_error);
+      REQUIRE(actual.backend_error.ok());
+      CHECK(actual.allowed == expected.allowed);
+      CHECK(actual.fields == expected.fields);
+      count += actual.allowed;
+    }
+    return count;
+  };
+  int spent = 0;
+  for (int ip = 1; ip <= 12; ++ip) spent += same(*redis, *memory, ip, 30);
+  CHECK(spent == 360);
+  clock.advance(1ms);
+  auto redis2 = redis->reload(config(10, 500));
+  auto memory2 = memory->reload(config(10, 500));
+  REQUIRE(redis2.ok());
+  REQUIRE(memory2.ok());
+  int after = 0;
+  for (int ip = 1; ip <= 12; ++ip) after += same(*redis2, *memory2, ip, 10);
+  CHECK(after == 12 * 7);  // each ip keeps 70 % of its bucket: 7 of the new 10
+}
+
 TEST_CASE("a slot moved between primaries keeps every budget, step by step and under traffic") {
   RedisCluster& rc = cluster();
   RedisGcraLimiter l = limiter(client("move:"), {{.requests = 20, .period = 1h}});

@@ -347,7 +347,7 @@ TEST_CASE("a client and an engine over a stock redis-server are refused at creat
   CHECK_FALSE(server.redis.keys().empty());
 }
 
-TEST_CASE("a reload over Redis keeps an unchanged rule's state and starts a changed rule fresh") {
+TEST_CASE("a reload over Redis keeps an unchanged rule's state and carries a changed rule's") {
   Server server;
   sluice::PolicyConfig config{
       .policies = {{.name = "a", .rate_limits = {rule("same", {Selector::kIp}, {.minute = 2})}},
@@ -363,11 +363,170 @@ TEST_CASE("a reload over Redis keeps an unchanged rule's state and starts a chan
   auto second = first.reload(config);
   REQUIRE(second.ok());
   CHECK(admitted(*second, on_route("10.0.0.1", "x"), 3) == 0);  // nothing extra across a reload
-  CHECK(admitted(*second, on_route("10.0.0.1", "y"), 5) == 3);  // the changed rule starts fresh
+  // The changed rule's key had spent its whole bucket: it has spent the whole new one too.
+  CHECK(admitted(*second, on_route("10.0.0.1", "y"), 5) == 0);
   CHECK(server.redis.keys().size() == 3);  // the same key for `same`, a new one for `changing`
   CHECK(second->stats()[0].admitted == 2);
   CHECK(second->stats()[0].denied == 4);
   CHECK(second->stats()[0].store == sluice::StoreStats{});  // the keys live in Redis
+}
+
+namespace {
+
+// One ip on one route under `windows`.
+sluice::PolicyConfig per_ip(sluice::RequestsPer windows,
+                            sluice::ConsumptionMode mode = sluice::ConsumptionMode::kAllOrNothing) {
+  return {.policies = {{.name = "p", .rate_limits = {rule("per-ip", {Selector::kIp}, windows)}}},
+          .routes = {{.name = "x", .policies = {"p"}}},
+          .engine = {.consumption = mode}};
+}
+
+// Sends `request` `n` times to both engines; checks that they decide each one alike, field by
+// field; returns how many Redis admitted.
+template <class Remote>
+int same_admissions(const Remote& remote, const MemoryEngine& memory,
+                    const sluice::RequestContext& request, int n) {
+  int count = 0;
+  for (int i = 0; i < n; ++i) {
+    const sluice::Evaluation r = remote.evaluate(request);
+    const sluice::Evaluation m = memory.evaluate(request);
+    INFO("request " << i << ": " << r.backend_error);
+    REQUIRE(r.backend_error.ok());
+    CHECK(r.allowed == m.allowed);
+    CHECK(r.retry_after == m.retry_after);
+    CHECK(r.fields == m.fields);
+    count += r.allowed;
+  }
+  return count;
+}
+
+// A Redis engine and an in-memory one on `clock`, both on `config`, reloaded together.
+struct Twins {
+  RedisRateLimitEngine redis;
+  MemoryEngine memory;
+
+  void reload(const sluice::PolicyConfig& config) {
+    auto r = redis.reload(config);
+    auto m = memory.reload(config);
+    REQUIRE(r.ok());
+    REQUIRE(m.ok());
+    redis = *std::move(r);
+    memory = *std::move(m);
+  }
+  int same(const sluice::RequestContext& request, int n) {
+    return same_admissions(redis, memory, request, n);
+  }
+};
+
+Twins twins(const Server& server, sluice::ManualClock clock, const sluice::PolicyConfig& config) {
+  auto memory = MemoryEngine::create(config, {.store = {.seed = 1}, .clock = clock});
+  REQUIRE(memory.ok());
+  return {make(config, {.client = server.client_holding_keys(clock)}), *std::move(memory)};
+}
+
+}  // namespace
+
+TEST_CASE("a limit lowered over Redis mid-burst leaves each client its spent share, as memory") {
+  Server server;
+  sluice::ManualClock clock;
+  Twins t = twins(server, clock, per_ip({.minute = 100}));
+  const sluice::RequestContext a = on_route("10.0.0.1", "x");
+  CHECK(t.same(a, 60) == 60);
+  clock.advance(1ns);
+
+  t.reload(per_ip({.minute = 10}));
+  CHECK(t.same(a, 20) == 4);                           // 40 % of the new 10, not a fresh 10
+  CHECK(t.same(on_route("10.0.0.2", "x"), 20) == 10);  // a client the old rule never saw
+  clock.advance(6s);                                   // one emission interval of 10/minute
+  CHECK(t.same(a, 3) == 1);
+  clock.advance(59s);  // 9.83 emission intervals
+  CHECK(t.same(a, 12) == 9);
+
+  // A new client's first check looks for a state to carry (the script's CARRY reply, the read
+  // of its old key, the check) until no key can hold state under the old windows: their refill
+  // (60 s) plus a minute's margin after the reload. Then it is one call again.
+  REQUIRE(server.redis.command({"CONFIG", "RESETSTAT"}));
+  CHECK(t.same(on_route("10.0.0.3", "x"), 1) == 1);
+  CHECK(server.command_calls()["evalsha"] == 3);
+  clock.advance(2min);
+  REQUIRE(server.redis.command({"CONFIG", "RESETSTAT"}));
+  CHECK(t.same(on_route("10.0.0.4", "x"), 1) == 1);
+  CHECK(server.command_calls()["evalsha"] == 1);
+}
+
+TEST_CASE("a limit raised over Redis gives no more than the share a client had left, as memory") {
+  Server server;
+  sluice::ManualClock clock;
+  Twins t = twins(server, clock, per_ip({.minute = 100}));
+  const sluice::RequestContext a = on_route("10.0.0.1", "x");
+  CHECK(t.same(a, 60) == 60);
+  clock.advance(333'333'333ns);
+
+  t.reload(per_ip({.minute = 1000}));
+  // 40.55 % of 100 left (a third of a second refilled 0.55), so 405 of 1000, rounded down.
+  CHECK(t.same(a, 420) == 405);
+}
+
+TEST_CASE("a window added over Redis starts full and a removed one is dropped, as memory") {
+  Server server;
+  sluice::ManualClock clock;
+  Twins t = twins(server, clock, per_ip({.minute = 100}));
+  const sluice::RequestContext a = on_route("10.0.0.1", "x");
+  CHECK(t.same(a, 95) == 95);
+
+  t.reload(per_ip({.s = 3, .minute = 100}));  // the minute window keeps its 95 spent
+  CHECK(t.same(a, 10) == 3);
+  clock.advance(1s);
+  CHECK(t.same(a, 10) == 3);  // the minute window's 2 left + 1.67 refilled, the second's 3
+
+  t.reload(per_ip({.s = 3}));  // the second window alone: its state is carried
+  CHECK(t.same(a, 10) == 0);
+  clock.advance(1s);
+  CHECK(t.same(a, 10) == 3);
+}
+
+TEST_CASE("two limit changes over Redis in a row carry a key the middle one never saw") {
+  Server server;
+  sluice::ManualClock clock;
+  Twins t = twins(server, clock, per_ip({.minute = 100}));
+  const sluice::RequestContext a = on_route("10.0.0.1", "x");
+  CHECK(t.same(a, 50) == 50);
+  t.reload(per_ip({.minute = 20}));
+  t.reload(per_ip({.minute = 10}));
+  CHECK(t.same(a, 10) == 5);
+}
+
+TEST_CASE("a lowered limit over Redis is carried in both modes and for a settled request") {
+  for (auto mode : {sluice::ConsumptionMode::kAllOrNothing, sluice::ConsumptionMode::kEveryRule}) {
+    Server server;
+    sluice::ManualClock clock;
+    Twins t = twins(server, clock, per_ip({.minute = 100}, mode));
+    const sluice::RequestContext a = on_route("10.0.0.1", "x");
+    CHECK(t.same(a, 60) == 60);
+    t.reload(per_ip({.minute = 10}, mode));
+    sluice::Evaluation r, m;
+    RedisRateLimitEngine::Settlement booked;
+    MemoryEngine::Settlement expected;
+    t.redis.evaluate(a, r, booked);  // the key's first check after the reload carries it
+    t.memory.evaluate(a, m, expected);
+    REQUIRE(r.backend_error.ok());
+    CHECK(r.fields == m.fields);
+    REQUIRE(booked.open());
+    REQUIRE(t.redis.settle(booked, 3).ok());
+    REQUIRE(t.memory.settle(expected, 3).ok());
+    CHECK(t.same(a, 10) == 1);  // 4 carried, 3 settled
+  }
+}
+
+TEST_CASE("a reset after a limit change over Redis gives the new burst, not a carried one") {
+  Server server;
+  sluice::ManualClock clock;
+  Twins t = twins(server, clock, per_ip({.minute = 100}));
+  const sluice::RequestContext a = on_route("10.0.0.1", "x");
+  CHECK(t.same(a, 100) == 100);
+  t.reload(per_ip({.minute = 10}));
+  REQUIRE(t.redis.reset("p/per-ip", a).ok());
+  CHECK(t.redis.inspect("p/per-ip", a)->remaining == 10);
 }
 
 TEST_CASE("two Redis engines on separate clients share one budget exactly") {

@@ -97,8 +97,9 @@ concept ClockedBackend = EngineBackend<B> && requires(const B& backend) {
 
 // Carried windows. `B::kCarriesWindows` is true: a reload that changes only a rule's windows
 // (same CompiledRule::identity) keeps each key's spent share of its buckets, so the engine keys
-// such a backend's rules by identity; other backends' keys name the whole fingerprint, so that a
-// changed limit reads no state written under other windows.
+// such a backend's rules by identity. Other backends' keys name the whole fingerprint, so that a
+// changed limit reads no state written under other windows; the Redis and PostgreSQL backends
+// carry a changed rule's state themselves, key by key (sluice/engine/carried_rules.hpp).
 template <class B>
 concept WindowCarryingBackend = EngineBackend<B> && requires {
   requires B::kCarriesWindows;

@@ -54,6 +54,16 @@ struct RuleInfo {
   std::uint64_t adaptive_max_units = 0;
 };
 
+// The start of every key of a rule: a hash of the text that names it (its identity or its
+// fingerprint) as one composite-key part. Remote backends use it to name the keys a rule had
+// under an earlier fingerprint (sluice/engine/carried_rules.hpp).
+inline std::string rule_key_prefix(std::string_view named) {
+  const std::uint64_t id = XXH3_64bits(named.data(), named.size());
+  std::string prefix;
+  append_key_part(prefix, std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
+  return prefix;
+}
+
 // Rule indices, in precedence order.
 using RuleGroup = absl::InlinedVector<std::uint32_t, 16>;
 
@@ -285,11 +295,8 @@ class RuleSet {
         info.adaptive_max_units = std::min(info.adaptive_max_units, w.burst);
       }
     }
-    const std::string& named =
-        keys_by_identity ? info.compiled.identity : info.compiled.fingerprint;
-    const std::uint64_t id = XXH3_64bits(named.data(), named.size());
-    append_key_part(info.key_prefix,
-                    std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
+    info.key_prefix =
+        rule_key_prefix(keys_by_identity ? info.compiled.identity : info.compiled.fingerprint);
     return info;
   }
 

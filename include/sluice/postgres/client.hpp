@@ -63,11 +63,21 @@ struct ClientOptions {
   TimeSource time_source{};
 };
 
+// Where a key's state may still be held under an earlier GCRA limit: the key it had there.
+struct CarriedFrom {
+  std::string_view key{};
+  const Limit* limit = nullptr;
+};
+
 // One key against one limit, for `cost` units (0 peeks). `limit` must outlive the call.
+// `carried_from` (GCRA only; the policy engine sets it for a rule whose windows a reload
+// changed): when the key has no row under `limit`, the same call first gives it the spent share
+// of its rows under those limits (sluice.check_carried_v1; schema version 4).
 struct CheckItem {
   std::string_view key{};
   const Limit* limit = nullptr;
   std::uint64_t cost = 1;
+  std::span<const CarriedFrom> carried_from{};
 };
 
 enum class BatchMode {
@@ -98,22 +108,31 @@ class Client {
     absl::InlinedVector<KeyDigest, 8> digests;
     absl::InlinedVector<const Limit*, 8> limits;
     absl::InlinedVector<std::uint64_t, 8> costs;
-    for (const CheckItem& item : items) {
+    std::vector<detail::CarrySourceParam> sources;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const CheckItem& item = items[i];
       if (absl::Status valid = validate(item, items[0].limit); !valid.ok()) return valid;
       digests.push_back(digest(item.key, *item.limit));
       limits.push_back(item.limit);
       costs.push_back(item.cost);
+      for (const CarriedFrom& from : item.carried_from) {
+        sources.push_back(
+            {.item = i, .digest = digest(from.key, *from.limit), .limit = from.limit});
+      }
     }
-    const std::vector<Param> params =
+    std::vector<Param> params =
         detail::check_params(items[0].limit->algorithm(), digests, limits, costs,
                              mode == BatchMode::kAllOrNothing, now());
+    if (!sources.empty()) detail::append_carry_params(sources, params);
     absl::StatusOr<ConnectionPool::Lease> lease = pool_->acquire();
     if (!lease.ok()) return lease.status();
     // A peek writes nothing, so a lost reply to it is plain Unavailable / DeadlineExceeded.
     const bool writes = std::any_of(costs.begin(), costs.end(), [](auto c) { return c > 0; });
-    absl::StatusOr<detail::ResultPtr> r =
-        lease->run(detail::kCheckStatement, detail::kCheckSql, params,
-                   writes ? detail::Effect::kWrites : detail::Effect::kReadOnly, deadline);
+    const bool carrying = !sources.empty();
+    absl::StatusOr<detail::ResultPtr> r = lease->run(
+        carrying ? detail::kCheckCarriedStatement : detail::kCheckStatement,
+        carrying ? detail::kCheckCarriedSql : detail::kCheckSql, params,
+        writes || carrying ? detail::Effect::kWrites : detail::Effect::kReadOnly, deadline);
     if (!r.ok()) return r.status();
     if (PQntuples(r->get()) != 1 || PQnfields(r->get()) != 1 || PQgetisnull(r->get(), 0, 0)) {
       return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v2");
@@ -159,6 +178,13 @@ class Client {
         item.limit->algorithm() != first->algorithm()) {
       return absl::InvalidArgumentError(
           "sluice::postgres: every item of a batch needs a limit, all of one algorithm");
+    }
+    for (const CarriedFrom& from : item.carried_from) {
+      if (from.limit == nullptr || from.limit->algorithm() != Algorithm::kGcra ||
+          item.limit->algorithm() != Algorithm::kGcra) {
+        return absl::InvalidArgumentError(
+            "sluice::postgres: a key's state is carried between GCRA limits only");
+      }
     }
     if (item.cost > item.limit->max_cost()) {
       return absl::InvalidArgumentError(

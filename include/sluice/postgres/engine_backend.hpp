@@ -17,8 +17,11 @@
 // engine then fails open or closed as configured.
 //
 // Keys: the engine's key for a rule starts with a hash of the rule's fingerprint and the rule's
-// windows are part of the limit's identity, so an unchanged rule keeps its rows across a reload
-// and a changed rule starts fresh (its old rows go idle and are cleaned up).
+// windows are part of the limit's identity, so an unchanged rule keeps its rows across a reload.
+// A rule whose only change is its windows (same CompiledRule::identity) has new rows: a key
+// without one gets, in the same call, the spent share of its rows under the rule's earlier window
+// sets (sluice/engine/carried_rules.hpp, sluice.check_carried_v1 in schema version 4). Old rows go
+// idle and are cleaned up.
 // Stats: `rule_store_stats` is all zeros (the rows are in the database).
 // Thread-safety: `check_rules` may be called concurrently.
 #ifndef SLUICE_POSTGRES_ENGINE_BACKEND_HPP_
@@ -33,6 +36,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -43,6 +47,7 @@
 #include "sluice/backend_config.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/engine.hpp"
+#include "sluice/engine/carried_rules.hpp"
 #include "sluice/policy.hpp"
 #include "sluice/postgres/client.hpp"
 #include "sluice/postgres/limit.hpp"
@@ -60,7 +65,7 @@ class PostgresEngineBackend {
   // InvalidArgument naming the rule's label for a rule outside the supported ranges or an adaptive
   // rule, or when `options.client` is null. Connects lazily.
   static absl::StatusOr<PostgresEngineBackend> create(std::span<const CompiledRule> rules,
-                                                      const PostgresEngineBackend* /*previous*/,
+                                                      const PostgresEngineBackend* previous,
                                                       const Options& options) {
     if (options.client == nullptr) {
       return absl::InvalidArgumentError("sluice::postgres: the engine backend needs a client");
@@ -75,7 +80,19 @@ class PostgresEngineBackend {
       if (!limit.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(rule.label, ": ", limit.status().message()));
       }
-      backend.limits_.push_back(*std::move(limit));
+      backend.limits_.push_back(std::make_shared<const Limit>(*std::move(limit)));
+      backend.carried_.push_back(
+          {.identity = rule.identity,
+           .fingerprint = rule.fingerprint,
+           .limit = backend.limits_.back(),
+           .sources = previous != nullptr
+                          ? sluice::detail::carry_sources<Limit>(
+                                rule, std::span(previous->carried_),
+                                sluice::detail::unix_now(options.client->time_source()),
+                                [](const Limit& l) -> const std::vector<GcraWindow>& {
+                                  return l.gcra_windows();
+                                })
+                          : std::vector<sluice::detail::CarrySource<Limit>>{}});
     }
     return backend;
   }
@@ -105,7 +122,15 @@ class PostgresEngineBackend {
                            std::span<Decision> out) {
     if (keys.empty()) return absl::OkStatus();
     absl::InlinedVector<CheckItem, 8> items;
-    for (const RuleKey& k : keys) items.push_back({k.key, &limits_[k.rule], k.cost});
+    sluice::detail::CarriedKeys<Limit, CarriedFrom> carried(keys, carried_, [this] {
+      return sluice::detail::unix_now(options_.client->time_source());
+    });
+    for (const RuleKey& k : keys) {
+      items.push_back({.key = k.key,
+                       .limit = limits_[k.rule].get(),
+                       .cost = k.cost,
+                       .carried_from = carried.add(carried_[k.rule], k.key)});
+    }
     const BatchMode batch =
         mode == ConsumptionMode::kAllOrNothing ? BatchMode::kAllOrNothing : BatchMode::kEachItem;
     absl::StatusOr<std::vector<Decision>> d = options_.client->check_all(items, batch);
@@ -119,19 +144,30 @@ class PostgresEngineBackend {
 
   // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset): one round trip
   // (Client::reset; FailedPrecondition until the schema is migrated to version 2).
+  // A changed rule's keys under its earlier window sets are reset too (one round trip each), or
+  // its next check would carry them again.
   absl::Status reset_key(std::size_t rule, std::string_view key) {
-    return options_.client->reset(key, limits_[rule]);
+    for (const sluice::detail::CarrySource<Limit>& source : carried_[rule].sources) {
+      const std::string old_key = sluice::detail::carried_key(source, key, prefix_size(rule));
+      if (absl::Status s = options_.client->reset(old_key, *source.limit); !s.ok()) return s;
+    }
+    return options_.client->reset(key, *limits_[rule]);
   }
 
   // Rule `rule`'s limit (windows as compiled, shortest first).
-  const Limit& limit(std::size_t rule) const { return limits_[rule]; }
+  const Limit& limit(std::size_t rule) const { return *limits_[rule]; }
   const std::shared_ptr<Client>& client() const noexcept { return options_.client; }
 
  private:
   explicit PostgresEngineBackend(Options options) : options_(std::move(options)) {}
 
+  std::size_t prefix_size(std::size_t rule) const {
+    return rule_key_prefix(carried_[rule].fingerprint).size();
+  }
+
   Options options_;
-  std::vector<Limit> limits_;  // per compiled rule
+  std::vector<std::shared_ptr<const Limit>> limits_;         // per compiled rule
+  std::vector<sluice::detail::CarriedRule<Limit>> carried_;  // per compiled rule
 };
 
 static_assert(EngineBackend<PostgresEngineBackend>);

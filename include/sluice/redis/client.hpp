@@ -53,6 +53,7 @@
 #include "sluice/detail/xxhash.hpp"
 #include "sluice/redis/detail/booking_args.hpp"
 #include "sluice/redis/detail/booking_script.hpp"
+#include "sluice/redis/detail/carry.hpp"
 #include "sluice/redis/detail/cluster.hpp"
 #include "sluice/redis/detail/coalescer.hpp"
 #include "sluice/redis/detail/command.hpp"
@@ -256,7 +257,8 @@ class Client {
         script_(kGcraScript),
         script_sha_(detail::sha1_hex(script_)),
         booking_script_(detail::kBookingScript),
-        booking_sha_(detail::sha1_hex(booking_script_)) {}
+        booking_sha_(detail::sha1_hex(booking_script_)),
+        carry_read_sha_(detail::sha1_hex(detail::kCarryReadScript)) {}
 
   static absl::Status validate(std::span<const CheckItem> items) {
     if (items.empty()) {
@@ -274,9 +276,11 @@ class Client {
     return absl::OkStatus();
   }
 
-  // The script call for `items`; a booking check (`marked`) also names each key's reset marker.
+  // The script call for `items`; a booking check (`marked`) also names each key's reset marker;
+  // `flag`: with the carry mask of items that have `carried_from`.
   detail::ScriptCall make_call(std::span<const CheckItem> items,
-                               std::optional<std::chrono::nanoseconds> time, bool marked) const {
+                               std::optional<std::chrono::nanoseconds> time, bool marked,
+                               bool flag = false) const {
     std::vector<std::string> keys;
     keys.reserve(marked ? 2 * items.size() : items.size());
     for (const CheckItem& item : items) {
@@ -287,17 +291,105 @@ class Client {
         keys.push_back(absl::StrCat(keys[i], ":reset"));
       }
     }
-    return detail::ScriptCall::create(items, std::move(keys), time);
+    detail::ScriptCall call = detail::ScriptCall::create(items, std::move(keys), time);
+    if (!flag) call.carry_mask.clear();
+    return call;
   }
 
+  // One atomic check of `items`; when a key with `carried_from` holds no state, its state is
+  // carried over first (carry), then the check is made again: on such a miss only, a round trip
+  // for the reads, one for the writes (if any) and the second check.
   absl::StatusOr<std::vector<Decision>> run(std::span<const CheckItem> items,
                                             std::optional<std::chrono::nanoseconds> time,
                                             std::vector<detail::ItemBooking>* bookings = nullptr) {
+    absl::StatusOr<std::vector<Decision>> d = run_once(items, time, bookings, /*flag=*/true);
+    if (d.ok() || !detail::is_carry_needed(d.status())) return d;
+    if (absl::Status carried = carry(items, time); !carried.ok()) return carried;
+    return run_once(items, time, bookings, /*flag=*/false);
+  }
+
+  // Carries the state of every item with `carried_from` whose key holds none (detail/carry.hpp):
+  // reads each earlier key with its node's time (one round trip, nodes in parallel), then writes
+  // the carried state with SET NX (one more), so a key written meanwhile keeps its state.
+  absl::Status carry(std::span<const CheckItem> items,
+                     std::optional<std::chrono::nanoseconds> time) {
+    std::vector<std::string> old_keys;
+    std::vector<Call> reads;
+    for (const CheckItem& item : items) {
+      for (const CarriedFrom& from : item.carried_from) {
+        old_keys.push_back(redis_key(from.key, *from.limit));
+        reads.push_back({.slot = transport_.slot_of(old_keys.back()),
+                         .script = detail::kCarryReadScript,
+                         .sha = carry_read_sha_});
+      }
+    }
+    for (std::size_t k = 0; k < reads.size(); ++k) {  // old_keys no longer moves
+      for (std::string_view arg : {std::string_view("EVALSHA"), std::string_view(carry_read_sha_),
+                                   std::string_view("1"), std::string_view(old_keys[k])}) {
+        reads[k].command.add(arg);
+      }
+    }
+    if (!reads.empty()) transport_.call(reads, deadline());
+    std::vector<std::string> new_keys, values, ttls;
+    std::size_t k = 0;
+    for (const CheckItem& item : items) {
+      std::vector<detail::CarryRead> read;
+      for (const CarriedFrom& from : item.carried_from) {
+        if (!reads[k].reply.ok()) return reads[k].reply.status();
+        const redisReply& reply = **reads[k++].reply;
+        if (reply.type == REDIS_REPLY_ERROR) {
+          return detail::server_error_status(std::string_view(reply.str, reply.len));
+        }
+        absl::StatusOr<detail::CarryRead> r = detail::parse_carry_read(reply, *from.limit);
+        if (!r.ok()) return r.status();
+        if (time) r->now = static_cast<std::uint64_t>(time->count());
+        read.push_back(*std::move(r));
+      }
+      absl::StatusOr<std::optional<detail::CarriedState>> state =
+          detail::carried_state(*item.limit, read);
+      if (!state.ok()) return state.status();
+      if (!*state) continue;
+      new_keys.push_back(redis_key(item.key, *item.limit));
+      values.push_back(std::move((*state)->value));
+      ttls.push_back(absl::StrCat((*state)->ttl_ms));
+    }
+    return write_carried(new_keys, values, ttls);
+  }
+
+  // SET key value PX ttl NX for each carried state, one round trip; OK whether or not the key
+  // was absent (a key written since the script's CARRY reply keeps its state).
+  absl::Status write_carried(std::span<const std::string> keys, std::span<const std::string> values,
+                             std::span<const std::string> ttls) {
+    std::vector<Call> writes;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      Call& w = writes.emplace_back();
+      w.slot = transport_.slot_of(keys[i]);
+      for (std::string_view arg :
+           {std::string_view("SET"), std::string_view(keys[i]), std::string_view(values[i]),
+            std::string_view("PX"), std::string_view(ttls[i]), std::string_view("NX")}) {
+        w.command.add(arg);
+      }
+    }
+    if (writes.empty()) return absl::OkStatus();
+    transport_.call(writes, deadline());
+    for (const Call& w : writes) {
+      if (!w.reply.ok()) return w.reply.status();
+      if ((*w.reply)->type == REDIS_REPLY_ERROR) {
+        return detail::server_error_status(std::string_view((*w.reply)->str, (*w.reply)->len));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<Decision>> run_once(std::span<const CheckItem> items,
+                                                 std::optional<std::chrono::nanoseconds> time,
+                                                 std::vector<detail::ItemBooking>* bookings,
+                                                 bool flag) {
     if (absl::Status status = validate(items); !status.ok()) {
       return status;
     }
-    if (transport_.cluster()) return run_cluster(items, time, bookings);
-    const detail::ScriptCall script = make_call(items, time, bookings != nullptr);
+    if (transport_.cluster()) return run_cluster(items, time, bookings, flag);
+    const detail::ScriptCall script = make_call(items, time, bookings != nullptr, flag);
     Call call{.command = script.evalsha(script_sha_), .script = script_, .sha = script_sha_};
     transport_.call(std::span(&call, 1), deadline());
     if (!call.reply.ok()) return call.reply.status();
@@ -308,7 +400,7 @@ class Client {
                                      std::optional<std::chrono::nanoseconds> time) {
     const detail::Deadline deadline =
         std::chrono::steady_clock::now() + options_.connection.command_timeout;
-    if (!options_.coalesce || transport_.cluster()) {
+    if (!options_.coalesce || transport_.cluster() || !item.carried_from.empty()) {
       absl::StatusOr<std::vector<Decision>> d = run(std::span(&item, 1), time);
       if (!d.ok()) return d.status();
       return (*d)[0];
@@ -336,10 +428,35 @@ class Client {
     detail::decode_independent_replies(items, **call.reply, results);
   }
 
-  // `bookings`, when set, has one entry per item, filled for each item decided.
+  // `bookings`, when set, has one entry per item, filled for each item decided. Items whose
+  // state had to be carried first (see run) are carried, then checked again, pipelined.
   std::vector<absl::StatusOr<Decision>> run_pipelined(
       std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
       std::vector<detail::ItemBooking>* bookings = nullptr) {
+    std::vector<absl::StatusOr<Decision>> results = run_pipelined_once(items, time, bookings, true);
+    std::vector<CheckItem> again;
+    std::vector<std::size_t> where;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (results[i].ok() || !detail::is_carry_needed(results[i].status())) continue;
+      again.push_back(items[i]);
+      where.push_back(i);
+    }
+    if (again.empty()) return results;
+    const absl::Status carried = carry(again, time);
+    std::vector<detail::ItemBooking> booked(again.size());
+    std::vector<absl::StatusOr<Decision>> retried =
+        carried.ok() ? run_pipelined_once(again, time, bookings ? &booked : nullptr, false)
+                     : std::vector<absl::StatusOr<Decision>>(again.size(), carried);
+    for (std::size_t k = 0; k < where.size(); ++k) {
+      results[where[k]] = std::move(retried[k]);
+      if (bookings != nullptr) (*bookings)[where[k]] = std::move(booked[k]);
+    }
+    return results;
+  }
+
+  std::vector<absl::StatusOr<Decision>> run_pipelined_once(
+      std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
+      std::vector<detail::ItemBooking>* bookings, bool flag) {
     std::vector<absl::StatusOr<Decision>> results(items.size(),
                                                   absl::UnknownError("sluice::redis: not run"));
     std::vector<detail::ScriptCall> calls;
@@ -349,7 +466,7 @@ class Client {
         results[i] = status;
         continue;
       }
-      calls.push_back(make_call(items.subspan(i, 1), time, bookings != nullptr));
+      calls.push_back(make_call(items.subspan(i, 1), time, bookings != nullptr, flag));
       sent.push_back(i);
     }
     if (calls.empty()) {
@@ -391,7 +508,8 @@ class Client {
   // (all-or-nothing, except for a slot whose reply was lost: whether it booked is unknown).
   absl::StatusOr<std::vector<Decision>> run_cluster(std::span<const CheckItem> items,
                                                     std::optional<std::chrono::nanoseconds> time,
-                                                    std::vector<detail::ItemBooking>* bookings) {
+                                                    std::vector<detail::ItemBooking>* bookings,
+                                                    bool flag) {
     std::vector<std::pair<std::size_t, std::vector<std::size_t>>> groups;  // slot, items
     for (std::size_t i = 0; i < items.size(); ++i) {
       const std::size_t slot = detail::key_slot(redis_key(items[i].key, *items[i].limit));
@@ -412,7 +530,7 @@ class Client {
     routed.reserve(groups.size());
     for (std::size_t g = 0; g < groups.size(); ++g) {
       for (std::size_t i : groups[g].second) group_items[g].push_back(items[i]);
-      scripts.push_back(make_call(group_items[g], time, marked));
+      scripts.push_back(make_call(group_items[g], time, marked, flag));
       routed.push_back({.slot = groups[g].first,
                         .command = scripts.back().evalsha(script_sha_),
                         .script = script_,
@@ -500,6 +618,7 @@ class Client {
   std::string script_sha_;
   std::string booking_script_;
   std::string booking_sha_;
+  std::string carry_read_sha_;                                  // of detail::kCarryReadScript
   detail::Coalescer coalescer_{options_.max_coalesced_checks};  // single-key checks, one node
 };
 

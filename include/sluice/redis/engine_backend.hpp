@@ -20,7 +20,11 @@
 // Keys: the engine's key for a rule starts with a hash of the rule's fingerprint, and the Redis
 // key is the client's digest of it under the rule's windows (`Client::redis_key`). So an
 // unchanged rule maps to the same Redis key across a reload (its state simply stays in Redis;
-// nothing is transferred) and a changed rule to a fresh one; old keys expire by themselves.
+// nothing is transferred). A rule whose only change is its windows (same CompiledRule::identity)
+// maps to new keys, and each key carries its spent share over from the keys of the rule's earlier
+// window sets on its first check in the new generation (sluice/engine/carried_rules.hpp,
+// sluice/redis/detail/carry.hpp): up to three more round trips for that check only. Old keys
+// expire by themselves.
 //
 // Stats: `rule_store_stats` is all zeros: Redis holds the keys (count them there); the engine's
 // per-rule allowed/denied counters work as with the in-memory backend.
@@ -48,6 +52,7 @@
 #include "sluice/backend_config.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/engine.hpp"
+#include "sluice/engine/carried_rules.hpp"
 #include "sluice/policy.hpp"
 #include "sluice/redis/client.hpp"
 #include "sluice/redis/detail/booking.hpp"
@@ -70,7 +75,7 @@ class RedisEngineBackend {
   // the server once per client, so a reload costs nothing once it passed). Succeeds while Redis
   // cannot be reached: the server is checked when a connection first opens.
   static absl::StatusOr<RedisEngineBackend> create(std::span<const CompiledRule> rules,
-                                                   const RedisEngineBackend* /*previous*/,
+                                                   const RedisEngineBackend* previous,
                                                    const Options& options) {
     if (options.client == nullptr) {
       return absl::InvalidArgumentError("sluice::redis: RedisEngineBackend needs a client");
@@ -84,6 +89,18 @@ class RedisEngineBackend {
       }
       backend.limits_.push_back(std::make_shared<const Limit>(*std::move(limit)));
       backend.labels_.push_back(rule.label);
+      backend.carried_.push_back(
+          {.identity = rule.identity,
+           .fingerprint = rule.fingerprint,
+           .limit = backend.limits_.back(),
+           .sources = previous != nullptr
+                          ? sluice::detail::carry_sources<Limit>(
+                                rule, std::span(previous->carried_),
+                                sluice::detail::unix_now(options.client->options().time_source),
+                                [](const Limit& l) -> const std::vector<GcraWindow>& {
+                                  return l.windows();
+                                })
+                          : std::vector<sluice::detail::CarrySource<Limit>>{}});
     }
     if (absl::Status verdict = options.client->verify_server(); !verdict.ok()) return verdict;
     return backend;
@@ -128,7 +145,10 @@ class RedisEngineBackend {
       return absl::OkStatus();
     }
     absl::InlinedVector<CheckItem, 8> items;
-    if (absl::Status s = make_items(keys, items); !s.ok()) return s;
+    CarriedKeys carried(keys, carried_, [this] {
+      return sluice::detail::unix_now(options_.client->options().time_source);
+    });
+    if (absl::Status s = make_items(keys, items, carried); !s.ok()) return s;
     if (mode == ConsumptionMode::kEveryRule) {
       return check_each(items, out);
     }
@@ -157,7 +177,10 @@ class RedisEngineBackend {
     bookings.clear();
     if (keys.empty()) return absl::OkStatus();
     absl::InlinedVector<CheckItem, 8> items;
-    if (absl::Status s = make_items(keys, items); !s.ok()) return s;
+    CarriedKeys carried(keys, carried_, [this] {
+      return sluice::detail::unix_now(options_.client->options().time_source);
+    });
+    if (absl::Status s = make_items(keys, items, carried); !s.ok()) return s;
     std::vector<detail::ItemBooking> booked;
     if (mode == ConsumptionMode::kEveryRule) {
       std::vector<absl::StatusOr<Decision>> decisions =
@@ -196,8 +219,13 @@ class RedisEngineBackend {
   // Zeros: the keys live in Redis (see the class comment).
   StoreStats rule_store_stats(std::size_t /*rule*/) const { return {}; }
 
-  // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset): one round trip.
+  // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset): one round trip, and
+  // one more per earlier window set of a changed rule (whose keys would be carried again).
   absl::Status reset_key(std::size_t rule, std::string_view key) {
+    for (const sluice::detail::CarrySource<Limit>& source : carried_[rule].sources) {
+      const std::string old_key = sluice::detail::carried_key(source, key, prefix_size(rule));
+      if (absl::Status s = options_.client->reset(old_key, *source.limit); !s.ok()) return s;
+    }
     return options_.client->reset(key, *limits_[rule]);
   }
 
@@ -212,17 +240,26 @@ class RedisEngineBackend {
  private:
   explicit RedisEngineBackend(Options options) : options_(std::move(options)) {}
 
-  // One check item per key; InvalidArgument, before anything is sent, for a cost that can never
-  // pass its rule.
-  absl::Status make_items(std::span<const RuleKey> keys,
-                          absl::InlinedVector<CheckItem, 8>& items) const {
+  using CarriedKeys = sluice::detail::CarriedKeys<Limit, CarriedFrom>;
+
+  std::size_t prefix_size(std::size_t rule) const {
+    return rule_key_prefix(carried_[rule].fingerprint).size();
+  }
+
+  // One check item per key, with the keys of its rule's earlier window sets; InvalidArgument,
+  // before anything is sent, for a cost that can never pass its rule.
+  absl::Status make_items(std::span<const RuleKey> keys, absl::InlinedVector<CheckItem, 8>& items,
+                          CarriedKeys& carried) const {
     for (const RuleKey& k : keys) {
       const Limit& limit = *limits_[k.rule];
       if (k.cost > limit.max_cost()) {
         return absl::InvalidArgumentError(
             absl::StrCat(labels_[k.rule], ": cost exceeds the smallest burst and can never pass"));
       }
-      items.push_back({.key = k.key, .limit = &limit, .cost = k.cost});
+      items.push_back({.key = k.key,
+                       .limit = &limit,
+                       .cost = k.cost,
+                       .carried_from = carried.add(carried_[k.rule], k.key)});
     }
     return absl::OkStatus();
   }
@@ -242,6 +279,7 @@ class RedisEngineBackend {
   Options options_;
   std::vector<std::shared_ptr<const Limit>> limits_;  // per compiled rule; bookings share them
   std::vector<std::string> labels_;                   // per compiled rule, for errors
+  std::vector<sluice::detail::CarriedRule<Limit>> carried_;  // per compiled rule
 };
 
 static_assert(sluice::EngineBackend<RedisEngineBackend>);

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -62,11 +63,21 @@ class Limit {
   std::uint64_t fingerprint_ = 0;  // XXH3-64 of the windows: a changed limit uses fresh keys
 };
 
+// Where a key's state may still be held under an earlier limit: the key it had there.
+struct CarriedFrom {
+  std::string_view key;
+  const Limit* limit = nullptr;
+};
+
 // One request against one limit, for `Client::check_all`. `limit` must outlive the call.
+// `carried_from` (most recent first; the policy engine sets it for a rule whose windows a reload
+// changed): when the key holds no state under `limit`, the client first carries the spent share
+// of its state under those limits into `limit`, once (sluice/redis/detail/carry.hpp).
 struct CheckItem {
   std::string_view key;
   const Limit* limit = nullptr;
   std::uint64_t cost = 1;
+  std::span<const CarriedFrom> carried_from{};
 };
 
 inline absl::Status Limit::validate(const GcraWindow& w) {

@@ -21,6 +21,11 @@
 //        i's reply as a lone check's (below) or that item's own error (a key of another type;
 //        a write the server refuses, OOM or READONLY, as it would refuse each lone check's).
 //        Never atomic across items; not for booking checks.
+//        Carried keys: `<mask> carry` after params_k (not with "each"), the mask one byte per
+//        item, '1' for an item whose key may still have its state under an earlier limit (a rule
+//        whose windows a reload changed). If any such key holds no state, the script changes
+//        nothing and replies with the status CARRY: the client carries the state over
+//        (sluice/redis/detail/carry.hpp) and calls again without the mask.
 //
 // Units and layout (all numbers are IEEE doubles holding integers below 2^53, packed
 // little-endian with Redis's bundled `struct` library, so every value is exact):
@@ -59,8 +64,10 @@ else
 end
 local sunpack, spack = struct.unpack, struct.pack
 local each = ARGV[#ARGV] == 'each'
+local carry = ARGV[#ARGV] == 'carry' and ARGV[#ARGV - 1]
 local nkeys = #ARGV - 2
 if each then nkeys = nkeys - 1 end
+if carry then nkeys = nkeys - 2 end
 -- One item (parameters p) against its key's state s (false: none). Returns an error message;
 -- or nil, the verdict, and for an admitted item that consumes, its new state and its time to
 -- live (ms).
@@ -151,6 +158,15 @@ if each then
     redis.call('SET', key, known[key], 'PX', ttls[key])
   end
   return replies
+end
+-- A key whose state may still be under an earlier limit, and that holds none here: nothing is
+-- decided, so that the caller carries its state over first.
+if carry then
+  for i = 1, nkeys do
+    if string.byte(carry, i) == 49 and redis.call('EXISTS', KEYS[i]) == 0 then
+      return redis.status_reply('CARRY')
+    end
+  end
 end
 -- A booking check names each item's reset marker after the state keys.
 local marked = #KEYS == 2 * nkeys

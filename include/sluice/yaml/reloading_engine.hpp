@@ -31,8 +31,8 @@
 // Reload: the file is read once (at most kMaxConfigBytes) and loaded with load_config; the new
 // generation is compiled with `engine->reload(config)`, so rules whose fingerprint is unchanged
 // keep their buckets and counters (a spent budget stays spent); a rule whose only change is its
-// rates, burst or windows keeps each key's spent share in memory (BasicRateLimitEngine::reload);
-// other changed rules start fresh.
+// rates, burst or windows keeps each key's spent share (BasicRateLimitEngine::reload); other
+// changed rules start fresh.
 // When the file cannot be read or is invalid, the current generation keeps serving, the error is
 // returned, counted in EngineStats::failed_reloads and reported to the event hook (ReloadEvent).
 // `poll()` reloads only when the file's content (its size and 128-bit hash) differs from the last

@@ -28,6 +28,20 @@ inline constexpr const char* kCheckSql =
     "SELECT sluice.check_v2($1::integer, $2::bytea, $3::integer[], $4::bigint[], $5::bigint[], "
     "$6::bigint[], $7::bigint[], $8::boolean, $9::bigint)";
 
+// sluice.check_carried_v1 (schema version 4): check_v2's nine parameters, then the sources.
+inline constexpr const char* kCheckCarriedStatement = "sluice_check_carried_v1";
+inline constexpr const char* kCheckCarriedSql =
+    "SELECT sluice.check_carried_v1($1::integer, $2::bytea, $3::integer[], $4::bigint[], "
+    "$5::bigint[], $6::bigint[], $7::bigint[], $8::boolean, $9::bigint, $10::integer[], "
+    "$11::bytea, $12::integer[], $13::bigint[], $14::bigint[], $15::bigint[])";
+
+// One earlier state of an item: the item (0-based), the digest and the limit it had there.
+struct CarrySourceParam {
+  std::size_t item = 0;
+  KeyDigest digest{};
+  const Limit* limit = nullptr;
+};
+
 // 16 bytes, high word first, big-endian: the database's shard is the first byte.
 inline void append_digest(std::string& out, const KeyDigest& d) {
   for (std::uint64_t word : {d.high, d.low}) {
@@ -69,6 +83,32 @@ inline std::vector<Param> check_params(Algorithm algorithm, std::span<const KeyD
     p[8].null = true;
   }
   return p;
+}
+
+// check_carried_v1's six parameters after check_v2's: per source its item (1-based), its
+// digest, its windows' count and parameters.
+inline void append_carry_params(std::span<const CarrySourceParam> sources, std::vector<Param>& p) {
+  const std::size_t first = p.size();
+  p.resize(first + 6);
+  p[first + 1].binary = true;
+  std::string items = "{", windows = "{", a = "{", b = "{", c = "{";
+  for (std::size_t k = 0; k < sources.size(); ++k) {
+    const char* sep = k == 0 ? "" : ",";
+    absl::StrAppend(&items, sep, sources[k].item + 1);
+    append_digest(p[first + 1].value, sources[k].digest);
+    absl::StrAppend(&windows, sep, sources[k].limit->parameters().size());
+    for (const auto& w : sources[k].limit->parameters()) {
+      const char* wsep = a.size() == 1 ? "" : ",";
+      absl::StrAppend(&a, wsep, w[0]);
+      absl::StrAppend(&b, wsep, w[1]);
+      absl::StrAppend(&c, wsep, w[2]);
+    }
+  }
+  p[first].value = items + "}";
+  p[first + 2].value = windows + "}";
+  p[first + 3].value = a + "}";
+  p[first + 4].value = b + "}";
+  p[first + 5].value = c + "}";
 }
 
 // The integers of a bigint[] in text form ("{1,-2,3}").

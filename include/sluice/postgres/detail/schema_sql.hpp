@@ -2,7 +2,8 @@
 // a step, once released, never changes (deployed databases have applied it). Version 1 creates the
 // schema `sluice`: a per-shard row counter, one row per key (digest, shard, idle time, state), and
 // the functions a check and a cleanup call; version 2 adds the function a reset calls; version 3
-// the check with a cost per item. Every value
+// the check with a cost per item; version 4 the check that carries a key's state from earlier
+// limits. Every value
 // is an exact integer (bigint, or numeric for products that exceed 64 bits); times are ns since the
 // Unix epoch from pg_catalog.clock_timestamp(). Shard = the first byte of the key digest (256
 // shards); shard locks are transaction-scoped advisory locks (class kLockClass, object = shard)
@@ -468,8 +469,139 @@ RETURNS bigint[] LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS 
 $fn$;
 )sql";
 
+// Applied once, after version 3, when schema_version lacks version 4: check_carried_v1, a
+// check_v2 whose items may carry their state from rows of earlier limits (a rule whose windows a
+// reload changed), and the GCRA carry of one window it uses.
+inline constexpr const char* kSchemaV4 = R"sql(
+-- The scaled distance ahead of now (in 1/r_t ns) that a window (r_t, p_t, b_t) holds for a key
+-- whose window (r_f, p_f, b_f) holds `ahead` > 0 (in 1/r_f ns): the same spent share of the
+-- bucket, rounded up to the nanosecond (toward less room) and never past a full bucket; a spent
+-- bucket stays spent and a debt beyond it is kept in nanoseconds (at most 2^61).
+CREATE FUNCTION sluice.gcra_carry_v1(ahead numeric, r_f numeric, p_f numeric, b_f numeric,
+                                     r_t numeric, p_t numeric, b_t numeric)
+RETURNS numeric LANGUAGE plpgsql IMMUTABLE AS $fn$
+DECLARE
+  full_f numeric := b_f * p_f;
+  full_t numeric := b_t * p_t;
+  ahead_ns numeric; full_f_ns numeric; carried numeric;
+BEGIN
+  IF ahead >= full_f THEN
+    carried := full_t + least(div(ahead - full_f + r_f - 1, r_f), 2305843009213693952) * r_t;
+  ELSE
+    ahead_ns := div(ahead + r_f - 1, r_f);
+    full_f_ns := div(full_f, r_f);
+    IF ahead_ns >= full_f_ns THEN
+      carried := full_t;
+    ELSE
+      carried := least(div(ahead_ns * div(full_t + r_t - 1, r_t) + full_f_ns - 1, full_f_ns) * r_t,
+                       full_t);
+    END IF;
+  END IF;
+  RETURN least(carried, 2305843009213693952 * r_t);
+END
+$fn$;
+
+-- check_v2 (same arguments and reply), after carrying: for each source s, item p_from_items[s]
+-- (1-based; GCRA only) may hold its state at p_from_digests' s-th digest under the windows
+-- p_from_windows[s] (p_from_a, p_from_b, p_from_c as p_a, p_b, p_c). An item whose key has no
+-- row, and whose sources leave some window spent, gets a row first: per window the most spent
+-- carried share (gcra_carry_v1) of the source window with the same period (or of the only one
+-- when both have one window); a window without a source starts full. Under the same shard locks
+-- as the check, so of two replicas carrying one key, the first row stands. A carried row counts
+-- in its shard even beyond the shard's capacity (the key held a row before).
+CREATE FUNCTION sluice.check_carried_v1(p_kind integer, p_digests bytea, p_windows integer[],
+                                        p_a bigint[], p_b bigint[], p_c bigint[],
+                                        p_costs bigint[], p_all_or_nothing boolean, p_now bigint,
+                                        p_from_items integer[], p_from_digests bytea,
+                                        p_from_windows integer[], p_from_a bigint[],
+                                        p_from_b bigint[], p_from_c bigint[])
+RETURNS bigint[] LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  n integer := length(p_digests) / 16;
+  m integer := cardinality(p_from_items);
+  now_ns bigint;
+  offs integer[] := '{}';
+  from_offs integer[] := '{}';
+  best numeric[];
+  st bigint[];
+  nx bigint[];
+  dg bytea;
+  o integer := 0; fo integer; wc integer; fwc integer; src integer; s integer; idle bigint;
+  ahead numeric; r numeric;
+BEGIN
+  IF p_kind <> 1 OR n < 1 OR length(p_digests) <> 16 * n OR cardinality(p_windows) <> n
+     OR m IS NULL OR length(p_from_digests) <> 16 * m OR cardinality(p_from_windows) <> m THEN
+    RAISE EXCEPTION 'sluice.check_carried_v1: malformed arguments' USING ERRCODE = '22023';
+  END IF;
+  FOR i IN 1..n LOOP
+    offs := offs || o;
+    o := o + p_windows[i];
+  END LOOP;
+  o := 0;
+  FOR k IN 1..m LOOP
+    IF p_from_items[k] NOT BETWEEN 1 AND n OR p_from_windows[k] NOT BETWEEN 1 AND 4 THEN
+      RAISE EXCEPTION 'sluice.check_carried_v1: malformed sources' USING ERRCODE = '22023';
+    END IF;
+    from_offs := from_offs || o;
+    o := o + p_from_windows[k];
+  END LOOP;
+  -- The check's shards, ascending, before any row is read (check_v2 takes them again).
+  FOREACH s IN ARRAY (SELECT array_agg(DISTINCT u ORDER BY u)
+                      FROM (SELECT get_byte(substring(p_digests FROM 16 * i - 15 FOR 16), 0) AS u
+                            FROM generate_series(1, n) AS i) AS x) LOOP
+    PERFORM pg_advisory_xact_lock(1936483173, s);
+  END LOOP;
+  now_ns := coalesce(p_now, (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint * 1000);
+  FOR i IN 1..n LOOP
+    CONTINUE WHEN NOT (i = ANY (p_from_items));
+    dg := substring(p_digests FROM 16 * i - 15 FOR 16);
+    CONTINUE WHEN EXISTS (SELECT 1 FROM sluice.limit_state AS l WHERE l.digest = dg);
+    wc := p_windows[i]; o := offs[i];
+    best := array_fill(0::numeric, ARRAY[wc]);
+    FOR k IN 1..m LOOP
+      CONTINUE WHEN p_from_items[k] <> i;
+      fwc := p_from_windows[k]; fo := from_offs[k];
+      SELECT l.state INTO st FROM sluice.limit_state AS l
+        WHERE l.digest = substring(p_from_digests FROM 16 * k - 15 FOR 16);
+      CONTINUE WHEN NOT FOUND;
+      IF cardinality(st) <> 2 * fwc THEN
+        RAISE EXCEPTION 'sluice.check_carried_v1: stored state of the wrong shape'
+          USING ERRCODE = 'XX000';
+      END IF;
+      FOR w IN 1..wc LOOP
+        src := NULL;
+        IF wc = 1 AND fwc = 1 THEN src := 1; END IF;
+        FOR j IN 1..fwc LOOP
+          IF p_from_b[fo + j] = p_b[o + w] THEN src := j; END IF;
+        END LOOP;
+        CONTINUE WHEN src IS NULL;
+        r := p_from_a[fo + src];
+        ahead := (st[2 * src - 1] - now_ns)::numeric * r + st[2 * src];
+        CONTINUE WHEN ahead <= 0;
+        best[w] := greatest(best[w], sluice.gcra_carry_v1(ahead, r, p_from_b[fo + src],
+                                                          p_from_c[fo + src], p_a[o + w],
+                                                          p_b[o + w], p_c[o + w]));
+      END LOOP;
+    END LOOP;
+    CONTINUE WHEN NOT EXISTS (SELECT 1 FROM unnest(best) AS x WHERE x > 0);
+    nx := '{}'; idle := now_ns;
+    FOR w IN 1..wc LOOP
+      r := p_a[o + w];
+      nx := nx || ARRAY[div(now_ns * r + best[w], r)::bigint, mod(now_ns * r + best[w], r)::bigint];
+      idle := greatest(idle, nx[2 * w - 1] + CASE WHEN nx[2 * w] > 0 THEN 1 ELSE 0 END);
+    END LOOP;
+    s := get_byte(dg, 0);
+    INSERT INTO sluice.limit_state (digest, shard, idle_at, state) VALUES (dg, s, idle, nx);
+    UPDATE sluice.shards SET row_count = row_count + 1 WHERE shard = s;
+  END LOOP;
+  RETURN sluice.check_v2(p_kind, p_digests, p_windows, p_a, p_b, p_c, p_costs, p_all_or_nothing,
+                         p_now);
+END
+$fn$;
+)sql";
+
 // The steps in order: step i installs version i + 1.
-inline constexpr const char* kSchemaSteps[] = {kSchemaV1, kSchemaV2, kSchemaV3};
+inline constexpr const char* kSchemaSteps[] = {kSchemaV1, kSchemaV2, kSchemaV3, kSchemaV4};
 
 }  // namespace sluice::postgres::detail
 

@@ -13,6 +13,7 @@
 #define SLUICE_REDIS_DETAIL_SCRIPT_CALL_HPP_
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -36,10 +37,11 @@ struct ScriptCall {
   std::vector<std::string> params;  // per item, 5 exact doubles per window
   std::string time_s, time_ns;      // both "": the script reads TIME
   std::string num_keys;
+  std::string carry_mask;  // empty, or per item '1' if it names earlier keys (the script's mask)
 
   // `redis_keys[i]` holds `items[i]`'s state (a booking check then names each item's reset
   // marker, in the same order); `time` (ns since the Unix epoch, ≥ 0) replaces
-  // the server's clock when set.
+  // the server's clock when set. Items with `carried_from` get the script's carry mask.
   static ScriptCall create(std::span<const CheckItem> items, std::vector<std::string> redis_keys,
                            std::optional<std::chrono::nanoseconds> time) {
     ScriptCall call;
@@ -49,6 +51,12 @@ struct ScriptCall {
       call.params.push_back(window_params(item));
     }
     call.num_keys = absl::StrCat(call.keys.size());  // 2 per item for a booking check
+    for (const CheckItem& item : items) {
+      if (!item.carried_from.empty()) call.carry_mask.resize(items.size(), '0');
+    }
+    for (std::size_t i = 0; i < call.carry_mask.size(); ++i) {
+      if (!items[i].carried_from.empty()) call.carry_mask[i] = '1';
+    }
     if (time) {
       const auto ns = static_cast<std::uint64_t>(time->count());
       call.time_s = absl::StrCat(ns / kNanosPerSecond);
@@ -88,6 +96,10 @@ struct ScriptCall {
     command.add(time_ns);
     for (const std::string& p : params) {
       command.add(p);
+    }
+    if (!carry_mask.empty()) {
+      command.add(carry_mask);
+      command.add("carry");
     }
     return command;
   }

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sluice/decision.hpp"
+#include "sluice/redis/detail/carry.hpp"
 #include "sluice/redis/detail/exact_double.hpp"
 #include "sluice/redis/detail/status.hpp"
 #include "sluice/redis/limit.hpp"
@@ -192,6 +193,7 @@ inline absl::StatusOr<std::vector<Decision>> decode_reply(
   if (reply.type == REDIS_REPLY_ERROR) {
     return server_error_status(std::string_view(reply.str, reply.len));
   }
+  if (is_carry_reply(reply)) return carry_needed();
   if (reply.type != REDIS_REPLY_STRING) {
     return malformed_reply();
   }
