@@ -134,9 +134,8 @@ class BasicRateLimitEngine {
 
   // The next generation: rules whose fingerprint is unchanged keep their state and counters,
   // so a reload never lets extra traffic through them. A rule whose only change is its windows
-  // (rates, bursts, window lengths) keeps each key's spent share of its buckets: eagerly on a
-  // backend with kCarriesWindows (in memory), on each key's first check over Redis and
-  // PostgreSQL (sluice/engine/carried_rules.hpp); for any other change it starts fresh.
+  // (rates, bursts, window lengths) keeps each key's spent share: eagerly in memory, on each
+  // key's first check over Redis and PostgreSQL (engine/carried_rules.hpp); else it starts fresh.
   // Counts the reload (EngineStats) and reports a ReloadEvent, success or failure.
   absl::StatusOr<BasicRateLimitEngine> reload(const PolicyConfig& config) const {
     auto engine = compile(config, options_, this);
