@@ -74,6 +74,9 @@ CONTEXTS = {
     "login": ("httplib", "absl::Status",
               "std::string_view subject, httplib::Response& response, const std::string& user, "
               "const std::string& password"),
+    "login_limiter": ("httplib", "absl::Status",
+                      "absl::StatusOr<sluice::AttemptLimiter<>>& limiter, std::string_view subject, "
+                      "httplib::Response& response"),
     "on_admitted": ("httplib", "absl::Status",
                     "const httplib::Request& request, "
                     "const sluice::HttplibLimiter<>::LimitedRequest& limited, "
