@@ -329,8 +329,8 @@ class HttplibLimiter {
   static RequestContext context_for(const LimitedRequest& limited) {
     RequestContext context{.client = limited.client, .path = limited.path};
     context.consumer = limited.consumer;
-    if (limited.credential_status == CredentialStatus::kKnown)
-      context.credential = limited.credential;
+    const bool known = limited.credential_status == CredentialStatus::kKnown;
+    if (known) context.credential = limited.credential;  // an unknown one keys nothing
     if (limited.route) {
       context.route = limited.route->route;
       context.service = limited.route->service;
