@@ -262,61 +262,11 @@ def main():
     if not os.path.exists(database):
         print("doc_snippets: skipped: %s is missing (configure with a preset)" % database)
         return 77
-    commands = json.load(open(database, encoding="utf-8"))
-    docs = ["README.md"] + sorted("docs/" + d for d in os.listdir(os.path.join(source_dir, "docs"))
-                                  if d.endswith(".md"))
-    work = tempfile.mkdtemp(prefix="doc_snippets.")
-    available = {}  # test source -> (arguments, directory, unit path), for the units built here
-    for test_source, _ in UNITS:
-        unit_path = os.path.join(work, os.path.basename(test_source).replace("_test", "_docs"))
-        command = unit_command(commands, source_dir, test_source, unit_path)
-        if command is not None:
-            available[test_source] = command + (unit_path,)
-    errors, units, count = [], {}, 0
+    available = available_units(json.load(open(database, encoding="utf-8")), source_dir)
+    errors = []
     check_readme_docs(source_dir, errors)
-    for doc in docs:
-        for block in blocks_of(source_dir, doc):
-            count += 1
-            if block.annotation is None:
-                errors.append("%s:%d: a ```cpp block without a <!-- snippet: ... --> comment on "
-                              "the line before it" % (block.path, block.line - 1))
-            elif block.annotation.startswith("file "):
-                path = block.annotation[5:]
-                full = os.path.join(source_dir, path)
-                if not os.path.exists(full) or open(full, encoding="utf-8").read() != block.text:
-                    errors.append("%s:%d: the block is not %s as it is (copy the file in)"
-                                  % (block.path, block.line, path))
-            elif block.annotation == "synopsis":
-                check_synopsis(source_dir, block, errors)
-            else:
-                wrapped = wrap(count, block, errors)
-                if wrapped is None:
-                    continue
-                for test_source, covered in UNITS:
-                    if test_source in available and wrapped[2] <= covered:
-                        units.setdefault(test_source, []).append(wrapped)
-                        break
-                else:
-                    print("doc_snippets: skipped %s:%d: the parts %s are not built here"
-                          % (block.path, block.line, sorted(wrapped[2])))
-    jobs = []
-    for test_source, _ in UNITS:
-        if test_source not in units:
-            continue
-        parts = set().union(*(w[2] for w in units[test_source])) | {"core"}
-        args, directory, unit_path = available[test_source]
-        with open(unit_path, "w", encoding="utf-8") as unit:
-            unit.write("".join(PRELUDE[p] for p in ["core"] + sorted(parts - {"core"})))
-            unit.write("".join(w[0] for w in units[test_source]))
-            unit.write("".join(w[1] for w in units[test_source]))
-        jobs.append((test_source, len(units[test_source]), (args, directory)))
-
-    def compile_unit(job):
-        test_source, blocks, (args, directory) = job
-        started = time.monotonic()
-        result = subprocess.run(args, cwd=directory, capture_output=True, text=True)
-        return test_source, blocks, result, time.monotonic() - started
-
+    units, count = sort_blocks(source_dir, available, errors)
+    jobs = write_units(units, available)
     with ThreadPoolExecutor(max_workers=2) as pool:
         for test_source, blocks, result, seconds in pool.map(compile_unit, jobs):
             status = "ok" if result.returncode == 0 else "FAILED"
@@ -328,6 +278,73 @@ def main():
         print(error, file=sys.stderr)
     print("doc_snippets: %d blocks, %d errors" % (count, len(errors)))
     return 1 if errors else 0
+
+
+def available_units(commands, source_dir):
+    """test source -> (arguments, directory, unit path), for the units this build can compile."""
+    work = tempfile.mkdtemp(prefix="doc_snippets.")
+    available = {}
+    for test_source, _ in UNITS:
+        unit_path = os.path.join(work, os.path.basename(test_source).replace("_test", "_docs"))
+        command = unit_command(commands, source_dir, test_source, unit_path)
+        if command is not None:
+            available[test_source] = command + (unit_path,)
+    return available
+
+
+def sort_blocks(source_dir, available, errors):
+    """Checks the blocks that are not compiled; returns the others by unit, and the block count."""
+    docs = ["README.md"] + sorted("docs/" + d for d in os.listdir(os.path.join(source_dir, "docs"))
+                                  if d.endswith(".md"))
+    units, count = {}, 0
+    for block in (b for doc in docs for b in blocks_of(source_dir, doc)):
+        count += 1
+        if block.annotation is None:
+            errors.append("%s:%d: a ```cpp block without a <!-- snippet: ... --> comment on "
+                          "the line before it" % (block.path, block.line - 1))
+        elif block.annotation.startswith("file "):
+            path = block.annotation[5:]
+            full = os.path.join(source_dir, path)
+            if not os.path.exists(full) or open(full, encoding="utf-8").read() != block.text:
+                errors.append("%s:%d: the block is not %s as it is (copy the file in)"
+                              % (block.path, block.line, path))
+        elif block.annotation == "synopsis":
+            check_synopsis(source_dir, block, errors)
+        else:
+            wrapped = wrap(count, block, errors)
+            if wrapped is None:
+                continue
+            unit = next((t for t, covered in UNITS if t in available and wrapped[2] <= covered),
+                        None)
+            if unit is None:
+                print("doc_snippets: skipped %s:%d: the parts %s are not built here"
+                      % (block.path, block.line, sorted(wrapped[2])))
+            else:
+                units.setdefault(unit, []).append(wrapped)
+    return units, count
+
+
+def write_units(units, available):
+    """Writes each unit's file; the compile jobs."""
+    jobs = []
+    for test_source, _ in UNITS:
+        if test_source not in units:
+            continue
+        parts = set().union(*(w[2] for w in units[test_source])) | {"core"}
+        args, directory, unit_path = available[test_source]
+        with open(unit_path, "w", encoding="utf-8") as unit:
+            unit.write("".join(PRELUDE[p] for p in ["core"] + sorted(parts - {"core"})))
+            unit.write("".join(w[0] for w in units[test_source]))
+            unit.write("".join(w[1] for w in units[test_source]))
+        jobs.append((test_source, len(units[test_source]), (args, directory)))
+    return jobs
+
+
+def compile_unit(job):
+    test_source, blocks, (args, directory) = job
+    started = time.monotonic()
+    result = subprocess.run(args, cwd=directory, capture_output=True, text=True)
+    return test_source, blocks, result, time.monotonic() - started
 
 
 if __name__ == "__main__":
