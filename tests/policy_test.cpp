@@ -1,5 +1,6 @@
 #include "sluice/policy.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -7,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -705,6 +707,32 @@ TEST_CASE("a client spraying random keys cannot grow the cache beyond max_entrie
   // The least recently used went first: the early random keys are asked again.
   CHECK(*resolver.resolve("random-0") == std::nullopt);
   CHECK(*store.asked == 10'002);
+}
+
+TEST_CASE("a resolver shared by threads answers each key right and stays within its bound") {
+  sluice::ManualClock clock;
+  std::atomic<int> wrong{0};
+  const auto resolver = sluice::CredentialResolver<sluice::ManualClock>::create(
+      [](std::string_view key) -> absl::StatusOr<std::optional<std::string>> {
+        if (key.starts_with("key-")) return std::optional<std::string>("customer");
+        return std::optional<std::string>();
+      },
+      {.max_entries = 32, .known_ttl = 60s, .unknown_ttl = 60s}, clock);
+  REQUIRE(resolver.ok());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2'000; ++i) {
+        const bool owned = (i + t) % 2 == 0;
+        const std::string key = absl::StrCat(owned ? "key-" : "random-", i % 97);
+        const auto answer = resolver->resolve(key);
+        if (!answer.ok() || answer->has_value() != owned) wrong.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK(wrong.load() == 0);
+  CHECK(resolver->size() <= 32);
 }
 
 TEST_CASE("a resolver refuses options that cannot work") {
