@@ -4,6 +4,7 @@
 // requests are admitted (the example allows 10/s per ip). The engine gets each client's address
 // already parsed (`RequestContext::client`), as the adapters pass it; the bare calls get the
 // address text already formatted. The `TextAddress` row parses the text per request instead.
+// The `RuntimeEngine` rows run the same engine with its backend chosen at run time.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -15,12 +16,17 @@
 #include "example_config.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/gcra.hpp"
+#include "sluice/runtime_engine.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<bench::TickClock>>;
 using Gcra = sluice::GcraLimiter<bench::TickClock>;
+// The engine whose backend is chosen at run time (sluice/runtime_engine.hpp), with every backend
+// this build has, on the tick clock: the same in-memory backend behind one branch.
+using RuntimeEngine = sluice::BasicRateLimitEngine<
+    sluice::RuntimeBackendOf<sluice::InMemoryBackend<bench::TickClock>>>;
 using sluice::Selector;
 using sluice::testing::documented_example;
 using sluice::testing::rule;
@@ -54,6 +60,15 @@ Engine must(absl::StatusOr<Engine> engine) {
   if (!engine.ok()) std::abort();
   return *std::move(engine);
 }
+RuntimeEngine must(absl::StatusOr<RuntimeEngine> engine) {
+  if (!engine.ok()) std::abort();
+  return *std::move(engine);
+}
+RuntimeEngine::BackendOptions in_memory() {
+  RuntimeEngine::BackendOptions options;
+  options.backend = sluice::InMemoryBackend<bench::TickClock>::Options{.store = {.seed = 1}};
+  return options;
+}
 Gcra must(absl::StatusOr<Gcra> limiter) {
   if (!limiter.ok()) std::abort();
   return *std::move(limiter);
@@ -77,8 +92,8 @@ void run_engine(benchmark::State& state, const Engine& engine, MakeRequest make)
 }
 
 // The same loop evaluating into one reused Evaluation: the form that allocates nothing.
-template <class MakeRequest>
-void run_engine_reused(benchmark::State& state, const Engine& engine, MakeRequest make) {
+template <class AnyEngine, class MakeRequest>
+void run_engine_reused(benchmark::State& state, const AnyEngine& engine, MakeRequest make) {
   const auto& ips = client_ips();
   const auto& addresses = client_addresses();
   std::size_t i = 0;
@@ -156,6 +171,25 @@ void BM_Engine_DocumentedExample_NoFields(benchmark::State& state) {
   });
 }
 BENCHMARK(BM_Engine_DocumentedExample_NoFields);
+
+// The two rows above with the backend chosen at run time (in memory): the cost of the choice.
+void BM_RuntimeEngine_DocumentedExample_ReusedEvaluation(benchmark::State& state) {
+  static RuntimeEngine engine = must(RuntimeEngine::create(documented_example(), in_memory()));
+  run_engine_reused(state, engine, [](const std::string&, const sluice::ClientAddress& client) {
+    return documented_request(client);
+  });
+}
+BENCHMARK(BM_RuntimeEngine_DocumentedExample_ReusedEvaluation);
+
+void BM_RuntimeEngine_DocumentedExample_NoFields(benchmark::State& state) {
+  static RuntimeEngine engine = must(RuntimeEngine::create(documented_example(), in_memory()));
+  run_engine_reused(state, engine, [](const std::string&, const sluice::ClientAddress& client) {
+    sluice::RequestContext request = documented_request(client);
+    request.write_fields = false;
+    return request;
+  });
+}
+BENCHMARK(BM_RuntimeEngine_DocumentedExample_NoFields);
 
 // Reused, with fields, the address given as text: parsed on every request.
 void BM_Engine_DocumentedExample_TextAddress(benchmark::State& state) {

@@ -7,6 +7,8 @@
 //                                       n  the same without fields (write_fields = false)
 //                                       t  reused Evaluation, address as text, fields written
 //                                       b  the bare limiter calls of bench/engine_bench.cpp
+//                                       r  e on the engine whose backend is chosen at run time
+//                                       m  n on it
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -16,15 +18,28 @@
 #include "example_config.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/gcra.hpp"
+#include "sluice/runtime_engine.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<bench::TickClock>>;
 using Gcra = sluice::GcraLimiter<bench::TickClock>;
+// As bench/engine_bench.cpp's RuntimeEngine: every backend the script found, memory chosen.
+using RuntimeEngine = sluice::BasicRateLimitEngine<
+    sluice::RuntimeBackendOf<sluice::InMemoryBackend<bench::TickClock>>>;
+
+RuntimeEngine runtime_engine() {
+  RuntimeEngine::BackendOptions options;
+  options.backend = sluice::InMemoryBackend<bench::TickClock>::Options{.store = {.seed = 1}};
+  auto engine = RuntimeEngine::create(sluice::testing::documented_example(), options);
+  if (!engine.ok()) std::abort();
+  return *std::move(engine);
+}
 
 struct Run {
   Engine engine;
+  RuntimeEngine runtime;
   Gcra per_ip, flood;
   std::vector<std::string> ips;
   std::vector<sluice::ClientAddress> addresses;
@@ -37,7 +52,7 @@ Run setup() {
                    {.seed = 1});
   auto flood = Gcra::create({{.requests = 2000, .period = 1min}}, {.seed = 1});
   if (!engine.ok() || !per_ip.ok() || !flood.ok()) std::abort();
-  Run run{*std::move(engine), *std::move(per_ip), *std::move(flood), {}, {}};
+  Run run{*std::move(engine), runtime_engine(), *std::move(per_ip), *std::move(flood), {}, {}};
   for (int i = 0; i < 1000; ++i) {
     run.ips.push_back("10.0." + std::to_string(i / 256) + "." + std::to_string(i % 256));
     run.addresses.push_back(sluice::ClientAddress::parse(run.ips.back()));
@@ -70,8 +85,12 @@ int main(int argc, char** argv) {
     } else {
       request.client = run.addresses[i];
     }
-    request.write_fields = mode != 'n';
-    run.engine.evaluate(request, e);
+    request.write_fields = mode != 'n' && mode != 'm';
+    if (mode == 'r' || mode == 'm') {
+      run.runtime.evaluate(request, e);
+    } else {
+      run.engine.evaluate(request, e);
+    }
     denied += e.allowed ? 0 : 1;
   }
   std::printf("mode %c: %ld evaluations, %ld denied\n", mode, n, denied);

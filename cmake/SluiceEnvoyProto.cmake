@@ -2,6 +2,12 @@
 # numbers) generated into the build tree and compiled once into the STATIC library
 # sluice_envoy_proto, warnings off (generated code, not ours). Defines nothing when protoc,
 # libprotobuf or grpc_cpp_plugin is missing; the caller checks TARGET sluice_envoy_proto.
+# Used by sluice's own build (the protos of the source tree) and by the installed
+# sluiceConfig.cmake, which sets SLUICE_ENVOY_PROTO_DIR to the installed protos: a consumer
+# generates and compiles the protocol with its own protoc and gRPC, in its build tree.
+if(NOT DEFINED SLUICE_ENVOY_PROTO_DIR)
+  set(SLUICE_ENVOY_PROTO_DIR "${CMAKE_CURRENT_LIST_DIR}/../proto")
+endif()
 find_package(Protobuf QUIET)
 if(TARGET gRPC::grpc_cpp_plugin)
   set(SLUICE_GRPC_CPP_PLUGIN "$<TARGET_FILE:gRPC::grpc_cpp_plugin>")
@@ -9,8 +15,9 @@ else()
   find_program(SLUICE_GRPC_CPP_PLUGIN grpc_cpp_plugin)
 endif()
 if(TARGET protobuf::protoc AND TARGET protobuf::libprotobuf AND SLUICE_GRPC_CPP_PLUGIN)
-  set(proto_in "${PROJECT_SOURCE_DIR}/proto")
-  set(proto_out "${PROJECT_BINARY_DIR}/envoy_proto")
+  cmake_path(ABSOLUTE_PATH SLUICE_ENVOY_PROTO_DIR NORMALIZE OUTPUT_VARIABLE proto_in)
+  set(proto_out "${CMAKE_CURRENT_BINARY_DIR}/envoy_proto")
+  file(MAKE_DIRECTORY "${proto_out}")  # exists at configure time, as imported targets require
   set(messages
     envoy/config/core/v3/base
     envoy/type/v3/ratelimit_unit

@@ -7,12 +7,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "engine_fixture.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/request_path.hpp"
+#include "sluice/runtime_engine.hpp"
 
 using namespace std::chrono_literals;
 using Engine = sluice::testing::TestEngine;
@@ -108,6 +110,24 @@ TEST_CASE("all_or_nothing consumes nothing in admitting rules when one rule deni
   CHECK(admitted(engine, on_route("10.0.0.1", "both"), 5) == 1);
   // The loose rule saw one admitted request only: 9 left, so this one leaves 8.
   CHECK(field(engine.evaluate(on_route("10.0.0.1", "loose-only")), "X-RateLimit-Remaining") == "8");
+}
+
+TEST_CASE("all_or_nothing puts back an earlier rule's reservation when a later rule denies") {
+  sluice::ManualClock clock;
+  // The loose rule is decided first: it reserves before the tight one denies.
+  sluice::PolicyConfig config{
+      .policies = {{.name = "loose",
+                    .rate_limits = {rule("loose", {Selector::kIp}, {.minute = 10})}},
+                   {.name = "tight",
+                    .rate_limits = {rule("tight", {Selector::kIp}, {.minute = 1})}}},
+      .routes = {{.name = "both", .policies = {"loose", "tight"}},
+                 {.name = "loose-only", .policies = {"loose"}}}};
+  Engine engine = make_engine(config, clock);
+  CHECK(admitted(engine, on_route("10.0.0.1", "both"), 5) == 1);
+  CHECK(field(engine.evaluate(on_route("10.0.0.1", "loose-only")), "X-RateLimit-Remaining") == "8");
+  // A client the loose rule has not seen yet is decided without being tracked, then inserted.
+  CHECK(admitted(engine, on_route("10.0.0.2", "both"), 3) == 1);
+  CHECK(field(engine.evaluate(on_route("10.0.0.2", "loose-only")), "X-RateLimit-Remaining") == "8");
 }
 
 TEST_CASE("every_rule lets admitting rules consume when another rule denies") {
@@ -705,4 +725,99 @@ TEST_CASE("a request path is normalized before it is matched, and an ambiguous o
   }
   CHECK(sluice::normalize_request_path("/v1/../../etc").status().message() ==
         "the path climbs above the root");
+}
+
+// --- the backend chosen at run time (sluice/runtime_engine.hpp) -------------------------------
+
+namespace {
+
+using RuntimeBackend = sluice::VariantBackend<sluice::InMemoryBackend<sluice::ManualClock>>;
+using RuntimeEngine = sluice::BasicRateLimitEngine<RuntimeBackend>;
+
+// The documented example with `backend` as its section.
+sluice::PolicyConfig example_on(sluice::BackendConfig backend) {
+  sluice::PolicyConfig config = documented_example();
+  config.backend = std::move(backend);
+  return config;
+}
+
+}  // namespace
+
+TEST_CASE("an engine whose backend the config chooses decides as the static engine of it") {
+  sluice::ManualClock clock;
+  const Engine fixed = make_engine(documented_example(), clock);
+  RuntimeBackend::Options options;
+  options.backend =
+      sluice::InMemoryBackend<sluice::ManualClock>::Options{.store = {.seed = 1}, .clock = clock};
+  auto chosen = RuntimeEngine::create(documented_example(), options);
+  REQUIRE(chosen.ok());
+  for (int i = 1; i <= 22; ++i) {
+    const sluice::Evaluation a = fixed.evaluate(on_route("203.0.113.7", "public"));
+    const sluice::Evaluation b = chosen->evaluate(on_route("203.0.113.7", "public"));
+    INFO("request " << i);
+    CHECK(a.allowed == b.allowed);
+    CHECK(field(a, "X-RateLimit-Remaining") == field(b, "X-RateLimit-Remaining"));
+    CHECK(field(a, "Retry-After") == field(b, "Retry-After"));
+  }
+  CHECK(chosen->stats()[0].denied == fixed.stats()[0].denied);
+}
+
+TEST_CASE("the runtime engine runs in memory without a backend section, and settles there") {
+  auto engine = sluice::RuntimeRateLimitEngine::create(documented_example());
+  REQUIRE(engine.ok());
+  sluice::Evaluation e;
+  sluice::RuntimeRateLimitEngine::Settlement settlement;
+  engine->evaluate(on_route("203.0.113.7", "public"), e, settlement);
+  REQUIRE(e.allowed);
+  CHECK(engine->settle(settlement, 3).ok());  // the in-memory backend books
+  CHECK(engine->reset("public-api-limits/per-ip", on_route("203.0.113.7", "public")).ok());
+}
+
+TEST_CASE("a backend this build does not include is refused when the engine is created") {
+  const auto engine = sluice::RuntimeRateLimitEngine::create(
+      example_on({.type = sluice::BackendKind::kRedis, .unix_socket = "/run/redis.sock"}));
+  CHECK(engine.status().code() == absl::StatusCode::kInvalidArgument);
+#ifndef SLUICE_WITH_REDIS
+  CHECK(engine.status().message() ==
+        "backend.type: redis is not in this build of sluice (link sluice::redis, built where "
+        "hiredis is found)");
+#endif
+}
+
+TEST_CASE("an engine whose backend is its C++ type refuses a config that names a backend") {
+  const auto engine =
+      sluice::RateLimitEngine::create(example_on({.type = sluice::BackendKind::kMemory}));
+  CHECK(engine.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(engine.status().message(), "use sluice::RuntimeRateLimitEngine"));
+}
+
+TEST_CASE("a backend chosen both in code and in the config is refused") {
+  RuntimeBackend::Options options;
+  options.backend = sluice::InMemoryBackend<sluice::ManualClock>::Options{};
+  const auto engine =
+      RuntimeEngine::create(example_on({.type = sluice::BackendKind::kMemory}), options);
+  CHECK(engine.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(engine.status().message(), "also chosen in code"));
+}
+
+TEST_CASE("a reload that changes the backend section is refused and the running one counts it") {
+  auto engine =
+      sluice::RuntimeRateLimitEngine::create(example_on({.type = sluice::BackendKind::kMemory}));
+  REQUIRE(engine.ok());
+  CHECK(engine->reload(example_on({.type = sluice::BackendKind::kMemory})).ok());
+  const auto moved = engine->reload(documented_example());  // the section removed
+  CHECK(moved.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(engine->engine_stats().failed_reloads == 1);
+}
+
+TEST_CASE("a backend section with a member its type does not read is invalid") {
+  CHECK(sluice::validate(example_on({.type = sluice::BackendKind::kMemory, .key_seed = 7}))
+            .message() == "backend.key_seed: is not read by type memory; remove it");
+  CHECK(sluice::validate(example_on({.type = sluice::BackendKind::kRedis, .address = "10.0.0.5"}))
+            .message() ==
+        "backend.address: must be host:port (an IPv6 address in brackets: "
+        "[::1]:6379)");
+  CHECK(sluice::validate(example_on({.type = sluice::BackendKind::kRedisCluster,
+                                     .address = "[2001:db8::5]:7000"}))
+            .ok());
 }

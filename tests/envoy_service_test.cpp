@@ -9,12 +9,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -504,21 +506,34 @@ class RlsProcess {
   }
 
   rls::RateLimitResponse call(const rls::RateLimitRequest& request) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + 20s);
     rls::RateLimitResponse response;
-    const grpc::Status status = stub_->ShouldRateLimit(&context, request, &response);
+    const grpc::Status status = try_call(request, response);
     INFO(status.error_message());
     REQUIRE(status.ok());
     return response;
+  }
+  // A call that may fail (no assertion: safe on any thread).
+  grpc::Status try_call(const rls::RateLimitRequest& request, rls::RateLimitResponse& response,
+                        std::chrono::seconds deadline = 20s) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + deadline);
+    return stub_->ShouldRateLimit(&context, request, &response);
   }
 
   // grpc.health.v1.Health/Check for the empty service name: the response's serialized bytes
   // (08 01 is SERVING), through the generic stub (no health proto needed).
   std::string health() {
+    std::string bytes;
+    const grpc::Status status = try_health(bytes);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    return bytes;
+  }
+  // The health check's status, its response's bytes in `bytes`.
+  grpc::Status try_health(std::string& bytes, std::chrono::seconds deadline = 20s) {
     grpc::GenericStub stub(channel_);
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + 20s);
+    context.set_deadline(std::chrono::system_clock::now() + deadline);
     grpc::Slice empty(std::string{});  // HealthCheckRequest{service: ""} serializes to no bytes
     grpc::ByteBuffer request(&empty, 1);
     grpc::ByteBuffer response;
@@ -526,14 +541,13 @@ class RlsProcess {
     stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
                    &response, [&](grpc::Status s) { done.set_value(std::move(s)); });
     const grpc::Status status = done.get_future().get();
-    INFO(status.error_message());
-    REQUIRE(status.ok());
+    bytes.clear();
     std::vector<grpc::Slice> slices;
-    REQUIRE(response.Dump(&slices).ok());
-    std::string bytes;
-    for (const grpc::Slice& s : slices)
-      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    return bytes;
+    if (status.ok() && response.Dump(&slices).ok()) {
+      for (const grpc::Slice& s : slices)
+        bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    return status;
   }
 
   void signal(int sig) { REQUIRE(kill(pid_, sig) == 0); }
@@ -541,6 +555,10 @@ class RlsProcess {
   // The exit status after SIGTERM (the drain), or -1 if it did not exit within 20 s.
   int terminate() {
     signal(SIGTERM);
+    return wait_exit();
+  }
+  // The exit status once the process exits, or -1 if it did not within 20 s.
+  int wait_exit() {
     for (int i = 0; i < 2000; ++i) {
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -667,6 +685,138 @@ TEST_CASE("envoy: two service replicas over one Redis Cluster share one budget",
   CHECK(b.terminate() == 0);
   std::filesystem::remove_all(dir);
 }
+
+namespace {
+
+// A temporary configuration directory holding d.yaml, removed with the object.
+class ConfigDir {
+ public:
+  ConfigDir(const std::string& name, const std::string& text)
+      : dir_(std::filesystem::temp_directory_path() / absl::StrCat(name, "_", getpid())) {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    write_file(dir_ / "d.yaml", text);
+  }
+  ConfigDir(const ConfigDir&) = delete;
+  ConfigDir& operator=(const ConfigDir&) = delete;
+  ~ConfigDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  std::string path() const { return dir_.string(); }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+// Whether an established TCP connection to 127.0.0.1:`port` (the server's side) holds bytes the
+// server has not read: a request waiting in a stopped server. Read from /proc/net/tcp.
+bool unread_bytes_at(int port) {
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // the header
+  char local[8];
+  std::snprintf(local, sizeof local, ":%04X", static_cast<unsigned>(port));
+  while (std::getline(tcp, line)) {
+    std::istringstream fields(line);
+    std::string slot, local_address, remote_address, state, queues;
+    fields >> slot >> local_address >> remote_address >> state >> queues;
+    const std::size_t colon = queues.find(':');
+    if (state == "01" && local_address.ends_with(local) && colon != std::string::npos &&
+        std::stoul(queues.substr(colon + 1), nullptr, 16) > 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("envoy: the local failure mode limits on the replica's share while Redis is stopped",
+          "[envoy][e2e][redis]") {
+  sluice_test::RedisFixture redis;
+  const ConfigDir dir("sluice_envoy_rls_local",
+                      "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, "
+                      "requests_per_unit: 10}\n  - key: j\n    rate_limit: {unit: day, "
+                      "requests_per_unit: 100}\n");
+  RlsProcess rls_process(
+      dir.path(),
+      {"--redis-socket", redis.redis.unix_socket(), "--redis-failure-mode", "local",
+       "--local-share-permille", "500", "--local-retry-ms", "2000", "--redis-timeout-ms", "300"});
+  const auto k = request("d", {{{"k", "x"}}});
+  for (std::uint32_t left : {9u, 8u, 7u, 6u})
+    CHECK(rls_process.call(k).statuses(0).limit_remaining() == left);
+  redis.redis.stop();  // frozen: calls time out; then decided locally at once
+  // The local share: 5 of 10 a day, fresh (Redis's state is not known here).
+  for (std::uint32_t left : {4u, 3u, 2u, 1u, 0u}) {
+    rls::RateLimitResponse r = rls_process.call(k);
+    CHECK(r.overall_code() == kOk);
+    CHECK(r.statuses(0).limit_remaining() == left);
+  }
+  rls::RateLimitResponse over = rls_process.call(request("d", {{{"j", "x"}}, {{"k", "x"}}}));
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOk);
+  CHECK(over.statuses(0).limit_remaining() == 50);  // all or nothing on the local share too
+  CHECK(over.statuses(1).code() == kOverLimit);
+  redis.redis.resume();
+  // After the retry interval a call reaches Redis again: its state is the one before the outage
+  // plus the call that timed out, whose script Redis ran when it resumed (6 - 1 - 1).
+  rls::RateLimitResponse shared;
+  for (int i = 0; i < 500; ++i) {
+    shared = rls_process.call(k);
+    if (shared.overall_code() == kOk) break;
+    std::this_thread::sleep_for(10ms);  // waiting for the retry interval, not timing a rate
+  }
+  CHECK(shared.overall_code() == kOk);
+  CHECK(shared.statuses(0).limit_remaining() == 4);
+  CHECK(rls_process.terminate() == 0);
+}
+
+TEST_CASE("envoy: a call in flight when SIGTERM arrives completes; new calls are refused",
+          "[envoy][e2e][redis]") {
+  sluice_test::RedisFixture redis;
+  const ConfigDir dir("sluice_envoy_rls_drain",
+                      "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, "
+                      "requests_per_unit: 100}\n");
+  RlsProcess rls_process(dir.path(),
+                         {"--redis-address", absl::StrCat("127.0.0.1:", redis.redis.port()),
+                          "--redis-timeout-ms", "20000", "--drain-seconds", "20"});
+  const auto k = request("d", {{{"k", "v"}}});
+  CHECK(rls_process.call(k).statuses(0).limit_remaining() == 99);  // connected to Redis
+  redis.redis.stop();
+  rls::RateLimitResponse in_flight_response;
+  std::future<grpc::Status> in_flight =
+      std::async(std::launch::async, [&] { return rls_process.try_call(k, in_flight_response); });
+  bool waiting = false;  // the call's script sits unread in the stopped Redis
+  for (int i = 0; i < 2000 && !waiting; ++i) {
+    waiting = unread_bytes_at(redis.redis.port());
+    if (!waiting) std::this_thread::sleep_for(10ms);  // waiting for an event, not a rate
+  }
+  REQUIRE(waiting);
+  rls_process.signal(SIGTERM);
+  // The server stops taking calls (health turned NOT_SERVING just before): probes are refused.
+  grpc::Status probe;
+  std::string bytes;
+  for (int i = 0; i < 2000; ++i) {
+    probe = rls_process.try_health(bytes, 2s);
+    if (!probe.ok()) break;
+    std::this_thread::sleep_for(10ms);  // until the signal is handled
+  }
+  INFO(probe.error_message());
+  CHECK_FALSE(probe.ok());
+  rls::RateLimitResponse refused;
+  CHECK_FALSE(rls_process.try_call(k, refused, 2s).ok());
+  CHECK(in_flight.wait_for(0s) == std::future_status::timeout);  // still waiting on Redis
+  redis.redis.resume();
+  const grpc::Status done = in_flight.get();
+  INFO(done.error_message());
+  CHECK(done.ok());
+  CHECK(in_flight_response.overall_code() == kOk);
+  CHECK(in_flight_response.statuses(0).limit_remaining() == 98);  // answered by Redis
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(rls_process.wait_exit() == 0);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+}
 #endif  // SLUICE_TEST_REDIS
 #endif  // SLUICE_ENVOY_RLS_BINARY
 
@@ -705,5 +855,33 @@ TEST_CASE("envoy: a Redis failure is decided by the failure mode", "[envoy][redi
   const auto db = request("mongo_cps", {{{"database", "users"}}});
   CHECK(open.ok(db).overall_code() == kOk);
   CHECK(closed.ok(db).overall_code() == kOverLimit);
+}
+
+TEST_CASE("envoy: the local failure mode decides on the replica's share and counts it",
+          "[envoy][redis]") {
+  sluice_test::RedisFixture redis;
+  using RedisServer = BasicEnvoyServer<sluice::redis::RedisEngineBackend>;
+  using Limiter = sluice::envoy::BasicLimiter<sluice::redis::RedisEngineBackend>;
+  CHECK_FALSE(Limiter::create(fixtures(), {.on_backend_error = sluice::FailureMode::kLocal,
+                                           .backend = {.client = redis.client()}})
+                  .ok());  // the share is required
+  RedisServer local(fixtures(),
+                    {.on_backend_error = sluice::FailureMode::kLocal,
+                     .local_share_permille = 500,
+                     .local_retry_interval = std::chrono::hours(1),
+                     .backend = {.client = redis.client(std::chrono::milliseconds(300))}});
+  redis.redis.kill();
+  const auto tmp = request("mongo_cps", {{{"database", "tmp_1"}}});  // 2 a second: 1 locally
+  rls::RateLimitResponse first = local.ok(tmp);                      // Redis fails: decided locally
+  CHECK(first.overall_code() == kOk);
+  CHECK(first.statuses(0).limit_remaining() == 0);
+  CHECK(local.ok(tmp).overall_code() == kOverLimit);  // decided locally at once
+  CHECK(local.limiter().backend_errors() == 1);
+  CHECK(local.limiter().local_decisions() >= 2);
+  std::string metrics;
+  sluice::envoy::append_prometheus_text(metrics, local.limiter());
+  CHECK(metrics.find("sluice_envoy_backend_errors_total{failure_mode=\"local\"} 1\n") !=
+        std::string::npos);
+  CHECK(metrics.find("sluice_envoy_local_decisions_total ") != std::string::npos);
 }
 #endif  // SLUICE_TEST_REDIS

@@ -557,3 +557,30 @@ TEST_CASE("keys from the service's store get their own bucket, unknown ones thei
   CHECK(server.call({{"x-api-key", "random-2"}}).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
   CHECK(server.service().handled() == 3);
 }
+
+namespace {
+
+// A holder as sluice::yaml::ReloadingEngine is one: the generation it serves now, or none.
+struct FixedHolder {
+  std::shared_ptr<const Engine> engine;
+  std::shared_ptr<const Engine> current() const { return engine; }
+};
+
+}  // namespace
+
+TEST_CASE("a service checking with a holder evaluates with the generation it serves now") {
+  sluice::ManualClock clock;
+  FixedHolder holder{std::make_shared<const Engine>(make_engine(per_ip_on_echo(), clock))};
+  EchoServer<FixedHolder> server(holder, limiter());
+  REQUIRE(server.started());
+  CHECK(server.call().code == grpc::StatusCode::OK);
+  CHECK(server.call().code == grpc::StatusCode::OK);
+  const Reply denied = server.call();
+  CHECK(denied.code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(denied.at("retry-after") == "1");
+
+  holder.engine = std::make_shared<const Engine>(make_engine(per_ip_on_echo(), clock));
+  CHECK(server.call().code == grpc::StatusCode::OK);  // a fresh generation: a fresh bucket
+  holder.engine = nullptr;
+  CHECK(server.call().code == grpc::StatusCode::UNAVAILABLE);
+}

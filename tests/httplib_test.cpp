@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -12,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "engine_fixture.hpp"
@@ -78,8 +80,11 @@ Limiter::Options options_with() {
 // "ok"), serving on 127.0.0.1 at a free port from a background thread; stopped on destruction.
 class TestServer {
  public:
-  explicit TestServer(const Limiter& limiter) {
-    limiter.install(server_);
+  explicit TestServer(const Limiter& limiter)
+      : TestServer([&limiter](httplib::Server& server) { limiter.install(server); }) {}
+  // A server that `install` sets up.
+  explicit TestServer(const std::function<void(httplib::Server&)>& install) {
+    install(server_);
     server_.Get("/v1/items", [](const httplib::Request&, httplib::Response& response) {
       response.set_content("ok", "text/plain");
     });
@@ -498,6 +503,48 @@ TEST_CASE(
   write_items_yaml(path, "[]");  // no proxy trusted: every request is the peer's again
   REQUIRE(reloading.reload().ok());
   CHECK(server.get("/v1/items", forwarded_for("198.51.100.9")).status == 429);
+}
+
+TEST_CASE("install over a holder limits with its current generation and serves its metrics") {
+  sluice::ManualClock clock;
+  const TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write_items_yaml(path, "[]");
+  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
+      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
+  REQUIRE(holder.ok());
+  const TestServer server(
+      [&holder](httplib::Server& s) { sluice::install(s, **holder, {.limiter = options_with()}); });
+  CHECK(server.get("/v1/items").status == 200);
+  CHECK(server.get("/v1/items").status == 200);
+  const httplib::Response denied = server.get("/v1/items");
+  CHECK(denied.status == 429);
+  CHECK(header(denied, "Retry-After") == "30");
+  CHECK(header(denied, "X-RateLimit-Limit") == "2");
+
+  REQUIRE((*holder)->reload().ok());  // the next request and scrape see the new generation
+  const httplib::Response metrics = server.get("/metrics");
+  CHECK(metrics.status == 200);
+  CHECK(header(metrics, "Content-Type") == sluice::kPrometheusContentType);
+  CHECK(absl::StrContains(
+      metrics.body,
+      "\nsluice_rule_denied_total{rule=\"items-per-ip/per-ip\",dry_run=\"false\"} 1\n"));
+  CHECK(absl::StrContains(metrics.body, "\nsluice_engine_reloads_total 1\n"));
+  CHECK(server.get("/v1/items").status == 429);  // an unchanged rule keeps its spent budget
+}
+
+TEST_CASE("install without a metrics path adds no route") {
+  sluice::ManualClock clock;
+  const TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write_items_yaml(path, "[]");
+  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
+      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
+  REQUIRE(holder.ok());
+  const TestServer server([&holder](httplib::Server& s) {
+    sluice::install(s, **holder, {.limiter = options_with(), .metrics_path = ""});
+  });
+  CHECK(server.get("/metrics").status == 404);
 }
 #endif
 

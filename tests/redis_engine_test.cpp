@@ -26,6 +26,7 @@
 #include "sluice/gcra.hpp"
 #include "sluice/redis.hpp"
 #include "sluice/redis/engine_backend.hpp"
+#include "sluice/runtime_engine.hpp"
 
 namespace {
 
@@ -520,4 +521,40 @@ TEST_CASE("Redis and in-memory GCRA decide scripted sequences identically for se
     INFO("window set " << seed);
     CHECK(run_parity(server, windows, scripted(max_cost, seed++)) > 0);  // denials were covered
   }
+}
+
+TEST_CASE("the runtime engine runs on the Redis server its config's backend section names") {
+  Server server;
+  sluice::PolicyConfig config = documented_example();
+  config.backend = {.type = sluice::BackendKind::kRedis,
+                    .unix_socket = server.redis.unix_socket(),
+                    .key_prefix = "runtime:",
+                    .key_seed = 42};
+  auto engine = sluice::RuntimeRateLimitEngine::create(config);
+  REQUIRE(engine.ok());
+  int admitted = 0;
+  for (int i = 0; i < 21; ++i) {
+    const sluice::Evaluation e = engine->evaluate(on_route("203.0.113.7", "public"));
+    REQUIRE(e.backend_error.ok());
+    admitted += e.allowed;
+  }
+  CHECK(admitted == 20);  // per-ip: burst 20; the 100 ms that refill one cannot pass in 21 calls
+  const std::vector<std::string> keys = server.redis.keys();
+  CHECK(!keys.empty());
+  CHECK(std::all_of(keys.begin(), keys.end(),
+                    [](const std::string& k) { return k.starts_with("runtime:"); }));
+
+  // A second engine on the same section shares the budget: the state is on the server.
+  auto replica = sluice::RuntimeRateLimitEngine::create(config);
+  REQUIRE(replica.ok());
+  CHECK_FALSE(replica->evaluate(on_route("203.0.113.7", "public")).allowed);
+}
+
+TEST_CASE("the runtime engine refuses a Redis server without bounded memory when created") {
+  Server server;
+  server.redis.command({"CONFIG", "SET", "maxmemory", "0"});
+  sluice::PolicyConfig config = documented_example();
+  config.backend = {.type = sluice::BackendKind::kRedis, .unix_socket = server.redis.unix_socket()};
+  const auto engine = sluice::RuntimeRateLimitEngine::create(config);
+  CHECK(engine.status().code() == absl::StatusCode::kFailedPrecondition);
 }

@@ -1,8 +1,12 @@
 #include "sluice/yaml/reloading_engine.hpp"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <csignal>
 #include <cstddef>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +24,7 @@
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
+#include "sluice/runtime_engine.hpp"
 
 using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
 using Holder = sluice::yaml::ReloadingEngine<Engine, sluice::ManualClock>;
@@ -437,4 +442,109 @@ TEST_CASE("the first load must attach a rule unless the config says limits_nothi
   auto holder = try_make(dir.file("none.yaml"), clocks);
   REQUIRE(holder.ok());
   CHECK((*holder)->current()->rule_count() == 0);
+}
+
+namespace {
+
+// Counts ReloadEvents from the holder's thread; `wait_for(n)` waits (at most 10 s: the thread
+// is woken at once, so only a broken wakeup comes near it) until n have arrived.
+struct ReloadCounter {
+  struct State {
+    std::mutex mutex;
+    std::condition_variable changed;
+    int reloads = 0;
+    int failed = 0;
+  };
+  std::shared_ptr<State> state = std::make_shared<State>();
+  sluice::EngineEventHook hook() const {
+    return [state = state](const sluice::EngineEvent& event) {
+      if (const auto* reload = std::get_if<sluice::ReloadEvent>(&event)) {
+        std::lock_guard lock(state->mutex);
+        ++(reload->status.ok() ? state->reloads : state->failed);
+        state->changed.notify_all();
+      }
+    };
+  }
+  bool wait_for(int reloads) const {
+    std::unique_lock lock(state->mutex);
+    return state->changed.wait_for(lock, std::chrono::seconds(10),
+                                   [&] { return state->reloads >= reloads; });
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Holder>> make_threaded(const std::string& path,
+                                                      const ReloadCounter& counter,
+                                                      std::chrono::milliseconds interval,
+                                                      int signal) {
+  Holder::Options options;
+  options.on_event = counter.hook();
+  options.settle = std::chrono::nanoseconds(0);
+  options.poll_interval = interval;
+  options.reload_signal = signal;
+  return Holder::create(path, std::move(options));
+}
+
+}  // namespace
+
+TEST_CASE("request_reload wakes the holder's thread, which reloads; the destructor joins it") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  ReloadCounter counter;
+  auto holder = make_threaded(path, counter, std::chrono::hours(1), 0);
+  REQUIRE(holder.ok());
+  write(path, config_text(3));
+  (*holder)->request_reload();  // not the hour-long interval: the request wakes the thread
+  REQUIRE(counter.wait_for(1));
+  CHECK(admitted(*(*holder)->current(), 4) == 3);
+  holder->reset();  // returns: the thread was woken to stop and joined
+}
+
+TEST_CASE("the holder's thread polls its file on its interval") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  ReloadCounter counter;
+  auto holder = make_threaded(path, counter, std::chrono::milliseconds(5), 0);
+  REQUIRE(holder.ok());
+  write(path, config_text(5));
+  REQUIRE(counter.wait_for(1));
+  CHECK(admitted(*(*holder)->current(), 6) == 5);
+  CHECK(counter.state->failed == 0);
+}
+
+TEST_CASE("the reload signal makes the holder's thread reload; one holder per process takes it") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  ReloadCounter counter;
+  auto holder = make_threaded(path, counter, std::chrono::milliseconds(0), SIGUSR2);
+  REQUIRE(holder.ok());
+  auto second = make_threaded(path, counter, std::chrono::milliseconds(0), SIGUSR2);
+  CHECK(second.status().code() == absl::StatusCode::kFailedPrecondition);
+
+  write(path, config_text(4));
+  REQUIRE(std::raise(SIGUSR2) == 0);  // the handler only writes to the holder's pipe
+  REQUIRE(counter.wait_for(1));
+  CHECK(admitted(*(*holder)->current(), 5) == 4);
+
+  holder->reset();  // gives the signal back: its default handling, and free for another holder
+  struct sigaction now {};
+  REQUIRE(::sigaction(SIGUSR2, nullptr, &now) == 0);
+  CHECK(now.sa_handler == SIG_DFL);
+  CHECK(make_threaded(path, counter, std::chrono::milliseconds(0), SIGUSR2).ok());
+}
+
+TEST_CASE("a file naming a backend this build does not include is refused at the first load") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2) + "backend: { type: postgres, conninfo: \"dbname=app\" }\n");
+  const auto holder = sluice::yaml::ReloadingEngine<sluice::RuntimeRateLimitEngine>::create(path);
+  CHECK(holder.status().code() == absl::StatusCode::kInvalidArgument);
+#ifndef SLUICE_WITH_POSTGRES
+  CHECK(holder.status().message() ==
+        path +
+            ": backend.type: postgres is not in this build of sluice (link sluice::postgres, "
+            "built where libpq is found)");
+#endif
 }

@@ -594,3 +594,35 @@ TEST_CASE("an adaptive value out of range is reported at its line") {
         adaptive: { target_latency_ms: 100, minimum_factor_permille: 5000000000 }
 )") == "6:70: policies[0].rate_limits[0].adaptive.minimum_factor_permille: must be 1 ... 1000");
 }
+
+TEST_CASE("a backend section loads as spelled") {
+  const absl::StatusOr<sluice::PolicyConfig> config = sluice::yaml::load_config(R"(
+limits_nothing: true
+backend:
+  type: redis
+  unix_socket: /run/redis.sock
+  key_prefix: "rl:api:"
+  key_seed: 42
+  command_timeout_ms: 50
+engine: { on_backend_error: fail_closed }
+)");
+  REQUIRE(config.ok());
+  CHECK(config->backend == sluice::BackendConfig{.type = sluice::BackendKind::kRedis,
+                                                 .unix_socket = "/run/redis.sock",
+                                                 .key_prefix = "rl:api:",
+                                                 .key_seed = 42,
+                                                 .command_timeout_ms = 50});
+  CHECK(config->engine.on_backend_error == sluice::FailureMode::kFailClosed);
+}
+
+TEST_CASE("an unknown backend type is an error naming the types there are") {
+  CHECK(error_of("limits_nothing: true\nbackend: { type: memcached }\n") ==
+        "2:18: backend.type: unknown backend type \"memcached\" (expected memory, redis, "
+        "redis_cluster or postgres)");
+}
+
+TEST_CASE("a backend member its type does not read is an error at the member") {
+  CHECK(error_of("limits_nothing: true\nbackend:\n  type: postgres\n  conninfo: dbname=app\n"
+                 "  key_prefix: x\n") ==
+        "5:15: backend.key_prefix: is not read by type postgres; remove it");
+}

@@ -9,8 +9,10 @@
 // 127.0.0.1:0` picks a free port). Limits are kept in memory (one replica), or with
 // --redis-socket / --redis-address in Redis, where every replica with the same --redis-key-prefix
 // and --redis-key-seed shares them (--redis-cluster: the address names one node of a Redis
-// Cluster). When Redis fails, --redis-failure-mode decides: fail_open (default) answers OK,
-// fail_closed OVER_LIMIT.
+// Cluster), each call bounded by --redis-timeout-ms. When Redis fails, --redis-failure-mode
+// decides: fail_open (default) answers OK, fail_closed OVER_LIMIT, local decides in this process
+// on --local-share-permille of every limit (required with local: about 1000 / replicas), trying
+// Redis again once per --local-retry-ms until it answers.
 // - Metrics: with --metrics-listen HOST:PORT, GET /metrics there answers every limit's counters
 //   in the Prometheus text format (sluice/envoy/prometheus.hpp).
 // - Health: the standard gRPC health service (grpc.health.v1.Health) answers SERVING for the
@@ -58,7 +60,9 @@ constexpr std::string_view kUsage =
     "                        [--max-entries N] [--max-value-bytes N]\n"
     "                        [--redis-socket PATH | --redis-address HOST:PORT [--redis-cluster]]\n"
     "                        [--redis-key-prefix P] [--redis-key-seed N]\n"
-    "                        [--redis-failure-mode fail_open|fail_closed]\n"
+    "                        [--redis-timeout-ms N]\n"
+    "                        [--redis-failure-mode fail_open|fail_closed|local]\n"
+    "                        [--local-share-permille N] [--local-retry-ms N]\n"
     "                        [--metrics-listen HOST:PORT]\n";
 
 struct Options {
@@ -76,6 +80,9 @@ struct Options {
   std::string metrics_listen;  // HOST:PORT of the Prometheus endpoint; empty: none
   std::uint64_t redis_key_seed = 0;
   sluice::FailureMode on_redis_error = sluice::FailureMode::kFailOpen;
+  std::uint64_t redis_timeout_ms = 200;    // per call: connect, write, reply
+  std::uint64_t local_share_permille = 0;  // required with --redis-failure-mode local
+  std::uint64_t local_retry_ms = 1000;
 };
 
 bool parse_count(const char* text, std::uint64_t& out) {
@@ -120,10 +127,14 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.redis_key_prefix = value;
     } else if (flag == "--redis-key-seed" && count) {
       o.redis_key_seed = n;
-    } else if (flag == "--redis-failure-mode" && (std::string_view(value) == "fail_open" ||
-                                                  std::string_view(value) == "fail_closed")) {
-      o.on_redis_error = std::string_view(value) == "fail_open" ? sluice::FailureMode::kFailOpen
-                                                                : sluice::FailureMode::kFailClosed;
+    } else if (flag == "--redis-failure-mode" && sluice::parse_failure_mode(value)) {
+      o.on_redis_error = *sluice::parse_failure_mode(value);
+    } else if (flag == "--redis-timeout-ms" && count && n > 0) {
+      o.redis_timeout_ms = n;
+    } else if (flag == "--local-share-permille" && count) {
+      o.local_share_permille = n;
+    } else if (flag == "--local-retry-ms" && count && n > 0) {
+      o.local_retry_ms = n;
     } else {
       return std::nullopt;
     }
@@ -277,6 +288,8 @@ absl::StatusOr<std::shared_ptr<sluice::redis::Client>> redis_client(const Option
   c.key_prefix = o.redis_key_prefix;
   c.key_seed = o.redis_key_seed;
   c.cluster = o.redis_cluster;
+  c.connection.connect_timeout = std::chrono::milliseconds(o.redis_timeout_ms);
+  c.connection.command_timeout = std::chrono::milliseconds(o.redis_timeout_ms);
   if (!o.redis_socket.empty()) {
     c.connection.unix_socket = o.redis_socket;
   } else {
@@ -328,11 +341,14 @@ int main(int argc, char** argv) {
     log(client.status().ToString());
     return 2;
   }
-  return serve<sluice::redis::RedisEngineBackend>(*options, *std::move(config),
-                                                  {.bounds = options->bounds,
-                                                   .on_backend_error = options->on_redis_error,
-                                                   .response_headers = options->response_headers,
-                                                   .backend = {.client = *std::move(client)}},
-                                                  signals);
+  return serve<sluice::redis::RedisEngineBackend>(
+      *options, *std::move(config),
+      {.bounds = options->bounds,
+       .on_backend_error = options->on_redis_error,
+       .local_share_permille = options->local_share_permille,
+       .local_retry_interval = std::chrono::milliseconds(options->local_retry_ms),
+       .response_headers = options->response_headers,
+       .backend = {.client = *std::move(client)}},
+      signals);
 #endif
 }

@@ -506,11 +506,9 @@ class BasicRateLimitEngine {
     detail::Factors factors;
     if (adaptive_.any()) adaptive_.scale_costs(std::span(&key, 1), factors, raw.route, now());
     Decision d;
-    if (absl::Status s = backend_->check_rules(std::span<const RuleKey>(&key, 1),
-                                               ConsumptionMode::kAllOrNothing, std::span(&d, 1));
-        !s.ok()) {
-      return s;
-    }
+    const absl::Status s = backend_->check_rules(std::span<const RuleKey>(&key, 1),
+                                                 ConsumptionMode::kAllOrNothing, std::span(&d, 1));
+    if (!s.ok()) return s;
     if (!factors.empty()) detail::AdaptiveRules::in_requests(factors, 0, std::span(&d, 1));
     return d;
   }
@@ -633,9 +631,12 @@ class BasicRateLimitEngine {
   static absl::StatusOr<BasicRateLimitEngine> compile(const PolicyConfig& config,
                                                       BackendOptions options,
                                                       const BasicRateLimitEngine* previous) {
-    auto rules = RuleSet::compile(config, WindowCarryingBackend<Backend>);
+    auto configured =
+        detail::configure_backend<Backend>(config.backend, std::move(options), previous != nullptr);
+    if (!configured.ok()) return configured.status();
+    auto rules = RuleSet::compile(config, detail::carries_windows<Backend>(*configured));
     if (!rules.ok()) return rules.status();
-    BasicRateLimitEngine engine(std::move(options));
+    BasicRateLimitEngine engine(*std::move(configured));
     engine.rules_ = *std::move(rules);
     engine.totals_ = previous ? previous->totals_ : std::make_shared<detail::EngineCounters>();
     engine.mode_ = config.engine.consumption;

@@ -44,6 +44,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -440,6 +441,41 @@ class GcraLimiter {
                 return detail::gcra_admit(params_.data(), cell, clamped, cost);
               },
               [](const StoreFull&) { return false; });
+        },
+        store_);
+  }
+  // A tracked key's cell as it was before decide_tracked_locked advanced it. Plain words, left
+  // uninitialized until used: an engine request keeps eight of these on its stack.
+  struct Undo {
+    detail::GcraTat* tat;
+    std::size_t windows;
+    std::array<std::int64_t, kMaxWindows> whole;
+    std::array<std::uint64_t, kMaxWindows> fraction;
+    void restore() const {
+      for (std::size_t i = 0; i < windows; ++i) tat[i] = detail::GcraTat{whole[i], fraction[i]};
+    }
+  };
+  // Writes the decision for `cost` at `now` into `out`. A tracked key that is admitted is
+  // reserved at once (true; `undo` puts it back); an absent key is only decided (false: nothing
+  // is inserted, so nothing is evicted for a request that may still be denied).
+  bool decide_tracked_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
+                             std::uint64_t cost, Decision& out, Undo& undo) {
+    return std::visit(
+        [&](auto& store) {
+          auto* cell = store.find_locked(held, d, now);
+          if (cell == nullptr) {
+            std::remove_pointer_t<decltype(cell)> fresh{};
+            detail::gcra_decide(params_.data(), fresh, now, cost, false, out);
+            return false;
+          }
+          undo.tat = cell->tat.data();
+          undo.windows = cell->tat.size();
+          for (std::size_t i = 0; i < cell->tat.size(); ++i) {
+            undo.whole[i] = cell->tat[i].whole;
+            undo.fraction[i] = cell->tat[i].fraction;
+          }
+          detail::gcra_decide(params_.data(), *cell, now, cost, true, out);
+          return out.allowed();
         },
         store_);
   }

@@ -51,6 +51,12 @@
 // - the engine's backend failed and it fails closed: status UNAVAILABLE ("rate limiter
 //   unavailable"), without the backend's error text. Failing open admits the call.
 //
+// Over a reloading holder (sluice/yaml/reloading_engine.hpp), pass the holder instead of an
+// engine: `limiter_.check(*holder_, *context, "/pkg.Service/Method")` evaluates with the
+// generation it serves now. A gRPC server has no HTTP route for /metrics: serve
+// `sluice::prometheus_text(*holder->current())` from the process's metrics listener (with
+// cpp-httplib: `sluice::install(metrics_server, *holder)`, sluice/httplib.hpp).
+//
 // Why a call the service makes, and not an interceptor. In gRPC 1.51 a server interceptor
 // (grpc::experimental::Interceptor) cannot end a call with a status of its choosing: `Hijack` is
 // for client calls only, so the handler runs whatever the interceptor decides, and `TryCancel`
@@ -215,6 +221,18 @@ class GrpcRateLimiter {
     return ::grpc::Status(
         ::grpc::StatusCode::RESOURCE_EXHAUSTED,
         absl::StrCat("rate limited; retry after ", retry_after_seconds(e.retry_after), " s"));
+  }
+
+  // The same with the generation a holder serves now (`holder.current()`, e.g. a
+  // sluice::yaml::ReloadingEngine), held for the whole check: the one call a handler makes to
+  // follow config reloads. UNAVAILABLE when the holder serves no engine.
+  template <class Holder>
+  requires requires(const Holder& holder) { holder.current(); }
+  std::optional<::grpc::Status> check(const Holder& holder, ::grpc::ServerContextBase& context,
+                                      std::string_view method) const {
+    const auto engine = holder.current();
+    if (!engine) return ::grpc::Status(::grpc::StatusCode::UNAVAILABLE, "rate limiter unavailable");
+    return check(*engine, context, method);
   }
 
   const GrpcLimiterOptions& options() const noexcept { return options_; }

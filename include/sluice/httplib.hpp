@@ -15,6 +15,18 @@
 //   sluice::HttplibLimiter<>(shared, {.listener = "public"}).install(server);
 //   server.Get("/v1/items", [](const httplib::Request&, httplib::Response& res) { ... });
 //
+// In one call, over a holder that follows its config file (sluice/yaml/reloading_engine.hpp)
+// or anything else with `current()`: the limiter as above, evaluating every request with the
+// holder's current generation, and a GET route serving that generation's counters in the
+// Prometheus text format (sluice/prometheus.hpp) at `metrics_path` ("" for none; the default
+// "/metrics" is among the default exempt paths, so scrapes are never limited):
+//
+//   auto holder = sluice::yaml::ReloadingEngine<sluice::RuntimeRateLimitEngine>::create(
+//       "service.yaml", {.poll_interval = std::chrono::seconds(2), .reload_signal = SIGHUP});
+//   sluice::install(server, **holder, {.limiter = {.listener = "public"}});
+//
+// The server keeps a reference to the holder: the holder must outlive the server's handlers.
+//
 // The engine source. The limiter asks a callable for the engine generation to use, once per
 // request: `std::function<std::shared_ptr<const Engine>()>`. A reloading holder plugs in as
 // `[&holder] { return holder.current(); }`; a fixed engine as a `shared_ptr` or a reference (the
@@ -71,6 +83,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -86,6 +99,7 @@
 #include "sluice/detail/adapter_identity.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
+#include "sluice/prometheus.hpp"
 #include "sluice/request_path.hpp"
 
 namespace sluice {
@@ -384,6 +398,39 @@ class HttplibLimiter {
   EngineSource source_;
   Options options_;
 };
+
+// What `install(server, holder, ...)` sets up besides the limiter's own options.
+template <class Engine = RateLimitEngine>
+struct HttplibInstallOptions {
+  typename HttplibLimiter<Engine>::Options limiter{};
+  std::string metrics_path = "/metrics";  // a GET route with the Prometheus text; "": none
+};
+
+// The engine type a holder's `current()` hands out.
+template <class Holder>
+using HeldEngine = typename std::remove_cvref_t<decltype(*std::declval<const Holder&>().current())>;
+
+// Makes `server` limit every request with `holder.current()` (the pre-routing handler of
+// HttplibLimiter: 429 with Retry-After and the rate-limit fields, 503 when no engine) and, unless
+// `options.metrics_path` is empty, serve the current generation's counters there. `holder` is
+// kept by reference and must outlive the server's handlers.
+template <class Holder, class Engine = HeldEngine<Holder>>
+void install(httplib::Server& server, const Holder& holder,
+             HttplibInstallOptions<Engine> options = {}) {
+  const Holder* source = &holder;
+  HttplibLimiter<Engine>([source] { return source->current(); }, std::move(options.limiter))
+      .install(server);
+  if (options.metrics_path.empty()) return;
+  server.Get(options.metrics_path,
+             [source](const httplib::Request& /*request*/, httplib::Response& response) {
+               const std::shared_ptr<const Engine> engine = source->current();
+               if (!engine) {
+                 response.status = 503;
+                 return;
+               }
+               response.set_content(prometheus_text(*engine), std::string(kPrometheusContentType));
+             });
+}
 
 }  // namespace sluice
 

@@ -259,6 +259,19 @@ class ShardedStore {
     return update_in(shard, d, now, fn, on_full);
   }
 
+  // The cell of tracked key `d` under the held locks, or nullptr when it is absent (nothing is
+  // inserted); `now` becomes the shard's clamped time. The pointer stays valid while `held` holds
+  // the shard lock and nothing is inserted into this store. O(1) expected.
+  Cell* find_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t& now)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS {  // `held` holds the lock: a dynamic set, checked below
+    Shard& shard = shards_[shard_index(d)];
+    assert(held.holds(shard.lock));
+    (void)held;
+    now = shard.clamp(now);
+    Slot& slot = shard.slots[shard.probe(d)];
+    return slot.digest.empty() ? nullptr : &slot.cell;
+  }
+
   // Removes the key if it is tracked (its next update starts from a fresh cell) and counts it
   // as forgotten if its cell was not idle at `now`. O(1) plus a probe; takes the shard lock.
   void forget(const KeyDigest& d, std::int64_t now) {

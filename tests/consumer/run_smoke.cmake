@@ -1,7 +1,8 @@
 # Builds and runs tests/consumer the ways README.md documents: add_subdirectory, FetchContent from
 # a local tarball (FetchContent from git at the README's tag is the readme_recipe test), and
-# find_package after `cmake --install` into a temporary prefix (a full install, and one of the core only, as on a
-# machine without hiredis and yaml-cpp). Fails on the first failure.
+# find_package after `cmake --install` into a temporary prefix (a full install, and one of the
+# core only, as on a machine without hiredis and yaml-cpp; the full one links sluice::envoy too
+# where it was installed). Fails on the first failure.
 # Inputs: SLUICE_SOURCE_DIR, WORK_DIR, GENERATOR.
 cmake_minimum_required(VERSION 3.25)
 set(consumer_src "${SLUICE_SOURCE_DIR}/tests/consumer")
@@ -26,6 +27,13 @@ function(build_and_run case mode)
     message(FATAL_ERROR "consumer built by ${case} exited ${rc}")
   endif()
   message(STATUS "${case}: ${out}")
+  if(EXISTS "${dir}/consumer_envoy")
+    execute_process(COMMAND "${dir}/consumer_envoy" RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "consumer_envoy built by ${case} exited ${rc}")
+    endif()
+    message(STATUS "${case}: ${out}")
+  endif()
 endfunction()
 
 # 1. add_subdirectory of the checkout.
@@ -34,7 +42,7 @@ build_and_run(subdirectory subdirectory -DSLUICE_SOURCE_DIR=${SLUICE_SOURCE_DIR}
 # 2. FetchContent from a tarball of the working tree (what a release archive holds).
 set(tarball "${WORK_DIR}/sluice-src.tar.gz")
 execute_process(
-  COMMAND ${CMAKE_COMMAND} -E tar czf "${tarball}" CMakeLists.txt LICENSE cmake include
+  COMMAND ${CMAKE_COMMAND} -E tar czf "${tarball}" CMakeLists.txt LICENSE cmake include proto
   WORKING_DIRECTORY "${SLUICE_SOURCE_DIR}" RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "could not pack the source tree")
@@ -51,7 +59,12 @@ function(install_and_use case)
       -DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF
       -DSLUICE_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX=${prefix} ${ARGN})
   run(${CMAKE_COMMAND} --install "${WORK_DIR}/${case}-build")
-  build_and_run(${case} package -DCMAKE_PREFIX_PATH=${prefix})
+  # Where the envoy component was installed (gRPC, protoc and yaml-cpp found), link it too.
+  set(envoy)
+  if(EXISTS "${prefix}/share/cmake/sluice/sluiceEnvoyTargets.cmake")
+    set(envoy -DSLUICE_CONSUMER_ENVOY=ON)
+  endif()
+  build_and_run(${case} package -DCMAKE_PREFIX_PATH=${prefix} ${envoy})
 endfunction()
 install_and_use(package)
 

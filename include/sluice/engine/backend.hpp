@@ -9,6 +9,8 @@
 //   ResettableBackend   reset: forget one rule's state for one key
 //   ClockedBackend      a clock: the engine's time for adaptive controllers and event intervals
 //   WindowCarryingBackend  a reload that changes a rule's windows keeps each key's spent share
+//   ConfiguredBackend   chosen by the config's `backend` section
+//   (sluice/engine/variant_backend.hpp)
 //
 // The engine checks each power by its concept; a backend without it answers Unimplemented for
 // the operation that needs it (settle, reset), and the engine uses the steady clock.
@@ -20,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -27,6 +30,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/backend_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/policy.hpp"
@@ -99,7 +104,43 @@ concept WindowCarryingBackend = EngineBackend<B> && requires {
   requires B::kCarriesWindows;
 };
 
+// Configured. `B::configure(section, options, reload)` turns the config's `backend` section
+// (sluice/backend_config.hpp) and the code's options into the options a generation is created
+// with: at creation it may choose and open a backend; on a reload it refuses a changed section.
+// `B::carries_windows(options)` says whether the chosen backend carries windows (as
+// WindowCarryingBackend). A backend without this power refuses any `backend` section.
+template <class B>
+concept ConfiguredBackend = EngineBackend<B> &&
+    requires(const BackendConfig& section, const typename B::Options& options) {
+  { B::configure(section, options, bool{}) } -> std::same_as<absl::StatusOr<typename B::Options>>;
+  { B::carries_windows(options) } -> std::same_as<bool>;
+};
+
 namespace detail {
+
+// The options a generation of an engine over B is created with, and whether its rules carry
+// windows: the section configures a ConfiguredBackend; any other backend is fixed by its type.
+template <class B>
+absl::StatusOr<typename B::Options> configure_backend(const BackendConfig& section,
+                                                      typename B::Options options, bool reload) {
+  if constexpr (ConfiguredBackend<B>) {
+    return B::configure(section, std::move(options), reload);
+  } else {
+    if (!section.type) return options;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend.type: ", std::string(to_string(*section.type)),
+        ": this engine's backend is fixed by its C++ type; to choose the backend in the config, "
+        "use sluice::RuntimeRateLimitEngine (sluice/runtime_engine.hpp), or remove the section"));
+  }
+}
+template <class B>
+bool carries_windows(const typename B::Options& options) {
+  if constexpr (ConfiguredBackend<B>) {
+    return B::carries_windows(options);
+  } else {
+    return WindowCarryingBackend<B>;
+  }
+}
 
 // A backend's Booking type, or an empty one for a backend without bookings.
 template <class B>

@@ -9,6 +9,7 @@
 #ifndef SLUICE_ENGINE_IN_MEMORY_BACKEND_HPP_
 #define SLUICE_ENGINE_IN_MEMORY_BACKEND_HPP_
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/backend_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/detail/limiter_common.hpp"
@@ -79,6 +81,10 @@ class InMemoryBackend {
     }
     return backend;
   }
+
+  // As an alternative of VariantBackend: serves `memory`, which a section configures nothing of.
+  static bool serves(BackendKind kind) { return kind == BackendKind::kMemory; }
+  static absl::StatusOr<Options> options_for(const BackendConfig& /*section*/) { return Options{}; }
 
   absl::Status check_rules(std::span<const RuleKey> keys, ConsumptionMode mode,
                            std::span<Decision> out) {
@@ -199,20 +205,56 @@ class InMemoryBackend {
     return limiter;
   }
 
-  // Decides every key under `held` (all their shard locks); commits only if all admit.
+  // Decides every key under `held` (all their shard locks); commits only if all admit. One pass
+  // when they do: each tracked key is reserved as it is decided, and put back if a later key
+  // denies (the locks are held throughout, so no other request sees the reservation). Keys
+  // absent from their store are only decided, and inserted once every key has admitted: nothing
+  // is inserted (or evicted) for a denied request, and no insertion moves a cell an undo points
+  // to.
   void commit_all(const HeldShardLocks& held, std::span<const RuleKey> keys,
                   std::span<const KeyDigest> digests, std::span<Decision> out) {
     const std::int64_t now = detail::saturate_time(clock_.now().count());
+    constexpr std::size_t kInline = 8;
+    if (keys.size() > kInline) return decide_then_commit(held, keys, digests, out, now);
+    std::array<typename GcraLimiter<ClockT>::Undo, kInline> undo;
+    std::uint32_t reserved = 0;  // bit i: key i's cell advanced
+    std::size_t i = 0;
+    for (; i < keys.size(); ++i) {
+      GcraLimiter<ClockT>& limiter = *limiters_[keys[i].rule];
+      if (limiter.decide_tracked_locked(held, digests[i], now, keys[i].cost, out[i], undo[i])) {
+        reserved |= std::uint32_t{1} << i;
+      }
+      if (!out[i].allowed()) break;
+    }
+    if (i == keys.size()) {  // every key admitted: insert the absent ones
+      for (std::size_t j = 0; j < keys.size(); ++j) {
+        if ((reserved >> j & 1U) == 0 && keys[j].cost != 0) {
+          limiters_[keys[j].rule]->admit_locked(held, digests[j], now, keys[j].cost);
+        }
+      }
+      return;
+    }
+    // Key i denied: put the reserved keys back and decide every other key as it stands.
+    for (std::size_t j = 0; j < keys.size(); ++j) {
+      if (j == i) continue;
+      if (j < i && (reserved >> j & 1U) != 0) undo[j].restore();
+      limiters_[keys[j].rule]->decide_locked(held, digests[j], now, keys[j].cost, false, out[j]);
+    }
+  }
+
+  // commit_all for many keys: decide every key without committing, then admit them all.
+  void decide_then_commit(const HeldShardLocks& held, std::span<const RuleKey> keys,
+                          std::span<const KeyDigest> digests, std::span<Decision> out,
+                          std::int64_t now) {
     bool all = true;
     for (std::size_t i = 0; i < keys.size(); ++i) {
       limiters_[keys[i].rule]->decide_locked(held, digests[i], now, keys[i].cost, false, out[i]);
       all = all && out[i].allowed();
     }
-    if (all) {
-      for (std::size_t i = 0; i < keys.size(); ++i) {
-        if (keys[i].cost == 0) continue;
-        limiters_[keys[i].rule]->admit_locked(held, digests[i], now, keys[i].cost);
-      }
+    if (!all) return;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i].cost == 0) continue;
+      limiters_[keys[i].rule]->admit_locked(held, digests[i], now, keys[i].cost);
     }
   }
 

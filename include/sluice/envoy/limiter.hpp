@@ -23,6 +23,14 @@
 // - Shadow mode limits are decided after the enforcing ones: they consume when the request is
 //   admitted and their bucket has room, never deny, and always report OK.
 // - An unknown domain, or a descriptor no limit matches, answers OK without a limit.
+// - Backend failures (Options::on_backend_error): kFailOpen admits, kFailClosed denies every
+//   enforcing limit. kLocal decides the call in process instead, all or nothing as ever, on this
+//   replica's share of every limit (requests and burst scaled to max(1, floor(n × permille /
+//   1000)), same periods), kept for the limiter's life and across reloads like the engine's
+//   local mode (sluice/engine.hpp); after a failure, calls are decided locally at once and one
+//   call per `local_retry_interval` tries the backend again, until it answers. Such a response
+//   has `degraded` set. The local share's clock is the backend options' `clock` if they have
+//   one, else the steady clock.
 //
 // Thread-safety: should_rate_limit and stats may be called concurrently from any threads, and
 // concurrently with reload (which readers never wait for: a generation is published by swapping
@@ -54,6 +62,8 @@
 #include "sluice/detail/mutex.hpp"
 #include "sluice/detail/spin_lock.hpp"
 #include "sluice/engine.hpp"
+#include "sluice/engine/backend.hpp"
+#include "sluice/engine/local_share.hpp"
 #include "sluice/envoy/config.hpp"
 #include "sluice/envoy/detail/compiled_limits.hpp"
 #include "sluice/envoy/request.hpp"
@@ -89,11 +99,18 @@ struct LimitStats {
 
 template <EngineBackend Backend>
 class BasicLimiter {
+  using LocalClock = typename sluice::detail::LocalClockOf<typename Backend::Options>::type;
+
  public:
   struct Options {
     RequestBounds bounds{};
-    // When the backend fails: kFailOpen answers OK, kFailClosed OVER_LIMIT (kLocal is refused).
+    // When the backend fails: kFailOpen answers OK, kFailClosed OVER_LIMIT, kLocal decides on
+    // this replica's share of every limit in process (see the file comment).
     FailureMode on_backend_error = FailureMode::kFailOpen;
+    // kLocal: the permille of every limit this replica enforces alone (1 ... 1000; required).
+    std::uint64_t local_share_permille = 0;
+    // kLocal: after a failure, at most one call per interval tries the backend (0 < it <= 1 h).
+    std::chrono::milliseconds local_retry_interval{1000};
     bool response_headers = false;  // fill Response::headers
     typename Backend::Options backend{};
   };
@@ -101,7 +118,15 @@ class BasicLimiter {
   static absl::StatusOr<std::unique_ptr<BasicLimiter>> create(const ServiceConfig& config,
                                                               Options options = {}) {
     if (options.on_backend_error == FailureMode::kLocal) {
-      return absl::InvalidArgumentError("the Envoy service supports fail_open and fail_closed");
+      if (options.local_share_permille == 0 || options.local_share_permille > 1000) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the local failure mode needs local_share_permille in [1, 1000], got ",
+                         options.local_share_permille));
+      }
+      if (options.local_retry_interval.count() <= 0 ||
+          options.local_retry_interval > std::chrono::hours(1)) {
+        return absl::InvalidArgumentError("local_retry_interval must be in (0, 1 h]");
+      }
     }
     std::unique_ptr<BasicLimiter> limiter(new BasicLimiter(std::move(options)));
     if (absl::Status s = limiter->reload(config); !s.ok()) return s;
@@ -119,6 +144,7 @@ class BasicLimiter {
     response.statuses.assign(request.descriptors.size(), DescriptorStatus{});
     response.retry_after = std::chrono::nanoseconds(0);
     response.backend_failed = false;
+    response.degraded = false;
     response.headers.clear();
     if (absl::Status s = validate(request); !s.ok()) return s;
     absl::StatusOr<std::shared_ptr<const Generation>> gen = generation_for(request);
@@ -147,6 +173,8 @@ class BasicLimiter {
   // Calls whose backend failed (decided by the failure mode), over the limiter's life.
   std::uint64_t backend_errors() const { return backend_errors_.load(std::memory_order_relaxed); }
   FailureMode failure_mode() const { return options_.on_backend_error; }
+  // Backend calls decided on the local share (kLocal), over the limiter's life.
+  std::uint64_t local_decisions() const { return local_decisions_.load(std::memory_order_relaxed); }
 
   // Every limit's counters, configured limits first, in configuration order.
   std::vector<LimitStats> stats() const {
@@ -179,6 +207,7 @@ class BasicLimiter {
     std::vector<CompiledRule> backend_rules;
     mutable Backend backend;  // check_rules is thread-safe; the engine holds its backend alike
     std::vector<std::shared_ptr<Counters>> counters;  // limits' rules, then overrides
+    std::unique_ptr<const sluice::detail::LocalShare<LocalClock>> local;  // kLocal only
 
     const detail::LimitRule& rule(std::size_t i) const {
       return i < limits->rule_count() ? limits->rule(i) : overrides[i - limits->rule_count()];
@@ -294,6 +323,7 @@ class BasicLimiter {
                                                        std::move(index),
                                                        std::move(rules),
                                                        *std::move(backend),
+                                                       {},
                                                        {}});
     absl::flat_hash_map<absl::string_view, std::shared_ptr<Counters>> kept;
     if (previous != nullptr) {
@@ -304,6 +334,14 @@ class BasicLimiter {
     for (std::size_t i = 0; i < gen->limits->rule_count() + gen->overrides.size(); ++i) {
       auto it = kept.find(gen->rule(i).label);
       gen->counters.push_back(it != kept.end() ? it->second : std::make_shared<Counters>());
+    }
+    if (options_.on_backend_error == FailureMode::kLocal) {
+      auto local = sluice::detail::LocalShare<LocalClock>::create(
+          gen->backend_rules, options_.local_share_permille,
+          sluice::detail::LocalClockOf<typename Backend::Options>::get(options_.backend),
+          options_.local_retry_interval, previous != nullptr ? previous->local.get() : nullptr);
+      if (!local.ok()) return local.status();
+      gen->local = *std::move(local);
     }
     return std::shared_ptr<const Generation>(std::move(gen));
   }
@@ -524,12 +562,34 @@ class BasicLimiter {
     }
   }
 
+  // One backend call; false when it failed and the failure mode decides (fail open or closed).
+  // In the local mode a failing backend is skipped or, when the call fails, decided around on
+  // the local share.
   bool call(const Generation& gen, std::span<const RuleKey> keys, ConsumptionMode mode,
             std::span<Decision> out, Response& response) const {
-    if (gen.backend.check_rules(keys, mode, out).ok()) return true;
+    if (gen.local != nullptr && !gen.local->should_call()) {
+      return call_local(gen, keys, mode, out, response);
+    }
+    const absl::Status s = gen.backend.check_rules(keys, mode, out);
+    if (s.ok()) {
+      if (gen.local != nullptr) gen.local->record_success();
+      return true;
+    }
     response.backend_failed = true;
     backend_errors_.fetch_add(1, std::memory_order_relaxed);
-    return false;
+    if (gen.local == nullptr) return false;
+    gen.local->record_failure();
+    return call_local(gen, keys, mode, out, response);
+  }
+
+  bool call_local(const Generation& gen, std::span<const RuleKey> keys, ConsumptionMode mode,
+                  std::span<Decision> out, Response& response) const {
+    response.degraded = true;
+    local_decisions_.fetch_add(1, std::memory_order_relaxed);
+    return gen.local
+        ->check(keys, mode, out,
+                [&](std::size_t r) { return std::string_view(gen.backend_rules[r].label); })
+        .ok();
   }
 
   // The backend failed: every enforcing limit admits (fail open) or denies (fail closed).
@@ -565,6 +625,7 @@ class BasicLimiter {
 
   const Options options_;
   mutable std::atomic<std::uint64_t> backend_errors_{0};
+  mutable std::atomic<std::uint64_t> local_decisions_{0};
   mutable sluice::detail::SpinLock current_lock_;
   mutable std::shared_ptr<const Generation> current_ ABSL_GUARDED_BY(current_lock_);
   mutable sluice::detail::Mutex reload_mutex_;  // serializes publishers; never taken to read

@@ -8,8 +8,9 @@
 // sluice_envoy_near_limit_total, sluice_envoy_within_limit_total and sluice_envoy_shadow_mode_total
 // with the label `limit` (the limit's descriptor path, e.g. "edge.remote_address", or
 // "override.<n>/<unit>"), their meaning that of sluice::envoy::LimitStats; and
-// sluice_envoy_backend_errors_total with the label `failure_mode` (fail_open, fail_closed). Label
-// values are escaped; no descriptor value a client sent is ever written.
+// sluice_envoy_backend_errors_total with the label `failure_mode` (fail_open, fail_closed, local);
+// in the local failure mode also sluice_envoy_local_decisions_total (backend calls decided on the
+// replica's local share). Label values are escaped; no descriptor value a client sent is written.
 //
 // Thread-safety: reads atomics; call it from any thread. Complexity: O(limits).
 #ifndef SLUICE_ENVOY_PROMETHEUS_HPP_
@@ -61,6 +62,12 @@ void append_prometheus_text(std::string& out, const BasicLimiter<Backend>& limit
   absl::StrAppend(&out, "sluice_envoy_backend_errors_total{failure_mode=\"",
                   absl::string_view(mode.data(), mode.size()), "\"} ", limiter.backend_errors(),
                   "\n");
+  if (limiter.failure_mode() == FailureMode::kLocal) {
+    sluice::detail::append_prometheus_header(
+        out, {"sluice_envoy_local_decisions_total", "counter",
+              "Backend calls decided on this replica's local share while the backend failed."});
+    absl::StrAppend(&out, "sluice_envoy_local_decisions_total ", limiter.local_decisions(), "\n");
+  }
 }
 
 }  // namespace sluice::envoy

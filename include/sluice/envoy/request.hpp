@@ -83,6 +83,9 @@ struct Response {
   std::chrono::nanoseconds retry_after{0};
   // The backend failed and the failure mode decided (see Options::on_backend_error).
   bool backend_failed = false;
+  // Decided in process on this replica's share of the limits (FailureMode::kLocal), because the
+  // backend failed on this call or failed recently.
+  bool degraded = false;
   // With Options::response_headers: RateLimit-Policy and RateLimit (draft IETF fields) for the
   // binding limit (the first denying one, else the one with the least remaining), and
   // Retry-After when over limit.

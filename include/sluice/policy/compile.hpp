@@ -619,7 +619,7 @@ inline absl::Status validate_limits_nothing(const PolicyConfig& config) {
 // Checks a whole config and returns the first problem as InvalidArgument naming its path, e.g.
 // "policies[0].rate_limits[1].requests_per.s must be > 0" or
 // "routes[2].policies[0]: unknown bundle \"x\"". Order: policies, services, listeners, routes,
-// consumers, gateway, engine, limits_nothing; within each, declaration order.
+// consumers, gateway, engine, backend, limits_nothing; within each, declaration order.
 inline absl::Status validate(const PolicyConfig& config) {
   detail::NameIndex bundles, services, listeners;
   absl::Status s = detail::check_sizes(config);
@@ -639,6 +639,7 @@ inline absl::Status validate(const PolicyConfig& config) {
   if (s.ok()) s = detail::validate_consumers(config, bundles);
   if (s.ok()) s = detail::validate_gateway(config.gateway, bundles, config.policies);
   if (s.ok()) s = detail::validate_engine(config.engine);
+  if (s.ok()) s = validate_backend(config.backend);
   if (s.ok()) s = detail::validate_limits_nothing(config);
   return s;
 }

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/adaptive.hpp"
+#include "sluice/backend_config.hpp"
 #include "sluice/client_address.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/key.hpp"
@@ -231,6 +232,7 @@ struct PolicyConfig {
   std::vector<Consumer> consumers{};
   Gateway gateway{};
   EngineOptions engine{};
+  BackendConfig backend{};  // where the state lives (sluice/backend_config.hpp); read at creation
   // Says that this config attaches no rule on purpose. A reloading holder refuses a config that
   // attaches no rule (a file read while still being written looks like that) unless it is set;
   // validate() refuses it on a config that attaches a rule, so that it cannot linger at the top

@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/backend_config.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/policy.hpp"
@@ -77,6 +78,26 @@ class PostgresEngineBackend {
       backend.limits_.push_back(*std::move(limit));
     }
     return backend;
+  }
+
+  // As an alternative of VariantBackend (sluice/runtime_engine.hpp): serves `postgres`;
+  // options_for makes a Client from the config's section (Client::create's errors).
+  static bool serves(BackendKind kind) { return kind == BackendKind::kPostgres; }
+  static absl::StatusOr<Options> options_for(const BackendConfig& section) {
+    ClientOptions client;
+    client.connection.conninfo = section.conninfo;
+    client.key_seed = section.key_seed;
+    using std::chrono::milliseconds;
+    if (section.connect_timeout_ms) {
+      client.connection.connect_timeout = milliseconds(*section.connect_timeout_ms);
+    }
+    if (section.command_timeout_ms) {
+      client.connection.statement_timeout = milliseconds(*section.command_timeout_ms);
+    }
+    if (section.max_connections) client.connection.max_connections = *section.max_connections;
+    absl::StatusOr<std::shared_ptr<Client>> created = Client::create(std::move(client));
+    if (!created.ok()) return created.status();
+    return Options{.client = *std::move(created)};
   }
 
   // Each rule's key for its own cost, in one round trip.

@@ -45,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/backend_config.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/policy.hpp"
@@ -86,6 +87,38 @@ class RedisEngineBackend {
     }
     if (absl::Status verdict = options.client->verify_server(); !verdict.ok()) return verdict;
     return backend;
+  }
+
+  // As an alternative of VariantBackend (sluice/runtime_engine.hpp): serves `redis` and
+  // `redis_cluster`; options_for opens a Client from the config's section (Client::create's
+  // errors, e.g. FailedPrecondition for a server without bounded memory).
+  static bool serves(BackendKind kind) {
+    return kind == BackendKind::kRedis || kind == BackendKind::kRedisCluster;
+  }
+  static absl::StatusOr<Options> options_for(const BackendConfig& section) {
+    ClientOptions client;
+    client.cluster = section.type == BackendKind::kRedisCluster;
+    if (section.unix_socket.empty()) {
+      std::optional<HostPort> address = split_host_port(section.address);
+      if (!address) return absl::InvalidArgumentError("backend.address: must be host:port");
+      client.connection.host = std::move(address->host);
+      client.connection.port = address->port;
+    } else {
+      client.connection.unix_socket = section.unix_socket;
+    }
+    using std::chrono::milliseconds;
+    if (section.connect_timeout_ms) {
+      client.connection.connect_timeout = milliseconds(*section.connect_timeout_ms);
+    }
+    if (section.command_timeout_ms) {
+      client.connection.command_timeout = milliseconds(*section.command_timeout_ms);
+    }
+    if (section.max_connections) client.connection.max_connections = *section.max_connections;
+    if (section.key_prefix) client.key_prefix = *section.key_prefix;
+    client.key_seed = section.key_seed;
+    absl::StatusOr<std::shared_ptr<Client>> created = Client::create(std::move(client));
+    if (!created.ok()) return created.status();
+    return Options{.client = *std::move(created)};
   }
 
   // Decides every key (one rule each, its own cost) into `out` (same size), in one round trip.

@@ -11,6 +11,17 @@
 //   // a timer thread, or on SIGHUP (handled outside the signal handler):
 //   if (absl::Status s = (*holder)->poll().status(); !s.ok()) log(s);   // or reload()
 //
+// Or let the holder do both on a thread of its own, stopped and joined by its destructor:
+//
+//   auto holder = sluice::yaml::ReloadingEngine<>::create(
+//       "gateway.yaml", {.poll_interval = std::chrono::seconds(5), .reload_signal = SIGHUP});
+//
+// With `poll_interval` the thread calls poll() on that interval; with `reload_signal` the holder
+// installs a handler for the signal that only writes a byte to a pipe (async-signal-safe), and
+// the thread calls reload() when it reads it; `request_reload()` does the same from code. Errors
+// go where every reload's go: EngineStats::failed_reloads and the event hook (ReloadEvent). One
+// holder per process may take a signal; its destructor gives the signal its previous handling.
+//
 // Lifetimes: `current()` returns a shared_ptr to one immutable generation. Everything an engine
 // hands out by view (match_route's route and service, consumer_for's name, rule labels) points
 // into that generation, so hold the shared_ptr for the whole request and take every view from
@@ -56,6 +67,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -69,6 +81,7 @@
 #include "sluice/engine.hpp"
 #include "sluice/engine_events.hpp"
 #include "sluice/yaml/detail/config_file.hpp"
+#include "sluice/yaml/detail/wake_pipe.hpp"
 #include "sluice/yaml/load_config.hpp"
 
 namespace sluice::yaml {
@@ -84,11 +97,15 @@ class ReloadingEngine {
     // the same for this long (0: at once).
     std::chrono::nanoseconds settle = std::chrono::seconds(1);
     SettleClock clock{};  // measures `settle`
+    // > 0: a thread of the holder's calls poll() on this interval (ms resolution).
+    std::chrono::milliseconds poll_interval{0};
+    // Non-zero (e.g. SIGHUP): that signal makes the holder's thread reload (see above).
+    int reload_signal = 0;
   };
 
   // Loads `path` and compiles the first generation; its errors are load_config_file's, the
-  // engine's, or FailedPrecondition for a config that attaches no rule without saying
-  // `limits_nothing: true` (nothing is served without a first good config).
+  // engine's (after "<path>: "), or FailedPrecondition for a config that attaches no rule without
+  // saying `limits_nothing: true` (nothing is served without a first good config).
   static absl::StatusOr<std::unique_ptr<ReloadingEngine>> create(std::string path,
                                                                  Options options = {}) {
     absl::StatusOr<std::string> text = detail::read_config_file(path);
@@ -98,14 +115,32 @@ class ReloadingEngine {
     if (absl::Status s = check_attaches_a_rule(path, *config, std::nullopt); !s.ok()) return s;
     auto engine =
         Engine::create(*config, std::move(options.backend), options.observer, options.on_event);
-    if (!engine.ok()) return engine.status();
-    return std::unique_ptr<ReloadingEngine>(new ReloadingEngine(
+    if (!engine.ok()) {  // e.g. a backend section naming a backend this build does not include
+      return absl::Status(engine.status().code(),
+                          absl::StrCat(path, ": ", engine.status().message()));
+    }
+    absl::StatusOr<detail::WakePipe> wake = detail::WakePipe::create();
+    if (!wake.ok()) return wake.status();
+    std::unique_ptr<ReloadingEngine> holder(new ReloadingEngine(
         std::move(path), std::make_shared<const Engine>(*std::move(engine)), version_of(*text),
-        attached_rule_count(*config), options.settle, std::move(options.clock)));
+        attached_rule_count(*config), options.settle, std::move(options.clock), *std::move(wake)));
+    if (absl::Status s = holder->start(options.poll_interval, options.reload_signal); !s.ok()) {
+      return s;
+    }
+    return holder;
   }
 
   ReloadingEngine(const ReloadingEngine&) = delete;
   ReloadingEngine& operator=(const ReloadingEngine&) = delete;
+  // Stops and joins the holder's thread (a reload in progress finishes first), then gives the
+  // reload signal back.
+  ~ReloadingEngine() {
+    if (thread_.joinable()) {
+      wake_.notify(detail::kWakeStop);
+      thread_.join();
+    }
+    if (signal_ != 0) detail::release_reload_signal(signal_, previous_action_);
+  }
 
   // The generation serving now; hold it for the whole request (see Lifetimes above).
   std::shared_ptr<const Engine> current() const noexcept {
@@ -142,6 +177,17 @@ class ReloadingEngine {
     return true;
   }
 
+  // Asks the holder's thread to reload() soon, without waiting for it; with no thread
+  // (poll_interval 0 and no reload_signal), reloads on this thread. Its outcome is reported as
+  // every reload's.
+  void request_reload() {
+    if (thread_.joinable()) {
+      wake_.notify(detail::kWakeReload);
+    } else {
+      (void)reload();
+    }
+  }
+
   const std::string& path() const noexcept { return path_; }
 
  private:
@@ -161,13 +207,39 @@ class ReloadingEngine {
   };
 
   ReloadingEngine(std::string path, std::shared_ptr<const Engine> first, Version version,
-                  std::size_t attached, std::chrono::nanoseconds settle, SettleClock clock)
+                  std::size_t attached, std::chrono::nanoseconds settle, SettleClock clock,
+                  detail::WakePipe wake)
       : path_(std::move(path)),
         settle_(settle),
         clock_(std::move(clock)),
         current_(std::move(first)),
         seen_(version),
-        attached_(attached) {}
+        attached_(attached),
+        wake_(std::move(wake)) {}
+
+  // The thread, when an interval or a signal asks for one. Outcomes are reported by fail() and
+  // Engine::reload, so the thread drops the returned statuses.
+  absl::Status start(std::chrono::milliseconds interval, int signal) {
+    if (interval.count() <= 0 && signal == 0) return absl::OkStatus();
+    if (signal != 0) {
+      if (absl::Status s = detail::take_reload_signal(signal, wake_, previous_action_); !s.ok()) {
+        return s;
+      }
+      signal_ = signal;
+    }
+    thread_ = std::thread([this, interval] {
+      for (;;) {
+        const detail::Wakeups woke = wake_.wait(interval);
+        if (woke.stop) return;
+        if (woke.reload) {
+          (void)reload();
+        } else if (woke.timed_out) {
+          (void)poll();
+        }
+      }
+    });
+    return absl::OkStatus();
+  }
 
   static Version version_of(const std::string& text) {
     const XXH128_hash_t hash = XXH3_128bits(text.data(), text.size());
@@ -244,6 +316,10 @@ class ReloadingEngine {
   Version seen_ ABSL_GUARDED_BY(reload_mutex_);  // the content last loaded or rejected
   std::optional<Settling> settling_ ABSL_GUARDED_BY(reload_mutex_);  // a change not loaded yet
   std::size_t attached_ ABSL_GUARDED_BY(reload_mutex_);  // attached_rule_count of the running one
+  detail::WakePipe wake_;                                // wakes thread_
+  int signal_ = 0;                                       // the reload signal taken, if any
+  struct sigaction previous_action_ {};                  // its handling before
+  std::thread thread_;                                   // polls and reloads, if started
 };
 
 }  // namespace sluice::yaml

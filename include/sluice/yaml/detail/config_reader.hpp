@@ -32,7 +32,7 @@ class ConfigReader final : public NodeReader {
     PolicyConfig config;
     for (const Field& f : fields(root, "",
                                  {"policies", "routes", "services", "listeners", "consumers",
-                                  "gateway", "engine", "limits_nothing"})) {
+                                  "gateway", "engine", "backend", "limits_nothing"})) {
       if (f.key == "policies") {
         config.policies = read_list<Bundle>(f.value, f.path, &ConfigReader::read_bundle);
       } else if (f.key == "routes") {
@@ -49,6 +49,8 @@ class ConfigReader final : public NodeReader {
         config.gateway = read_gateway(f.value, f.path);
       } else if (f.key == "limits_nothing") {
         config.limits_nothing = read_bool(f.value, f.path);
+      } else if (f.key == "backend") {
+        config.backend = read_backend(f.value, f.path);
       } else {
         config.engine = read_engine(f.value, f.path);
       }
@@ -316,6 +318,36 @@ class ConfigReader final : public NodeReader {
       }
     }
     return engine;
+  }
+
+  // {type, address, unix_socket, key_prefix, conninfo, key_seed, connect_timeout_ms,
+  // command_timeout_ms, max_connections}; validate() checks which members the type reads.
+  BackendConfig read_backend(const YAML::Node& node, const std::string& path) {
+    BackendConfig backend;
+    for (const Field& f :
+         fields(node, path,
+                {"type", "address", "unix_socket", "key_prefix", "conninfo", "key_seed",
+                 "connect_timeout_ms", "command_timeout_ms", "max_connections"})) {
+      if (f.key == "type") {
+        backend.type =
+            read_enum(f.value, f.path, "backend type", "memory, redis, redis_cluster or postgres",
+                      [](std::string_view s) { return parse_backend_kind(s); });
+      } else if (f.key == "address" || f.key == "unix_socket" || f.key == "conninfo") {
+        (f.key == "address"       ? backend.address
+         : f.key == "unix_socket" ? backend.unix_socket
+                                  : backend.conninfo) = read_string(f.value, f.path);
+      } else if (f.key == "key_prefix") {
+        backend.key_prefix = read_string(f.value, f.path);
+      } else if (f.key == "key_seed") {
+        backend.key_seed = read_count(f.value, f.path);
+      } else {
+        const std::uint64_t n = read_count(f.value, f.path);
+        (f.key == "connect_timeout_ms"   ? backend.connect_timeout_ms
+         : f.key == "command_timeout_ms" ? backend.command_timeout_ms
+                                         : backend.max_connections) = n;
+      }
+    }
+    return backend;
   }
 };
 
