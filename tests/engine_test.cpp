@@ -1,7 +1,9 @@
 #include "sluice/engine.hpp"
 
 #include <atomic>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -396,6 +398,13 @@ TEST_CASE("routes and consumers resolve from the config") {
   CHECK(engine.match_route("public", "/other")->service == "svc");
   CHECK(engine.consumer_for("tok-2") == "acme");
   CHECK_FALSE(engine.consumer_for("tok-3").has_value());
+  // A consumer by name, as a credential resolver answers it: a view into the engine, or none.
+  const std::string asked = "acme";
+  const std::optional<std::string_view> named = engine.consumer_named(asked);
+  REQUIRE(named.has_value());
+  CHECK(*named == "acme");
+  CHECK(named->data() != asked.data());
+  CHECK_FALSE(engine.consumer_named("tok-1").has_value());
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -512,6 +513,49 @@ TEST_CASE("a callback service finishes a denied call with RESOURCE_EXHAUSTED and
   CHECK(denied.at("x-ratelimit-remaining") == "0");
   CHECK(denied.at("ratelimit") == "\"echo-limits/per-ip/s\";r=0;t=1");
   CHECK(server.service().handled() == 2);
+}
+
+TEST_CASE("an unknown credential is keyed by the client address, then ended UNAUTHENTICATED") {
+  sluice::ManualClock clock;
+  const Engine engine = make_engine(per_credential(), clock);  // anonymous calls: 1 per address
+  EchoServer server(engine, limiter());
+  REQUIRE(server.started());
+  const Reply refused = server.call({{"authorization", "Bearer forged-1"}});
+  CHECK(refused.code == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(refused.message == "unknown credential");
+  // It spent the address's call: a second forged token, and the anonymous caller, are limited.
+  CHECK(server.call({{"authorization", "Bearer forged-2"}}).code ==
+        grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(server.call().code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(server.service().handled() == 0);
+}
+
+TEST_CASE("keys from the service's store get their own bucket, unknown ones their class's") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = per_credential();  // global: 1 per second per key (or address)
+  config.policies.push_back({.name = "unknown-limits",
+                             .rate_limits = {{.name = "unknown",
+                                              .selector = {Selector::kCredential},
+                                              .requests_per = {.s = 1},
+                                              .burst = 1}}});
+  config.consumers.push_back({.name = "unknown", .policies = {"unknown-limits"}});
+  const Engine engine = make_engine(config, clock);
+  sluice::GrpcLimiterOptions options{.credential_metadata = "x-api-key", .credential_prefix = ""};
+  options.consumer_of = [](std::string_view key) -> absl::StatusOr<std::optional<std::string>> {
+    if (key.starts_with("key-")) return std::optional<std::string>("alice");
+    return std::optional<std::string>();
+  };
+  options.unknown_consumer = "unknown";
+  EchoServer server(engine, limiter(std::move(options)));
+  REQUIRE(server.started());
+  CHECK(server.call({{"x-api-key", "key-1"}}).code == grpc::StatusCode::OK);
+  CHECK(server.call({{"x-api-key", "key-2"}}).code == grpc::StatusCode::OK);  // its own bucket
+  const Reply unknown = server.call({{"x-api-key", "random-1"}});
+  CHECK(unknown.code == grpc::StatusCode::OK);
+  CHECK(unknown.at("ratelimit-policy") == "\"unknown-limits/unknown/s\";q=1;w=1");
+  // Another made-up key: the class's one bucket for this address, not a fresh one.
+  CHECK(server.call({{"x-api-key", "random-2"}}).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(server.service().handled() == 3);
 }
 
 namespace {

@@ -4,8 +4,10 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "catch.hpp"
@@ -251,4 +253,24 @@ TEST_CASE("a field prints as name colon value") {
   std::ostringstream out;
   out << sluice::HttpField{"Retry-After", "3"};
   CHECK(out.str() == "Retry-After: 3");
+}
+
+TEST_CASE("a denial by another limiter replaces every rate-limit field the first one wrote") {
+  std::multimap<std::string, std::string> response = {{"Content-Type", "application/json"}};
+  const sluice::Decision admitted{
+      .limit = 10, .remaining = 8, .retry_after = 0ns, .reset_after = 2s};
+  for (const auto& [name, value] : sluice::response_fields(admitted, kNow)) {
+    response.emplace(std::string(name), value);
+  }
+  response.emplace("RateLimit", R"("per-ip/minute";r=8;t=2)");
+  const sluice::HttpFields denial = {sluice::retry_after_field(4s)};  // e.g. attempt_fields
+
+  sluice::replace_rate_limit_fields(
+      denial, [&](std::string_view name) { response.erase(std::string(name)); },
+      [&](std::string_view name, const std::string& value) {
+        response.emplace(std::string(name), value);
+      });
+
+  CHECK(response == std::multimap<std::string, std::string>{{"Content-Type", "application/json"},
+                                                            {"Retry-After", "4"}});
 }

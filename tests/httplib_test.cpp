@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include "engine_fixture.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
+#include "sluice/credential_resolver.hpp"
 #ifdef SLUICE_TEST_YAML
 #include <stdlib.h>
 
@@ -192,18 +194,9 @@ TEST_CASE("behind a trusted proxy the client is the rightmost untrusted X-Forwar
 
 TEST_CASE(
     "a consumer's token is limited on its own bucket; an unknown token is limited by "
-    "address and has no consumer") {
+    "address, then refused with 401") {
   sluice::ManualClock clock;
-  Limiter::Options options = options_with();
-  options.on_admitted = [](const httplib::Request&, httplib::Response& response,
-                           const Limiter::LimitedRequest& limited) {
-    if (limited.credential && !limited.consumer) {
-      response.status = 401;
-      return Limiter::HandlerResponse::Handled;
-    }
-    return Limiter::HandlerResponse::Unhandled;
-  };
-  const TestServer server(Limiter(make_engine(items_config(), clock), std::move(options)));
+  const TestServer server(Limiter(make_engine(items_config(), clock), options_with()));
   const httplib::Headers acme = {{"Authorization", "Bearer acme-token"}};
   const httplib::Headers forged = {{"Authorization", "Bearer made-up"}};
 
@@ -554,3 +547,154 @@ TEST_CASE("install without a metrics path adds no route") {
   CHECK(server.get("/metrics").status == 404);
 }
 #endif
+
+// --- API keys from the service's own store (sluice/credential_resolver.hpp) -------------------
+
+namespace {
+
+// Route `items` (/v1/items): `per_ip` per minute per address for everyone. Consumer `customer`
+// (keys of the service's store, none in the config): 2 per minute per key. Consumer `unknown`:
+// 1 per minute per address, for keys no one owns.
+sluice::PolicyConfig api_key_config(std::uint64_t per_ip) {
+  return {.policies = {{.name = "items-per-ip",
+                        .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = per_ip})}},
+                       {.name = "customer-tier",
+                        .rate_limits = {rule("per-key", {Selector::kCredential}, {.minute = 2})}},
+                       {.name = "unknown-tier",
+                        .rate_limits = {rule("unknown", {Selector::kCredential}, {.minute = 1})}}},
+          .routes = {{.name = "items", .path_prefix = "/v1/items", .policies = {"items-per-ip"}}},
+          .consumers = {{.name = "customer", .policies = {"customer-tier"}},
+                        {.name = "unknown", .policies = {"unknown-tier"}}}};
+}
+
+// The service's store: "key-<n>" belongs to `customer`; anything else to no one.
+absl::StatusOr<std::optional<std::string>> key_store(std::string_view key) {
+  if (key.starts_with("key-")) return std::optional<std::string>("customer");
+  return std::optional<std::string>();
+}
+
+sluice::CredentialResolver<sluice::ManualClock> key_resolver(sluice::ManualClock clock) {
+  auto resolver = sluice::CredentialResolver<sluice::ManualClock>::create(
+      key_store, {.max_entries = 8, .known_ttl = 60s, .unknown_ttl = 60s}, clock);
+  REQUIRE(resolver.ok());
+  return *std::move(resolver);
+}
+
+Limiter::Options api_key_options(const sluice::CredentialResolver<sluice::ManualClock>& resolver,
+                                 std::string unknown_consumer) {
+  Limiter::Options options = options_with();
+  options.credential = Limiter::header_credential("X-Api-Key");
+  options.consumer_of = resolver;
+  options.unknown_consumer = std::move(unknown_consumer);
+  return options;
+}
+
+httplib::Headers api_key(const std::string& key) { return {{"X-Api-Key", key}}; }
+
+}  // namespace
+
+TEST_CASE("each API key the service's store knows is limited on its own bucket of its consumer") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  std::vector<std::string> consumers;
+  Limiter::Options options = api_key_options(resolver, "unknown");
+  options.on_evaluated = [&](const httplib::Request&, const Limiter::LimitedRequest& limited) {
+    consumers.push_back(std::string(limited.consumer.value_or("<none>")));
+  };
+  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 200);
+  const httplib::Response second = server.get("/v1/items", api_key("key-1"));
+  CHECK(second.status == 200);
+  CHECK(header(second, "X-RateLimit-Remaining") == "0");  // customer-tier binds: 2 per minute
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 429);
+  CHECK(server.get("/v1/items", api_key("key-2")).status == 200);  // another key: its own
+  CHECK(consumers == std::vector<std::string>{"customer", "customer", "customer", "customer"});
+}
+
+TEST_CASE(
+    "a client spraying random API keys gets the unknown consumer's one bucket by address, not "
+    "the anonymous one, not one per key, and the cache stays bounded") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  std::vector<sluice::CredentialStatus> statuses;
+  Limiter::Options options = api_key_options(resolver, "unknown");
+  options.on_evaluated = [&](const httplib::Request&, const Limiter::LimitedRequest& limited) {
+    statuses.push_back(limited.credential_status);
+    CHECK(std::string(limited.consumer.value_or("<none>")) ==
+          (limited.credential ? "unknown" : "<none>"));
+  };
+  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+
+  const httplib::Response first = server.get("/v1/items", api_key("random-0"));
+  CHECK(first.status == 200);
+  CHECK(header(first, "X-RateLimit-Limit") == "1");  // the unknown consumer's rule binds
+  for (int i = 1; i < 40; ++i) {                     // a fresh key each time buys nothing
+    CHECK(server.get("/v1/items", api_key(absl::StrCat("random-", i))).status == 429);
+  }
+  CHECK(resolver.size() <= 8);
+  // The anonymous caller at the same address is not in the unknown consumer's bucket; the
+  // route's per-address rule counted the admitted requests (all or nothing): the first and this.
+  const httplib::Response anonymous = server.get("/v1/items");
+  CHECK(anonymous.status == 200);
+  CHECK(header(anonymous, "X-RateLimit-Remaining") == "98");
+  CHECK(statuses.size() == 41);
+  CHECK(statuses.front() == sluice::CredentialStatus::kUnknown);
+  CHECK(statuses.back() == sluice::CredentialStatus::kNone);
+}
+
+TEST_CASE("by default an unknown API key is limited by address, then refused with 401") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  const TestServer server(
+      Limiter(make_engine(api_key_config(2), clock), api_key_options(resolver, "")));
+  const httplib::Response refused = server.get("/v1/items", api_key("random-1"));
+  CHECK(refused.status == 401);
+  CHECK(refused.body == "{\"error\":\"unknown credential\"}\n");
+  CHECK(server.get("/v1/items", api_key("random-2")).status == 401);
+  CHECK(server.get("/v1/items", api_key("random-3")).status == 429);  // the address's 2 per minute
+  CHECK(server.get("/v1/items").status == 429);  // the sprayed keys spent the address's bucket
+  CHECK(server.get("/healthz", api_key("random-4")).status == 200);  // exempt: routed as is
+}
+
+TEST_CASE("an unknown consumer the config does not define refuses unknown keys with 401") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  const TestServer server(
+      Limiter(make_engine(api_key_config(100), clock), api_key_options(resolver, "no-such")));
+  CHECK(server.get("/v1/items", api_key("random-1")).status == 401);
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 200);
+}
+
+TEST_CASE("a failing key store: the request is limited by address, then answered 503") {
+  sluice::ManualClock clock;
+  Limiter::Options options = options_with();
+  options.credential = Limiter::header_credential("X-Api-Key");
+  options.consumer_of = [](std::string_view) -> absl::StatusOr<std::optional<std::string>> {
+    return absl::UnavailableError("store down");
+  };
+  const TestServer server(Limiter(make_engine(api_key_config(1), clock), std::move(options)));
+  const httplib::Response failed = server.get("/v1/items", api_key("key-1"));
+  CHECK(failed.status == 503);
+  CHECK(failed.body == "{\"error\":\"credential store unavailable\"}\n");
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 429);
+}
+
+TEST_CASE("a header the operator trusts keys each value on its own bucket") {
+  sluice::ManualClock clock;
+  Limiter::Options options = options_with();
+  options.credential = Limiter::header_credential("X-Consumer-Id");  // set by the auth proxy
+  options.consumer_of = sluice::trust_credential_as("customer");
+  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+  const httplib::Headers a = {{"X-Consumer-Id", "tenant-a"}};
+  const httplib::Headers b = {{"X-Consumer-Id", "tenant-b"}};
+  CHECK(server.get("/v1/items", a).status == 200);
+  CHECK(server.get("/v1/items", a).status == 200);
+  CHECK(server.get("/v1/items", a).status == 429);
+  CHECK(server.get("/v1/items", b).status == 200);
+  // Sent twice, the header counts as none: the anonymous caller.
+  const httplib::Response twice =
+      server.get("/v1/items", {{"X-Consumer-Id", "tenant-a"}, {"X-Consumer-Id", "tenant-c"}});
+  CHECK(twice.status == 200);
+  CHECK(header(twice, "X-RateLimit-Limit") == "100");
+}

@@ -1,14 +1,22 @@
 #include "sluice/policy.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "catch.hpp"
+#include "sluice/clock.hpp"
+#include "sluice/credential_resolver.hpp"
 
 using namespace std::chrono_literals;
 using sluice::Selector;
@@ -614,4 +622,145 @@ TEST_CASE("the local failure mode is valid with a share at either end of its ran
   // A share set under another mode is kept for a later switch to local, and still range-checked.
   config.engine.on_backend_error = sluice::FailureMode::kFailClosed;
   CHECK(sluice::validate(config).ok());
+}
+
+// --- CredentialResolver: API keys from the service's own store, behind a bounded cache --------
+
+namespace {
+
+// A store of API keys that counts how often it is asked: "key-1" ... belong to "customer".
+struct CountingStore {
+  std::shared_ptr<int> asked = std::make_shared<int>(0);
+  absl::StatusOr<std::optional<std::string>> operator()(std::string_view key) const {
+    ++*asked;
+    if (key == "store-down") return absl::UnavailableError("store down");
+    if (key.starts_with("key-")) return std::optional<std::string>("customer");
+    return std::optional<std::string>();
+  }
+};
+
+sluice::CredentialResolver<sluice::ManualClock> make_resolver(
+    const CountingStore& store, sluice::ManualClock clock,
+    sluice::CredentialCacheOptions options = {
+        .max_entries = 64, .known_ttl = 60s, .unknown_ttl = 10s}) {
+  auto resolver = sluice::CredentialResolver<sluice::ManualClock>::create(store, options, clock);
+  REQUIRE(resolver.ok());
+  return *std::move(resolver);
+}
+
+}  // namespace
+
+TEST_CASE("a resolver asks the store once per key while the answer is fresh, then again") {
+  sluice::ManualClock clock;
+  const CountingStore store;
+  const auto resolver = make_resolver(store, clock);
+  CHECK(*resolver.resolve("key-1") == std::optional<std::string>("customer"));
+  CHECK(*resolver.resolve("key-1") == std::optional<std::string>("customer"));
+  CHECK(*store.asked == 1);
+  clock.advance(60s - 1ns);
+  CHECK(*resolver.resolve("key-1") == std::optional<std::string>("customer"));
+  CHECK(*store.asked == 1);
+  clock.advance(1ns);  // known_ttl has passed
+  CHECK(*resolver.resolve("key-1") == std::optional<std::string>("customer"));
+  CHECK(*store.asked == 2);
+}
+
+TEST_CASE("a resolver caches an unknown key for unknown_ttl, and never caches an error") {
+  sluice::ManualClock clock;
+  const CountingStore store;
+  const auto resolver = make_resolver(store, clock);
+  CHECK(*resolver.resolve("forged") == std::nullopt);
+  CHECK(*resolver.resolve("forged") == std::nullopt);
+  CHECK(*store.asked == 1);
+  clock.advance(10s);
+  CHECK(*resolver.resolve("forged") == std::nullopt);
+  CHECK(*store.asked == 2);
+
+  CHECK(resolver.resolve("store-down").status().code() == absl::StatusCode::kUnavailable);
+  CHECK(resolver.resolve("store-down").status().code() == absl::StatusCode::kUnavailable);
+  CHECK(*store.asked == 4);
+  CHECK(resolver.size() == 1);  // "forged" only
+}
+
+TEST_CASE("a resolver never asks the store about an empty or oversized key") {
+  sluice::ManualClock clock;
+  const CountingStore store;
+  const auto resolver = make_resolver(store, clock);
+  CHECK(*resolver.resolve("") == std::nullopt);
+  const std::string huge = "key-" + std::string(sluice::kMaxCredentialBytes, 'x');
+  CHECK(*resolver.resolve(huge) == std::nullopt);
+  CHECK(*store.asked == 0);
+  CHECK(resolver.size() == 0);
+}
+
+TEST_CASE("a client spraying random keys cannot grow the cache beyond max_entries") {
+  sluice::ManualClock clock;
+  const CountingStore store;
+  const auto resolver = make_resolver(store, clock);
+  CHECK(*resolver.resolve("key-1") == std::optional<std::string>("customer"));
+  for (int i = 0; i < 10'000; ++i) {
+    CHECK(*resolver.resolve(absl::StrCat("random-", i * 7919)) == std::nullopt);
+    REQUIRE(resolver.size() <= 64);
+  }
+  CHECK(resolver.size() == 64);  // 16 shards × 4 entries, all full
+  CHECK(*store.asked == 10'001);
+  // The least recently used went first: the early random keys are asked again.
+  CHECK(*resolver.resolve("random-0") == std::nullopt);
+  CHECK(*store.asked == 10'002);
+}
+
+TEST_CASE("a resolver shared by threads answers each key right and stays within its bound") {
+  sluice::ManualClock clock;
+  std::atomic<int> wrong{0};
+  const auto resolver = sluice::CredentialResolver<sluice::ManualClock>::create(
+      [](std::string_view key) -> absl::StatusOr<std::optional<std::string>> {
+        if (key.starts_with("key-")) return std::optional<std::string>("customer");
+        return std::optional<std::string>();
+      },
+      {.max_entries = 32, .known_ttl = 60s, .unknown_ttl = 60s}, clock);
+  REQUIRE(resolver.ok());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 2'000; ++i) {
+        const bool owned = (i + t) % 2 == 0;
+        const std::string key = absl::StrCat(owned ? "key-" : "random-", i % 97);
+        const auto answer = resolver->resolve(key);
+        if (!answer.ok() || answer->has_value() != owned) wrong.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK(wrong.load() == 0);
+  CHECK(resolver->size() <= 32);
+}
+
+TEST_CASE("a resolver refuses options that cannot work") {
+  const CountingStore store;
+  using Resolver = sluice::CredentialResolver<sluice::ManualClock>;
+  CHECK(Resolver::create({}).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Resolver::create(store, {.max_entries = 0}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(Resolver::create(store, {.known_ttl = 0s}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(Resolver::create(store, {.unknown_ttl = -1s}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(Resolver::create(store, {.max_entries = 3}).ok());  // fewer entries than shards
+}
+
+TEST_CASE("a resolver with fewer entries than shards keeps at most max_entries") {
+  sluice::ManualClock clock;
+  const CountingStore store;
+  const auto resolver =
+      make_resolver(store, clock, {.max_entries = 3, .known_ttl = 60s, .unknown_ttl = 60s});
+  for (int i = 0; i < 100; ++i) (void)resolver.resolve(absl::StrCat("key-", i));
+  CHECK(resolver.size() <= 3);
+  resolver.clear();
+  CHECK(resolver.size() == 0);
+}
+
+TEST_CASE("trust_credential_as gives every presented value the one consumer") {
+  const sluice::ConsumerLookup trusted = sluice::trust_credential_as("partner");
+  CHECK(*trusted("anything") == std::optional<std::string>("partner"));
+  CHECK(*trusted("") == std::nullopt);
 }

@@ -10,7 +10,7 @@
 // adapter (sluice/httplib.hpp), a pre-routing handler; per request it resolves:
 // - route: the longest `path_prefix` among the listener's routes (engine.match_route);
 // - consumer: `Authorization: Bearer <token>` looked up among the consumers' credentials; an
-//   unknown token is limited like an anonymous caller, then answered 401;
+//   unknown token is limited by its address, then the adapter answers 401;
 // - client address: the peer address and the Forwarded / X-Forwarded-For headers, trusting only
 //   the proxies of `gateway.trusted_proxies` in the config (of the generation evaluating the
 //   request, so a reload that changes them applies at once): the client is the rightmost address
@@ -233,14 +233,13 @@ class Gateway {
     }
   }
 
-  // The answer to an admitted request: 401, 404, the upstream's answer, or the route as JSON.
+  // The answer to an admitted request: 404, the upstream's answer, or the route as JSON (the
+  // adapter answers an unknown bearer token 401 itself).
   // Exempt paths go on to the server's handlers (/healthz, /readyz, /metrics).
   Limiter::HandlerResponse answer(const httplib::Request& request, httplib::Response& response,
                                   const LimitedRequest& limited) const {
     if (limited.evaluation.exempt) return Limiter::HandlerResponse::Unhandled;
-    if (limited.credential && !limited.consumer) {
-      respond_json(response, 401, "{\"error\":\"unknown bearer token\"}");
-    } else if (!limited.route) {
+    if (!limited.route) {
       respond_json(response, 404,
                    absl::StrCat("{\"error\":\"no route\",\"path\":",
                                 json_string(loggable(request.path)), "}"));

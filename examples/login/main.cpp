@@ -1,8 +1,14 @@
-// sluice_login — a login endpoint on cpp-httplib throttled by sluice::AttemptLimiter: one attempt
-// in flight per user, each wrong password doubles the wait before the next, success resets.
+// sluice_login — a login endpoint on cpp-httplib throttled by two limiters: a per-address rate
+// limit (the engine, through sluice::HttplibLimiter, N per minute per client address) and
+// sluice::AttemptLimiter per user (one attempt in flight, each wrong password doubles the wait
+// before the next, success resets). A response carries the fields of the limiter that decided
+// it: an attempt denial replaces the per-address rule's X-RateLimit-* fields with its own
+// Retry-After (sluice::replace_rate_limit_fields), so a client never reads one limiter's wait
+// beside the other's remaining count.
 //
 //   sluice_login [--port N] [--initial-delay-ms 1000] [--delay-cap-ms 900000]
-//                [--quiet-period-ms 86400000] [--lease-ms 30000] [--redis-socket PATH]
+//                [--quiet-period-ms 86400000] [--lease-ms 30000] [--per-ip-per-minute 30]
+//                [--redis-socket PATH]
 //
 // With --redis-socket (built where sluice::redis is available) the records live in that Redis
 // (sluice::redis::RedisAttemptLimiter), shared by every replica; a Redis error answers 503 (logins
@@ -14,9 +20,13 @@
 //     200 {"ok":true}                                  right password: the user's failures reset
 //     401 {"error":"wrong user name or password"}      one more failure
 //     429 {"error":"too many attempts","reason":"backoff","retry_after_ms":N,"failures":F}
-//         with Retry-After (seconds, rounded up): the wait has not elapsed (or, with reason
-//         "attempt_active", another attempt of the user is still being verified)
+//         with Retry-After (seconds, rounded up) and no X-RateLimit-* field: the wait has not
+//         elapsed (or, with reason "attempt_active", another attempt of the user is still being
+//         verified)
+//     429 {"error":"rate limited","retry_after_seconds":N} with Retry-After and X-RateLimit-*:
+//         the client address sent more than --per-ip-per-minute requests
 //     400 when a field is missing
+// Every response the per-address rule admitted carries its X-RateLimit-* and RateLimit fields.
 //
 // The subject is the user name normalized (surrounding spaces trimmed, ASCII lower-cased), so
 // "Alice " and "alice" share one record; the password never reaches the limiter. Users: "alice"
@@ -30,6 +40,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -39,6 +50,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/attempt.hpp"
+#include "sluice/engine.hpp"
+#include "sluice/http_fields.hpp"
+#include "sluice/httplib.hpp"
+#include "sluice/policy.hpp"
 #ifdef SLUICE_LOGIN_REDIS
 #include "sluice/redis/attempt_limiter.hpp"
 #endif
@@ -50,6 +65,7 @@ using std::chrono::milliseconds;
 struct Options {
   int port = 0;
   std::string redis_socket;  // empty: in memory
+  std::uint64_t per_ip_per_minute = 30;
   sluice::AttemptPolicy policy{.initial_delay = std::chrono::seconds(1),
                                .delay_cap = std::chrono::minutes(15),
                                .quiet_period = std::chrono::hours(24),
@@ -58,7 +74,7 @@ struct Options {
 
 constexpr std::string_view kUsage =
     "usage: sluice_login [--port N] [--initial-delay-ms MS] [--delay-cap-ms MS] "
-    "[--quiet-period-ms MS] [--lease-ms MS] [--redis-socket PATH]\n";
+    "[--quiet-period-ms MS] [--lease-ms MS] [--per-ip-per-minute N] [--redis-socket PATH]\n";
 
 std::optional<std::int64_t> parse_integer(std::string_view text) {
   std::int64_t value = 0;
@@ -87,6 +103,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       options.policy.quiet_period = milliseconds(*value);
     } else if (flag == "--lease-ms") {
       options.policy.lease = milliseconds(*value);
+    } else if (flag == "--per-ip-per-minute" && *value > 0) {
+      options.per_ip_per_minute = static_cast<std::uint64_t>(*value);
     } else {
       return std::nullopt;
     }
@@ -122,9 +140,13 @@ void handle_login(Limiter& limiter, const httplib::Request& request, httplib::Re
     return;
   }
   if (!d->admitted()) {
-    for (const auto& [name, value] : sluice::attempt_fields(*d)) {
-      response.set_header(std::string(name), value);
-    }
+    // The attempt limiter decided: its fields replace the per-address rule's.
+    sluice::replace_rate_limit_fields(
+        sluice::attempt_fields(*d),
+        [&](std::string_view name) { response.headers.erase(std::string(name)); },
+        [&](std::string_view name, const std::string& value) {
+          response.set_header(std::string(name), value);
+        });
     response.status = 429;
     response.set_content(
         absl::StrCat(R"({"error":"too many attempts","reason":")",
@@ -144,9 +166,25 @@ void handle_login(Limiter& limiter, const httplib::Request& request, httplib::Re
   }
 }
 
+// The per-address rule on /login: `per_minute` requests per minute per client address.
+sluice::PolicyConfig per_ip_config(std::uint64_t per_minute) {
+  return {.policies = {{.name = "login-per-ip",
+                        .rate_limits = {{.name = "login-per-ip",
+                                         .selector = {sluice::Selector::kIp},
+                                         .requests_per = {.minute = per_minute}}}}},
+          .routes = {{.name = "login", .path_prefix = "/login", .policies = {"login-per-ip"}}}};
+}
+
 // Serves POST /login until SIGINT or SIGTERM. Returns the exit code.
 template <class Limiter>
 int serve(Limiter& limiter, const Options& options) {
+  absl::StatusOr<sluice::RateLimitEngine> engine =
+      sluice::RateLimitEngine::create(per_ip_config(options.per_ip_per_minute));
+  if (!engine.ok()) {
+    std::fprintf(stderr, "sluice_login: %s\n", std::string(engine.status().message()).c_str());
+    return 2;
+  }
+
   // SIGINT/SIGTERM are blocked in every thread and taken by one waiter, which stops the server.
   sigset_t signals;
   sigemptyset(&signals);
@@ -155,6 +193,8 @@ int serve(Limiter& limiter, const Options& options) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   httplib::Server server;
+  sluice::HttplibLimiter<>(std::make_shared<const sluice::RateLimitEngine>(*std::move(engine)))
+      .install(server);
   server.Post("/login", [&](const httplib::Request& request, httplib::Response& response) {
     handle_login(limiter, request, response);
   });

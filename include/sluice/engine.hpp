@@ -521,8 +521,7 @@ class BasicRateLimitEngine {
       if (!k.ok()) return k.status();
       return backend_->reset_key(k->rule, k->key);
     } else {
-      (void)rule_label;
-      (void)raw;
+      (void)rule_label, (void)raw;
       return absl::UnimplementedError("this engine backend cannot reset a key");
     }
   }
@@ -542,14 +541,16 @@ class BasicRateLimitEngine {
     if (!route->service.empty()) match.service = route->service;
     return match;
   }
-  // The consumer that owns `credential`.
+  // The consumer that owns `credential`; the config's consumer called `name`, if any. O(1).
   std::optional<std::string_view> consumer_for(std::string_view credential) const {
     return rules_.consumer_for(credential);
   }
-  // The client-address resolver of this generation's gateway.trusted_proxies (header choice
-  // ProxyHeaders::kForwardedFirst; an adapter passes its own to `resolve`). Adapters resolve every
-  // request with the generation that evaluates it, so a reload that changes the proxies applies
-  // from the next request on.
+  std::optional<std::string_view> consumer_named(std::string_view name) const {
+    return rules_.consumer_named(name);
+  }
+  // The client-address resolver of this generation's gateway.trusted_proxies (headers
+  // kForwardedFirst; an adapter passes its own to `resolve`): adapters resolve every request with
+  // the generation that evaluates it, so a reload's proxies apply from the next request on.
   const ClientAddressResolver& client_addresses() const noexcept {
     return rules_.client_addresses();
   }

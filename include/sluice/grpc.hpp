@@ -34,9 +34,12 @@
 //   unix-socket peer has no address: all such callers share the one "invalid" address bucket.
 // - credential: the value of the metadata entry `credential_metadata` after
 //   `credential_prefix` ("authorization: Bearer <token>" by default). It keys `credential` rules
-//   only when it belongs to a consumer of the config (`engine.consumer_for`); an unknown token, a
-//   missing prefix or an entry sent more than once counts as no credential, so the call is keyed
-//   by its client address: a client cannot mint a fresh bucket per call.
+//   only when it belongs to a consumer: of the config (`engine.consumer_for`), or the one
+//   `consumer_of` names (the service's store, sluice/credential_resolver.hpp). A missing prefix
+//   or an entry sent more than once counts as no credential (keyed by client address). An unknown
+//   credential is limited by address and ended with UNAUTHENTICATED ("unknown credential"), or
+//   gets the bundles of the config consumer `unknown_consumer`, keyed by address: a client cannot
+//   mint a fresh bucket per call. A lookup error: limited by address, then UNAVAILABLE.
 //
 // What the client receives:
 // - denied: status RESOURCE_EXHAUSTED ("rate limited; retry after <n> s") and trailing metadata
@@ -85,6 +88,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "sluice/client_address.hpp"
+#include "sluice/credential_resolver.hpp"
 #include "sluice/detail/adapter_identity.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/engine.hpp"
@@ -155,6 +159,10 @@ struct GrpcLimiterOptions {
   // What the entry's value must start with (compared ignoring ASCII case); the rest is the
   // credential. Empty: the whole value.
   std::string credential_prefix = "Bearer ";
+  // Who owns a credential (e.g. a CredentialResolver); empty: the config's consumers[].credentials.
+  ConsumerLookup consumer_of{};
+  // The config consumer an unknown credential gets (keyed by address); empty: refused.
+  std::string unknown_consumer{};
   // The listener the server's calls arrive on (routes and bundles may name one); empty: none.
   std::string listener{};
   // Which forwarding metadata to read behind the config's trusted proxies: its `headers()`
@@ -190,12 +198,12 @@ class GrpcRateLimiter {
                                       ::grpc::ServerContextBase& context,
                                       std::string_view method) const {
     RequestContext request{.client = client_address(engine, context), .path = method};
-    if (const std::optional<std::string_view> credential = credential_of(context)) {
-      if (const std::optional<std::string_view> consumer = engine.consumer_for(*credential)) {
-        request.credential = credential;
-        request.consumer = consumer;
-      }
-    }
+    std::optional<std::string> consumer_name;  // a name consumer_of answered, viewed by request
+    const detail::CredentialIdentity identity =
+        detail::identify_credential(engine, credential_of(context), options_.consumer_of,
+                                    options_.unknown_consumer, consumer_name);
+    request.credential = identity.credential;
+    request.consumer = identity.consumer;
     if (!options_.listener.empty()) request.listener = options_.listener;
     const auto route = engine.match_route(options_.listener, method);
     if (route) request.route = route->route;
@@ -206,7 +214,7 @@ class GrpcRateLimiter {
           absl::AsciiStrToLower(absl::string_view(field.name.data(), field.name.size())),
           field.value);
     }
-    if (e.allowed) return std::nullopt;
+    if (e.allowed) return refusal(identity, e);
     if (!e.backend_error.ok()) {
       return ::grpc::Status(::grpc::StatusCode::UNAVAILABLE, "rate limiter unavailable");
     }
@@ -230,6 +238,20 @@ class GrpcRateLimiter {
   const GrpcLimiterOptions& options() const noexcept { return options_; }
 
  private:
+  // An admitted call whose credential no one owns (and no unknown consumer took), or whose lookup
+  // failed, ends here.
+  static std::optional<::grpc::Status> refusal(const detail::CredentialIdentity& identity,
+                                               const Evaluation& e) {
+    if (e.exempt) return std::nullopt;
+    if (identity.status == CredentialStatus::kLookupFailed) {
+      return ::grpc::Status(::grpc::StatusCode::UNAVAILABLE, "credential store unavailable");
+    }
+    if (identity.status == CredentialStatus::kUnknown && !identity.consumer) {
+      return ::grpc::Status(::grpc::StatusCode::UNAUTHENTICATED, "unknown credential");
+    }
+    return std::nullopt;
+  }
+
   explicit GrpcRateLimiter(GrpcLimiterOptions options) : options_(std::move(options)) {}
 
   // create's checks; `engine` null: there is none to compare trusted networks with.

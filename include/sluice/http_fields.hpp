@@ -40,6 +40,7 @@
 #define SLUICE_HTTP_FIELDS_HPP_
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <cstddef>
@@ -326,6 +327,33 @@ inline void write_decision_fields(HttpFields& out, const Decision& decision, Wal
   field->value.clear();
   field->value.append(item_prefix);
   append_ratelimit_item_numbers(field->value, service_limit({}, decision));
+}
+
+// --- one response, several limiters ----------------------------------------------------------
+
+// Every field name the helpers above write.
+inline constexpr std::array<std::string_view, 6> kRateLimitFieldNames = {
+    kRetryAfterField,      kXRateLimitLimitField, kXRateLimitRemainingField,
+    kXRateLimitResetField, kRateLimitPolicyField, kRateLimitField};
+
+// Makes `fields` the only rate-limit fields of a response: `erase(name)` for each of
+// kRateLimitFieldNames, then `set(name, value)` for each of `fields`. For a request that passed
+// one limiter, which wrote its fields (the engine through an adapter), and was then denied by
+// another (the attempt limiter, a concurrency limit, a limiter of the service's own): the denial
+// must carry the fields of the limiter that denied, and none of the other's, or a client reads
+// `Retry-After: 4` beside another rule's `X-RateLimit-Remaining: 8`. `erase` removes every field
+// of that name (ASCII case-insensitive, as HTTP compares names). O(fields).
+//
+//   sluice::replace_rate_limit_fields(
+//       sluice::attempt_fields(*d),
+//       [&](std::string_view name) { response.headers.erase(std::string(name)); },
+//       [&](std::string_view name, const std::string& value) {
+//         response.set_header(std::string(name), value);
+//       });
+template <class Erase, class Set>
+void replace_rate_limit_fields(const HttpFields& fields, Erase&& erase, Set&& set) {
+  for (const std::string_view name : kRateLimitFieldNames) erase(name);
+  for (const HttpField& field : fields) set(field.name, field.value);
 }
 
 // --- concurrency limits (sluice/concurrency.hpp): the draft's `concurrent-requests` quota unit

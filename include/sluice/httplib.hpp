@@ -41,10 +41,15 @@
 //   one of the config's `gateway.trusted_proxies` (none by default: headers are ignored). The
 //   proxies are those of the generation that evaluates the request, so a reload that changes
 //   them applies from the next request on; `Options::proxy_headers` says which header to read.
-// - Credential: by default the token of `Authorization: Bearer <token>` (scheme in any case). It
-//   counts for `credential` rules only when it belongs to a consumer; an unknown token is limited
-//   like an anonymous caller (by address), and `LimitedRequest::consumer` stays empty so that a
-//   handler can answer 401.
+// - Credential: by default the token of `Authorization: Bearer <token>` (scheme in any case);
+//   `header_credential("X-Api-Key")` reads another header. Who owns it: the config's
+//   consumers[].credentials, or `Options::consumer_of`, the service's own store behind a bounded
+//   cache (sluice/credential_resolver.hpp). It keys `credential` rules only when it belongs to a
+//   consumer. An unknown credential never gets the anonymous caller's treatment silently: it is
+//   limited by address and refused with 401 `{"error":"unknown credential"}`, or, with
+//   `Options::unknown_consumer`, gets that consumer's bundles, keyed by address (never by the
+//   credential, so random keys do not buy fresh buckets). A lookup error: limited by address,
+//   then 503 `{"error":"credential store unavailable"}`.
 // - Route: the longest `path_prefix` that starts the normalized path (sluice/request_path.hpp:
 //   unreserved percent-encodings decoded, dot segments removed, repeated '/' merged), taken from
 //   the request target as sent, never from cpp-httplib's decoded `request.path`, in which an
@@ -90,6 +95,7 @@
 #include "absl/strings/string_view.h"
 #include "sluice/adaptive.hpp"
 #include "sluice/client_address.hpp"
+#include "sluice/credential_resolver.hpp"
 #include "sluice/detail/adapter_identity.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
@@ -111,8 +117,10 @@ class HttplibLimiter {
     ClientAddress client{};
     std::optional<typename Engine::RouteMatch> route{};
     std::optional<std::string_view> credential{};  // as presented, known or not
-    std::optional<std::string_view> consumer{};    // set iff the credential is a consumer's
-    std::string_view listener{};                   // Options::listener
+    // The credential's consumer, or for an unknown one Options::unknown_consumer (if configured).
+    std::optional<std::string_view> consumer{};
+    CredentialStatus credential_status = CredentialStatus::kNone;
+    std::string_view listener{};  // Options::listener
     // The normalized path routes were matched on, and what a proxy forwards; "" when the path
     // was refused (then route is empty and the request is answered 400 unless denied).
     std::string path{};
@@ -126,6 +134,14 @@ class HttplibLimiter {
     ProxyHeaders proxy_headers = ProxyHeaders::kForwardedFirst;
     // The credential a request presents (a view into the request); default: bearer_token.
     std::function<std::optional<std::string_view>(const httplib::Request&)> credential{};
+    // Who owns a credential: the service's store, usually through a CredentialResolver (bounded
+    // cache), or trust_credential_as(...) for a header the operator trusts. Empty: the config's
+    // consumers[].credentials.
+    ConsumerLookup consumer_of{};
+    // What an unknown credential gets: empty, a 401 (after it has been limited by address); else
+    // the config consumer of that name (e.g. "unknown"), whose bundles then apply, keyed by
+    // address. A generation without that consumer refuses unknown credentials with 401.
+    std::string unknown_consumer{};
     // Sees every evaluated request (exempt paths excluded) before it is answered: the place to
     // log dry-run denials and backend errors. Runs on the request's thread.
     std::function<void(const httplib::Request&, const LimitedRequest&)> on_evaluated{};
@@ -187,7 +203,8 @@ class HttplibLimiter {
       respond_json(response, 503, R"({"error":"rate limiter unavailable"})");
       return HandlerResponse::Handled;
     }
-    evaluate(request, limited);
+    std::optional<std::string> consumer_name;  // a consumer name consumer_of answered
+    evaluate(request, limited, consumer_name);
     for (const HttpField& field : limited.evaluation.fields) {
       response.set_header(std::string(field.name), field.value);
     }
@@ -198,6 +215,7 @@ class HttplibLimiter {
       deny(limited.evaluation, response);
       return HandlerResponse::Handled;
     }
+    if (refuse_credential(limited, response)) return HandlerResponse::Handled;
     if (limited.path.empty()) {
       respond_json(response, 400, R"({"error":"ambiguous request path"})");
       return HandlerResponse::Handled;
@@ -223,6 +241,19 @@ class HttplibLimiter {
       return std::nullopt;
     }
     return std::string_view(value).substr(kScheme.size());
+  }
+
+  // Reads the credential from header `name` (e.g. "X-Api-Key"), a view into the request; none
+  // when the header is absent, empty or sent more than once. For Options::credential.
+  static std::function<std::optional<std::string_view>(const httplib::Request&)> header_credential(
+      std::string name) {
+    return [name = std::move(name)](
+               const httplib::Request& request) -> std::optional<std::string_view> {
+      if (request.get_header_value_count(name) != 1) return std::nullopt;
+      const auto it = request.headers.find(name);
+      if (it->second.empty()) return std::nullopt;
+      return std::string_view(it->second);
+    };
   }
 
   // Feeds an upstream's answer to a request this limiter admitted to every adaptive rule that
@@ -258,7 +289,8 @@ class HttplibLimiter {
   }
 
  private:
-  void evaluate(const httplib::Request& request, LimitedRequest& limited) const {
+  void evaluate(const httplib::Request& request, LimitedRequest& limited,
+                std::optional<std::string>& consumer_name) const {
     const Engine& engine = *limited.engine;
     limited.client = detail::resolve_client(
         engine, ClientAddress::parse(request.remote_addr), joined(request, "Forwarded"),
@@ -270,7 +302,10 @@ class HttplibLimiter {
       limited.route = engine.match_route(options_.listener, limited.path);
     }
     limited.credential = options_.credential ? options_.credential(request) : bearer_token(request);
-    if (limited.credential) limited.consumer = engine.consumer_for(*limited.credential);
+    const detail::CredentialIdentity identity = detail::identify_credential(
+        engine, limited.credential, options_.consumer_of, options_.unknown_consumer, consumer_name);
+    limited.consumer = identity.consumer;
+    limited.credential_status = identity.status;
 
     RequestContext context = context_for(limited);
     if (options_.wall_clock) context.wall_time = options_.wall_clock();
@@ -307,16 +342,30 @@ class HttplibLimiter {
   // The engine's view of the request, with the address as it was resolved.
   static RequestContext context_for(const LimitedRequest& limited) {
     RequestContext context{.client = limited.client, .path = limited.path};
-    if (limited.consumer) {
-      context.credential = limited.credential;
-      context.consumer = limited.consumer;
-    }
+    context.consumer = limited.consumer;
+    const bool known = limited.credential_status == CredentialStatus::kKnown;
+    if (known) context.credential = limited.credential;  // an unknown one keys nothing
     if (limited.route) {
       context.route = limited.route->route;
       context.service = limited.route->service;
     }
     if (!limited.listener.empty()) context.listener = limited.listener;
     return context;
+  }
+
+  // An admitted request whose credential no one owns (and no unknown consumer took), or whose
+  // lookup failed, is answered here: 401 or 503. True when it answered.
+  static bool refuse_credential(const LimitedRequest& limited, httplib::Response& response) {
+    if (limited.evaluation.exempt) return false;
+    if (limited.credential_status == CredentialStatus::kLookupFailed) {
+      respond_json(response, 503, R"({"error":"credential store unavailable"})");
+      return true;
+    }
+    if (limited.credential_status == CredentialStatus::kUnknown && !limited.consumer) {
+      respond_json(response, 401, R"({"error":"unknown credential"})");
+      return true;
+    }
+    return false;
   }
 
   // A rule denied: 429 (its fields are written already). The engine denied for an error: 503.

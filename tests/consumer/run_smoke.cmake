@@ -1,10 +1,9 @@
 # Builds and runs tests/consumer the ways README.md documents: add_subdirectory, FetchContent from
-# a local tarball, FetchContent from git at the commit the README pins, and find_package after
-# `cmake --install` into a temporary prefix (a full install, and one of the core only, as on a
-# machine without hiredis and yaml-cpp; the full one links sluice::envoy too where it was
-# installed). Fails on the first failure.
-# Inputs: SLUICE_SOURCE_DIR, WORK_DIR, GENERATOR, GIT (optional: without git, outside a git
-# checkout or in a shallow clone the git case is skipped).
+# a local tarball (FetchContent from git at the README's tag is the readme_recipe test), and
+# find_package after `cmake --install` into a temporary prefix (a full install, and one of the
+# core only, as on a machine without hiredis and yaml-cpp; the full one links sluice::envoy too
+# where it was installed). Fails on the first failure.
+# Inputs: SLUICE_SOURCE_DIR, WORK_DIR, GENERATOR.
 cmake_minimum_required(VERSION 3.25)
 set(consumer_src "${SLUICE_SOURCE_DIR}/tests/consumer")
 file(REMOVE_RECURSE "${WORK_DIR}")
@@ -50,30 +49,8 @@ if(NOT rc EQUAL 0)
 endif()
 build_and_run(fetchcontent fetchcontent -DSLUICE_URL=file://${tarball})
 
-# 3. FetchContent from git at the full commit sha that the README's recipe names, cloned from this
-#    checkout in place of the public remote.
-file(STRINGS "${SLUICE_SOURCE_DIR}/README.md" pin_line REGEX "GIT_TAG +[0-9a-f]+")
-string(REGEX MATCH "GIT_TAG +([0-9a-f]+)" pin_match "${pin_line}")
-set(pin "${CMAKE_MATCH_1}")
-string(LENGTH "${pin}" pin_length)
-if(NOT pin_length EQUAL 40)
-  message(FATAL_ERROR "README.md's FetchContent recipe must pin a full 40-digit commit sha "
-                      "(GIT_TAG <sha>); found '${pin}'")
-endif()
-set(shallow "true")
-if(GIT)
-  execute_process(COMMAND "${GIT}" -C "${SLUICE_SOURCE_DIR}" rev-parse --is-shallow-repository
-    OUTPUT_VARIABLE shallow OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    set(shallow "true")  # not a git checkout (e.g. an unpacked source archive)
-  endif()
-endif()
-if(shallow STREQUAL "false")
-  run("${GIT}" -C "${SLUICE_SOURCE_DIR}" cat-file -e "${pin}^{commit}")
-  build_and_run(git git -DSLUICE_GIT_REPOSITORY=${SLUICE_SOURCE_DIR} -DSLUICE_GIT_TAG=${pin})
-else()
-  message(STATUS "git: skipped (no git, not a git checkout, or a shallow clone)")
-endif()
+# 3. FetchContent from git at the tag the README pins: the readme_recipe test
+#    (readme_recipe_test.sh) builds the README's recipe as written.
 
 # 4. find_package after the README's install recipe into a temporary prefix; <case> names it.
 function(install_and_use case)

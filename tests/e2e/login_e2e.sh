@@ -4,7 +4,10 @@
 # waits. Five wrong passwords: each is answered 401, and an immediate retry is answered 429 with a
 # wait that doubles (2, 4, then the 8 s cap); the test waits out each one (the server's own
 # figure), which is the only sleeping it does. A right password then answers 200 and resets the
-# sequence. With a redis-server binary as second argument, the script starts that server on a
+# sequence. Each response carries the fields of the limiter that decided it: a 401 the per-address
+# rule admitted carries that rule's X-RateLimit-*; a 429 of the attempt limiter carries its
+# Retry-After and none of the per-address rule's fields; the per-address rule's own 429 (after
+# the address's 30 per minute) carries its fields. With a redis-server binary as second argument, the script starts that server on a
 # unix socket in its temp dir and runs the same checks with the records in Redis. Every server is
 # always stopped by pid (trap).
 # Usage: login_e2e.sh <sluice_login binary> [<redis-server binary>]
@@ -47,7 +50,7 @@ if [ -n "$redis_server" ]; then
 fi
 
 "$login" --port 0 --initial-delay-ms 2000 --delay-cap-ms 8000 --quiet-period-ms 60000 \
-  --lease-ms 10000 "${backend[@]}" >"$work/stdout" 2>"$work/stderr" &
+  --lease-ms 10000 --per-ip-per-minute 30 "${backend[@]}" >"$work/stdout" 2>"$work/stderr" &
 server_pid=$!
 port=""
 for _ in $(seq 100); do
@@ -76,6 +79,14 @@ header() {  # header NAME FIELD: the field's value in the response NAME ("" when
 expect() {  # expect WHAT ACTUAL EXPECTED
   [ "$2" == "$3" ] || fail "$1: expected '$3', got '$2'"
 }
+# A denial by the attempt limiter carries none of the per-address rule's fields.
+expect_no_rule_fields() {  # expect_no_rule_fields NAME
+  local field
+  for field in X-RateLimit-Limit X-RateLimit-Remaining X-RateLimit-Reset RateLimit-Policy \
+    RateLimit; do
+    if grep -qi "^$field:" "$work/$1.h"; then fail "$1 carries $field: $(header "$1" "$field")"; fi
+  done
+}
 # The wait a 429 reports, in ms: at most the nominal delay, and more than half of it (the retry
 # follows the failure at once; only a stalled machine takes longer than half the delay).
 expect_wait() {  # expect_wait NAME NOMINAL_MS FAILURES
@@ -98,11 +109,13 @@ for i in 1 2 3 4 5; do
   [ "$i" -eq 3 ] && user="  Alice "  # the same subject after normalization
   attempt "wrong$i" "$user" "guess$i"
   expect "wrong$i status" "${status[wrong$i]}" 401
+  expect "wrong$i X-RateLimit-Limit" "$(header "wrong$i" X-RateLimit-Limit)" 30
   attempt "early$i" alice "correct horse"  # too early, even with the right password
   expect "early$i status" "${status[early$i]}" 429
   expect_wait "early$i" "${nominal[$((i - 1))]}" "$i"
   # Retry-After: the same wait in whole seconds, rounded up.
   expect "early$i Retry-After" "$(header "early$i" Retry-After)" $(((WAIT_MS + 999) / 1000))
+  expect_no_rule_fields "early$i"
   [ "$i" -ge 4 ] || [ "$WAIT_MS" -gt "$previous" ] || fail "early$i: the wait did not grow"
   previous=$WAIT_MS
   sleep "$(awk "BEGIN { printf \"%.3f\", $WAIT_MS / 1000 }")"
@@ -125,6 +138,27 @@ expect "bob status" "${status[bob]}" 401
 status[bad]=$(curl -s --max-time 10 -o "$work/bad.b" -w '%{http_code}' --data "user=alice" \
   "$base/login")
 expect "missing password status" "${status[bad]}" 400
+
+# --- the per-address rule: 30 per minute, then its own 429 with its own fields ---------------------
+flooded=""
+for i in $(seq 40); do
+  code=$(curl -s --max-time 10 -D "$work/flood.h" -o "$work/flood.b" -w '%{http_code}' \
+    --data "user=flood" "$base/login")
+  if [ "$code" == 429 ]; then
+    flooded=$i
+    break
+  fi
+  expect "flood$i status" "$code" 400
+done
+if [ -z "$flooded" ]; then
+  fail "40 requests from one address were never limited"
+else
+  expect "flood X-RateLimit-Limit" "$(header flood X-RateLimit-Limit)" 30
+  expect "flood X-RateLimit-Remaining" "$(header flood X-RateLimit-Remaining)" 0
+  [[ "$(header flood Retry-After)" =~ ^[1-9][0-9]*$ ]] || fail "flood: no Retry-After"
+  grep -q '^{"error":"rate limited"' "$work/flood.b" || fail "flood body: $(cat "$work/flood.b")"
+fi
+
 if grep -q -e "guess" -e "correct horse" "$work/stdout" "$work/stderr"; then
   fail "the server printed a password"
 fi

@@ -6,6 +6,7 @@
 #define SLUICE_DETAIL_ADAPTER_IDENTITY_HPP_
 
 #include <algorithm>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "sluice/client_address.hpp"
+#include "sluice/credential_resolver.hpp"
 
 namespace sluice::detail {
 
@@ -59,6 +61,52 @@ absl::Status check_trusted_proxies(const Engine* engine, std::span<const Cidr> g
       given_name, " ", given_text, " contradict the config's gateway.trusted_proxies ", config_text,
       ": the adapter takes its trusted proxies from the config and follows its reloads; set them "
       "in gateway.trusted_proxies and give the adapter none"));
+}
+
+// A request's credential as the engine sees it: `credential` keys `credential` rules (set only
+// when known), `consumer` names the consumer whose bundles apply.
+struct CredentialIdentity {
+  std::optional<std::string_view> credential{};
+  std::optional<std::string_view> consumer{};
+  CredentialStatus status = CredentialStatus::kNone;
+};
+
+// Who a request's credential says it is, as both adapters decide it. `storage` keeps a consumer
+// name the lookup answered, so `consumer` may view it; it must outlive the evaluation.
+// - no credential: kNone, nothing set;
+// - no lookup: the config's consumers[].credentials (`engine.consumer_for`);
+// - a lookup (`consumer_of`, e.g. a CredentialResolver): the consumer it names; its credential
+//   keys `credential` rules; an error: kLookupFailed, nothing set;
+// - unknown: kUnknown, and `consumer` is the config's consumer `unknown_consumer` when it is
+//   non-empty and the config has one, without the credential (its rules key the address, so a
+//   client cannot pick a bucket per key); otherwise nothing set, and the adapter refuses it.
+template <class Engine>
+CredentialIdentity identify_credential(const Engine& engine,
+                                       std::optional<std::string_view> credential,
+                                       const ConsumerLookup& consumer_of,
+                                       std::string_view unknown_consumer,
+                                       std::optional<std::string>& storage) {
+  CredentialIdentity out;
+  if (!credential || credential->empty()) return out;
+  if (!consumer_of) {
+    out.consumer = engine.consumer_for(*credential);
+  } else {
+    absl::StatusOr<std::optional<std::string>> answer = consumer_of(*credential);
+    if (!answer.ok()) {
+      out.status = CredentialStatus::kLookupFailed;
+      return out;
+    }
+    storage = *std::move(answer);
+    if (storage && !storage->empty()) out.consumer = *storage;
+  }
+  if (out.consumer) {
+    out.credential = credential;
+    out.status = CredentialStatus::kKnown;
+    return out;
+  }
+  out.status = CredentialStatus::kUnknown;
+  if (!unknown_consumer.empty()) out.consumer = engine.consumer_named(unknown_consumer);
+  return out;
 }
 
 }  // namespace sluice::detail

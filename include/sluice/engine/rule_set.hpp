@@ -235,6 +235,12 @@ class RuleSet {
     const std::string* consumer = find(credentials_, credential);
     return consumer == nullptr ? std::nullopt : std::optional<std::string_view>(*consumer);
   }
+  // The consumer called `name` (a view into this rule set), if the config has one.
+  std::optional<std::string_view> consumer_named(std::string_view name) const {
+    const auto it = consumer_rules_.find(absl::string_view(name.data(), name.size()));
+    if (it == consumer_rules_.end()) return std::nullopt;
+    return std::string_view(it->first);
+  }
   const ClientAddressResolver& client_addresses() const noexcept { return client_addresses_; }
 
  private:
