@@ -513,8 +513,7 @@ class BasicRateLimitEngine {
     return d;
   }
 
-  // Forgets the rule's state for that key (its next request is a new client's); Unimplemented
-  // for a backend without reset (ResettableBackend).
+  // Forgets the rule's state for that key; Unimplemented without ResettableBackend.
   absl::Status reset(std::string_view rule_label, const RequestContext& raw) const {
     if constexpr (ResettableBackend<Backend>) {
       absl::StatusOr<RuleKeyFor> k = key_for(rule_label, raw);
