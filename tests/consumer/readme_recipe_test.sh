@@ -8,7 +8,8 @@
 # when the tag lacks a header the README names, or when the tag's version is not the tag's name.
 # Headers of an optional part whose dependency is missing on this machine are skipped, each said.
 # Usage: readme_recipe_test.sh <cmake> <source dir> <work dir>
-# Exit 77 (skipped): no git, or the source dir is not a git checkout.
+# Exit 77 (skipped): no git, the source dir is not a git checkout, or it carries no tag at all
+# (a clone made without tags cannot check a pin; one with tags but not this one fails).
 set -euo pipefail
 
 cmake=$1
@@ -37,6 +38,11 @@ tag=$(sed -n 's/^[[:space:]]*GIT_TAG[[:space:]]\{1,\}\([^[:space:])]*\).*/\1/p' 
 [ "$(grep -c '^[[:space:]]*GIT_REPOSITORY[[:space:]]' <<<"$recipe")" -eq 1 ] ||
   fail "the README's recipe must have one GIT_REPOSITORY line"
 
+if [ -z "$(git -C "$source_dir" tag -l)" ]; then
+  echo "readme_recipe: skipped: $source_dir carries no tags at all (a clone made with --no-tags);"
+  echo "  fetch them (git fetch --tags) to check the README's pin $tag"
+  exit 77
+fi
 if ! git -C "$source_dir" rev-parse -q --verify "refs/tags/$tag" >/dev/null; then
   fail "README.md pins GIT_TAG $tag, but $source_dir has no tag $tag. Tag the release commit on \
 main (git tag -a $tag -m \"sluice ${tag#v}\" <commit>; docs/building.md, Releases and pinning), \
