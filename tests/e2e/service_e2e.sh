@@ -62,13 +62,20 @@ expect "still limited after SIGHUP" "$(code "$one/v1/items")" 429
 config 10 "rl:e2e:" "$3" >"$work/next.yaml"
 mv "$work/next.yaml" "$work/service.yaml"
 wait_metric "$one" sluice_engine_reloads_total 2 || fail "the changed file was not reloaded"
-expect "a raised limit admits" "$(code "$one/v1/items")" 200
+# The raised limit applies (its X-RateLimit-Limit), and the client keeps the share of its bucket
+# it had spent, all of it here: a reload never hands a spent client a fresh burst.
+limit_header() { # limit_header URL: the status and X-RateLimit-Limit of one request
+  curl -s --max-time 15 -D - -o /dev/null "$1" | tr -d '\r' |
+    sed -n -e 's|^HTTP/1.1 \([0-9]*\).*|\1|p' -e 's|^[Xx]-[Rr]ate[Ll]imit-[Ll]imit: ||p' | paste -sd' '
+}
+expect "a raised limit, a spent client" "$(limit_header "$one/v1/items")" "429 10"
 
 # A changed backend section is refused: the running config keeps serving, the failure is counted.
 config 10 "rl:other:" "$3" >"$work/next.yaml"
 mv "$work/next.yaml" "$work/service.yaml"
 wait_metric "$one" sluice_engine_failed_reloads_total 1 || fail "the backend change was not refused"
-expect "served after the refused reload" "$(code "$one/v1/items")" 200
+expect "served by the running config after the refused reload" \
+  "$(limit_header "$one/v1/items")" "429 10"
 [ "$(redis-cli -s "$work/redis.sock" --scan --pattern 'rl:other:*' | wc -l)" -eq 0 ] ||
   fail "keys under the refused prefix"
 
