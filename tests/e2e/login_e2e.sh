@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end test of the login example: starts sluice_login on a free loopback port (delays of
-# 2 s doubling up to 8 s), drives it with curl and asserts statuses, Retry-After and the reported
+# 1 s doubling up to 4 s), drives it with curl and asserts statuses, Retry-After and the reported
 # waits. Five wrong passwords: each is answered 401, and an immediate retry is answered 429 with a
-# wait that doubles (2, 4, then the 8 s cap); the test waits out each one (the server's own
+# wait that doubles (1, 2, then the 4 s cap); the test waits out each one (the server's own
 # figure), which is the only sleeping it does. A right password then answers 200 and resets the
 # sequence. Each response carries the fields of the limiter that decided it: a 401 the per-address
 # rule admitted carries that rule's X-RateLimit-*; a 429 of the attempt limiter carries its
@@ -49,7 +49,7 @@ if [ -n "$redis_server" ]; then
   backend=(--redis-socket "$work/redis.sock")
 fi
 
-"$login" --port 0 --initial-delay-ms 2000 --delay-cap-ms 8000 --quiet-period-ms 60000 \
+"$login" --port 0 --initial-delay-ms 1000 --delay-cap-ms 4000 --quiet-period-ms 60000 \
   --lease-ms 10000 --per-ip-per-minute 30 "${backend[@]}" >"$work/stdout" 2>"$work/stderr" &
 server_pid=$!
 port=""
@@ -102,7 +102,7 @@ expect_wait() {  # expect_wait NAME NOMINAL_MS FAILURES
 }
 
 # --- five wrong passwords: the waits double, then stay at the cap -----------------------------------------
-nominal=(2000 4000 8000 8000 8000)
+nominal=(1000 2000 4000 4000 4000)
 previous=0
 for i in 1 2 3 4 5; do
   user=alice
@@ -130,7 +130,7 @@ attempt again alice "wrong again"
 expect "again status" "${status[again]}" 401
 attempt again_early alice "correct horse"
 expect "again_early status" "${status[again_early]}" 429
-expect_wait again_early 2000 1  # the sequence starts over
+expect_wait again_early 1000 1  # the sequence starts over
 
 # --- other users are independent; bad requests are refused --------------------------------------
 attempt bob bob "anything"
