@@ -833,8 +833,9 @@ sluice::Rule fixed_rule(std::string name, sluice::RequestsPer per) {
 
 // Bundles "first" and "second" with one rule each, both on route "both"; route "first-only"
 // and "second-only" carry one each.
-sluice::PolicyConfig two_rules(sluice::Rule first, sluice::Rule second,
-                               sluice::ConsumptionMode mode = sluice::ConsumptionMode::kAllOrNothing) {
+sluice::PolicyConfig two_rules(
+    sluice::Rule first, sluice::Rule second,
+    sluice::ConsumptionMode mode = sluice::ConsumptionMode::kAllOrNothing) {
   return {.policies = {{.name = "first", .rate_limits = {std::move(first)}},
                        {.name = "second", .rate_limits = {std::move(second)}}},
           .routes = {{.name = "both", .policies = {"first", "second"}},
@@ -847,10 +848,10 @@ sluice::PolicyConfig two_rules(sluice::Rule first, sluice::Rule second,
 
 TEST_CASE("a fixed-window rule counts its requests until the window's end, then opens a new one") {
   sluice::ManualClock clock;
-  Engine engine = make_engine(
-      {.policies = {{.name = "b", .rate_limits = {fixed_rule("r", {.minute = 3})}}},
-       .routes = {{.name = "x", .policies = {"b"}}}},
-      clock);
+  Engine engine =
+      make_engine({.policies = {{.name = "b", .rate_limits = {fixed_rule("r", {.minute = 3})}}},
+                   .routes = {{.name = "x", .policies = {"b"}}}},
+                  clock);
   sluice::Evaluation e = engine.evaluate(on_route("10.0.0.1", "x"));
   REQUIRE(e.allowed);
   CHECK(e.binding->decision.limit == 3);
@@ -882,8 +883,8 @@ TEST_CASE("all_or_nothing: a GCRA rule that denies leaves a fixed window untouch
   const sluice::Rule tight = rule("tight", {Selector::kIp}, {.minute = 1});
   const sluice::Rule window = fixed_rule("window", {.minute = 5});
   for (const bool window_first : {true, false}) {
-    Engine engine = make_engine(window_first ? two_rules(window, tight) : two_rules(tight, window),
-                                clock);
+    Engine engine =
+        make_engine(window_first ? two_rules(window, tight) : two_rules(tight, window), clock);
     CHECK(admitted(engine, on_route("10.0.0.1", "both"), 5) == 1);
     const char* only = window_first ? "first-only" : "second-only";
     sluice::Evaluation e = engine.evaluate(on_route("10.0.0.1", only));
@@ -898,8 +899,8 @@ TEST_CASE("all_or_nothing: a fixed window that denies leaves a GCRA rule untouch
   const sluice::Rule window = fixed_rule("window", {.minute = 1});
   const sluice::Rule loose = rule("loose", {Selector::kIp}, {.minute = 10});
   for (const bool window_first : {true, false}) {
-    Engine engine = make_engine(window_first ? two_rules(window, loose) : two_rules(loose, window),
-                                clock);
+    Engine engine =
+        make_engine(window_first ? two_rules(window, loose) : two_rules(loose, window), clock);
     CHECK(admitted(engine, on_route("10.0.0.1", "both"), 5) == 1);
     sluice::Evaluation denied = engine.evaluate(on_route("10.0.0.1", "both"));
     REQUIRE_FALSE(denied.allowed);
@@ -930,8 +931,8 @@ TEST_CASE("every_rule: the admitting rule consumes whether a fixed window or GCR
 
 TEST_CASE("a dry-run fixed window reports its would-be denial until its window ends") {
   sluice::ManualClock clock;
-  sluice::PolicyConfig config = two_rules(rule("live", {Selector::kIp}, {.minute = 100}),
-                                          fixed_rule("trial", {.minute = 2}));
+  sluice::PolicyConfig config =
+      two_rules(rule("live", {Selector::kIp}, {.minute = 100}), fixed_rule("trial", {.minute = 2}));
   config.policies[1].dry_run = true;
   Engine engine = make_engine(config, clock);
   for (int i = 0; i < 4; ++i) {

@@ -160,9 +160,7 @@ TEST_CASE("invalid rules are rejected with the path of the bad value") {
       {[](auto& c) { c.policies[0].rate_limits[0].burst = 315'360'001; },
        "policies[0].rate_limits[0].burst must be <= 315360000 (a full bucket must refill within "
        "365 days)"},
-      {[](auto& c) {
-         c.policies[0].rate_limits[0].algorithm = sluice::Algorithm::kFixedWindow;
-       },
+      {[](auto& c) { c.policies[0].rate_limits[0].algorithm = sluice::Algorithm::kFixedWindow; },
        "policies[0].rate_limits[0].burst must equal the requests of the shortest window (10) in a "
        "fixed_window rule, or be absent"},
       {[](auto& c) {

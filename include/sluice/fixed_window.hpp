@@ -264,9 +264,8 @@ class FixedWindowLimiter {
             return;
           }
           out = store.update_locked(
-              held, d, now, [&](auto& cell, std::int64_t clamped) {
-                return decide(cell, clamped, cost);
-              },
+              held, d, now,
+              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, cost); },
               [&](const StoreFull& full) {
                 Decision decision = detail::store_full_decision(full);
                 decision.limit = windows_[0].limit;

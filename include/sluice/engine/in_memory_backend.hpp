@@ -315,9 +315,8 @@ class InMemoryBackend {
                           std::int64_t now) {
     bool all = true;
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      limiters_[keys[i].rule].visit([&](auto& l) {
-        l.decide_locked(held, digests[i], now, keys[i].cost, false, out[i]);
-      });
+      limiters_[keys[i].rule].visit(
+          [&](auto& l) { l.decide_locked(held, digests[i], now, keys[i].cost, false, out[i]); });
       all = all && out[i].allowed();
     }
     if (!all) return;

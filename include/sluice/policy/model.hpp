@@ -305,14 +305,14 @@ struct CompiledRule {
   // Identity for reload: equal fingerprints mean the engine may keep the rule's state. Covers the
   // bundle name, the rule's name (its position when unnamed; "legacy" for rate_limit), the
   // selector, every window with its burst, whether the rule is adaptive (its limiter counts in
-  // thousandths of a request then) and its algorithm, not the adaptive parameters; not dry_run (a rule moved from
-  // dry-run to enforcing keeps the buckets it has been filling). Names are encoded with
-  // append_key_part (sluice/key.hpp), so it is unambiguous for any names.
+  // thousandths of a request then) and its algorithm, not the adaptive parameters; not dry_run (a
+  // rule moved from dry-run to enforcing keeps the buckets it has been filling). Names are encoded
+  // with append_key_part (sluice/key.hpp), so it is unambiguous for any names.
   std::string fingerprint{};
   // The fingerprint without the windows: what decides which keys the rule has (bundle, rule
-  // name or position, selector, address prefixes, adaptive, algorithm). A reload that changes only a rule's
-  // windows (rates, bursts, window lengths) keeps its identity, and the engine carries each key's
-  // spent share of the old windows into the new ones instead of starting it fresh.
+  // name or position, selector, address prefixes, adaptive, algorithm). A reload that changes only
+  // a rule's windows (rates, bursts, window lengths) keeps its identity, and the engine carries
+  // each key's spent share of the old windows into the new ones instead of starting it fresh.
   std::string identity{};
 
   friend bool operator==(const CompiledRule&, const CompiledRule&) = default;

@@ -45,9 +45,9 @@ struct LimitRule {
   std::vector<std::string> replaces{};
   std::vector<GcraWindow> windows{};  // shortest period first
   Algorithm algorithm = Algorithm::kGcra;
-  std::uint64_t max_hits = 0;         // the smallest burst: more hits never fit
-  std::size_t backend_rule = kNone;   // index into the backend's rules; kNone: nothing to count
-  char key_tag = 'c';                 // counters of configured limits and of overrides differ
+  std::uint64_t max_hits = 0;        // the smallest burst: more hits never fit
+  std::size_t backend_rule = kNone;  // index into the backend's rules; kNone: nothing to count
+  char key_tag = 'c';                // counters of configured limits and of overrides differ
 };
 
 // A limit matched in one level: the next level, the node's rule.

@@ -144,9 +144,9 @@ class ConfigReader final : public NodeReader {
 
   Rule read_rule(const YAML::Node& node, const std::string& path) {
     Rule rule;
-    const std::vector<Field> fs = fields(node, path,
-                                         {"name", "selector", "requests_per", "burst",
-                                          "address_prefixes", "adaptive", "algorithm"});
+    const std::vector<Field> fs = fields(
+        node, path,
+        {"name", "selector", "requests_per", "burst", "address_prefixes", "adaptive", "algorithm"});
     require(node, path, fs, "selector");
     require(node, path, fs, "requests_per");
     for (const Field& f : fs) {
