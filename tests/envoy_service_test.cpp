@@ -374,25 +374,10 @@ TEST_CASE("envoy: sluice's periods, bursts and stacked windows", "[envoy]") {
   CHECK(over.statuses(0).current_limit().requests_per_unit() == 5);
 }
 
-namespace {
-
-// tests/envoy/fixed_window.yaml: a fixed window of 3 per 10 s ("tenant") and a GCRA limit of 2 a
-// second ("user"), in domain sluice_fixed.
-sluice::envoy::ServiceConfig fixed_window_fixture() {
-  std::ifstream in(SLUICE_ENVOY_CONFIG_DIR "/../fixed_window.yaml");
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<sluice::envoy::DomainConfig> domain =
-      sluice::envoy::load_domain_config(text.str(), "fixed_window.yaml");
-  INFO(domain.status());
-  REQUIRE(domain.ok());
-  return {.domains = {*std::move(domain)}};
-}
-
-}  // namespace
-
 TEST_CASE("envoy: a fixed window counts per window and reports the time to its end", "[envoy]") {
-  EnvoyServer server(fixed_window_fixture(), /*headers=*/true);
+  // tests/envoy/config/sluice_fixed.yaml: a fixed window of 3 per 10 s ("tenant") and a GCRA
+  // limit of 2 a second ("user").
+  EnvoyServer server(fixtures(), /*headers=*/true);
   const auto tenant = request("sluice_fixed", {{{"tenant", "t"}}});
   rls::RateLimitResponse first = server.ok(tenant);
   CHECK(first.overall_code() == kOk);
@@ -427,9 +412,10 @@ TEST_CASE("envoy: a fixed window counts per window and reports the time to its e
 }
 
 TEST_CASE("envoy: a fixed window and a GCRA limit are decided all or nothing", "[envoy]") {
-  EnvoyServer server(fixed_window_fixture());
+  EnvoyServer server(fixtures());
   // The GCRA limit denies: the fixed window counts nothing and reports itself as it stands.
-  for (int i = 0; i < 2; ++i) REQUIRE(server.ok(request("sluice_fixed", {{{"user", "u"}}})).overall_code() == kOk);
+  for (int i = 0; i < 2; ++i)
+    REQUIRE(server.ok(request("sluice_fixed", {{{"user", "u"}}})).overall_code() == kOk);
   rls::RateLimitResponse denied =
       server.ok(request("sluice_fixed", {{{"tenant", "t"}}, {{"user", "u"}}}));
   CHECK(denied.overall_code() == kOverLimit);
@@ -924,6 +910,29 @@ TEST_CASE("envoy: two replicas over one Redis share one budget, all or nothing",
   CHECK(over.statuses(1).code() == kOk);
   CHECK(over.statuses(1).limit_remaining() == 95);  // nothing consumed
   CHECK(a.ok(request("messaging", {{{"to_number", "1"}}})).statuses(0).limit_remaining() == 94);
+}
+
+TEST_CASE("envoy: two replicas over one Redis share a fixed window, all or nothing",
+          "[envoy][redis]") {
+  sluice_test::RedisFixture redis;
+  using RedisServer = BasicEnvoyServer<sluice::redis::RedisEngineBackend>;
+  RedisServer a(fixtures(), {.backend = {.client = redis.client()}});
+  RedisServer b(fixtures(), {.backend = {.client = redis.client()}});
+  const auto tenant = request("sluice_fixed", {{{"tenant", "t"}}});
+  for (int i = 0; i < 3; ++i) {
+    rls::RateLimitResponse r = (i % 2 == 0 ? a : b).ok(tenant);
+    CHECK(r.overall_code() == kOk);
+    CHECK(r.statuses(0).limit_remaining() == static_cast<std::uint32_t>(2 - i));
+    CHECK(reset_ms(r.statuses(0)) <= 10'000);
+    CHECK(reset_ms(r.statuses(0)) > 9'000);  // the server's clock: the window opened just now
+  }
+  // The window is full: the GCRA limit beside it consumes nothing.
+  rls::RateLimitResponse over = b.ok(request("sluice_fixed", {{{"tenant", "t"}}, {{"user", "u"}}}));
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  CHECK(over.statuses(1).code() == kOk);
+  CHECK(over.statuses(1).limit_remaining() == 2);
+  CHECK(a.ok(request("sluice_fixed", {{{"user", "u"}}})).statuses(0).limit_remaining() == 1);
 }
 
 TEST_CASE("envoy: a Redis failure is decided by the failure mode", "[envoy][redis]") {
