@@ -776,3 +776,21 @@ TEST_CASE("all_or_nothing over Redis decides a fixed window and a GCRA rule toge
   CHECK(e.binding->decision.reset_after > 59s);  // the window opened by the first request
   CHECK(e.binding->decision.reset_after <= 60s);
 }
+
+TEST_CASE("a fixed-window rule over Redis keeps its count across an unchanged reload only") {
+  Server server;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "b", .rate_limits = {rule("w", {Selector::kIp}, {.minute = 3})}}},
+      .routes = {{.name = "x", .policies = {"b"}}}};
+  config.policies[0].rate_limits[0].algorithm = sluice::Algorithm::kFixedWindow;
+  RedisRateLimitEngine first = make(config, {.client = server.client()});
+  CHECK(admitted(first, on_route("10.0.0.1", "x"), 5) == 3);
+  auto same = first.reload(config);  // an unchanged rule: the same keys, the same count
+  REQUIRE(same.ok());
+  CHECK(admitted(*same, on_route("10.0.0.1", "x"), 5) == 0);
+  // A changed window is not carried over Redis: the rule's keys start fresh.
+  config.policies[0].rate_limits[0].requests_per.minute = 4;
+  auto changed = same->reload(config);
+  REQUIRE(changed.ok());
+  CHECK(admitted(*changed, on_route("10.0.0.1", "x"), 6) == 4);
+}
