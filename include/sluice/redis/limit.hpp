@@ -51,7 +51,7 @@ class Limit {
   // Fixed windows: each admits `limit` units per `window`, anchored per key as
   // sluice::FixedWindowLimiter's. Kept as GcraWindows {limit, window, limit}. InvalidArgument
   // for no window, a limit outside 1..kMaxRequests, or a window outside 1 ns..kMaxRefill.
-  static absl::StatusOr<Limit> fixed_window(std::vector<FixedWindow> windows);
+  static absl::StatusOr<Limit> fixed_window(const std::vector<FixedWindow>& windows);
 
   const std::vector<GcraWindow>& windows() const noexcept { return windows_; }
   Algorithm algorithm() const noexcept { return algorithm_; }
@@ -130,7 +130,7 @@ inline absl::StatusOr<Limit> Limit::create(std::vector<GcraWindow> windows) {
   return limit;
 }
 
-inline absl::StatusOr<Limit> Limit::fixed_window(std::vector<FixedWindow> windows) {
+inline absl::StatusOr<Limit> Limit::fixed_window(const std::vector<FixedWindow>& windows) {
   std::vector<GcraWindow> gcra;
   for (const FixedWindow& w : windows) {
     if (w.window > kMaxRefill) {
