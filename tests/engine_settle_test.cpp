@@ -140,6 +140,21 @@ TEST_CASE("a denied request, a peek or a bad cost leaves the settlement closed")
   CHECK(s.open());
 }
 
+TEST_CASE("a request that a fixed-window rule applies to is counted but books nothing") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig c = config();
+  c.policies[0].rate_limits[1].algorithm = sluice::Algorithm::kFixedWindow;
+  Engine engine = make(clock, c);
+  sluice::Evaluation e;
+  Engine::Settlement s;
+  engine.evaluate(request(4), e, s);
+  CHECK(e.allowed);
+  CHECK_FALSE(s.open());
+  CHECK(engine.settle(s, 1).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(remaining(engine, "api/per-ip") == 6);      // the estimate stays taken
+  CHECK(remaining(engine, "api/per-route") == 96);  // in the fixed window too
+}
+
 TEST_CASE("a settlement outlives a reload and settles the rules it was evaluated under") {
   sluice::ManualClock clock;
   Engine engine = make(clock);

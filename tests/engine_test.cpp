@@ -821,3 +821,145 @@ TEST_CASE("a backend section with a member its type does not read is invalid") {
                                      .address = "[2001:db8::5]:7000"}))
             .ok());
 }
+
+namespace {
+
+// A fixed-window rule keyed by ip.
+sluice::Rule fixed_rule(std::string name, sluice::RequestsPer per) {
+  sluice::Rule r = rule(std::move(name), {Selector::kIp}, per);
+  r.algorithm = sluice::Algorithm::kFixedWindow;
+  return r;
+}
+
+// Bundles "first" and "second" with one rule each, both on route "both"; route "first-only"
+// and "second-only" carry one each.
+sluice::PolicyConfig two_rules(
+    sluice::Rule first, sluice::Rule second,
+    sluice::ConsumptionMode mode = sluice::ConsumptionMode::kAllOrNothing) {
+  return {.policies = {{.name = "first", .rate_limits = {std::move(first)}},
+                       {.name = "second", .rate_limits = {std::move(second)}}},
+          .routes = {{.name = "both", .policies = {"first", "second"}},
+                     {.name = "first-only", .policies = {"first"}},
+                     {.name = "second-only", .policies = {"second"}}},
+          .engine = {.consumption = mode}};
+}
+
+}  // namespace
+
+TEST_CASE("a fixed-window rule counts its requests until the window's end, then opens a new one") {
+  sluice::ManualClock clock;
+  Engine engine =
+      make_engine({.policies = {{.name = "b", .rate_limits = {fixed_rule("r", {.minute = 3})}}},
+                   .routes = {{.name = "x", .policies = {"b"}}}},
+                  clock);
+  sluice::Evaluation e = engine.evaluate(on_route("10.0.0.1", "x"));
+  REQUIRE(e.allowed);
+  CHECK(e.binding->decision.limit == 3);
+  CHECK(e.binding->decision.remaining == 2);
+  CHECK(e.binding->decision.reset_after == 60s);  // the window opened with this request
+  clock.advance(20s);
+  CHECK(admitted(engine, on_route("10.0.0.1", "x"), 2) == 2);  // no refill within the window
+  sluice::Evaluation denied = engine.evaluate(on_route("10.0.0.1", "x"));
+  REQUIRE_FALSE(denied.allowed);
+  CHECK(denied.binding->decision.remaining == 0);
+  CHECK(denied.binding->decision.retry_after == 40s);
+  CHECK(denied.binding->decision.reset_after == 40s);
+  CHECK(field(denied, "Retry-After") == "40");
+  CHECK(field(denied, "RateLimit-Policy") == "\"b/r/minute\";q=3;w=60");
+  clock.advance(40s - 1ns);  // the last nanosecond of the window
+  denied = engine.evaluate(on_route("10.0.0.1", "x"));
+  REQUIRE_FALSE(denied.allowed);
+  CHECK(denied.binding->decision.retry_after == 1ns);
+  clock.advance(1ns);  // the window's end: a new window opens with the next admitted request
+  e = engine.evaluate(on_route("10.0.0.1", "x"));
+  REQUIRE(e.allowed);
+  CHECK(e.binding->decision.remaining == 2);
+  CHECK(e.binding->decision.reset_after == 60s);
+  CHECK(admitted(engine, on_route("10.0.0.2", "x"), 5) == 3);  // another key, its own window
+}
+
+TEST_CASE("all_or_nothing: a GCRA rule that denies leaves a fixed window untouched, either order") {
+  sluice::ManualClock clock;
+  const sluice::Rule tight = rule("tight", {Selector::kIp}, {.minute = 1});
+  const sluice::Rule window = fixed_rule("window", {.minute = 5});
+  for (const bool window_first : {true, false}) {
+    Engine engine =
+        make_engine(window_first ? two_rules(window, tight) : two_rules(tight, window), clock);
+    CHECK(admitted(engine, on_route("10.0.0.1", "both"), 5) == 1);
+    const char* only = window_first ? "first-only" : "second-only";
+    sluice::Evaluation e = engine.evaluate(on_route("10.0.0.1", only));
+    REQUIRE(e.allowed);
+    CHECK(e.binding->decision.remaining == 3);  // 5 - the admitted request - this one
+    CHECK(e.binding->decision.reset_after == 60s);
+  }
+}
+
+TEST_CASE("all_or_nothing: a fixed window that denies leaves a GCRA rule untouched, either order") {
+  sluice::ManualClock clock;
+  const sluice::Rule window = fixed_rule("window", {.minute = 1});
+  const sluice::Rule loose = rule("loose", {Selector::kIp}, {.minute = 10});
+  for (const bool window_first : {true, false}) {
+    Engine engine =
+        make_engine(window_first ? two_rules(window, loose) : two_rules(loose, window), clock);
+    CHECK(admitted(engine, on_route("10.0.0.1", "both"), 5) == 1);
+    sluice::Evaluation denied = engine.evaluate(on_route("10.0.0.1", "both"));
+    REQUIRE_FALSE(denied.allowed);
+    CHECK(engine.rule(denied.binding->rule).compiled.label ==
+          (window_first ? "first/window" : "second/window"));
+    CHECK(denied.binding->decision.retry_after == 60s);
+    const char* only = window_first ? "second-only" : "first-only";
+    CHECK(field(engine.evaluate(on_route("10.0.0.1", only)), "X-RateLimit-Remaining") == "8");
+  }
+}
+
+TEST_CASE("every_rule: the admitting rule consumes whether a fixed window or GCRA denies") {
+  sluice::ManualClock clock;
+  constexpr auto kEvery = sluice::ConsumptionMode::kEveryRule;
+  Engine gcra_consumes = make_engine(
+      two_rules(fixed_rule("w", {.minute = 1}), rule("g", {Selector::kIp}, {.minute = 10}), kEvery),
+      clock);
+  CHECK(admitted(gcra_consumes, on_route("10.0.0.1", "both"), 5) == 1);
+  CHECK(field(gcra_consumes.evaluate(on_route("10.0.0.1", "second-only")),
+              "X-RateLimit-Remaining") == "4");
+  Engine window_consumes = make_engine(
+      two_rules(rule("g", {Selector::kIp}, {.minute = 1}), fixed_rule("w", {.minute = 10}), kEvery),
+      clock);
+  CHECK(admitted(window_consumes, on_route("10.0.0.1", "both"), 5) == 1);
+  CHECK(field(window_consumes.evaluate(on_route("10.0.0.1", "second-only")),
+              "X-RateLimit-Remaining") == "4");
+}
+
+TEST_CASE("a dry-run fixed window reports its would-be denial until its window ends") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config =
+      two_rules(rule("live", {Selector::kIp}, {.minute = 100}), fixed_rule("trial", {.minute = 2}));
+  config.policies[1].dry_run = true;
+  Engine engine = make_engine(config, clock);
+  for (int i = 0; i < 4; ++i) {
+    sluice::Evaluation e = engine.evaluate(on_route("10.0.0.1", "both"));
+    REQUIRE(e.allowed);
+    REQUIRE(e.dry_denied.has_value() == (i >= 2));
+    if (e.dry_denied) CHECK(e.dry_denied->decision.retry_after == 60s);
+  }
+  clock.advance(60s);
+  CHECK_FALSE(engine.evaluate(on_route("10.0.0.1", "both")).dry_denied.has_value());
+}
+
+TEST_CASE("a change of algorithm starts a rule fresh; a fixed window's new limit keeps its count") {
+  sluice::ManualClock clock;
+  auto config = [](sluice::Algorithm algorithm, std::uint64_t per_minute) {
+    sluice::PolicyConfig c = one_rule({.minute = per_minute});
+    c.policies[0].rate_limits[0].algorithm = algorithm;
+    return c;
+  };
+  constexpr auto kFixed = sluice::Algorithm::kFixedWindow;
+  Engine first = make_engine(config(kFixed, 3), clock);
+  REQUIRE(admitted(first, on_route("10.0.0.1", "x"), 5) == 3);
+  clock.advance(30s);
+  Engine raised = reloaded(first, config(kFixed, 5));
+  CHECK(admitted(raised, on_route("10.0.0.1", "x"), 5) == 2);  // 3 of 5 counted already
+  sluice::Evaluation denied = raised.evaluate(on_route("10.0.0.1", "x"));
+  CHECK(denied.binding->decision.retry_after == 30s);  // the same window's end
+  Engine gcra = reloaded(raised, config(sluice::Algorithm::kGcra, 5));
+  CHECK(admitted(gcra, on_route("10.0.0.1", "x"), 10) == 5);  // another identity: fresh
+}

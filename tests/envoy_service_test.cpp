@@ -374,6 +374,67 @@ TEST_CASE("envoy: sluice's periods, bursts and stacked windows", "[envoy]") {
   CHECK(over.statuses(0).current_limit().requests_per_unit() == 5);
 }
 
+TEST_CASE("envoy: a fixed window counts per window and reports the time to its end", "[envoy]") {
+  // tests/envoy/config/sluice_fixed.yaml: a fixed window of 3 per 10 s ("tenant") and a GCRA
+  // limit of 2 a second ("user").
+  EnvoyServer server(fixtures(), /*headers=*/true);
+  const auto tenant = request("sluice_fixed", {{{"tenant", "t"}}});
+  rls::RateLimitResponse first = server.ok(tenant);
+  CHECK(first.overall_code() == kOk);
+  CHECK(first.statuses(0).current_limit().name() == "tenant_window");
+  // 3 per 10 s: nearest unit a minute, 18 a minute.
+  CHECK(first.statuses(0).current_limit().unit() == rls::RateLimitResponse::RateLimit::MINUTE);
+  CHECK(first.statuses(0).current_limit().requests_per_unit() == 18);
+  CHECK(first.statuses(0).limit_remaining() == 2);
+  CHECK(reset_ms(first.statuses(0)) == 10'000);  // the window opened with this call
+  server.clock().advance(4s);
+  CHECK(server.ok(tenant).statuses(0).limit_remaining() == 1);  // no refill within the window
+  rls::RateLimitResponse last = server.ok(tenant);
+  CHECK(last.statuses(0).limit_remaining() == 0);
+  CHECK(reset_ms(last.statuses(0)) == 6'000);
+  rls::RateLimitResponse over = server.ok(tenant);
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  CHECK(over.statuses(0).limit_remaining() == 0);
+  CHECK(reset_ms(over.statuses(0)) == 6'000);
+  bool retry_after = false;
+  for (const auto& h : over.response_headers_to_add()) {
+    if (h.key() == "Retry-After") retry_after = h.value() == "6";
+  }
+  CHECK(retry_after);
+  server.clock().advance(6s - 1ns);
+  CHECK(server.ok(tenant).overall_code() == kOverLimit);  // the window's last nanosecond
+  server.clock().advance(1ns);
+  rls::RateLimitResponse next = server.ok(tenant);  // a new window opens
+  CHECK(next.overall_code() == kOk);
+  CHECK(next.statuses(0).limit_remaining() == 2);
+  CHECK(reset_ms(next.statuses(0)) == 10'000);
+}
+
+TEST_CASE("envoy: a fixed window and a GCRA limit are decided all or nothing", "[envoy]") {
+  EnvoyServer server(fixtures());
+  // The GCRA limit denies: the fixed window counts nothing and reports itself as it stands.
+  for (int i = 0; i < 2; ++i)
+    REQUIRE(server.ok(request("sluice_fixed", {{{"user", "u"}}})).overall_code() == kOk);
+  rls::RateLimitResponse denied =
+      server.ok(request("sluice_fixed", {{{"tenant", "t"}}, {{"user", "u"}}}));
+  CHECK(denied.overall_code() == kOverLimit);
+  CHECK(denied.statuses(0).code() == kOk);
+  CHECK(denied.statuses(0).limit_remaining() == 3);
+  CHECK(reset_ms(denied.statuses(0)) == 0);  // nothing counted: no window open
+  CHECK(denied.statuses(1).code() == kOverLimit);
+  CHECK(server.ok(request("sluice_fixed", {{{"tenant", "t"}}})).statuses(0).limit_remaining() == 2);
+  // The fixed window denies: the GCRA limit consumes nothing.
+  const auto t2 = request("sluice_fixed", {{{"tenant", "t2"}}});
+  for (int i = 0; i < 3; ++i) REQUIRE(server.ok(t2).overall_code() == kOk);
+  denied = server.ok(request("sluice_fixed", {{{"tenant", "t2"}}, {{"user", "u2"}}}));
+  CHECK(denied.overall_code() == kOverLimit);
+  CHECK(denied.statuses(0).code() == kOverLimit);
+  CHECK(denied.statuses(1).code() == kOk);
+  CHECK(denied.statuses(1).limit_remaining() == 2);
+  CHECK(server.ok(request("sluice_fixed", {{{"user", "u2"}}})).statuses(0).limit_remaining() == 1);
+}
+
 TEST_CASE("envoy: response headers describe the binding limit when switched on", "[envoy]") {
   EnvoyServer off(fixtures());
   CHECK(off.ok(request("mongo_cps", {{{"database", "tmp_1"}}})).response_headers_to_add_size() ==
@@ -462,6 +523,14 @@ TEST_CASE("envoy: invalid files are refused with file:line:column", "[envoy]") {
   CHECK(message("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {period: 5 minutes, "
                 "requests_per_unit: 1}\n")
             .starts_with("f.yaml:4:26: descriptors[0].rate_limit.period: expected a period"));
+  CHECK(message("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {algorithm: sliding, "
+                "unit: second, requests_per_unit: 1}\n") ==
+        "f.yaml:4:29: descriptors[0].rate_limit.algorithm: unknown algorithm \"sliding\" "
+        "(expected gcra or fixed_window)");
+  CHECK(message("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {algorithm: fixed_window, "
+                "unit: second, requests_per_unit: 3, burst: 5}\n") ==
+        "f.yaml:4:17: descriptors[0].rate_limit: a fixed_window limit's burst must equal its "
+        "requests_per_unit (3), or be absent");
 }
 
 #ifdef SLUICE_ENVOY_RLS_BINARY
@@ -841,6 +910,29 @@ TEST_CASE("envoy: two replicas over one Redis share one budget, all or nothing",
   CHECK(over.statuses(1).code() == kOk);
   CHECK(over.statuses(1).limit_remaining() == 95);  // nothing consumed
   CHECK(a.ok(request("messaging", {{{"to_number", "1"}}})).statuses(0).limit_remaining() == 94);
+}
+
+TEST_CASE("envoy: two replicas over one Redis share a fixed window, all or nothing",
+          "[envoy][redis]") {
+  sluice_test::RedisFixture redis;
+  using RedisServer = BasicEnvoyServer<sluice::redis::RedisEngineBackend>;
+  RedisServer a(fixtures(), {.backend = {.client = redis.client()}});
+  RedisServer b(fixtures(), {.backend = {.client = redis.client()}});
+  const auto tenant = request("sluice_fixed", {{{"tenant", "t"}}});
+  for (int i = 0; i < 3; ++i) {
+    rls::RateLimitResponse r = (i % 2 == 0 ? a : b).ok(tenant);
+    CHECK(r.overall_code() == kOk);
+    CHECK(r.statuses(0).limit_remaining() == static_cast<std::uint32_t>(2 - i));
+    CHECK(reset_ms(r.statuses(0)) <= 10'000);
+    CHECK(reset_ms(r.statuses(0)) > 9'000);  // the server's clock: the window opened just now
+  }
+  // The window is full: the GCRA limit beside it consumes nothing.
+  rls::RateLimitResponse over = b.ok(request("sluice_fixed", {{{"tenant", "t"}}, {{"user", "u"}}}));
+  CHECK(over.overall_code() == kOverLimit);
+  CHECK(over.statuses(0).code() == kOverLimit);
+  CHECK(over.statuses(1).code() == kOk);
+  CHECK(over.statuses(1).limit_remaining() == 2);
+  CHECK(a.ok(request("sluice_fixed", {{{"user", "u"}}})).statuses(0).limit_remaining() == 1);
 }
 
 TEST_CASE("envoy: a Redis failure is decided by the failure mode", "[envoy][redis]") {

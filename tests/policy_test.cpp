@@ -160,6 +160,14 @@ TEST_CASE("invalid rules are rejected with the path of the bad value") {
       {[](auto& c) { c.policies[0].rate_limits[0].burst = 315'360'001; },
        "policies[0].rate_limits[0].burst must be <= 315360000 (a full bucket must refill within "
        "365 days)"},
+      {[](auto& c) { c.policies[0].rate_limits[0].algorithm = sluice::Algorithm::kFixedWindow; },
+       "policies[0].rate_limits[0].burst must equal the requests of the shortest window (10) in a "
+       "fixed_window rule, or be absent"},
+      {[](auto& c) {
+         c.policies[0].rate_limits[1].algorithm = sluice::Algorithm::kFixedWindow;
+         c.policies[0].rate_limits[1].adaptive = sluice::AdaptivePolicy{.target_latency = 100ms};
+       },
+       "policies[0].rate_limits[1].adaptive needs algorithm gcra"},
       {[](auto& c) { c.policies[0].rate_limits[1].name = "per-ip"; },
        "policies[0].rate_limits[1].name: duplicate rule name \"per-ip\" (also "
        "policies[0].rate_limits[0])"},
@@ -411,6 +419,30 @@ TEST_CASE("legacy rate_limit and rate_limits in one bundle both apply") {
   CHECK(legacy.label == "public-api-limits/rate_limit");
   CHECK(legacy.selector == std::vector<Selector>{Selector::kRoute});
   CHECK(legacy.windows == std::vector<sluice::GcraWindow>{{100, 10s, 100}});
+}
+
+TEST_CASE("a fixed-window rule keeps its windows and marks its fingerprint and identity") {
+  sluice::Bundle bundle = public_api_limits();
+  bundle.rate_limits[0].burst = 10;  // equal to the shortest window's requests: accepted
+  bundle.rate_limits[0].algorithm = sluice::Algorithm::kFixedWindow;
+  auto fixed = sluice::compile_bundle(bundle);
+  auto gcra = sluice::compile_bundle(public_api_limits());
+  REQUIRE(fixed.ok());
+  REQUIRE(gcra.ok());
+  const sluice::CompiledRule& rule = fixed->rules[0];
+  CHECK(rule.algorithm == sluice::Algorithm::kFixedWindow);
+  CHECK(rule.windows == std::vector<sluice::GcraWindow>{{10, 1s, 10}, {600, 60s, 600}});
+  CHECK(rule.fingerprint == "sluice.rule.v1;bundle=" + part("public-api-limits") +
+                                ";rule=name:" + part("per-ip") +
+                                ";selector=ip;windows=10/1000000000ns/10,600/60000000000ns/600;"
+                                "algorithm=fixed_window");
+  // A change of algorithm is a change of identity: the rule starts fresh.
+  CHECK(rule.identity != gcra->rules[0].identity);
+  CHECK(fixed->rules[1].algorithm == sluice::Algorithm::kGcra);
+  CHECK(fixed->rules[1].fingerprint == gcra->rules[1].fingerprint);
+  CHECK(sluice::parse_algorithm("fixed_window") == sluice::Algorithm::kFixedWindow);
+  CHECK(sluice::parse_algorithm("gcra") == sluice::Algorithm::kGcra);
+  CHECK(!sluice::parse_algorithm("sliding").has_value());
 }
 
 TEST_CASE("an unnamed rule is labelled and fingerprinted by its position") {

@@ -769,6 +769,20 @@ TEST_CASE("an adaptive rule is refused by the engine over PostgreSQL, naming the
         "api/per-ip: adaptive rules are not supported by the PostgreSQL backend");
 }
 
+TEST_CASE("a fixed-window rule is refused by the engine over PostgreSQL, naming the rule") {
+  sluice::PolicyConfig config{
+      .policies = {{.name = "api",
+                    .rate_limits = {{.name = "per-ip",
+                                     .selector = {sluice::Selector::kIp},
+                                     .requests_per = {.s = 2},
+                                     .algorithm = sluice::Algorithm::kFixedWindow}}}},
+      .routes = {{.name = "r", .path_prefix = "/", .policies = {"api"}}}};
+  auto engine = sluice::postgres::PostgresRateLimitEngine::create(config, {.client = client()});
+  CHECK(engine.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(engine.status().message() ==
+        "api/per-ip: fixed_window rules are not supported by the PostgreSQL backend");
+}
+
 // --- faults ------------------------------------------------------------------------------------
 
 TEST_CASE("a statement held past its timeout is DeadlineExceeded and consumes nothing") {

@@ -717,3 +717,80 @@ TEST_CASE("the runtime engine refuses a Redis server without bounded memory when
   const auto engine = sluice::RuntimeRateLimitEngine::create(config);
   CHECK(engine.status().code() == absl::StatusCode::kFailedPrecondition);
 }
+
+namespace {
+
+// The documented example with its per-ip rule a fixed window of 10 a second and 600 a minute.
+sluice::PolicyConfig fixed_window_example(sluice::ConsumptionMode mode) {
+  sluice::PolicyConfig config = documented_example();
+  config.policies[0].rate_limits[0].burst.reset();
+  config.policies[0].rate_limits[0].algorithm = sluice::Algorithm::kFixedWindow;
+  config.engine.consumption = mode;
+  return config;
+}
+
+}  // namespace
+
+TEST_CASE("a fixed-window rule over Redis gives the in-memory engine's evaluations exactly") {
+  for (auto mode : {sluice::ConsumptionMode::kAllOrNothing, sluice::ConsumptionMode::kEveryRule}) {
+    Server server;
+    sluice::ManualClock clock;
+    const sluice::PolicyConfig config = fixed_window_example(mode);
+    RedisRateLimitEngine redis = make(config, {.client = server.client_holding_keys(clock)});
+    auto memory = MemoryEngine::create(config, {.store = {.seed = 1}, .clock = clock});
+    REQUIRE(memory.ok());
+    // At one instant: 10 units in the second's window (costs 1, 1, 1, 1, 3, 1, 1, 1 of
+    // 203.0.113.7; request 6 is another client's), then none.
+    CHECK(expect_same_evaluations(redis, *memory, clock, 11) == 9);
+    // The window's edges, exactly: the last nanosecond of a second's window, then the next.
+    for (int i = 0; i < 10; ++i) REQUIRE(redis.evaluate(on_route("192.0.2.1", "public")).allowed);
+    sluice::Evaluation denied = redis.evaluate(on_route("192.0.2.1", "public"));
+    CHECK_FALSE(denied.allowed);
+    CHECK(denied.retry_after == 1s);
+    CHECK(denied.binding->decision.reset_after == 1s);
+    clock.advance(1s - 1ns);
+    CHECK(redis.evaluate(on_route("192.0.2.1", "public")).retry_after == 1ns);
+    clock.advance(1ns);
+    sluice::Evaluation next = redis.evaluate(on_route("192.0.2.1", "public"));
+    CHECK(next.allowed);
+    CHECK(next.binding->decision.remaining == 9);
+  }
+}
+
+TEST_CASE("all_or_nothing over Redis decides a fixed window and a GCRA rule together") {
+  Server server;
+  // The fixed window denies: the GCRA rule consumes nothing.
+  sluice::PolicyConfig config = tight_and_loose(sluice::ConsumptionMode::kAllOrNothing);
+  config.policies[0].rate_limits[0].algorithm = sluice::Algorithm::kFixedWindow;
+  RedisRateLimitEngine fixed_denies = make(config, {.client = server.client()});
+  CHECK(admitted(fixed_denies, on_route("10.0.0.1", "both"), 5) == 1);
+  CHECK(field(fixed_denies.evaluate(on_route("10.0.0.1", "loose-only")), "X-RateLimit-Remaining") ==
+        "8");
+  // The GCRA rule denies: the fixed window counts nothing.
+  config = tight_and_loose(sluice::ConsumptionMode::kAllOrNothing);
+  config.policies[1].rate_limits[0].algorithm = sluice::Algorithm::kFixedWindow;
+  RedisRateLimitEngine gcra_denies = make(config, {.client = server.client()});
+  CHECK(admitted(gcra_denies, on_route("10.0.0.2", "both"), 5) == 1);
+  sluice::Evaluation e = gcra_denies.evaluate(on_route("10.0.0.2", "loose-only"));
+  CHECK(e.binding->decision.remaining == 8);
+  CHECK(e.binding->decision.reset_after > 59s);  // the window opened by the first request
+  CHECK(e.binding->decision.reset_after <= 60s);
+}
+
+TEST_CASE("a fixed-window rule over Redis keeps its count across an unchanged reload only") {
+  Server server;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "b", .rate_limits = {rule("w", {Selector::kIp}, {.minute = 3})}}},
+      .routes = {{.name = "x", .policies = {"b"}}}};
+  config.policies[0].rate_limits[0].algorithm = sluice::Algorithm::kFixedWindow;
+  RedisRateLimitEngine first = make(config, {.client = server.client()});
+  CHECK(admitted(first, on_route("10.0.0.1", "x"), 5) == 3);
+  auto same = first.reload(config);  // an unchanged rule: the same keys, the same count
+  REQUIRE(same.ok());
+  CHECK(admitted(*same, on_route("10.0.0.1", "x"), 5) == 0);
+  // A changed window is not carried over Redis: the rule's keys start fresh.
+  config.policies[0].rate_limits[0].requests_per.minute = 4;
+  auto changed = same->reload(config);
+  REQUIRE(changed.ok());
+  CHECK(admitted(*changed, on_route("10.0.0.1", "x"), 6) == 4);
+}

@@ -267,6 +267,26 @@ TEST_CASE("burst 0 is an error at the burst") {
 )") == "6:16: policies[0].rate_limits[0].burst: must be >= 1");
 }
 
+TEST_CASE("a rule's algorithm loads, and an unknown one is an error at its value") {
+  auto config = sluice::yaml::load_config(R"(policies:
+  - name: a
+    rate_limits:
+      - selector: [ip]
+        requests_per: { minute: 10 }
+        algorithm: fixed_window
+)");
+  REQUIRE(config.ok());
+  CHECK(config->policies[0].rate_limits[0].algorithm == sluice::Algorithm::kFixedWindow);
+  CHECK(error_of(R"(policies:
+  - name: a
+    rate_limits:
+      - selector: [ip]
+        requests_per: { minute: 10 }
+        algorithm: sliding
+)") == "6:20: policies[0].rate_limits[0].algorithm: unknown algorithm \"sliding\" (expected "
+       "gcra or fixed_window)");
+}
+
 TEST_CASE("a duplicate bundle name is an error at the second name") {
   CHECK(error_of(R"(policies:
   - name: login

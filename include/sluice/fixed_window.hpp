@@ -33,6 +33,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -105,11 +106,7 @@ class FixedWindowLimiter {
   // Admits `cost` units for `key` if every window has room; `cost` 0 only reports.
   // InvalidArgument (state untouched) if cost exceeds a window's limit.
   absl::StatusOr<Decision> check(std::string_view key, std::uint64_t cost = 1) {
-    if (cost > max_cost_) {
-      std::size_t window = 0;
-      while (windows_[window].limit >= cost) ++window;
-      return detail::cost_error(cost, windows_[window].limit, window);
-    }
+    if (absl::Status s = validate_cost(cost); !s.ok()) return s;
     const KeyDigest digest = std::visit([&](auto& s) { return s.digest(key); }, store_);
     const std::int64_t now = detail::saturate_time(clock_.now().count());
     return std::visit(
@@ -173,7 +170,111 @@ class FixedWindowLimiter {
   // The windows, shortest first. Decision::binding_window indexes this.
   const std::vector<FixedWindow>& windows() const noexcept { return windows_; }
 
+  // The store's digest seed (a reload's new limiter takes it to carry keys).
+  std::uint64_t seed() const {
+    return std::visit([](const auto& s) { return s.seed(); }, store_);
+  }
+
+  // Carries every live key of `from` into this limiter, which nobody else uses yet. Each window
+  // here takes the key's window of `from` with the same length (or, when both have one window,
+  // the only one): its count, and its end, brought forward to at most one new window from now.
+  // A key then has no more room than before in any carried window; an added window starts
+  // empty. O(from's keys + its store capacity); takes `from`'s shard locks one at a time.
+  void carry_from(const FixedWindowLimiter& from) {
+    constexpr std::size_t kNone = kMaxWindows;
+    std::array<std::size_t, kMaxWindows> source{};
+    for (std::size_t i = 0; i < windows_.size(); ++i) {
+      source[i] = kNone;
+      for (std::size_t j = 0; j < from.windows_.size(); ++j) {
+        const bool single = windows_.size() == 1 && from.windows_.size() == 1;
+        if (single || from.windows_[j].window == windows_[i].window) source[i] = j;
+      }
+    }
+    const std::int64_t at = std::max(now(), from.now());
+    auto carry = [&](auto& cell, const auto& old_cell, std::int64_t clamped) {
+      for (std::size_t i = 0; i < windows_.size(); ++i) {
+        if (source[i] == kNone || old_cell.windows[source[i]].end <= clamped) continue;
+        const detail::WindowCount& old = old_cell.windows[source[i]];
+        cell.windows[i] = {std::min(old.end, clamped + windows_[i].window.count()), old.count};
+      }
+      return true;
+    };
+    std::visit(
+        [&](const auto& old_store) {
+          std::visit(
+              [&](auto& new_store) {
+                old_store.for_each_live(at, [&](const KeyDigest& d, const auto& old_cell) {
+                  new_store.update(
+                      d, at,
+                      [&](auto& cell, std::int64_t clamped) {
+                        return carry(cell, old_cell, clamped);
+                      },
+                      [](const StoreFull&) { return false; });
+                });
+              },
+              store_);
+        },
+        from.store_);
+  }
+
  private:
+  // --- Multi-key transactions, for the policy engine's in-memory backend (as GcraLimiter's):
+  // every key's shard in one ShardLockSet, held by HeldShardLocks; decide every key without
+  // committing, then admit them all only if every key was admitted.
+  template <Clock>
+  friend class InMemoryBackend;
+
+  absl::Status validate_cost(std::uint64_t cost) const {
+    if (cost <= max_cost_) return absl::OkStatus();
+    std::size_t window = 0;
+    while (windows_[window].limit >= cost) ++window;
+    return detail::cost_error(cost, windows_[window].limit, window);
+  }
+  KeyDigest digest(std::string_view key) const {
+    return std::visit([&](const auto& s) { return s.digest(key); }, store_);
+  }
+  void add_lock(ShardLockSet& locks, const KeyDigest& d) const {
+    std::visit([&](const auto& s) { locks.add(s, d); }, store_);
+  }
+  std::int64_t now() const { return detail::saturate_time(clock_.now().count()); }
+  // Takes `cost` iff every window admits it.
+  bool admit_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
+                    std::uint64_t cost) {
+    return std::visit(
+        [&](auto& store) {
+          return store.update_locked(
+              held, d, now,
+              [&](auto& cell, std::int64_t clamped) {
+                return decide(cell, clamped, cost).allowed();
+              },
+              [](const StoreFull&) { return false; });
+        },
+        store_);
+  }
+  // Writes the decision for `cost` at `now` into `out`; takes it iff `commit` and admitted.
+  // Without `commit` an absent key is decided as a fresh one and not inserted.
+  void decide_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
+                     std::uint64_t cost, bool commit, Decision& out) {
+    std::visit(
+        [&](auto& store) {
+          if (!commit) {
+            const auto* cell = store.find_locked(held, d, now);
+            auto copy = cell != nullptr ? *cell : std::remove_cvref_t<decltype(*cell)>{};
+            out = decide(copy, now, cost);
+            return;
+          }
+          out = store.update_locked(
+              held, d, now,
+              [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, cost); },
+              [&](const StoreFull& full) {
+                Decision decision = detail::store_full_decision(full);
+                decision.limit = windows_[0].limit;
+                return decision;
+              });
+        },
+        store_);
+  }
+
   static constexpr std::uint64_t kMaxLimit = std::uint64_t{1} << 62;
   static constexpr std::int64_t kMaxWindowNs = std::int64_t{1} << 60;
 

@@ -16,6 +16,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 namespace sluice {
 
@@ -33,6 +35,28 @@ struct FixedWindow {
   std::chrono::nanoseconds window{0};
   friend bool operator==(const FixedWindow&, const FixedWindow&) = default;
 };
+
+// How a policy rule (or an Envoy limit) counts its windows. Part of a rule's identity: a reload
+// that changes it starts the rule fresh.
+enum class Algorithm {
+  // The generic cell rate algorithm (a token bucket without a refill thread): smooth, with a burst
+  // on the shortest window. The default.
+  kGcra,
+  // A fixed window per key (sluice/fixed_window.hpp): `requests` per period, counted from the
+  // first admitted request of an idle key until the period has elapsed; its burst is its
+  // requests. A client may pass up to twice a window's requests across one window edge.
+  kFixedWindow,
+};
+
+constexpr std::string_view to_string(Algorithm algorithm) noexcept {
+  return algorithm == Algorithm::kFixedWindow ? "fixed_window" : "gcra";
+}
+// "gcra" or "fixed_window"; nullopt for anything else.
+constexpr std::optional<Algorithm> parse_algorithm(std::string_view text) noexcept {
+  if (text == "gcra") return Algorithm::kGcra;
+  if (text == "fixed_window") return Algorithm::kFixedWindow;
+  return std::nullopt;
+}
 
 }  // namespace sluice
 

@@ -1,8 +1,9 @@
 // sluice/engine/in_memory_backend.hpp — the policy engine's state in this process.
 //
-// `InMemoryBackend` models every power of sluice/engine/backend.hpp: one GcraLimiter per rule;
-// an all-or-nothing request takes the shard locks of all its keys (in one global order), decides
-// every key, and commits only if all admit.
+// `InMemoryBackend` models every power of sluice/engine/backend.hpp: one GcraLimiter per rule
+// (a FixedWindowLimiter for a fixed-window rule); an all-or-nothing request takes the shard locks
+// of all its keys (in one global order), decides every key, and commits only if all admit.
+// Bookings (settlement) cover GCRA rules: a request with a fixed-window rule books nothing.
 //
 // Thread-safety: check_rules, check_rules_booking, reset_key and rule_store_stats may be called
 // concurrently. Complexity: O(keys) per call, plus sorting the keys' shard locks.
@@ -30,16 +31,36 @@
 #include "sluice/decision.hpp"
 #include "sluice/detail/limiter_common.hpp"
 #include "sluice/engine/backend.hpp"
+#include "sluice/fixed_window.hpp"
 #include "sluice/gcra.hpp"
 #include "sluice/policy.hpp"
 #include "sluice/store.hpp"
 
 namespace sluice {
 
-// The in-memory backend: one GcraLimiter per rule, all-or-nothing commits under every involved
+namespace detail {
+
+// One rule's limiter in the in-memory backend: a GcraLimiter, or a FixedWindowLimiter for a
+// fixed-window rule (exactly one is set). Each call forwards to it.
+template <Clock ClockT>
+struct EngineRuleLimiter {
+  std::shared_ptr<GcraLimiter<ClockT>> gcra{};
+  std::shared_ptr<FixedWindowLimiter<ClockT>> fixed{};
+
+  template <class Fn>
+  decltype(auto) visit(Fn&& fn) const {
+    return gcra != nullptr ? fn(*gcra) : fn(*fixed);
+  }
+};
+
+}  // namespace detail
+
+// The in-memory backend: one limiter per rule, all-or-nothing commits under every involved
 // shard lock taken in ascending address order.
 template <Clock ClockT = SteadyClock>
 class InMemoryBackend {
+  using RuleLimiter = detail::EngineRuleLimiter<ClockT>;
+
  public:
   struct Options {
     StoreOptions store{};  // per rule; overflow must stay kEvict for all-or-nothing commits
@@ -55,7 +76,8 @@ class InMemoryBackend {
   // same spent share of its new bucket (GcraLimiter::carry_from: rounded toward less room, an
   // added window empty, a removed one dropped). That copy is O(keys + store capacity) of the
   // previous limiter, taking its shard locks one at a time; admissions the previous generation
-  // makes after its shard was copied are not carried. Any other rule starts empty.
+  // makes after its shard was copied are not carried. A fixed-window rule carries each key's
+  // count (FixedWindowLimiter::carry_from). Any other rule starts empty.
   static absl::StatusOr<InMemoryBackend> create(std::span<const CompiledRule> rules,
                                                 const InMemoryBackend* previous,
                                                 const Options& options) {
@@ -64,17 +86,20 @@ class InMemoryBackend {
     }
     InMemoryBackend backend(options.clock);
     for (const CompiledRule& rule : rules) {
-      std::shared_ptr<GcraLimiter<ClockT>> limiter =
-          previous != nullptr ? previous->find(previous->by_fingerprint_, rule.fingerprint)
-                              : nullptr;
-      if (limiter == nullptr) {
-        auto created = new_limiter(
-            rule,
-            previous != nullptr ? previous->find(previous->by_identity_, rule.identity) : nullptr,
-            options);
+      RuleLimiter limiter = previous != nullptr
+                                ? previous->find(previous->by_fingerprint_, rule.fingerprint)
+                                : RuleLimiter{};
+      if (limiter.gcra == nullptr && limiter.fixed == nullptr) {
+        const RuleLimiter carried = previous != nullptr
+                                        ? previous->find(previous->by_identity_, rule.identity)
+                                        : RuleLimiter{};
+        auto created = rule.algorithm == Algorithm::kFixedWindow
+                           ? new_fixed_limiter(rule, carried.fixed, options)
+                           : new_limiter(rule, carried.gcra, options);
         if (!created.ok()) return created.status();
         limiter = *std::move(created);
       }
+      backend.any_fixed_ = backend.any_fixed_ || limiter.fixed != nullptr;
       backend.by_fingerprint_.emplace(rule.fingerprint, backend.limiters_.size());
       backend.by_identity_.emplace(rule.identity, backend.limiters_.size());
       backend.limiters_.push_back(std::move(limiter));
@@ -88,12 +113,11 @@ class InMemoryBackend {
 
   absl::Status check_rules(std::span<const RuleKey> keys, ConsumptionMode mode,
                            std::span<Decision> out) {
-    for (const RuleKey& k : keys) {
-      if (absl::Status s = limiters_[k.rule]->validate_cost(k.cost); !s.ok()) return s;
-    }
+    if (absl::Status s = validate_costs(keys); !s.ok()) return s;
     if (mode == ConsumptionMode::kEveryRule) {
       for (std::size_t i = 0; i < keys.size(); ++i) {
-        out[i] = *limiters_[keys[i].rule]->check(keys[i].key, keys[i].cost);
+        out[i] = *limiters_[keys[i].rule].visit(
+            [&](auto& l) { return l.check(keys[i].key, keys[i].cost); });
       }
       return absl::OkStatus();
     }
@@ -102,17 +126,19 @@ class InMemoryBackend {
     for (const RuleKey& k : keys) {
       // Copied field by field: a digest stored as two words and reloaded as one 16-byte value
       // stalls the store forwarding.
-      const KeyDigest d = limiters_[k.rule]->digest(k.key);
+      const KeyDigest d = limiters_[k.rule].visit([&](auto& l) { return l.digest(k.key); });
       KeyDigest& slot = digests.emplace_back();
       slot.low = d.low;
       slot.high = d.high;
-      limiters_[k.rule]->add_lock(locks, slot);
+      limiters_[k.rule].visit([&](auto& l) { l.add_lock(locks, slot); });
     }
     commit_all(HeldShardLocks(locks), keys, digests, out);
     return absl::OkStatus();
   }
 
-  StoreStats rule_store_stats(std::size_t rule) const { return limiters_[rule]->stats(); }
+  StoreStats rule_store_stats(std::size_t rule) const {
+    return limiters_[rule].visit([](auto& l) { return l.stats(); });
+  }
 
   // One live rule's admission of a request, kept to settle its cost later
   // (BasicRateLimitEngine::settle). It holds the rule's limiter, so it outlives reloads.
@@ -124,17 +150,18 @@ class InMemoryBackend {
 
   // `check_rules` that also records each key's booking when every key was admitted (else
   // `bookings` is left empty). Each key's decision and booking are taken under its shard lock.
+  // A request with a fixed-window rule is only checked: it books nothing, so its settlement
+  // stays closed.
   absl::Status check_rules_booking(std::span<const RuleKey> keys, ConsumptionMode mode,
                                    std::span<Decision> out, std::vector<Booking>& bookings) {
     bookings.clear();
-    for (const RuleKey& k : keys) {
-      if (absl::Status s = limiters_[k.rule]->validate_cost(k.cost); !s.ok()) return s;
-    }
+    if (has_fixed(keys)) return check_rules(keys, mode, out);
+    if (absl::Status s = validate_costs(keys); !s.ok()) return s;
     absl::InlinedVector<KeyDigest, 8> digests;
-    for (const RuleKey& k : keys) digests.push_back(limiters_[k.rule]->digest(k.key));
+    for (const RuleKey& k : keys) digests.push_back(limiters_[k.rule].gcra->digest(k.key));
     const std::int64_t now = detail::saturate_time(clock_.now().count());
     auto record = [&](const HeldShardLocks& held, std::size_t i) {
-      Booking b{.limiter = limiters_[keys[i].rule], .units = keys[i].cost};
+      Booking b{.limiter = limiters_[keys[i].rule].gcra, .units = keys[i].cost};
       b.limiter->record_locked(held, digests[i], now, keys[i].cost, b.booking);
       bookings.push_back(std::move(b));
     };
@@ -142,16 +169,17 @@ class InMemoryBackend {
     if (mode == ConsumptionMode::kEveryRule) {
       for (std::size_t i = 0; i < keys.size(); ++i) {
         ShardLockSet locks;
-        limiters_[keys[i].rule]->add_lock(locks, digests[i]);
+        limiters_[keys[i].rule].gcra->add_lock(locks, digests[i]);
         const HeldShardLocks held(locks);
-        limiters_[keys[i].rule]->decide_locked(held, digests[i], now, keys[i].cost, true, out[i]);
+        limiters_[keys[i].rule].gcra->decide_locked(held, digests[i], now, keys[i].cost, true,
+                                                    out[i]);
         all = all && out[i].allowed();
         if (all) record(held, i);
       }
     } else {
       ShardLockSet locks;
       for (std::size_t i = 0; i < keys.size(); ++i) {
-        limiters_[keys[i].rule]->add_lock(locks, digests[i]);
+        limiters_[keys[i].rule].gcra->add_lock(locks, digests[i]);
       }
       const HeldShardLocks held(locks);
       commit_all(held, keys, digests, out);
@@ -172,7 +200,7 @@ class InMemoryBackend {
 
   // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset).
   absl::Status reset_key(std::size_t rule, std::string_view key) {
-    limiters_[rule]->reset(key);
+    limiters_[rule].visit([&](auto& l) { l.reset(key); });
     return absl::OkStatus();
   }
 
@@ -182,16 +210,32 @@ class InMemoryBackend {
  private:
   explicit InMemoryBackend(ClockT clock) : clock_(std::move(clock)) {}
 
-  std::shared_ptr<GcraLimiter<ClockT>> find(
-      const absl::flat_hash_map<std::string, std::size_t>& index, const std::string& name) const {
+  RuleLimiter find(const absl::flat_hash_map<std::string, std::size_t>& index,
+                   const std::string& name) const {
     auto it = index.find(name);
-    return it == index.end() ? nullptr : limiters_[it->second];
+    return it == index.end() ? RuleLimiter{} : limiters_[it->second];
+  }
+
+  absl::Status validate_costs(std::span<const RuleKey> keys) const {
+    for (const RuleKey& k : keys) {
+      absl::Status s = limiters_[k.rule].visit([&](auto& l) { return l.validate_cost(k.cost); });
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  bool has_fixed(std::span<const RuleKey> keys) const {
+    if (!any_fixed_) return false;
+    for (const RuleKey& k : keys) {
+      if (limiters_[k.rule].fixed != nullptr) return true;
+    }
+    return false;
   }
 
   // A new limiter for `rule`. With `carried` (the previous generation's limiter of a rule with
   // the same identity but other windows): under its digest seed, holding each of its keys' spent
   // share (GcraLimiter::carry_from), copied eagerly here, O(carried's keys).
-  static absl::StatusOr<std::shared_ptr<GcraLimiter<ClockT>>> new_limiter(
+  static absl::StatusOr<RuleLimiter> new_limiter(
       const CompiledRule& rule, const std::shared_ptr<GcraLimiter<ClockT>>& carried,
       const Options& options) {
     StoreOptions store = options.store;
@@ -202,7 +246,26 @@ class InMemoryBackend {
     }
     auto limiter = std::make_shared<GcraLimiter<ClockT>>(*std::move(created));
     if (carried != nullptr) limiter->carry_from(*carried);
-    return limiter;
+    return RuleLimiter{.gcra = std::move(limiter)};
+  }
+
+  // new_limiter for a fixed-window rule: each window admits its requests per period.
+  static absl::StatusOr<RuleLimiter> new_fixed_limiter(
+      const CompiledRule& rule, const std::shared_ptr<FixedWindowLimiter<ClockT>>& carried,
+      const Options& options) {
+    StoreOptions store = options.store;
+    if (carried != nullptr) store.seed = carried->seed();
+    std::vector<FixedWindow> windows;
+    for (const GcraWindow& w : limiter_windows(rule)) {
+      windows.push_back({.limit = w.requests, .window = w.period});
+    }
+    auto created = FixedWindowLimiter<ClockT>::create(std::move(windows), store, options.clock);
+    if (!created.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(rule.label, ": ", created.status().message()));
+    }
+    auto limiter = std::make_shared<FixedWindowLimiter<ClockT>>(*std::move(created));
+    if (carried != nullptr) limiter->carry_from(*carried);
+    return RuleLimiter{.fixed = std::move(limiter)};
   }
 
   // Decides every key under `held` (all their shard locks); commits only if all admit. One pass
@@ -215,12 +278,14 @@ class InMemoryBackend {
                   std::span<const KeyDigest> digests, std::span<Decision> out) {
     const std::int64_t now = detail::saturate_time(clock_.now().count());
     constexpr std::size_t kInline = 8;
-    if (keys.size() > kInline) return decide_then_commit(held, keys, digests, out, now);
+    if (keys.size() > kInline || has_fixed(keys)) {
+      return decide_then_commit(held, keys, digests, out, now);
+    }
     std::array<typename GcraLimiter<ClockT>::Undo, kInline> undo;
     std::uint32_t reserved = 0;  // bit i: key i's cell advanced
     std::size_t i = 0;
     for (; i < keys.size(); ++i) {
-      GcraLimiter<ClockT>& limiter = *limiters_[keys[i].rule];
+      GcraLimiter<ClockT>& limiter = *limiters_[keys[i].rule].gcra;
       if (limiter.decide_tracked_locked(held, digests[i], now, keys[i].cost, out[i], undo[i])) {
         reserved |= std::uint32_t{1} << i;
       }
@@ -229,7 +294,7 @@ class InMemoryBackend {
     if (i == keys.size()) {  // every key admitted: insert the absent ones
       for (std::size_t j = 0; j < keys.size(); ++j) {
         if ((reserved >> j & 1U) == 0 && keys[j].cost != 0) {
-          limiters_[keys[j].rule]->admit_locked(held, digests[j], now, keys[j].cost);
+          limiters_[keys[j].rule].gcra->admit_locked(held, digests[j], now, keys[j].cost);
         }
       }
       return;
@@ -238,30 +303,35 @@ class InMemoryBackend {
     for (std::size_t j = 0; j < keys.size(); ++j) {
       if (j == i) continue;
       if (j < i && (reserved >> j & 1U) != 0) undo[j].restore();
-      limiters_[keys[j].rule]->decide_locked(held, digests[j], now, keys[j].cost, false, out[j]);
+      limiters_[keys[j].rule].gcra->decide_locked(held, digests[j], now, keys[j].cost, false,
+                                                  out[j]);
     }
   }
 
-  // commit_all for many keys: decide every key without committing, then admit them all.
+  // commit_all for many keys, or with a fixed-window rule: decide every key without
+  // committing, then admit them all.
   void decide_then_commit(const HeldShardLocks& held, std::span<const RuleKey> keys,
                           std::span<const KeyDigest> digests, std::span<Decision> out,
                           std::int64_t now) {
     bool all = true;
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      limiters_[keys[i].rule]->decide_locked(held, digests[i], now, keys[i].cost, false, out[i]);
+      limiters_[keys[i].rule].visit(
+          [&](auto& l) { l.decide_locked(held, digests[i], now, keys[i].cost, false, out[i]); });
       all = all && out[i].allowed();
     }
     if (!all) return;
     for (std::size_t i = 0; i < keys.size(); ++i) {
       if (keys[i].cost == 0) continue;
-      limiters_[keys[i].rule]->admit_locked(held, digests[i], now, keys[i].cost);
+      limiters_[keys[i].rule].visit(
+          [&](auto& l) { l.admit_locked(held, digests[i], now, keys[i].cost); });
     }
   }
 
   ClockT clock_;
   absl::flat_hash_map<std::string, std::size_t> by_fingerprint_;  // -> index into limiters_
   absl::flat_hash_map<std::string, std::size_t> by_identity_;     // -> index into limiters_
-  std::vector<std::shared_ptr<GcraLimiter<ClockT>>> limiters_;
+  std::vector<RuleLimiter> limiters_;
+  bool any_fixed_ = false;  // some rule is a fixed window
 };
 
 static_assert(BookingBackend<InMemoryBackend<>> && ResettableBackend<InMemoryBackend<>> &&

@@ -111,6 +111,9 @@ struct Limit {
   bool unlimited = false;               // matches, never limits; `windows` is then empty
   std::vector<GcraWindow> windows{};    // at least one unless unlimited; burst 0 means requests
   std::vector<std::string> replaces{};  // names of limits this one replaces in the same request
+  // kFixedWindow: every window is a fixed window of `requests` per `period` (sluice::Algorithm);
+  // each window's burst must then be 0 or equal its requests.
+  Algorithm algorithm = Algorithm::kGcra;
   friend bool operator==(const Limit&, const Limit&) = default;
 };
 

@@ -21,7 +21,8 @@
 // sluice's extensions, in `rate_limit` (and in each element of `stacked`):
 //   period: 90s | 5m | 2h | 1d | 500ms   instead of `unit`: any window length
 //   burst: N                             the bucket (default requests_per_unit)
-//   algorithm: gcra                      the only one (the default); smooth, not fixed windows
+//   algorithm: gcra | fixed_window       gcra (the default) is smooth; fixed_window counts
+//                                        requests_per_unit per window (burst: absent or equal)
 //   stacked: [{requests_per_unit, unit | period, burst}, ...]   more windows, all must admit
 // `detailed_metric` is accepted and has no effect.
 //
@@ -124,7 +125,7 @@ class DomainReader : public yaml::detail::NodeReader {
       if (f.key == "unlimited") out.unlimited = read_bool(f.value, f.path);
       if (f.key == "name") out.name = read_string(f.value, f.path);
       if (f.key == "replaces") out.replaces = read_replaces(f.value, f.path);
-      if (f.key == "algorithm") read_algorithm(f.value, f.path);
+      if (f.key == "algorithm") out.algorithm = read_algorithm(f.value, f.path);
       if (f.key == "stacked") {
         for (GcraWindow w : read_list<GcraWindow>(f.value, f.path, &DomainReader::read_window)) {
           out.windows.push_back(w);
@@ -139,6 +140,7 @@ class DomainReader : public yaml::detail::NodeReader {
     } else {
       out.windows.insert(out.windows.begin(), window_of(node, path, fs));
     }
+    if (out.algorithm == Algorithm::kFixedWindow) check_fixed_bursts(out, node, path);
     for (const std::string& r : out.replaces) {
       if (r == out.name) {
         fail(mark_of(path + ".replaces"), path + ".replaces", "a limit must not replace itself");
@@ -188,12 +190,20 @@ class DomainReader : public yaml::detail::NodeReader {
                      [](const std::string& text) { return parse_unit(text); });
   }
 
-  void read_algorithm(const YAML::Node& node, const std::string& path) {
-    const std::string text = read_string(node, path);
-    if (text != "gcra") {
-      fail(node.Mark(), path,
-           absl::StrCat("unknown algorithm ", yaml::detail::echo(text),
-                        " (expected gcra; fixed windows are not offered by this service)"));
+  Algorithm read_algorithm(const YAML::Node& node, const std::string& path) {
+    return read_enum(node, path, "algorithm", "gcra or fixed_window",
+                     [](std::string_view text) { return parse_algorithm(text); });
+  }
+
+  // A fixed window has no bucket beyond its count: each window's burst is absent or equal to
+  // its requests_per_unit.
+  void check_fixed_bursts(const Limit& limit, const YAML::Node& node, const std::string& path) {
+    for (const GcraWindow& w : limit.windows) {
+      if (w.burst != 0 && w.burst != w.requests) {
+        fail(node.Mark(), path,
+             absl::StrCat("a fixed_window limit's burst must equal its requests_per_unit (",
+                          w.requests, "), or be absent"));
+      }
     }
   }
 

@@ -176,6 +176,19 @@ inline absl::Status check_prefixes(const AddressPrefixes& prefixes, const std::s
   return absl::OkStatus();
 }
 
+// A fixed-window rule has no bucket beyond its count: its burst, if set, equals its shortest
+// window's requests (never silently another meaning than with GCRA); it is not adaptive.
+inline absl::Status check_algorithm(const Rule& rule, const WindowSpec& shortest,
+                                    const std::string& path) {
+  if (rule.algorithm != Algorithm::kFixedWindow) return absl::OkStatus();
+  const std::uint64_t requests = *(rule.requests_per.*shortest.requests);
+  if (rule.burst.has_value() && *rule.burst != requests) {
+    return invalid(path, ".burst must equal the requests of the shortest window (", requests,
+                   ") in a fixed_window rule, or be absent");
+  }
+  return rule.adaptive ? invalid(path, ".adaptive needs algorithm gcra") : absl::OkStatus();
+}
+
 inline absl::Status validate_rule(const Rule& rule, const std::string& path) {
   if (absl::Status s = check_name(rule.name, path + ".name", /*required=*/false); !s.ok()) {
     return s;
@@ -222,6 +235,7 @@ inline absl::Status validate_rule(const Rule& rule, const std::string& path) {
   if (rule.adaptive) {
     if (absl::Status s = rule.adaptive->validate(path + ".adaptive."); !s.ok()) return s;
   }
+  if (absl::Status s = check_algorithm(rule, *shortest, path); !s.ok()) return s;
   if (rule.address_prefixes.has_value()) {
     return check_prefixes(*rule.address_prefixes, path + ".address_prefixes");
   }
@@ -250,7 +264,8 @@ inline void append_fingerprint_windows(std::string& f, const std::vector<GcraWin
 inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_t index,
                               bool legacy, std::vector<Selector> selector,
                               std::vector<GcraWindow> windows, AddressPrefixes prefixes,
-                              std::optional<AdaptivePolicy> adaptive = std::nullopt) {
+                              std::optional<AdaptivePolicy> adaptive = std::nullopt,
+                              Algorithm algorithm = Algorithm::kGcra) {
   std::sort(selector.begin(), selector.end());
   std::sort(windows.begin(), windows.end(),
             [](const GcraWindow& a, const GcraWindow& b) { return a.period < b.period; });
@@ -294,6 +309,8 @@ inline CompiledRule make_rule(const Bundle& bundle, std::string name, std::size_
     absl::StrAppend(&f, ";prefixes=", prefixes.ipv4, "/", prefixes.ipv6);
   }
   if (adaptive) f += ";adaptive";
+  if (algorithm == Algorithm::kFixedWindow) f += ";algorithm=fixed_window";
+  rule.algorithm = algorithm;
   rule.identity = f.substr(0, windows_at) + f.substr(windows_end);
   rule.adaptive = adaptive;
 
@@ -322,7 +339,7 @@ inline CompiledBundle compile_valid_bundle(const Bundle& bundle, const AddressPr
     if (rule.burst.has_value()) windows.front().burst = *rule.burst;
     out.rules.push_back(make_rule(bundle, rule.name, i, /*legacy=*/false, rule.selector,
                                   std::move(windows), rule.address_prefixes.value_or(defaults),
-                                  rule.adaptive));
+                                  rule.adaptive, rule.algorithm));
   }
   if (bundle.rate_limit.has_value()) {
     const LegacyRateLimit& legacy = *bundle.rate_limit;

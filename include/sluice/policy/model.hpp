@@ -83,6 +83,10 @@ struct Rule {
   // Scales the rule's limit with its upstream's health (sluice/adaptive.hpp); the engine feeds it
   // through `record_upstream`. Requests per window and burst are then at most kMaxAdaptiveCount.
   std::optional<AdaptivePolicy> adaptive{};
+  // kFixedWindow: each window admits its requests per period; `burst` must then be absent or
+  // equal the shortest window's requests (a fixed window has no bucket beyond its count), and the
+  // rule must not be adaptive.
+  Algorithm algorithm = Algorithm::kGcra;
 
   friend bool operator==(const Rule&, const Rule&) = default;
 };
@@ -296,17 +300,19 @@ struct CompiledRule {
   std::vector<GcraWindow> windows{};   // shortest first, burst explicit; only windows[0] has the
                                        // rule's burst, every other window its requests
   std::optional<AdaptivePolicy> adaptive{};  // see Rule::adaptive
+  // kFixedWindow: each window is a fixed window of `requests` per `period` (burst = requests).
+  Algorithm algorithm = Algorithm::kGcra;
   // Identity for reload: equal fingerprints mean the engine may keep the rule's state. Covers the
   // bundle name, the rule's name (its position when unnamed; "legacy" for rate_limit), the
-  // selector, every window with its burst and whether the rule is adaptive (its limiter counts in
-  // thousandths of a request then), not the adaptive parameters; not dry_run (a rule moved from
-  // dry-run to enforcing keeps the buckets it has been filling). Names are encoded with
-  // append_key_part (sluice/key.hpp), so it is unambiguous for any names.
+  // selector, every window with its burst, whether the rule is adaptive (its limiter counts in
+  // thousandths of a request then) and its algorithm, not the adaptive parameters; not dry_run (a
+  // rule moved from dry-run to enforcing keeps the buckets it has been filling). Names are encoded
+  // with append_key_part (sluice/key.hpp), so it is unambiguous for any names.
   std::string fingerprint{};
   // The fingerprint without the windows: what decides which keys the rule has (bundle, rule
-  // name or position, selector, address prefixes, adaptive). A reload that changes only a rule's
-  // windows (rates, bursts, window lengths) keeps its identity, and the engine carries each key's
-  // spent share of the old windows into the new ones instead of starting it fresh.
+  // name or position, selector, address prefixes, adaptive, algorithm). A reload that changes only
+  // a rule's windows (rates, bursts, window lengths) keeps its identity, and the engine carries
+  // each key's spent share of the old windows into the new ones instead of starting it fresh.
   std::string identity{};
 
   friend bool operator==(const CompiledRule&, const CompiledRule&) = default;

@@ -62,8 +62,9 @@ class PostgresEngineBackend {
     std::shared_ptr<Client> client{};
   };
 
-  // InvalidArgument naming the rule's label for a rule outside the supported ranges or an adaptive
-  // rule, or when `options.client` is null. Connects lazily.
+  // InvalidArgument naming the rule's label for a rule outside the supported ranges, an adaptive
+  // rule or a fixed-window rule (a batch holds one algorithm), or when `options.client` is null.
+  // Connects lazily.
   static absl::StatusOr<PostgresEngineBackend> create(std::span<const CompiledRule> rules,
                                                       const PostgresEngineBackend* previous,
                                                       const Options& options) {
@@ -75,6 +76,10 @@ class PostgresEngineBackend {
       if (rule.adaptive) {
         return absl::InvalidArgumentError(absl::StrCat(
             rule.label, ": adaptive rules are not supported by the PostgreSQL backend"));
+      }
+      if (rule.algorithm == sluice::Algorithm::kFixedWindow) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            rule.label, ": fixed_window rules are not supported by the PostgreSQL backend"));
       }
       absl::StatusOr<Limit> limit = Limit::gcra(rule.windows);
       if (!limit.ok()) {

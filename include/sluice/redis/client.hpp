@@ -258,7 +258,8 @@ class Client {
         script_sha_(detail::sha1_hex(script_)),
         booking_script_(detail::kBookingScript),
         booking_sha_(detail::sha1_hex(booking_script_)),
-        carry_read_sha_(detail::sha1_hex(detail::kCarryReadScript)) {}
+        carry_read_sha_(detail::sha1_hex(detail::kCarryReadScript)),
+        fixed_give_back_sha_(detail::sha1_hex(kFixedGiveBackScript)) {}
 
   static absl::Status validate(std::span<const CheckItem> items) {
     if (items.empty()) {
@@ -578,12 +579,19 @@ class Client {
                  std::optional<std::chrono::nanoseconds> time) {
     std::vector<std::vector<std::string>> args;
     std::vector<std::size_t> slots;
+    std::vector<bool> fixed;  // per call: a fixed-window key (kFixedGiveBackScript)
     for (std::size_t g = 0; g < groups.size(); ++g) {
       if (!admitted[g]) continue;
       for (std::size_t i : groups[g].second) {
         if (items[i].cost == 0) continue;
         const std::string key = redis_key(items[i].key, *items[i].limit);
         std::vector<std::string>& a = args.emplace_back();
+        slots.push_back(groups[g].first);
+        fixed.push_back(items[i].limit->algorithm() == Algorithm::kFixedWindow);
+        if (fixed.back()) {
+          a = fixed_give_back_args(key, items[i].cost, booked[i].tats, time);
+          continue;
+        }
         a = {key,
              absl::StrCat(key, ":reset"),
              "g",
@@ -593,23 +601,36 @@ class Client {
              detail::give_back_extra(*items[i].limit, booked[i].serial, detail::kNeverPasses,
                                      booked[i].tats)};
         if (time) set_time_args(*time, a[3], a[4]);
-        slots.push_back(groups[g].first);
       }
     }
     std::vector<Call> calls;
     calls.reserve(args.size());
     for (std::size_t k = 0; k < args.size(); ++k) {
+      const std::string_view script = fixed[k] ? kFixedGiveBackScript : booking_script_;
+      const std::string_view sha = fixed[k] ? fixed_give_back_sha_ : booking_sha_;
       detail::Command command;
       command.add("EVALSHA");
-      command.add(booking_sha_);
-      command.add("2");
+      command.add(sha);
+      command.add(fixed[k] ? "1" : "2");
       for (const std::string& arg : args[k]) command.add(arg);
-      calls.push_back({.slot = slots[k],
-                       .command = std::move(command),
-                       .script = booking_script_,
-                       .sha = booking_sha_});
+      calls.push_back(
+          {.slot = slots[k], .command = std::move(command), .script = script, .sha = sha});
     }
     if (!calls.empty()) transport_.call(calls, deadline());
+  }
+
+  // kFixedGiveBackScript's arguments after its key count: the key, the time, the cost, then
+  // each window's booked end as (s, ns).
+  static std::vector<std::string> fixed_give_back_args(
+      const std::string& key, std::uint64_t cost, std::span<const absl::uint128> ends,
+      std::optional<std::chrono::nanoseconds> time) {
+    std::vector<std::string> a = {key, "", "", absl::StrCat(cost)};
+    if (time) set_time_args(*time, a[1], a[2]);
+    for (const absl::uint128 end : ends) {
+      a.push_back(absl::StrCat(absl::Uint128Low64(end / detail::kNanosPerSecond)));
+      a.push_back(absl::StrCat(absl::Uint128Low64(end % detail::kNanosPerSecond)));
+    }
+    return a;
   }
 
   const ClientOptions options_;
@@ -619,6 +640,7 @@ class Client {
   std::string booking_script_;
   std::string booking_sha_;
   std::string carry_read_sha_;                                  // of detail::kCarryReadScript
+  std::string fixed_give_back_sha_;                             // of kFixedGiveBackScript
   detail::Coalescer coalescer_{options_.max_coalesced_checks};  // single-key checks, one node
 };
 

@@ -70,10 +70,12 @@ class RedisEngineBackend {
   };
 
   // InvalidArgument naming the rule's label when its windows are outside the script's exact
-  // range (kMaxRequests, kMaxRefill), or when `options.client` is null. FailedPrecondition,
-  // naming the fix, for a server that cannot hold the limits (Client::verify_server: asked of
-  // the server once per client, so a reload costs nothing once it passed). Succeeds while Redis
-  // cannot be reached: the server is checked when a connection first opens.
+  // range (kMaxRequests, kMaxRefill), or when `options.client` is null. A fixed-window rule
+  // is a Limit::fixed_window, decided in the same script call as the request's GCRA rules.
+  // FailedPrecondition, naming the fix, for a server that cannot hold the limits
+  // (Client::verify_server: asked of the server once per client, so a reload costs nothing once it
+  // passed). Succeeds while Redis cannot be reached: the server is checked when a connection first
+  // opens.
   static absl::StatusOr<RedisEngineBackend> create(std::span<const CompiledRule> rules,
                                                    const RedisEngineBackend* previous,
                                                    const Options& options) {
@@ -83,7 +85,9 @@ class RedisEngineBackend {
     RedisEngineBackend backend(options);
     backend.limits_.reserve(rules.size());
     for (const CompiledRule& rule : rules) {
-      absl::StatusOr<Limit> limit = Limit::create(limiter_windows(rule));
+      absl::StatusOr<Limit> limit = rule.algorithm == sluice::Algorithm::kFixedWindow
+                                        ? Limit::fixed_window(fixed_windows(rule))
+                                        : Limit::create(limiter_windows(rule));
       if (!limit.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(rule.label, ": ", limit.status().message()));
       }
@@ -93,7 +97,8 @@ class RedisEngineBackend {
           {.identity = rule.identity,
            .fingerprint = rule.fingerprint,
            .limit = backend.limits_.back(),
-           .sources = previous != nullptr
+           // A fixed-window rule's keys are not carried: a changed one starts fresh.
+           .sources = previous != nullptr && rule.algorithm == sluice::Algorithm::kGcra
                           ? sluice::detail::carry_sources<Limit>(
                                 rule, std::span(previous->carried_),
                                 sluice::detail::unix_now(options.client->options().time_source),
@@ -171,11 +176,17 @@ class RedisEngineBackend {
 
   // `check_rules` that also records each key's booking when every key was admitted (else
   // `bookings` is left empty): the same round trip, whose script also reads each key's reset
-  // count (sluice/redis/script.hpp).
+  // count (sluice/redis/script.hpp). A request with a fixed-window rule is only checked: it
+  // books nothing, so its settlement stays closed.
   absl::Status check_rules_booking(std::span<const RuleKey> keys, ConsumptionMode mode,
                                    std::span<Decision> out, std::vector<Booking>& bookings) {
     bookings.clear();
     if (keys.empty()) return absl::OkStatus();
+    for (const RuleKey& k : keys) {
+      if (limits_[k.rule]->algorithm() == sluice::Algorithm::kFixedWindow) {
+        return check_rules(keys, mode, out);
+      }
+    }
     absl::InlinedVector<CheckItem, 8> items;
     CarriedKeys carried(keys, carried_, [this] {
       return sluice::detail::unix_now(options_.client->options().time_source);
@@ -239,6 +250,14 @@ class RedisEngineBackend {
 
  private:
   explicit RedisEngineBackend(Options options) : options_(std::move(options)) {}
+
+  static std::vector<FixedWindow> fixed_windows(const CompiledRule& rule) {
+    std::vector<FixedWindow> out;
+    for (const GcraWindow& w : limiter_windows(rule)) {
+      out.push_back({.limit = w.requests, .window = w.period});
+    }
+    return out;
+  }
 
   using CarriedKeys = sluice::detail::CarriedKeys<Limit, CarriedFrom>;
 

@@ -1,4 +1,5 @@
-// sluice/redis/limit.hpp — a validated set of stacked GCRA windows, as the Redis script takes it.
+// sluice/redis/limit.hpp — a validated set of stacked GCRA (or fixed) windows, as the Redis script
+// takes it.
 //
 // A `Limit` is what every Redis check is made against: one to many `sluice::GcraWindow`s, sorted
 // shortest period first, each burst filled in, all within the script's exact range. A
@@ -47,8 +48,13 @@ class Limit {
   // InvalidArgument for no window, requests outside 1..kMaxRequests, a period ≤ 0, or a refill
   // time above kMaxRefill. O(n log n) in the number of windows.
   static absl::StatusOr<Limit> create(std::vector<GcraWindow> windows);
+  // Fixed windows: each admits `limit` units per `window`, anchored per key as
+  // sluice::FixedWindowLimiter's. Kept as GcraWindows {limit, window, limit}. InvalidArgument
+  // for no window, a limit outside 1..kMaxRequests, or a window outside 1 ns..kMaxRefill.
+  static absl::StatusOr<Limit> fixed_window(const std::vector<FixedWindow>& windows);
 
   const std::vector<GcraWindow>& windows() const noexcept { return windows_; }
+  Algorithm algorithm() const noexcept { return algorithm_; }
   // The largest cost that can ever pass: the smallest burst.
   std::uint64_t max_cost() const noexcept { return max_cost_; }
 
@@ -61,6 +67,7 @@ class Limit {
   std::vector<GcraWindow> windows_;
   std::uint64_t max_cost_ = 0;
   std::uint64_t fingerprint_ = 0;  // XXH3-64 of the windows: a changed limit uses fresh keys
+  Algorithm algorithm_ = Algorithm::kGcra;
 };
 
 // Where a key's state may still be held under an earlier limit: the key it had there.
@@ -120,6 +127,24 @@ inline absl::StatusOr<Limit> Limit::create(std::vector<GcraWindow> windows) {
   }
   limit.fingerprint_ = XXH3_64bits(bytes.data(), bytes.size());
   limit.windows_ = std::move(windows);
+  return limit;
+}
+
+inline absl::StatusOr<Limit> Limit::fixed_window(const std::vector<FixedWindow>& windows) {
+  std::vector<GcraWindow> gcra;
+  for (const FixedWindow& w : windows) {
+    if (w.window > kMaxRefill) {
+      return absl::InvalidArgumentError("sluice::redis: a fixed window must be <= 2^52 ns");
+    }
+    gcra.push_back({.requests = w.limit, .period = w.window, .burst = w.limit});
+  }
+  absl::StatusOr<Limit> limit = create(std::move(gcra));
+  if (!limit.ok()) return limit.status();
+  limit->algorithm_ = Algorithm::kFixedWindow;
+  std::string bytes;  // another fingerprint than the same GCRA windows': other keys
+  detail::append_le64(bytes, limit->fingerprint_);
+  bytes += "fixed_window";
+  limit->fingerprint_ = XXH3_64bits(bytes.data(), bytes.size());
   return limit;
 }
 

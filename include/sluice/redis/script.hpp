@@ -34,8 +34,14 @@
 //   params_i          per window, shortest period first, 5 doubles:
 //                     cost·T as (ns, frac), burst·T as (ns, frac), requests r.
 //                     (ns, frac) means ns + frac/r nanoseconds, 0 ≤ frac < r; T = period / r.
+//                     A fixed-window item (Limit::fixed_window): the byte 'F', its cost (a
+//                     double), then per window its limit and its length in ns (2 doubles); its
+//                     length is odd, so never a multiple of 40.
 //   state (the value at key_i, 16 + 16·n bytes): w_s, w_ns (the latest time the key was written
 //                     at), then per window its debt (ns, frac) = TAT − w. No debt = a fresh window.
+//                     A fixed-window key: per window the ns its window has left after w, and
+//                     its count; a window with no time left is closed (the next admitted item
+//                     opens a new one of the full length). Its TTL is the longest time left.
 //   reply             one string: doubles all_admitted (1/0), now_s, now_ns, then per item one
 //                     byte '1' followed by the state the decision was computed from, or '0'
 //                     when the key held no state; then, for a booking check, per item its
@@ -68,11 +74,45 @@ local carry = ARGV[#ARGV] == 'carry' and ARGV[#ARGV - 1]
 local nkeys = #ARGV - 2
 if each then nkeys = nkeys - 1 end
 if carry then nkeys = nkeys - 2 end
+-- The time to live (ms, rounded up, from the server's clock) of a state written at ts, tns
+-- whose longest window needs `most` ns more.
+local function ttl_of(ts, tns, most)
+  local q = ((ts - now_s) * 1e9 + (tns - now_ns) + most) / 1e6
+  local ttl = q - q % 1 + 1
+  if ttl > 1e10 then ttl = 1e10 end
+  return ttl
+end
+-- A fixed-window item's windows (p: 'F', its cost, then per window its limit and length in ns)
+-- against state s, e ns after s was written. Returns an error message; or nil, the verdict,
+-- whether it consumes, the windows' state (per window: ns left, count) and the most ns left.
+local function fixed_windows(p, s, n, e)
+  local cost = sunpack('<d', p, 2)
+  local ok, most, packed = true, 0, ''
+  for w = 1, n do
+    local limit, length = sunpack('<dd', p, 16 * w - 6)
+    local left, c = 0, 0
+    if s then
+      left, c = sunpack('<dd', s, 16 * w + 1)
+      if not (left >= 0 and left <= 4503599627370496 and c >= 0 and c <= limit) then
+        return 'sluice: corrupt state'
+      end
+      left = left - e
+      if left <= 0 then left, c = 0, 0 end
+    end
+    if c + cost > limit then ok = false end
+    if left == 0 then left = length end
+    packed = packed .. spack('<dd', left, c + cost)
+    if left > most then most = left end
+  end
+  return nil, ok, cost > 0, packed, most
+end
 -- One item (parameters p) against its key's state s (false: none). Returns an error message;
 -- or nil, the verdict, and for an admitted item that consumes, its new state and its time to
 -- live (ms).
 local function decide(p, s)
+  local fixed = #p % 40 ~= 0 and p:sub(1, 1) == 'F'
   local n = #p / 40
+  if fixed then n = (#p - 9) / 16 end
   if n < 1 or n % 1 ~= 0 then return 'sluice: malformed parameters' end
   -- ts, tns: the time this item is decided at (now, or the key's later write time: a clock
   -- that went back replenishes nothing); e: ns elapsed since the key's write.
@@ -88,6 +128,11 @@ local function decide(p, s)
     else
       e = (now_s - ws) * 1e9 + (now_ns - wns)
     end
+  end
+  if fixed then
+    local err, ok, consumes, packed, most = fixed_windows(p, s, n, e)
+    if err or not (ok and consumes) then return err, ok end
+    return nil, true, spack('<dd', ts, tns) .. packed, ttl_of(ts, tns, most)
   end
   local ok, consumes, most, packed = true, false, 0, ''
   local d, f
@@ -111,11 +156,8 @@ local function decide(p, s)
   end
   if not (ok and consumes) then return nil, ok end
   if n == 1 then packed = spack('<dddd', ts, tns, d, f) else packed = spack('<dd', ts, tns) .. packed end
-  -- Expire when every window is full again: ms, rounded up, from the server's clock.
-  local q = ((ts - now_s) * 1e9 + (tns - now_ns) + most) / 1e6
-  local ttl = q - q % 1 + 1
-  if ttl > 1e10 then ttl = 1e10 end
-  return nil, true, packed, ttl
+  -- Expire when every window is full again.
+  return nil, true, packed, ttl_of(ts, tns, most)
 end
 if each then
   -- Independent items: each decided at its turn, as separate checks in this order would be (a
@@ -218,6 +260,36 @@ if all == 1 then
   end
 end
 return spack('<ddd', all, now_s, now_ns) .. table.concat(seen) .. serials
+)lua";
+
+// Gives back a fixed-window key's booked cost (a Cluster batch over several slots that another
+// slot denied). Call: EVALSHA <sha1> 1 key <time_s> <time_ns> <cost> end_s_1 end_ns_1 ..
+// end_s_n end_ns_n, each end the one the booking left its window at. A window still ending
+// then gives the cost back (never below 0); any other window (reopened, or expired) is left as
+// it is. The key keeps its expiry. Replies 1 if it changed the key, else 0. Every value below
+// 2^53: exact. Thread-safety: a constant.
+inline constexpr std::string_view kFixedGiveBackScript = R"lua(-- sluice fixed give-back v1
+local s = redis.call('GET', KEYS[1])
+if not s then return 0 end
+local sunpack, spack = struct.unpack, struct.pack
+local n = (#s - 16) / 16
+if n < 1 or n % 1 ~= 0 or 2 * n ~= #ARGV - 3 then return 0 end
+local cost = tonumber(ARGV[3])
+local ws, wns = sunpack('<dd', s)
+local out, changed = spack('<dd', ws, wns), 0
+for w = 1, n do
+  local left, c = sunpack('<dd', s, 16 * w + 1)
+  local t = wns + left
+  local ns = t % 1e9
+  if ws + (t - ns) / 1e9 == tonumber(ARGV[2 * w + 2]) and ns == tonumber(ARGV[2 * w + 3]) then
+    c = math.max(c - cost, 0)
+    changed = 1
+  end
+  out = out .. spack('<dd', left, c)
+end
+local ttl = redis.call('PTTL', KEYS[1])
+if changed == 1 and ttl > 0 then redis.call('SET', KEYS[1], out, 'PX', ttl) end
+return changed
 )lua";
 
 // The tag that, after the parameters, selects the independent-items mode (see above).

@@ -44,9 +44,10 @@ struct LimitRule {
   bool admits_nothing = false;  // a window of 0 requests
   std::vector<std::string> replaces{};
   std::vector<GcraWindow> windows{};  // shortest period first
-  std::uint64_t max_hits = 0;         // the smallest burst: more hits never fit
-  std::size_t backend_rule = kNone;   // index into the backend's rules; kNone: nothing to count
-  char key_tag = 'c';                 // counters of configured limits and of overrides differ
+  Algorithm algorithm = Algorithm::kGcra;
+  std::uint64_t max_hits = 0;        // the smallest burst: more hits never fit
+  std::size_t backend_rule = kNone;  // index into the backend's rules; kNone: nothing to count
+  char key_tag = 'c';                // counters of configured limits and of overrides differ
 };
 
 // A limit matched in one level: the next level, the node's rule.
@@ -223,7 +224,8 @@ class CompiledLimits {
                 .unlimited = limit.unlimited,
                 .shadow = shadow,
                 .replaces = limit.replaces,
-                .windows = limit.windows};
+                .windows = limit.windows,
+                .algorithm = limit.algorithm};
     if (limit.unlimited != limit.windows.empty()) {
       return error(d, path,
                    limit.unlimited
@@ -239,6 +241,9 @@ class CompiledLimits {
     r.max_hits = std::numeric_limits<std::uint64_t>::max();
     for (GcraWindow& w : r.windows) {
       if (w.requests == 0) r.admits_nothing = true;
+      if (r.algorithm == Algorithm::kFixedWindow && w.burst != 0 && w.burst != w.requests) {
+        return error(d, path, "a fixed_window limit's burst must equal its requests_per_unit");
+      }
       if (w.burst == 0) w.burst = w.requests;
       r.max_hits = std::min(r.max_hits, w.burst);
     }
@@ -251,14 +256,19 @@ class CompiledLimits {
   }
 
   // The backend's view of a rule: equal fingerprints across reloads keep the counters; equal
-  // identities (same place in the tree, other windows) carry each key's spent share.
-  static CompiledRule backend_rule(const LimitRule& r, const std::string& identity) {
+  // identities (same place in the tree, other windows) carry each key's spent share. A fixed
+  // window's identity differs from a GCRA limit's at the same place.
+  static CompiledRule backend_rule(const LimitRule& r, std::string identity) {
+    if (r.algorithm == Algorithm::kFixedWindow) append_key_part(identity, "fixed_window");
     std::string fingerprint = identity;
     for (const GcraWindow& w : r.windows) {
       append_key_part(fingerprint, absl::StrCat(w.requests, "/", w.period.count(), "/", w.burst));
     }
-    return CompiledRule{
-        .label = r.label, .windows = r.windows, .fingerprint = fingerprint, .identity = identity};
+    return CompiledRule{.label = r.label,
+                        .windows = r.windows,
+                        .algorithm = r.algorithm,
+                        .fingerprint = fingerprint,
+                        .identity = identity};
   }
 
   static absl::Status error(const DomainConfig& d, std::string_view path, std::string_view what) {

@@ -67,6 +67,7 @@ struct ScriptCall {
 
   // Per window of `item`: cost·T as (ns, frac), burst·T as (ns, frac), requests; T = period / r.
   static std::string window_params(const CheckItem& item) {
+    if (item.limit->algorithm() == Algorithm::kFixedWindow) return fixed_params(item);
     std::string p;
     p.reserve(40 * item.limit->windows().size());
     for (const GcraWindow& w : item.limit->windows()) {
@@ -79,6 +80,18 @@ struct ScriptCall {
       append_double(p, absl::Uint128Low64(burst_scaled / r));
       append_double(p, absl::Uint128Low64(burst_scaled % r));
       append_double(p, w.requests);
+    }
+    return p;
+  }
+
+  // A fixed-window item: 'F', the cost, then per window its limit and length (ns); every value
+  // below 2^53 (Limit::fixed_window), so exact.
+  static std::string fixed_params(const CheckItem& item) {
+    std::string p = "F";
+    append_double(p, item.cost);
+    for (const GcraWindow& w : item.limit->windows()) {
+      append_double(p, w.requests);
+      append_double(p, static_cast<std::uint64_t>(w.period.count()));
     }
     return p;
   }

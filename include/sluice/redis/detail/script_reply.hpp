@@ -31,6 +31,7 @@
 #include "sluice/decision.hpp"
 #include "sluice/redis/detail/carry.hpp"
 #include "sluice/redis/detail/exact_double.hpp"
+#include "sluice/redis/detail/fixed_reply.hpp"
 #include "sluice/redis/detail/status.hpp"
 #include "sluice/redis/limit.hpp"
 #include "sluice/window.hpp"
@@ -54,7 +55,8 @@ struct KeyState {
 };
 
 // What a booking check took for one item, to settle its cost later: per window the TAT it left,
-// scaled (ns since the Unix epoch × requests + fraction), and the key's reset count.
+// scaled (ns since the Unix epoch × requests + fraction), and the key's reset count. For a
+// fixed-window item (only given back, in a Cluster): per window its end, ns since the epoch.
 struct ItemBooking {
   std::vector<absl::uint128> tats;
   std::uint64_t serial = 0;
@@ -185,6 +187,42 @@ inline Decision denied_decision(std::span<const GcraWindow> windows,
   return d;
 }
 
+// One item's decision (and booking, when `bookings` is set) read at `pos` and appended; false
+// for a malformed reply. `admitted` becomes false if the item was denied.
+inline bool decode_item(std::string_view in, std::size_t& pos, const CheckItem& item,
+                        absl::uint128 now, std::vector<Decision>& decisions,
+                        std::vector<ItemBooking>* bookings, bool& admitted) {
+  const std::optional<KeyState> state = read_key_state(in, pos, now);
+  if (!state) return false;
+  if (item.limit->algorithm() == Algorithm::kFixedWindow) {
+    const auto counts = read_fixed_windows(in, pos, item, state->present, state->elapsed);
+    if (!counts) return false;
+    admitted = admitted && fixed_admits(*counts);
+    decisions.push_back(fixed_decision(*counts));
+    if (bookings != nullptr) {  // per window the end it has once the item counts (ns)
+      ItemBooking& b = bookings->emplace_back();
+      for (const FixedCount& c : *counts) {
+        b.tats.push_back(state->at + (c.left == 0 ? c.length : c.left));
+      }
+    }
+    return true;
+  }
+  const std::optional<std::vector<ScaledWindow>> scaled = read_windows(in, pos, item, *state);
+  if (!scaled) return false;
+  const std::vector<GcraWindow>& windows = item.limit->windows();
+  const bool item_admitted = admits(*scaled);
+  admitted = admitted && item_admitted;
+  decisions.push_back(item_admitted ? admitted_decision(windows, *scaled)
+                                    : denied_decision(windows, *scaled));
+  if (bookings != nullptr) {
+    ItemBooking& b = bookings->emplace_back();
+    for (std::size_t i = 0; i < windows.size(); ++i) {
+      b.tats.push_back(state->at * windows[i].requests + (*scaled)[i].after);
+    }
+  }
+  return true;
+}
+
 // One decision per item, recomputed from the reply to the script call made for `items`. For a
 // booking check (the call named the reset markers), `bookings` receives one ItemBooking per item.
 inline absl::StatusOr<std::vector<Decision>> decode_reply(
@@ -208,24 +246,8 @@ inline absl::StatusOr<std::vector<Decision>> decode_reply(
   decisions.reserve(items.size());
   bool every_item_admitted = true;
   for (const CheckItem& item : items) {
-    const std::optional<KeyState> state = read_key_state(in, pos, *now);
-    if (!state) {
+    if (!decode_item(in, pos, item, *now, decisions, bookings, every_item_admitted)) {
       return malformed_reply();
-    }
-    const std::optional<std::vector<ScaledWindow>> scaled = read_windows(in, pos, item, *state);
-    if (!scaled) {
-      return malformed_reply();
-    }
-    const std::vector<GcraWindow>& windows = item.limit->windows();
-    const bool admitted = admits(*scaled);
-    every_item_admitted = every_item_admitted && admitted;
-    decisions.push_back(admitted ? admitted_decision(windows, *scaled)
-                                 : denied_decision(windows, *scaled));
-    if (bookings != nullptr) {
-      ItemBooking& b = bookings->emplace_back();
-      for (std::size_t i = 0; i < windows.size(); ++i) {
-        b.tats.push_back(state->at * windows[i].requests + (*scaled)[i].after);
-      }
     }
   }
   if (bookings != nullptr) {

@@ -145,7 +145,8 @@ class ConfigReader final : public NodeReader {
   Rule read_rule(const YAML::Node& node, const std::string& path) {
     Rule rule;
     const std::vector<Field> fs = fields(
-        node, path, {"name", "selector", "requests_per", "burst", "address_prefixes", "adaptive"});
+        node, path,
+        {"name", "selector", "requests_per", "burst", "address_prefixes", "adaptive", "algorithm"});
     require(node, path, fs, "selector");
     require(node, path, fs, "requests_per");
     for (const Field& f : fs) {
@@ -159,6 +160,9 @@ class ConfigReader final : public NodeReader {
         rule.burst = read_count(f.value, f.path);
       } else if (f.key == "adaptive") {
         rule.adaptive = read_adaptive(f.value, f.path);
+      } else if (f.key == "algorithm") {
+        rule.algorithm = read_enum(f.value, f.path, "algorithm", "gcra or fixed_window",
+                                   [](std::string_view s) { return parse_algorithm(s); });
       } else {
         rule.address_prefixes = read_prefixes(f.value, f.path);
       }
