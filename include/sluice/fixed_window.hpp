@@ -182,14 +182,10 @@ class FixedWindowLimiter {
   // empty. O(from's keys + its store capacity); takes `from`'s shard locks one at a time.
   void carry_from(const FixedWindowLimiter& from) {
     constexpr std::size_t kNone = kMaxWindows;
-    std::array<std::size_t, kMaxWindows> source{};
-    for (std::size_t i = 0; i < windows_.size(); ++i) {
-      source[i] = kNone;
-      for (std::size_t j = 0; j < from.windows_.size(); ++j) {
-        const bool single = windows_.size() == 1 && from.windows_.size() == 1;
-        if (single || from.windows_[j].window == windows_[i].window) source[i] = j;
-      }
-    }
+    const auto source = detail::match_windows(
+        windows_.size(), from.windows_.size(), [&](std::size_t i, std::size_t j) {
+          return from.windows_[j].window == windows_[i].window;
+        });
     const std::int64_t at = std::max(now(), from.now());
     auto carry = [&](auto& cell, const auto& old_cell, std::int64_t clamped) {
       for (std::size_t i = 0; i < windows_.size(); ++i) {

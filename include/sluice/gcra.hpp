@@ -380,14 +380,9 @@ class GcraLimiter {
   // makes after it released a shard's lock are not carried.
   void carry_from(const GcraLimiter& from) {
     constexpr std::size_t kNone = kMaxWindows;
-    std::array<std::size_t, kMaxWindows> source{};
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      source[i] = kNone;
-      for (std::size_t j = 0; j < from.params_.size(); ++j) {
-        const bool single = params_.size() == 1 && from.params_.size() == 1;
-        if (single || from.params_[j].period == params_[i].period) source[i] = j;
-      }
-    }
+    const auto source = detail::match_windows(
+        params_.size(), from.params_.size(),
+        [&](std::size_t i, std::size_t j) { return from.params_[j].period == params_[i].period; });
     const std::int64_t at = std::max(now(), from.now());
     std::visit(
         [&](const auto& old_store) {

@@ -3,6 +3,7 @@
 #ifndef SLUICE_DETAIL_LIMITER_COMMON_HPP_
 #define SLUICE_DETAIL_LIMITER_COMMON_HPP_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -38,6 +39,23 @@ struct StoreVariantOf<Cell, std::index_sequence<I...>> {
 };
 template <template <std::size_t> class Cell>
 using StoreVariant = typename StoreVariantOf<Cell>::type;
+
+// A reload's window matching (GcraLimiter::carry_from, FixedWindowLimiter::carry_from): for each
+// of `count` new windows, the index of the last of `old_count` old windows that `same(i, j)`
+// says has its length, or the only old window when both sides have exactly one; kMaxWindows
+// where none matches. O(count · old_count).
+template <class Same>
+std::array<std::size_t, kMaxWindows> match_windows(std::size_t count, std::size_t old_count,
+                                                   Same same) {
+  std::array<std::size_t, kMaxWindows> source{};
+  for (std::size_t i = 0; i < count; ++i) {
+    source[i] = kMaxWindows;
+    for (std::size_t j = 0; j < old_count; ++j) {
+      if ((count == 1 && old_count == 1) || same(i, j)) source[i] = j;
+    }
+  }
+  return source;
+}
 
 // The store for `windows` windows (1 ≤ windows ≤ kMaxWindows).
 template <template <std::size_t> class Cell, std::size_t I = 0>
