@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plots the adaptive-limit trajectory that engine_adaptive_test records.
 
-Usage: SLUICE_ADAPTIVE_TRAJECTORY=/tmp/t.csv build/dev/tests/engine_adaptive_test \\
+Usage: SLUICE_ADAPTIVE_TRAJECTORY=/tmp/t.csv build/dev/tests/engine_tests \\
            "a slow-down\\, a 503 and the recovery*"
        /usr/bin/python3 scripts/plot_adaptive.py /tmp/t.csv docs/adaptive-trajectory.png
 Needs Debian's python3-matplotlib.

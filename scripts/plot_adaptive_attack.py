@@ -2,9 +2,9 @@
 """Charts an adaptive rule's normal trajectory beside one client's attack on it, as an SVG, from
 the data engine_adaptive_test records with deterministic time. Only recorded points are drawn.
 
-Usage: SLUICE_ADAPTIVE_TRAJECTORY=/tmp/trajectory.csv build/dev/tests/engine_adaptive_test \\
+Usage: SLUICE_ADAPTIVE_TRAJECTORY=/tmp/trajectory.csv build/dev/tests/engine_tests \\
            "a slow-down\\, a 503 and the recovery*"
-       SLUICE_ADAPTIVE_ATTACK=/tmp/attack.csv build/dev/tests/engine_adaptive_test \\
+       SLUICE_ADAPTIVE_ATTACK=/tmp/attack.csv build/dev/tests/engine_tests \\
            "one client's 503 with Retry-After 300*"
        python3 scripts/plot_adaptive_attack.py /tmp/trajectory.csv /tmp/attack.csv \\
            docs/adaptive-attack.svg
