@@ -35,6 +35,12 @@ inline constexpr const char* kCheckCarriedSql =
     "$5::bigint[], $6::bigint[], $7::bigint[], $8::boolean, $9::bigint, $10::integer[], "
     "$11::bytea, $12::integer[], $13::bigint[], $14::bigint[], $15::bigint[])";
 
+// sluice.check_one_v1 (schema version 5): one key, one GCRA window, cost >= 1; check_v2's reply.
+inline constexpr const char* kCheckOneStatement = "sluice_check_one_v1";
+inline constexpr const char* kCheckOneSql =
+    "SELECT sluice.check_one_v1($1::bytea, $2::bigint, $3::bigint, $4::bigint, $5::bigint, "
+    "$6::bigint)";
+
 // One earlier state of an item: the item (0-based), the digest and the limit it had there.
 struct CarrySourceParam {
   std::size_t item = 0;
@@ -81,6 +87,33 @@ inline std::vector<Param> check_params(Algorithm algorithm, std::span<const KeyD
     p[8].value = absl::StrCat(unix_time->count());
   } else {
     p[8].null = true;
+  }
+  return p;
+}
+
+// Whether check_one_v1 decides this call: one item, a one-window GCRA limit, cost >= 1.
+inline bool fits_check_one(std::span<const Limit* const> limits,
+                           std::span<const std::uint64_t> costs, bool carrying) {
+  return !carrying && limits.size() == 1 && limits[0]->algorithm() == Algorithm::kGcra &&
+         limits[0]->parameters().size() == 1 && costs[0] >= 1;
+}
+
+// The six parameters of sluice.check_one_v1 for `limit` (one GCRA window) at `digest`.
+inline std::vector<Param> check_one_params(const KeyDigest& digest, const Limit& limit,
+                                           std::uint64_t cost,
+                                           std::optional<std::chrono::nanoseconds> unix_time) {
+  std::vector<Param> p(6);
+  p[0].binary = true;
+  append_digest(p[0].value, digest);
+  const auto& w = limit.parameters().front();
+  p[1].value = absl::StrCat(w[0]);
+  p[2].value = absl::StrCat(w[1]);
+  p[3].value = absl::StrCat(w[2]);
+  p[4].value = absl::StrCat(cost);
+  if (unix_time) {
+    p[5].value = absl::StrCat(unix_time->count());
+  } else {
+    p[5].null = true;
   }
   return p;
 }
