@@ -153,9 +153,9 @@ class Client {
 
   // Forgets `key` under `limit`: deletes its row, so that its next check sees every window full,
   // as for a key never seen; a key without a row is left as it is. One round trip (one
-  // transaction, under the key's shard lock: it falls wholly before or after each check of that
-  // shard). Errors as for check_all; Unknown means the row may or may not have been deleted, and
-  // resetting again is always safe.
+  // transaction, under the key's shard lock and then its row lock: it falls wholly before or
+  // after each check of that key). Errors as for check_all; Unknown means the row may or may not
+  // have been deleted, and resetting again is always safe.
   absl::Status reset(std::string_view key, const Limit& limit) {
     Param param{.value = {}, .binary = true};
     detail::append_digest(param.value, digest(key, limit));
