@@ -1,12 +1,21 @@
 // sluice::postgres against a private PostgreSQL 15, beside its baselines on the same connections:
 //   - BM_SelectOne: a prepared `SELECT 1` round trip through the same pool (the round-trip limit
 //     at the same concurrency),
-//   - BM_PostgresCheck: PostgresGcraLimiter::check, one call of sluice.check_v1 (lock, read,
+//   - BM_PostgresCheck: PostgresGcraLimiter::check, one call of sluice.check_one_v1 (one UPDATE for
+//     a key with a row; new keys: lock, read,
 //     decide, write, commit),
 //   - BM_PostgresBatch4: four keys in one all-or-nothing batch (one round trip),
 //   - BM_RedisCheck (where sluice::redis is built): RedisGcraLimiter-equivalent Client::check_all
 //     against a private redis-server in the same process, for comparison.
 // Each at 1, 8 and 32 callers (threads), each caller on its own pooled connection.
+//
+// `--interleaved=ROUNDS` runs instead, ROUNDS times, 1-second slices of each subject at 1, 8 and
+// 32 callers in a shuffled order per round: the sluice check (sluice.check_one_v1) and the
+// reference a user would otherwise write, one prepared `INSERT … ON CONFLICT DO UPDATE …
+// RETURNING` GCRA statement per check (same keys as digests, same clock, same durability), and
+// the path every check took before schema version 5 (sluice.check_v2 for one key). It
+// prints checks/s, p50 and p99 latency, and the server's CPU per check (utime + stime of the
+// postmaster and its children, from /proc) per slice, with the load average before each round.
 //
 // The PostgreSQL server runs with its durable defaults (fsync and synchronous_commit on) unless
 // SLUICE_BENCH_PG_FAST=1 turns both off. Every check is admitted and writes its row.
@@ -15,14 +24,26 @@
 // Starts both servers in temporary directories (unix sockets) and stops them at exit.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <random>
 #include <span>
+#include <sstream>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
 #include "postgres_server.hpp"
 #include "sluice/postgres.hpp"
 #ifdef SLUICE_BENCH_WITH_REDIS
@@ -178,9 +199,166 @@ BENCHMARK(BM_PostgresBatch4)->Apply(callers);
 BENCHMARK(BM_RedisCheck)->Apply(callers);
 #endif
 
+// --- the interleaved comparison (--interleaved=ROUNDS) ---------------------------------------
+
+constexpr const char* kRefCreate =
+    "CREATE TABLE IF NOT EXISTS bench_ref_gcra (key bytea PRIMARY KEY, tat bigint NOT NULL)";
+// One GCRA check per statement: emission interval $2 ns, tolerance $3 ns (burst · interval).
+constexpr const char* kRefSql =
+    "WITH t AS (SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint * 1000 AS now_ns) "
+    "INSERT INTO bench_ref_gcra AS r (key, tat) SELECT $1::bytea, t.now_ns + $2::bigint FROM t "
+    "ON CONFLICT (key) DO UPDATE SET tat = greatest(r.tat, excluded.tat - $2::bigint) + $2::bigint "
+    "WHERE greatest(r.tat, excluded.tat - $2::bigint) - (excluded.tat - $2::bigint) + $2::bigint "
+    "<= $3::bigint RETURNING tat";
+
+// CPU ticks (utime + stime) of the postmaster and its children.
+long server_ticks() {
+  std::ifstream pidfile(fixture->server->socket_dir() + "/data/postmaster.pid");
+  long postmaster = 0;
+  pidfile >> postmaster;
+  long total = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    const std::size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    std::string state;
+    long ppid = 0, skip = 0, utime = 0, stime = 0;
+    rest >> state >> ppid;
+    for (int i = 0; i < 9; ++i) rest >> skip;
+    rest >> utime >> stime;
+    const long pid = std::atol(entry.path().filename().c_str());
+    if (pid == postmaster || ppid == postmaster) total += utime + stime;
+  }
+  return total;
+}
+
+// One caller's check of `key` by `subject` (0: sluice, 1: the reference, 2: sluice.check_v2).
+// False on failure.
+bool one_check(int subject, const std::string& key, const sluice::KeyDigest& digest) {
+  if (subject == 0) {
+    absl::StatusOr<sluice::Decision> d = fixture->limiter->check(key);
+    return d.ok() && d->allowed();
+  }
+  if (subject == 2) {  // the path every check took before schema version 5
+    const sp::Limit* limit = &fixture->limiter->limit();
+    const std::uint64_t cost = 1;
+    std::vector<sp::Param> params =
+        sp::detail::check_params(sp::Algorithm::kGcra, std::span(&digest, 1), std::span(&limit, 1),
+                                 std::span(&cost, 1), true, std::nullopt);
+    auto lease = fixture->client->pool().acquire();
+    if (!lease.ok()) return false;
+    auto r = lease->run(sp::detail::kCheckStatement, sp::detail::kCheckSql, params,
+                        sp::detail::Effect::kWrites);
+    return r.ok() && PQntuples(r->get()) == 1;
+  }
+  sp::Param params[3];
+  params[0].binary = true;
+  sp::detail::append_digest(params[0].value, digest);
+  params[1].value = "1000000";                         // 1000 per second
+  params[2].value = absl::StrCat(kBurst * 1'000'000);  // burst · interval
+  auto lease = fixture->client->pool().acquire();
+  if (!lease.ok()) return false;
+  auto r = lease->run("bench_ref_gcra", kRefSql, params, sp::detail::Effect::kWrites);
+  return r.ok() && PQntuples(r->get()) == 1;
+}
+
+struct Slice {
+  double per_second = 0, p50_us = 0, p99_us = 0, server_us_per_check = 0;
+  long failures = 0;
+};
+
+Slice run_slice(int subject, int callers) {
+  std::atomic<bool> stop{false};
+  std::atomic<long> failures{0};
+  std::vector<std::vector<double>> latencies(callers);
+  const long ticks_before = server_ticks();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < callers; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::string> keys;
+      std::vector<sluice::KeyDigest> digests;
+      for (int i = 0; i < kKeysPerThread; ++i) {
+        keys.push_back(absl::StrCat("bench:", t, ":", i));
+        digests.push_back(fixture->client->digest(keys.back(), fixture->limiter->limit()));
+      }
+      for (int i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+        const auto at = std::chrono::steady_clock::now();
+        if (!one_check(subject, keys[i % kKeysPerThread], digests[i % kKeysPerThread])) ++failures;
+        latencies[t].push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - at)
+                .count());
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  stop = true;
+  for (auto& th : threads) th.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::vector<double> all;
+  for (const auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
+  std::sort(all.begin(), all.end());
+  Slice s;
+  s.failures = failures.load();
+  if (all.empty()) return s;
+  s.per_second = static_cast<double>(all.size()) / seconds;
+  s.p50_us = all[all.size() / 2];
+  s.p99_us = all[all.size() * 99 / 100];
+  s.server_us_per_check = static_cast<double>(server_ticks() - ticks_before) * 1e6 /
+                          static_cast<double>(sysconf(_SC_CLK_TCK)) /
+                          static_cast<double>(all.size());
+  return s;
+}
+
+std::string load_average() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  f >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+void interleaved(int rounds) {
+  {
+    auto lease = fixture->client->pool().acquire();
+    if (!lease.ok()) fail(lease.status().ToString());
+    if (auto r =
+            lease->run_simple(kRefCreate, std::chrono::seconds(5), sp::detail::Effect::kWrites);
+        !r.ok()) {
+      fail(r.status().ToString());
+    }
+  }
+  const char* names[] = {"sluice check", "reference upsert", "check_v2 (before v5)"};
+  std::mt19937 shuffle(12345);
+  std::printf("round,callers,subject,checks_per_s,p50_us,p99_us,server_us_per_check,failures\n");
+  for (int round = 1; round <= rounds; ++round) {
+    std::printf("# round %d, load average %s\n", round, load_average().c_str());
+    std::vector<std::pair<int, int>> order;  // (callers, subject)
+    for (int callers : {1, 8, 32}) {
+      for (int subject : {0, 1, 2}) order.emplace_back(callers, subject);
+    }
+    std::shuffle(order.begin(), order.end(), shuffle);
+    for (const auto& [callers, subject] : order) {
+      const Slice s = run_slice(subject, callers);
+      std::printf("%d,%d,%s,%.0f,%.0f,%.0f,%.1f,%ld\n", round, callers, names[subject],
+                  s.per_second, s.p50_us, s.p99_us, s.server_us_per_check, s.failures);
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string_view(argv[1]).starts_with("--interleaved=")) {
+    start();
+    interleaved(std::atoi(argv[1] + std::strlen("--interleaved=")));
+    delete fixture;
+    return 0;
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   start();

@@ -209,8 +209,9 @@ TEST_CASE("the migration installs the current version and running it twice chang
       query("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'sluice'");
   auto second = sluice::postgres::migrate(**pool);
   REQUIRE(second.ok());
-  CHECK(*second == 4);
-  CHECK(query("SELECT count(*) FROM sluice.schema_version") == "4");
+  CHECK(*second == sluice::postgres::kSchemaVersion);
+  CHECK(query("SELECT count(*) FROM sluice.schema_version") ==
+        std::to_string(sluice::postgres::kSchemaVersion));
   CHECK(query("SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = 'sluice'") == tables);
   CHECK(query("SELECT count(*) FROM sluice.shards") == "256");
 }
@@ -325,6 +326,22 @@ TEST_CASE("database GCRA stays exact for an emission interval below a nanosecond
   auto memory = make(sluice::GcraLimiter<sluice::ManualClock>::create(windows, {}, clock));
   auto database = make(PostgresGcraLimiter::create(windows, client(), "parity-fine"));
   expect_same_decisions(memory, clock, database, 1000, 200ns, 11);
+}
+
+TEST_CASE("one-window GCRA checks in one UPDATE decide exactly as the in-memory limiter") {
+  // A lone check of a one-window GCRA limit is sluice.check_one_v1: existing keys are decided in
+  // its UPDATE, denials from the row it reads, new and reset keys by check_v2.
+  for (const sluice::GcraWindow window :
+       {sluice::GcraWindow{.requests = 3, .period = 1s, .burst = 5},
+        sluice::GcraWindow{.requests = 7, .period = 1h}}) {
+    sluice::ManualClock clock;
+    auto memory = make(sluice::GcraLimiter<sluice::ManualClock>::create({window}, {}, clock));
+    auto database = make(PostgresGcraLimiter::create(
+        {window}, client(), "parity-one-" + std::to_string(window.requests)));
+    expect_same_with_operators(memory, clock, database, window.burst == 0 ? 7 : 5,
+                               window.period / 4, 19);
+    expect_same_decisions(memory, clock, database, 3, window.period / 3, 23);
+  }
 }
 
 TEST_CASE("database fixed windows decide scripted sequences exactly as the in-memory limiter") {
@@ -548,6 +565,102 @@ TEST_CASE("two clients with concurrent callers admit exactly the burst in total"
   for (auto& t : threads) t.join();
   CHECK(errors.load() == 0);
   CHECK(admitted.load() == static_cast<int>(kBurst));
+}
+
+TEST_CASE("single checks and batches on one key at once admit exactly the burst in total") {
+  // check_one_v1 updates a row under its row lock alone, check_v2 under the shard lock and the
+  // row lock: neither may lose the other's update.
+  constexpr std::uint64_t kBurst = 60;
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h, .burst = 60}},
+                                                  client(), "mixed-paths"));
+  the_time.set(kT0);
+  REQUIRE(limiter.check("hot-key").value().allowed());  // the row exists: single checks go fast
+  std::atomic<int> admitted{1}, errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        if (t % 2 == 0) {
+          absl::StatusOr<Decision> d = limiter.check("hot-key");
+          errors += d.ok() ? 0 : 1;
+          admitted += d.ok() && d->allowed() ? 1 : 0;
+        } else {  // two keys: check_v2; the other key always has room
+          const std::string other = "mixed-other-" + std::to_string(t);
+          const std::string_view keys[] = {"hot-key", other};
+          absl::StatusOr<std::vector<Decision>> d = limiter.check_batch(keys);
+          errors += d.ok() ? 0 : 1;
+          admitted += d.ok() && (*d)[0].allowed() ? 1 : 0;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(errors.load() == 0);
+  CHECK(admitted.load() == static_cast<int>(kBurst));
+}
+
+TEST_CASE("a key that has a row is checked while another session holds its shard lock") {
+  auto c = client(300ms);
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 5, .period = 1s}}, c, "no-shard-wait"));
+  REQUIRE(at(limiter, "k", kT0).allowed());  // creates the row (under the shard lock)
+  const int shard = static_cast<int>(c->digest("k", limiter.limit()).high >> 56);
+  PGconn* holder = PQconnectdb(server().conninfo().c_str());
+  REQUIRE(PQstatus(holder) == CONNECTION_OK);
+  PQclear(PQexec(holder,
+                 ("SELECT pg_advisory_lock(1936483173, " + std::to_string(shard) + ")").c_str()));
+  const Decision admitted = at(limiter, "k", kT0);
+  const Decision denied = at(limiter, "k", kT0, 4);  // 3 of 5 left: answered from the row
+  // A key without a row still needs the shard (its slot is counted there): it waits.
+  const absl::StatusOr<Decision> fresh = checked(limiter, "fresh-key-in-any-shard", 1, kT0);
+  PQfinish(holder);
+  CHECK(admitted == Decision{.limit = 5, .remaining = 3, .reset_after = 400ms});
+  CHECK(denied == Decision{.reason = Reason::kQuotaExceeded,
+                           .limit = 5,
+                           .remaining = 3,
+                           .retry_after = 200ms,
+                           .reset_after = 400ms});
+  const int fresh_shard =
+      static_cast<int>(c->digest("fresh-key-in-any-shard", limiter.limit()).high >> 56);
+  if (fresh_shard == shard) {
+    CHECK(fresh.status().code() == absl::StatusCode::kDeadlineExceeded);
+  } else {
+    CHECK(fresh.ok());
+  }
+}
+
+TEST_CASE("rows updated in place keep the row count exact and within capacity") {
+  auto c = client();
+  query("TRUNCATE sluice.limit_state; UPDATE sluice.shards SET row_count = 0");
+  REQUIRE(sluice::postgres::migrate(c->pool(), {.rows_per_shard = 2}).ok());
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 1, .period = 1s, .burst = 3}}, c, "bound"));
+  // 8 threads, each on 40 keys of its own: new keys (check_v2), existing ones (check_one_v1),
+  // denials and capacity denials at once, while the time moves on and makes rows idle and
+  // reclaimable (by full shards, and by cleanup).
+  the_time.set(kT0);
+  std::atomic<int> errors{0}, done{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 120; ++i) {
+        const std::string key = "bound-" + std::to_string(t) + "-" + std::to_string(i % 40);
+        errors += limiter.check(key).ok() ? 0 : 1;
+      }
+      ++done;
+    });
+  }
+  while (done.load() < 8) {
+    the_time.advance(250ms);
+    errors += sluice::postgres::cleanup_expired(c->pool(), 5, c->time_source()).ok() ? 0 : 1;
+  }
+  for (auto& t : threads) t.join();
+  CHECK(errors.load() == 0);
+  CHECK(query("SELECT count(*) FROM sluice.limit_state") ==
+        query("SELECT sum(row_count) FROM sluice.shards"));
+  CHECK(query("SELECT count(*) FROM sluice.shards WHERE row_count > capacity") == "0");
+  CHECK(query("SELECT count(*) FROM sluice.limit_state WHERE idle_hint <> idle_at >> 30") == "0");
+  REQUIRE(sluice::postgres::migrate(c->pool(), {.rows_per_shard = 4096}).ok());
 }
 
 // --- capacity and cleanup ------------------------------------------------------------------------

@@ -3,9 +3,12 @@
 // A `Client` owns the connection pool, the key seed and the time source, and decides batches:
 // every item of a batch is decided in one call of the server-side function `sluice.check_v2` (one
 // round trip, one transaction) at one reading of the database clock,
-// `pg_catalog.clock_timestamp()` (or of ClientOptions::time_source when set). The
-// function locks the shards of the batch's keys in ascending order, decides, and stores. `reset`
-// forgets one key in one call of `sluice.reset_v1`, under its shard's lock likewise.
+// `pg_catalog.clock_timestamp()` (or of ClientOptions::time_source when set). The function locks
+// the shards of the batch's keys in ascending order, decides, and stores. A lone item of a
+// one-window GCRA limit with cost >= 1 (a limiter's `check`) calls `sluice.check_one_v1` instead:
+// a key that has a row is decided and stored in one UPDATE under its row lock alone, a key that
+// has none goes on to check_v2 in the same call. `reset` forgets one key in one call of
+// `sluice.reset_v1`, under its shard's lock likewise.
 //
 //   auto client = sluice::postgres::Client::create({.connection = {.conninfo = "dbname=app"},
 //                                                    .key_seed = kFleetSeed});
@@ -120,19 +123,25 @@ class Client {
             {.item = i, .digest = digest(from.key, *from.limit), .limit = from.limit});
       }
     }
+    const bool carrying = !sources.empty();
+    const bool one = detail::fits_check_one(limits, costs, carrying);
     std::vector<Param> params =
-        detail::check_params(items[0].limit->algorithm(), digests, limits, costs,
-                             mode == BatchMode::kAllOrNothing, now());
-    if (!sources.empty()) detail::append_carry_params(sources, params);
+        one ? detail::check_one_params(digests[0], *limits[0], costs[0], now())
+            : detail::check_params(items[0].limit->algorithm(), digests, limits, costs,
+                                   mode == BatchMode::kAllOrNothing, now());
+    if (carrying) detail::append_carry_params(sources, params);
     absl::StatusOr<ConnectionPool::Lease> lease = pool_->acquire();
     if (!lease.ok()) return lease.status();
     // A peek writes nothing, so a lost reply to it is plain Unavailable / DeadlineExceeded.
     const bool writes = std::any_of(costs.begin(), costs.end(), [](auto c) { return c > 0; });
-    const bool carrying = !sources.empty();
     absl::StatusOr<detail::ResultPtr> r = lease->run(
-        carrying ? detail::kCheckCarriedStatement : detail::kCheckStatement,
-        carrying ? detail::kCheckCarriedSql : detail::kCheckSql, params,
-        writes || carrying ? detail::Effect::kWrites : detail::Effect::kReadOnly, deadline);
+        one        ? detail::kCheckOneStatement
+        : carrying ? detail::kCheckCarriedStatement
+                   : detail::kCheckStatement,
+        one        ? detail::kCheckOneSql
+        : carrying ? detail::kCheckCarriedSql
+                   : detail::kCheckSql,
+        params, writes || carrying ? detail::Effect::kWrites : detail::Effect::kReadOnly, deadline);
     if (!r.ok()) return r.status();
     if (PQntuples(r->get()) != 1 || PQnfields(r->get()) != 1 || PQgetisnull(r->get(), 0, 0)) {
       return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v2");
@@ -144,9 +153,9 @@ class Client {
 
   // Forgets `key` under `limit`: deletes its row, so that its next check sees every window full,
   // as for a key never seen; a key without a row is left as it is. One round trip (one
-  // transaction, under the key's shard lock: it falls wholly before or after each check of that
-  // shard). Errors as for check_all; Unknown means the row may or may not have been deleted, and
-  // resetting again is always safe.
+  // transaction, under the key's shard lock and then its row lock: it falls wholly before or
+  // after each check of that key). Errors as for check_all; Unknown means the row may or may not
+  // have been deleted, and resetting again is always safe.
   absl::Status reset(std::string_view key, const Limit& limit) {
     Param param{.value = {}, .binary = true};
     detail::append_digest(param.value, digest(key, limit));

@@ -91,7 +91,7 @@ class PostgresLimiter {
 
   // Forgets the key: its next check sees every window full, as for a key never seen, and its row
   // (and its slot in its shard) is free at once; a key without a row is left as it is. One round
-  // trip, serialized with the checks of the key's shard. Errors as for check (Unknown: the key
+  // trip, serialized with the checks of the key. Errors as for check (Unknown: the key
   // may or may not have been forgotten; resetting again is always safe).
   absl::Status reset(std::string_view key) { return client_->reset(key, limit_); }
 

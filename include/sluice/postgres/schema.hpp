@@ -39,9 +39,10 @@ namespace sluice::postgres {
 
 // The schema version this header installs and calls. Version 2 adds what `reset` calls, version
 // 3 a check with a cost per item, version 4 a check that carries a key's state from earlier
-// limits (a rule whose windows changed); an older database is upgraded in place by `migrate`,
-// keeping every row.
-inline constexpr int kSchemaVersion = 4;
+// limits (a rule whose windows changed), version 5 the one-key check of one UPDATE (rows updated
+// in place, no shard lock for a key that has a row); an older database is upgraded in place by
+// `migrate`, keeping every row.
+inline constexpr int kSchemaVersion = 5;
 static_assert(std::size(detail::kSchemaSteps) == static_cast<std::size_t>(kSchemaVersion));
 // Shards of the row bound: worst case rows = kShards × rows_per_shard.
 inline constexpr int kShards = 256;

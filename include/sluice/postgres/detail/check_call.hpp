@@ -35,6 +35,31 @@ inline constexpr const char* kCheckCarriedSql =
     "$5::bigint[], $6::bigint[], $7::bigint[], $8::boolean, $9::bigint, $10::integer[], "
     "$11::bytea, $12::integer[], $13::bigint[], $14::bigint[], $15::bigint[])";
 
+// One key, one GCRA window, cost >= 1, with check_v2's reply (schema version 5): one prepared
+// statement whose UPDATE decides and stores a key that has a row, under the row lock alone; when
+// it updates nothing (a denial, a new key, a row deleted meanwhile), sluice.check_one_v1 decides in
+// the same statement. $1 digest, $2 requests, $3 period ns, $4 burst, $5 cost, $6 time (NULL:
+// the database clock). No plpgsql call on the common path: with one client, pg_stat_statements
+// measured 38 µs of execution for this statement against 69 µs for `SELECT check_one_v1(...)`.
+inline constexpr const char* kCheckOneStatement = "sluice_check_one_v1";
+inline constexpr const char* kCheckOneSql =
+    "WITH t AS (SELECT coalesce($6::bigint, (EXTRACT(EPOCH FROM "
+    "pg_catalog.clock_timestamp()) * 1000000)::bigint * 1000) AS now_ns), "
+    "u AS (UPDATE sluice.limit_state AS l SET "
+    "state = ARRAY[t.now_ns + pg_catalog.div(sluice.gcra_ahead_v1(l.state, $2::bigint, "
+    "$3::bigint, $5::bigint, t.now_ns), $2::bigint), pg_catalog.mod(sluice.gcra_ahead_v1(l.state, "
+    "$2::bigint, $3::bigint, $5::bigint, t.now_ns), $2::bigint)]::bigint[], "
+    "idle_at = t.now_ns + pg_catalog.div(sluice.gcra_ahead_v1(l.state, $2::bigint, $3::bigint, "
+    "$5::bigint, t.now_ns) + $2::bigint - 1, $2::bigint)::bigint "
+    "FROM t WHERE l.digest = $1::bytea AND pg_catalog.cardinality(l.state) = 2 "
+    "AND sluice.gcra_ahead_v1(l.state, $2::bigint, $3::bigint, $5::bigint, t.now_ns) "
+    "<= $4::bigint::numeric * $3::bigint "
+    "RETURNING ARRAY[t.now_ns, 0, $4::bigint, pg_catalog.div($4::bigint::numeric * $3::bigint - "
+    "sluice.gcra_ahead_v1(l.state, $2::bigint, $3::bigint, 0, t.now_ns), $3::bigint), 0, "
+    "l.idle_at - t.now_ns, 0]::bigint[] AS r) "
+    "SELECT coalesce((SELECT u.r FROM u), sluice.check_one_v1($1::bytea, $2::bigint, "
+    "$3::bigint, $4::bigint, $5::bigint, $6::bigint))";
+
 // One earlier state of an item: the item (0-based), the digest and the limit it had there.
 struct CarrySourceParam {
   std::size_t item = 0;
@@ -81,6 +106,33 @@ inline std::vector<Param> check_params(Algorithm algorithm, std::span<const KeyD
     p[8].value = absl::StrCat(unix_time->count());
   } else {
     p[8].null = true;
+  }
+  return p;
+}
+
+// Whether check_one_v1 decides this call: one item, a one-window GCRA limit, cost >= 1.
+inline bool fits_check_one(std::span<const Limit* const> limits,
+                           std::span<const std::uint64_t> costs, bool carrying) {
+  return !carrying && limits.size() == 1 && limits[0]->algorithm() == Algorithm::kGcra &&
+         limits[0]->parameters().size() == 1 && costs[0] >= 1;
+}
+
+// The six parameters of sluice.check_one_v1 for `limit` (one GCRA window) at `digest`.
+inline std::vector<Param> check_one_params(const KeyDigest& digest, const Limit& limit,
+                                           std::uint64_t cost,
+                                           std::optional<std::chrono::nanoseconds> unix_time) {
+  std::vector<Param> p(6);
+  p[0].binary = true;
+  append_digest(p[0].value, digest);
+  const auto& w = limit.parameters().front();
+  p[1].value = absl::StrCat(w[0]);
+  p[2].value = absl::StrCat(w[1]);
+  p[3].value = absl::StrCat(w[2]);
+  p[4].value = absl::StrCat(cost);
+  if (unix_time) {
+    p[5].value = absl::StrCat(unix_time->count());
+  } else {
+    p[5].null = true;
   }
   return p;
 }

@@ -3,13 +3,15 @@
 // schema `sluice`: a per-shard row counter, one row per key (digest, shard, idle time, state), and
 // the functions a check and a cleanup call; version 2 adds the function a reset calls; version 3
 // the check with a cost per item; version 4 the check that carries a key's state from earlier
-// limits. Every value
-// is an exact integer (bigint, or numeric for products that exceed 64 bits); times are ns since the
+// limits; version 5 (schema_sql_v5.hpp) the one-key check of one UPDATE. Every value is an exact
+// integer (bigint, or numeric for products that exceed 64 bits); times are ns since the
 // Unix epoch from pg_catalog.clock_timestamp(). Shard = the first byte of the key digest (256
 // shards); shard locks are transaction-scoped advisory locks (class kLockClass, object = shard)
 // taken in ascending shard order.
 #ifndef SLUICE_POSTGRES_DETAIL_SCHEMA_SQL_HPP_
 #define SLUICE_POSTGRES_DETAIL_SCHEMA_SQL_HPP_
+
+#include "sluice/postgres/detail/schema_sql_v5.hpp"
 
 namespace sluice::postgres::detail {
 
@@ -601,7 +603,8 @@ $fn$;
 )sql";
 
 // The steps in order: step i installs version i + 1.
-inline constexpr const char* kSchemaSteps[] = {kSchemaV1, kSchemaV2, kSchemaV3, kSchemaV4};
+inline constexpr const char* kSchemaSteps[] = {kSchemaV1, kSchemaV2, kSchemaV3, kSchemaV4,
+                                               kSchemaV5};
 
 }  // namespace sluice::postgres::detail
 
