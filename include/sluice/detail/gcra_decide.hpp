@@ -176,7 +176,11 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void gcra_decide(const GcraParams* params, G
     const GcraParams& p = params[i];
     std::int64_t whole = before.tat[i].whole;
     std::uint64_t fraction = before.tat[i].fraction;
-    if (whole < now || (whole == now && fraction == 0)) {
+    // A window whose TAT is not ahead of now starts from now: it then has exactly burst − cost
+    // left after the admission (its distance is cost·T), with no product to take. Steady traffic
+    // below a window's rate finds it so on every check.
+    const bool fresh = whole < now || (whole == now && fraction == 0);
+    if (fresh) {
       whole = now;
       fraction = 0;
     }
@@ -187,8 +191,10 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline void gcra_decide(const GcraParams* params, G
     if (ahead < p.tolerance_whole ||
         (ahead == p.tolerance_whole && fraction <= p.tolerance_fraction)) {
       // Only a window with fewer left than the least so far needs its remaining computed.
-      if (i == 0 || !has_at_least(p, ahead, fraction, least)) {
-        least = remaining_after(p, ahead, fraction);
+      const bool fewer =
+          i == 0 || (fresh ? p.burst - cost < least : !has_at_least(p, ahead, fraction, least));
+      if (fewer) {
+        least = fresh ? p.burst - cost : remaining_after(p, ahead, fraction);
         binding = i;
         // ceil(scaled distance / requests): the fraction is below one request's share.
         reset_after = ahead + (fraction != 0 ? 1 : 0);
