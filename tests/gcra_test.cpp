@@ -245,15 +245,15 @@ TEST_CASE("threads racing on one key with a frozen clock admit exactly the burst
   CHECK(admitted.load() == 1000);
 }
 
-TEST_CASE("stacked windows report the binding window and remaining of a 128-bit reference") {
-  // Awkward rates (intervals with fractions, different bursts) so that windows tie, cross and
-  // differ by a fraction of a request.
-  const std::vector<sluice::GcraWindow> windows = {{.requests = 7, .period = 1s, .burst = 5},
-                                                   {.requests = 29, .period = 3s, .burst = 11},
-                                                   {.requests = 400, .period = 1min, .burst = 50}};
+// Replays `steps` random (advance, cost) steps through a limiter with `windows` and checks every
+// decision against a 128-bit reference (TAT·requests + fraction in one integer): admission, the
+// binding window, its remaining and its limit. `advance` draws the time between steps.
+template <class Advance>
+void gcra_reference_replay(const std::vector<sluice::GcraWindow>& windows, int steps,
+                           std::uint64_t max_cost, Advance&& advance) {
   sluice::ManualClock clock;
   Limiter limiter = make(windows, clock);
-  struct Window {  // the reference: TAT·requests + fraction, in one 128-bit integer
+  struct Window {
     absl::int128 tat = std::numeric_limits<std::int64_t>::min();
     std::int64_t requests, period;
     std::uint64_t burst;
@@ -264,9 +264,9 @@ TEST_CASE("stacked windows report the binding window and remaining of a 128-bit 
                      .period = w.period.count(),
                      .burst = w.burst});
   std::mt19937_64 random(11);
-  for (int step = 0; step < 20'000; ++step) {
-    clock.advance(std::chrono::nanoseconds(static_cast<std::int64_t>(random() % 300'000'000)));
-    const std::uint64_t cost = random() % 6;
+  for (int step = 0; step < steps; ++step) {
+    clock.advance(advance(random));
+    const std::uint64_t cost = random() % (max_cost + 1);
     const absl::int128 now = clock.now().count();
     std::vector<absl::int128> next;
     std::size_t first_denied = model.size();
@@ -301,6 +301,31 @@ TEST_CASE("stacked windows report the binding window and remaining of a 128-bit 
     REQUIRE(d.remaining == static_cast<std::uint64_t>(least));
     REQUIRE(d.limit == model[binding].burst);
   }
+}
+
+TEST_CASE("stacked windows report the binding window and remaining of a 128-bit reference") {
+  // Awkward rates (intervals with fractions, different bursts) so that windows tie, cross and
+  // differ by a fraction of a request.
+  gcra_reference_replay(
+      {{.requests = 7, .period = 1s, .burst = 5},
+       {.requests = 29, .period = 3s, .burst = 11},
+       {.requests = 400, .period = 1min, .burst = 50}},
+      20'000, 5, [](std::mt19937_64& random) {
+        return std::chrono::nanoseconds(static_cast<std::int64_t>(random() % 300'000'000));
+      });
+}
+
+TEST_CASE("stacked windows stepped by whole intervals match the 128-bit reference") {
+  // Whole-ns intervals (100 ms, 50 ms, 25 ms) and steps of whole intervals: each window's TAT
+  // often lands exactly on now (a window that starts afresh) while another is still ahead, and
+  // fresh windows tie on burst − cost.
+  gcra_reference_replay(
+      {{.requests = 10, .period = 1s, .burst = 4},
+       {.requests = 1'200, .period = 1min, .burst = 4},
+       {.requests = 144'000, .period = 1h, .burst = 9}},
+      20'000, 4, [](std::mt19937_64& random) {
+        return std::chrono::milliseconds(25 * static_cast<std::int64_t>(random() % 6));
+      });
 }
 
 TEST_CASE("stacked windows with exactly the same room bind the shorter period") {

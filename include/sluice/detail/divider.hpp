@@ -14,6 +14,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
 #include "absl/numeric/int128.h"
 
 namespace sluice::detail {
@@ -58,11 +60,25 @@ class Divider {
     if (!add_) return q >> shift_;
     return (((n - q) >> 1) + q) >> shift_;
   }
-  // floor(n / divisor) for n < divisor·2^64 (the quotient fits 64 bits).
-  std::uint64_t divide_wide(absl::uint128 n) const noexcept {
+  // floor(n / divisor) for n < divisor·2^64 (the quotient fits 64 bits). Always inline for a
+  // numerator that fits 64 bits (the common case: a division by multiplication); the wide case is
+  // a call.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE std::uint64_t divide_wide(absl::uint128 n) const noexcept {
     const std::uint64_t high = absl::Uint128High64(n);
     const std::uint64_t low = absl::Uint128Low64(n);
-    if (high == 0) return divide(low);
+    if (ABSL_PREDICT_TRUE(high == 0)) return divide(low);
+    return divide_wide_high(high, low);
+  }
+  // ceil(n / divisor)
+  std::uint64_t divide_up(std::uint64_t n) const noexcept {
+    const std::uint64_t q = divide(n);
+    return q + (q * divisor_ != n ? 1 : 0);
+  }
+
+ private:
+  // divide_wide for a numerator of high·2^64 + low with 0 < high < divisor.
+  ABSL_ATTRIBUTE_NOINLINE std::uint64_t divide_wide_high(std::uint64_t high,
+                                                         std::uint64_t low) const noexcept {
     // Normalized so that the divisor's top bit is set; high < divisor keeps high_n < normalized.
     const int s = normalizing_shift_;
     const std::uint64_t high_n = s == 0 ? high : (high << s) | (low >> (64 - s));
@@ -78,13 +94,7 @@ class Divider {
     if (r >= normalized_) ++q;
     return q;
   }
-  // ceil(n / divisor)
-  std::uint64_t divide_up(std::uint64_t n) const noexcept {
-    const std::uint64_t q = divide(n);
-    return q + (q * divisor_ != n ? 1 : 0);
-  }
 
- private:
   std::uint64_t divisor_ = 1;
   int normalizing_shift_ = 63;             // leading zeros of the divisor
   std::uint64_t normalized_ = 1ULL << 63;  // divisor << normalizing_shift_

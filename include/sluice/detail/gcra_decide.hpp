@@ -161,10 +161,63 @@ ABSL_ATTRIBUTE_NOINLINE void gcra_deny(const GcraParams* params, const GcraCell<
 // One pass over the windows, each window's new TAT written straight into the cell (which the
 // shard lock holds exclusively) and put back from a copy when the request is denied or only
 // reported: no per-window arrays to keep in registers or on the stack.
+// Whether every window of `cell` starts afresh at now (its TAT not ahead of now): the state that
+// steady traffic below every window's rate finds on each check.
+template <std::size_t N>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool gcra_all_fresh(const GcraCell<N>& cell, std::int64_t now) {
+  bool fresh = true;
+#pragma GCC unroll 4
+  for (std::size_t i = 0; i < N; ++i) {
+    const GcraTat& t = cell.tat[i];
+    fresh &= t.whole < now || (t.whole == now && t.fraction == 0);
+  }
+  return fresh;
+}
+
+// gcra_decide for a cell whose windows all start afresh, when `cost` fits the smallest burst: every
+// window admits and then has exactly burst − cost left (its distance is cost·T), so the binding
+// window is the one with the smallest burst (ties to the shorter period) and no product is taken.
+// Returns false, writing nothing, when `cost` exceeds that burst.
+template <std::size_t N>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool gcra_decide_fresh(const GcraParams* params,
+                                                           GcraCell<N>& cell, std::int64_t now,
+                                                           std::uint64_t cost, bool commit_admitted,
+                                                           Decision& out) {
+  std::size_t binding = 0;
+#pragma GCC unroll 4
+  for (std::size_t i = 1; i < N; ++i) {
+    if (params[i].burst < params[binding].burst) binding = i;
+  }
+  const GcraParams& p = params[binding];
+  if (cost > p.burst) return false;
+  std::int64_t whole = now;
+  std::uint64_t fraction = 0;
+  gcra_advance(whole, fraction, p, cost);
+  if (commit_admitted && cost != 0) {
+#pragma GCC unroll 4
+    for (std::size_t i = 0; i < N; ++i) {
+      GcraTat& t = cell.tat[i];
+      t = GcraTat{now, 0};
+      gcra_advance(t.whole, t.fraction, params[i], cost);
+    }
+  }
+  out.reason = Reason::kAllowed;
+  out.limit = p.burst;
+  out.remaining = p.burst - cost;
+  out.retry_after = std::chrono::nanoseconds{0};
+  out.reset_after = std::chrono::nanoseconds{whole - now + (fraction != 0 ? 1 : 0)};
+  out.binding_window = binding;
+  return true;
+}
+
 template <std::size_t N>
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline void gcra_decide(const GcraParams* params, GcraCell<N>& cell,
                                                      std::int64_t now, std::uint64_t cost,
                                                      bool commit_admitted, Decision& out) {
+  if (gcra_all_fresh(cell, now) &&
+      gcra_decide_fresh(params, cell, now, cost, commit_admitted, out)) {
+    return;
+  }
   const GcraCell<N> before = cell;
   std::uint32_t denied = 0;  // bit i: window i denies
   std::size_t binding = 0;

@@ -31,7 +31,7 @@ namespace sluice::detail {
 
 class ABSL_LOCKABLE ShardLock {
  public:
-  void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
     std::uint32_t expected = kFree;
     if (ABSL_PREDICT_TRUE(state_.compare_exchange_strong(expected, kHeld, std::memory_order_acquire,
                                                          std::memory_order_relaxed))) {
@@ -39,7 +39,7 @@ class ABSL_LOCKABLE ShardLock {
     }
     lock_contended();
   }
-  void unlock() ABSL_UNLOCK_FUNCTION() {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void unlock() ABSL_UNLOCK_FUNCTION() {
     if (ABSL_PREDICT_FALSE(state_.exchange(kFree, std::memory_order_release) == kContended)) {
       wake_one();
     }
@@ -86,10 +86,12 @@ static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t),
 // RAII holder of one ShardLock.
 class ABSL_SCOPED_LOCKABLE ShardLockHolder {
  public:
-  explicit ShardLockHolder(ShardLock& lock) ABSL_EXCLUSIVE_LOCK_FUNCTION(lock) : lock_(lock) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE explicit ShardLockHolder(ShardLock& lock)
+      ABSL_EXCLUSIVE_LOCK_FUNCTION(lock)
+      : lock_(lock) {
     lock_.lock();
   }
-  ~ShardLockHolder() ABSL_UNLOCK_FUNCTION() { lock_.unlock(); }
+  ABSL_ATTRIBUTE_ALWAYS_INLINE ~ShardLockHolder() ABSL_UNLOCK_FUNCTION() { lock_.unlock(); }
   ShardLockHolder(const ShardLockHolder&) = delete;
   ShardLockHolder& operator=(const ShardLockHolder&) = delete;
 
