@@ -1,13 +1,19 @@
-// sluice/redis/detail/coalescer.hpp — concurrent single-key checks to one node as one call.
+// sluice/redis/detail/coalescer.hpp — concurrent single-key checks to one node as few calls.
 // Internal: `Client` passes each single-key check through its own (ClientOptions::coalesce).
 //
-// While one call is in flight, further checks queue. When it returns, its leader hands each member
-// its result, then the lead to the oldest queued check, which takes up to `max_batch` queued
-// checks (those decided at its time: in production all are decided at the server's TIME) and
-// sends them as one call with `send`. No thread of its own: a lone check finds nothing in flight
-// and is sent at once, by its own thread.
+// Up to `max_in_flight` calls are in flight at once (each on a pooled connection of its own). A
+// check that finds fewer in flight is sent at once, by its own thread, as a call of its own; one
+// that finds them all in flight queues. When a call returns, its leader hands the lead to the
+// oldest queued check, which takes up to `max_batch` queued checks (those decided at its time: in
+// production all are decided at the server's TIME) and sends them as one call with `send`; then
+// the returning leader hands each member its result. No thread of its own.
 //
-//   sluice::redis::detail::Coalescer coalescer(64);
+// Order: the checks of one call are decided in queue order (a key repeated in it sees the
+// earlier occurrences). Calls in flight at once are decided by the server in the order they
+// reach it, as concurrent uncoalesced checks are: each check still takes effect once, between
+// its start and its return.
+//
+//   sluice::redis::detail::Coalescer coalescer(64, 4);
 //   absl::StatusOr<sluice::Decision> d = coalescer.check(item, std::nullopt, deadline,
 //       [&](std::span<const sluice::redis::CheckItem> items,
 //           std::optional<std::chrono::nanoseconds> time, sluice::redis::detail::Deadline by,
@@ -50,8 +56,11 @@ namespace sluice::redis::detail {
 
 class Coalescer {
  public:
-  // `max_batch` ≥ 1: the most checks one call carries.
-  explicit Coalescer(std::size_t max_batch) : max_batch_(std::max<std::size_t>(max_batch, 1)) {}
+  // `max_batch` ≥ 1: the most checks one call carries; `max_in_flight` ≥ 1: the most calls in
+  // flight at once.
+  explicit Coalescer(std::size_t max_batch, std::size_t max_in_flight = 1)
+      : max_batch_(std::max<std::size_t>(max_batch, 1)),
+        max_in_flight_(std::max<std::size_t>(max_in_flight, 1)) {}
   Coalescer(const Coalescer&) = delete;
   Coalescer& operator=(const Coalescer&) = delete;
 
@@ -90,6 +99,11 @@ class Coalescer {
     sluice::detail::MutexLock lock(mu_);
     return calls_;
   }
+  // The most calls that were in flight at once (never more than max_in_flight).
+  std::size_t peak_in_flight() const {
+    sluice::detail::MutexLock lock(mu_);
+    return peak_in_flight_;
+  }
 
  private:
   enum class Phase { kWaiting, kLead, kDone };
@@ -109,11 +123,13 @@ class Coalescer {
         absl::UnknownError("sluice::redis: not decided");
   };
 
-  // True if nothing is in flight: `me` leads at once. Otherwise `me` is queued.
+  // True if fewer than max_in_flight calls are in flight: `me` leads at once. Otherwise `me` is
+  // queued.
   bool join(Waiter& me) {
     sluice::detail::MutexLock lock(mu_);
-    if (!busy_) {  // nothing in flight, so nothing queued
-      busy_ = true;
+    if (in_flight_ < max_in_flight_) {  // then nothing is queued
+      ++in_flight_;
+      peak_in_flight_ = std::max(peak_in_flight_, in_flight_);
       return true;
     }
     queue_.push_back(&me);
@@ -165,8 +181,9 @@ class Coalescer {
     return true;
   }
 
-  // Sends `me` and the queued checks of its time (up to max_batch in all) as one call, hands each
-  // member its result, then passes the lead on.
+  // Sends `me` and the queued checks of its time (up to max_batch in all) as one call, passes the
+  // lead on (the next call goes out while this one's members wake), then hands each member its
+  // result.
   template <class Send>
   absl::StatusOr<Decision> lead(Waiter& me, Send& send) {
     std::vector<Waiter*> batch = {&me};
@@ -184,9 +201,8 @@ class Coalescer {
         batch.size(), absl::InternalError("sluice::redis: no result for a coalesced check"));
     send(std::span<const CheckItem>(items), me.time, by,
          std::span<absl::StatusOr<Decision>>(results));
-    // Members first: those that check again meanwhile join the next batch, so it carries more.
-    for (std::size_t i = 1; i < batch.size(); ++i) finish(*batch[i], std::move(results[i]));
     hand_lead(pass_lead(batch.size()));
+    for (std::size_t i = 1; i < batch.size(); ++i) finish(*batch[i], std::move(results[i]));
     return std::move(results[0]);
   }
 
@@ -209,13 +225,13 @@ class Coalescer {
   }
 
   // A call of `sent` checks has returned (0: none was sent): the oldest queued check is the next
-  // leader (returned), or nothing is in flight any more (nullptr).
+  // leader (returned) and takes its place in flight, or one call fewer is in flight (nullptr).
   Waiter* pass_lead(std::size_t sent) {
     sluice::detail::MutexLock lock(mu_);
     calls_ += sent > 0 ? 1 : 0;
     coalesced_ += sent > 1 ? sent : 0;
     if (queue_.empty()) {
-      busy_ = false;
+      --in_flight_;
       return nullptr;
     }
     Waiter* next = queue_.front();
@@ -245,9 +261,12 @@ class Coalescer {
   }
 
   const std::size_t max_batch_;
+  const std::size_t max_in_flight_;
   mutable sluice::detail::Mutex mu_;
-  std::deque<Waiter*> queue_ ABSL_GUARDED_BY(mu_);  // oldest first
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;          // a call is in flight (or being prepared)
+  std::deque<Waiter*> queue_ ABSL_GUARDED_BY(mu_);  // oldest first; empty unless all in flight
+  // Calls in flight or being prepared (each by its leader), at most max_in_flight_.
+  std::size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::size_t peak_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t coalesced_ ABSL_GUARDED_BY(mu_) = 0;
 };
