@@ -75,9 +75,10 @@ struct ClientOptions {
   // 1..1000: coalesced calls in flight at once (each on a pooled connection of its own, so at
   // most connection.max_connections). A check that finds fewer in flight is sent at once; the
   // others queue and go out together when a call returns. More calls in flight mean smaller
-  // calls: more server and client CPU per check. The default 2 was chosen by measurement
-  // (docs/benchmarks.md, "Coalesced single-key checks").
-  std::size_t max_coalesced_calls = 2;
+  // calls: more server and client CPU per check, which pays only where the CPU is idle and the
+  // round trip long. The default 1 was chosen by measurement (docs/benchmarks.md, "Coalesced
+  // single-key checks").
+  std::size_t max_coalesced_calls = 1;
   // Where the scripts take their time, in ns since the Unix epoch. Empty (the default): the
   // Redis server's TIME, one clock for the whole fleet. Set it to decide at chosen times (tests
   // driving a sluice::ManualClock, replays), as the in-memory limiters take a clock; it is called
