@@ -38,6 +38,7 @@
 #include <system_error>
 #include <vector>
 
+#include "redis_interleaved.hpp"
 #include "redis_server.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/redis.hpp"
@@ -609,6 +610,18 @@ int main(int argc, char** argv) {
   fixture->floor_sha = load_script(kFloorScript);
   fixture->server.command({"SET", "bench:get", std::string(48, 'x')});
 
+  if (argc > 1 && std::string_view(argv[1]) == "--interleaved") {
+    sr::ClientOptions base;
+    base.connection = connection_options();
+    const int code = interleaved::run(argc, argv,
+                                      {.server = &fixture->server,
+                                       .pool = fixture->pool,
+                                       .limit = &*fixture->limit,
+                                       .reference_sha = fixture->float_sha},
+                                      base);
+    fixture = nullptr;
+    return code;
+  }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   fixture = nullptr;

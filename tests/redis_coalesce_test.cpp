@@ -22,6 +22,7 @@
 #include "redis_fixture.hpp"
 #include "redis_server.hpp"
 #include "sluice/clock.hpp"
+#include "sluice/gcra.hpp"
 #include "sluice/redis.hpp"
 #include "sluice/redis/detail/coalescer.hpp"
 
@@ -447,4 +448,140 @@ TEST_CASE("queued checks go out together, in order, at most max_batch per call, 
   CHECK(calls.batches == expected);
   CHECK(coalescer.coalesced_checks() == 10);
   CHECK(coalescer.calls() == 4);
+}
+
+// --- several coalesced calls in flight at once --------------------------------------------------
+
+TEST_CASE("with max_in_flight 2 two calls go out at once and the rest queue for the next") {
+  sr::detail::Coalescer coalescer(64, 2);
+  const sr::Limit limit = make_limit({{.requests = 3, .period = seconds(1)}});
+  // The call led by "one" is held until `release_one`, the one led by "two" until `release_two`;
+  // later calls return at once.
+  std::promise<void> release_one, release_two;
+  std::shared_future<void> one = release_one.get_future().share();
+  std::shared_future<void> two = release_two.get_future().share();
+  std::mutex mu;
+  std::vector<std::vector<std::string>> batches;
+  std::atomic<int> in_flight{0};
+  const auto sender = [&](std::span<const sr::CheckItem> items, std::optional<nanoseconds>,
+                          sr::detail::Deadline, std::span<absl::StatusOr<Decision>> results) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      std::vector<std::string>& keys = batches.emplace_back();
+      for (const sr::CheckItem& item : items) keys.emplace_back(item.key);
+    }
+    ++in_flight;
+    if (items[0].key == "one") one.wait();
+    if (items[0].key == "two") two.wait();
+    for (absl::StatusOr<Decision>& r : results) r = Decision{};
+    --in_flight;
+  };
+  const auto far = [] { return std::chrono::steady_clock::now() + seconds(10); };
+  const std::vector<std::string> keys = {"one", "two", "q0", "q1", "q2"};
+  std::vector<absl::StatusOr<Decision>> results(keys.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = coalescer.check({.key = keys[i], .limit = &limit}, std::nullopt, far(), sender);
+    });
+    if (i < 2) {
+      spin_until([&] { return in_flight.load() == static_cast<int>(i) + 1; });
+    } else {
+      spin_until([&] { return coalescer.queued() == i - 1; });
+    }
+  }
+  CHECK(in_flight.load() == 2);  // a third call waits for one of them to return
+  release_two.set_value();       // "two" returns: its slot goes to the queued checks, together
+  spin_until([&] { return coalescer.queued() == 0 && in_flight.load() == 1; });
+  release_one.set_value();
+  for (std::thread& t : threads) t.join();
+  for (const absl::StatusOr<Decision>& r : results) CHECK(r.ok());
+  const std::vector<std::vector<std::string>> expected = {{"one"}, {"two"}, {"q0", "q1", "q2"}};
+  CHECK(batches == expected);
+  CHECK(coalescer.peak_in_flight() == 2);
+  CHECK(coalescer.calls() == 3);
+}
+
+TEST_CASE("with two coalesced calls in flight each step admits what the in-memory limiter does") {
+  Server s;
+  server_time.set(kT0);
+  sr::ClientOptions options = timed(s.options());
+  options.max_coalesced_calls = 2;
+  std::shared_ptr<sr::Client> client = make_client(options);
+  const std::vector<GcraWindow> windows = {{.requests = 10, .period = seconds(1), .burst = 15},
+                                           {.requests = 40, .period = seconds(60)}};
+  auto remote = make_limiter(windows, client);
+  sluice::ManualClock clock(kT0);
+  auto memory = sluice::GcraLimiter<sluice::ManualClock>::create(windows, {}, clock);
+  REQUIRE(memory.ok());
+  const std::vector<std::string> keys = {"a", "b", "c", "d", "e"};
+  // At each frozen instant every key gets a known number of checks from 32 threads at once;
+  // with cost 1 at one instant the admitted count does not depend on their order.
+  for (const nanoseconds step : {nanoseconds(0), nanoseconds(milliseconds(250)),
+                                 nanoseconds(milliseconds(900)), nanoseconds(seconds(7))}) {
+    server_time.set(kT0 + step);
+    clock.set(kT0 + step);
+    std::vector<std::atomic<int>> admitted(keys.size());
+    std::atomic<int> errors{0};
+    on_threads(32, [&](int t) {
+      for (int i = 0; i < 10; ++i) {
+        const std::size_t k = static_cast<std::size_t>(t * 10 + i) % keys.size();
+        absl::StatusOr<Decision> d = remote.check(keys[k]);
+        if (!d.ok()) errors.fetch_add(1);
+        if (d.ok() && d->allowed()) admitted[k].fetch_add(1);
+      }
+    });
+    CHECK(errors.load() == 0);
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      int expected = 0;
+      for (int i = 0; i < 32 * 10 / static_cast<int>(keys.size()); ++i) {
+        absl::StatusOr<Decision> d = memory->check(keys[k]);
+        REQUIRE(d.ok());
+        expected += d->allowed() ? 1 : 0;
+      }
+      INFO("key " << keys[k] << " at +" << step.count() << " ns");
+      CHECK(admitted[k].load() == expected);
+    }
+  }
+  INFO("coalesced checks: " << client->coalesced_checks());
+  CHECK(client->peak_coalesced_calls() == 2);
+  CHECK(client->coalesced_checks() > 0);
+}
+
+TEST_CASE("with two calls in flight to a stopped server every check returns by its deadline") {
+  Server s;
+  sr::ClientOptions options = s.options(milliseconds(300));
+  options.max_coalesced_calls = 2;
+  std::shared_ptr<sr::Client> client = make_client(options);
+  auto limiter = make_limiter({{.requests = 100, .period = seconds(3600)}}, client);
+  REQUIRE(limiter.inspect("k").ok());  // a connection is open and idle
+  std::vector<absl::StatusOr<Decision>> results(12, absl::UnknownError("not run"));
+  std::vector<milliseconds> elapsed(12);
+  {
+    s.redis.stop();
+    ResumeOnExit resume{s.redis};
+    on_threads(12, [&](int t) {
+      const auto start = std::chrono::steady_clock::now();
+      results[t] = limiter.check("k" + std::to_string(t % 3));
+      elapsed[t] =
+          std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+    });
+  }
+  for (int t = 0; t < 12; ++t) {
+    INFO("thread " << t << ": " << results[t].status() << " after " << elapsed[t].count() << " ms");
+    CHECK(results[t].status().code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(elapsed[t] < milliseconds(300 + 700));
+  }
+  CHECK(client->peak_coalesced_calls() == 2);
+  absl::StatusOr<Decision> after = limiter.inspect("k0");  // the server answers again
+  INFO(after.status());
+  CHECK(after.ok());
+}
+
+TEST_CASE("max_coalesced_calls outside 1..1000 is an invalid argument") {
+  sr::ClientOptions options;
+  options.max_coalesced_calls = 0;
+  CHECK(sr::Client::create(options).status().code() == absl::StatusCode::kInvalidArgument);
+  options.max_coalesced_calls = 1001;
+  CHECK(sr::Client::create(options).status().code() == absl::StatusCode::kInvalidArgument);
 }

@@ -24,8 +24,8 @@
 // keeps one pool per primary, sends each key's calls to its slot's node, and follows MOVED, ASK
 // and TRYAGAIN (replies after which the command did not run) by the same deadline.
 // Coalescing: concurrent single-key checks (`check`, what RedisGcraLimiter::check runs) to one
-// node share script calls while one is in flight (ClientOptions::coalesce), each still decided
-// on its own.
+// node share script calls while max_coalesced_calls are in flight (ClientOptions::coalesce),
+// each still decided on its own.
 // Thread-safety: thread-safe, except the `replace_*_for_testing` hooks.
 #ifndef SLUICE_REDIS_CLIENT_HPP_
 #define SLUICE_REDIS_CLIENT_HPP_
@@ -73,9 +73,9 @@ namespace sluice::redis {
 class Client {
  public:
   // InvalidArgument for max_connections 0, a timeout ≤ 0, a TCP port outside 1..65535, or
-  // max_coalesced_checks outside 1..1000. FailedPrecondition, naming the fix, for a server that
-  // cannot hold the limits (verify_server). Creation succeeds while Redis cannot be reached: the
-  // server is then checked when a connection first opens.
+  // max_coalesced_checks or max_coalesced_calls outside 1..1000. FailedPrecondition, naming the
+  // fix, for a server that cannot hold the limits (verify_server). Creation succeeds while Redis
+  // cannot be reached: the server is then checked when a connection first opens.
   static absl::StatusOr<std::shared_ptr<Client>> create(ClientOptions options = {}) {
     const ConnectionOptions& c = options.connection;
     if (c.max_connections == 0) {
@@ -95,6 +95,9 @@ class Client {
     }
     if (options.max_coalesced_checks == 0 || options.max_coalesced_checks > 1000) {
       return absl::InvalidArgumentError("sluice::redis: max_coalesced_checks must be in 1..1000");
+    }
+    if (options.max_coalesced_calls == 0 || options.max_coalesced_calls > 1000) {
+      return absl::InvalidArgumentError("sluice::redis: max_coalesced_calls must be in 1..1000");
     }
     std::shared_ptr<Client> client(new Client(std::move(options)));
     if (absl::Status verdict = client->verify_server(); !verdict.ok()) return verdict;
@@ -127,14 +130,17 @@ class Client {
   }
 
   // One single-key check, decided exactly as check_all of the one item. With options().coalesce
-  // (on one node), checks that start while another is in flight queue and share one script call
-  // (sluice/redis/detail/coalescer.hpp); a lone check is sent at once. One deadline from its
-  // start (command_timeout) covers the queue too: a check still queued at its deadline is
-  // DeadlineExceeded and consumed nothing; one whose call was sent but whose reply was lost may
-  // have been counted, as any check whose reply is lost.
+  // (on one node), checks that start while options().max_coalesced_calls calls are in flight
+  // queue and share one script call (sluice/redis/detail/coalescer.hpp); a check that finds fewer
+  // in flight is sent at once. One deadline from its start (command_timeout) covers the queue
+  // too: a check still queued at its deadline is DeadlineExceeded and consumed nothing; one whose
+  // call was sent but whose reply was lost may have been counted, as any check whose reply is
+  // lost.
   absl::StatusOr<Decision> check(const CheckItem& item) { return check_one(item, now()); }
   // Checks that went out in one script call together with at least one other check.
   std::uint64_t coalesced_checks() const { return coalescer_.coalesced_checks(); }
+  // The most coalescing script calls that were in flight at once (≤ max_coalesced_calls).
+  std::size_t peak_coalesced_calls() const { return coalescer_.peak_in_flight(); }
 
   // Booking checks (for settling a cost later, as RedisRateLimitEngine's settlements do): as
   // check_all and check_pipelined, and each also fills `bookings` with one entry per item: the
@@ -639,9 +645,10 @@ class Client {
   std::string script_sha_;
   std::string booking_script_;
   std::string booking_sha_;
-  std::string carry_read_sha_;                                  // of detail::kCarryReadScript
-  std::string fixed_give_back_sha_;                             // of kFixedGiveBackScript
-  detail::Coalescer coalescer_{options_.max_coalesced_checks};  // single-key checks, one node
+  std::string carry_read_sha_;                                 // of detail::kCarryReadScript
+  std::string fixed_give_back_sha_;                            // of kFixedGiveBackScript
+  detail::Coalescer coalescer_{options_.max_coalesced_checks,  // single-key checks, one node
+                               options_.max_coalesced_calls};
 };
 
 }  // namespace sluice::redis

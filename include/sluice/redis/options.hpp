@@ -64,13 +64,21 @@ struct ClientOptions {
   // slot map from; each key then goes to the node serving its slot, every node with a pool of
   // `connection`'s options. See Client for what is atomic across nodes.
   bool cluster = false;
-  // Single-key checks (RedisGcraLimiter::check and inspect) that start while another is in
-  // flight queue and go out together as one script call: one TIME, up to max_coalesced_checks
-  // keys, each check decided on its own exactly as separate checks in that order would be. A
-  // lone check is sent at once. Each keeps its own command_timeout. Not in Cluster mode (one
-  // script's keys must share a slot). check_all and the bookings are never coalesced.
+  // Single-key checks (RedisGcraLimiter::check and inspect) that start while
+  // max_coalesced_calls calls are in flight queue and go out together as one script call: one
+  // TIME, up to max_coalesced_checks keys, each check decided on its own exactly as separate
+  // checks in that order would be. A lone check is sent at once. Each keeps its own
+  // command_timeout. Not in Cluster mode (one script's keys must share a slot). check_all and the
+  // bookings are never coalesced.
   bool coalesce = true;
   std::size_t max_coalesced_checks = 64;  // 1..1000: bounds one call's arguments and reply
+  // 1..1000: coalesced calls in flight at once (each on a pooled connection of its own, so at
+  // most connection.max_connections). A check that finds fewer in flight is sent at once; the
+  // others queue and go out together when a call returns. More calls in flight mean smaller
+  // calls: more server and client CPU per check, which pays only where the CPU is idle and the
+  // round trip long. The default 1 was chosen by measurement (docs/benchmarks.md, "Coalesced
+  // single-key checks").
+  std::size_t max_coalesced_calls = 1;
   // Where the scripts take their time, in ns since the Unix epoch. Empty (the default): the
   // Redis server's TIME, one clock for the whole fleet. Set it to decide at chosen times (tests
   // driving a sluice::ManualClock, replays), as the in-memory limiters take a clock; it is called

@@ -1,13 +1,19 @@
-// sluice/redis/detail/coalescer.hpp — concurrent single-key checks to one node as one call.
+// sluice/redis/detail/coalescer.hpp — concurrent single-key checks to one node as few calls.
 // Internal: `Client` passes each single-key check through its own (ClientOptions::coalesce).
 //
-// While one call is in flight, further checks queue. When it returns, its leader hands each member
-// its result, then the lead to the oldest queued check, which takes up to `max_batch` queued
-// checks (those decided at its time: in production all are decided at the server's TIME) and
-// sends them as one call with `send`. No thread of its own: a lone check finds nothing in flight
-// and is sent at once, by its own thread.
+// Up to `max_in_flight` calls are in flight at once (each on a pooled connection of its own). A
+// check that finds fewer in flight is sent at once, by its own thread, as a call of its own; one
+// that finds them all in flight queues. When a call returns, its leader hands the lead to the
+// oldest queued check, which takes up to `max_batch` queued checks (those decided at its time: in
+// production all are decided at the server's TIME) and sends them as one call with `send`; then
+// the returning leader hands each member its result. No thread of its own.
 //
-//   sluice::redis::detail::Coalescer coalescer(64);
+// Order: the checks of one call are decided in queue order (a key repeated in it sees the
+// earlier occurrences). Calls in flight at once are decided by the server in the order they
+// reach it, as concurrent uncoalesced checks are: each check still takes effect once, between
+// its start and its return.
+//
+//   sluice::redis::detail::Coalescer coalescer(64, 4);
 //   absl::StatusOr<sluice::Decision> d = coalescer.check(item, std::nullopt, deadline,
 //       [&](std::span<const sluice::redis::CheckItem> items,
 //           std::optional<std::chrono::nanoseconds> time, sluice::redis::detail::Deadline by,
@@ -17,12 +23,13 @@
 // with DeadlineExceeded, never sent (it consumed nothing); a batch is sent with the earliest
 // deadline of its members, so no member waits past its own. A call that may have run is never
 // sent again: its members get its error.
-// Memory: the queue holds one pointer per blocked caller (each entry lives on its caller's stack),
-// so it is bounded by the number of threads checking at once, each for at most its deadline; a
-// batch holds at most `max_batch` items.
+// Memory: the queue holds one entry per blocked caller (allocated by its check, shared with
+// whoever takes it out of the queue), so it is bounded by the number of threads checking at
+// once, each for at most its deadline; a batch holds at most `max_batch` items.
 // Locks: the queue's lock guards only the queue; each waiting check has its own lock, on which
-// it sleeps and is woken (taken after the queue's lock, never before it), so handing out a
-// batch's results does not make its members contend for the queue.
+// it sleeps and is woken (taken after the queue's lock, never before it, and released before
+// the wake-up, so the woken check finds it free), so handing out a batch's results does not
+// make its members contend for the queue.
 // Complexity: a check joins in O(1), leaves or leads in O(queued checks).
 // Thread-safety: thread-safe. `send` runs on the leading caller's thread, under no lock.
 #ifndef SLUICE_REDIS_DETAIL_COALESCER_HPP_
@@ -33,6 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <span>
 #include <utility>
@@ -50,8 +58,11 @@ namespace sluice::redis::detail {
 
 class Coalescer {
  public:
-  // `max_batch` ≥ 1: the most checks one call carries.
-  explicit Coalescer(std::size_t max_batch) : max_batch_(std::max<std::size_t>(max_batch, 1)) {}
+  // `max_batch` ≥ 1: the most checks one call carries; `max_in_flight` ≥ 1: the most calls in
+  // flight at once.
+  explicit Coalescer(std::size_t max_batch, std::size_t max_in_flight = 1)
+      : max_batch_(std::max<std::size_t>(max_batch, 1)),
+        max_in_flight_(std::max<std::size_t>(max_in_flight, 1)) {}
   Coalescer(const Coalescer&) = delete;
   Coalescer& operator=(const Coalescer&) = delete;
 
@@ -62,9 +73,9 @@ class Coalescer {
   absl::StatusOr<Decision> check(const CheckItem& item,
                                  std::optional<std::chrono::nanoseconds> time, Deadline deadline,
                                  Send&& send) {
-    Waiter me(item, time, deadline);
+    const WaiterPtr me = std::make_shared<Waiter>(item, time, deadline);
     if (!join(me)) {
-      if (std::optional<absl::StatusOr<Decision>> done = wait(me)) {
+      if (std::optional<absl::StatusOr<Decision>> done = wait(*me)) {
         return *std::move(done);  // decided in another's batch, or out of time while queued
       }
     }
@@ -90,12 +101,18 @@ class Coalescer {
     sluice::detail::MutexLock lock(mu_);
     return calls_;
   }
+  // The most calls that were in flight at once (never more than max_in_flight).
+  std::size_t peak_in_flight() const {
+    sluice::detail::MutexLock lock(mu_);
+    return peak_in_flight_;
+  }
 
  private:
   enum class Phase { kWaiting, kLead, kDone };
 
-  // One caller's check, on its stack. Others reach it only through the queue, or as a member of
-  // the batch or the next leader they took out of it.
+  // One caller's check. Others reach it only through the queue, or as a member of the batch or
+  // the next leader they took out of it; they share it with its caller, so it lives until they
+  // have notified it (a notify after the unlock wakes a waiter that finds its lock free).
   struct Waiter {
     Waiter(const CheckItem& i, std::optional<std::chrono::nanoseconds> t, Deadline d)
         : item(i), time(t), deadline(d) {}
@@ -103,20 +120,23 @@ class Coalescer {
     const CheckItem item;
     const std::optional<std::chrono::nanoseconds> time;
     const Deadline deadline;
-    sluice::detail::Mutex mu;  // notified with it held: after unlocking, nobody touches *this
+    sluice::detail::Mutex mu;
     Phase phase ABSL_GUARDED_BY(mu) = Phase::kWaiting;
     absl::StatusOr<Decision> result ABSL_GUARDED_BY(mu) =
         absl::UnknownError("sluice::redis: not decided");
   };
+  using WaiterPtr = std::shared_ptr<Waiter>;
 
-  // True if nothing is in flight: `me` leads at once. Otherwise `me` is queued.
-  bool join(Waiter& me) {
+  // True if fewer than max_in_flight calls are in flight: `me` leads at once. Otherwise `me` is
+  // queued.
+  bool join(const WaiterPtr& me) {
     sluice::detail::MutexLock lock(mu_);
-    if (!busy_) {  // nothing in flight, so nothing queued
-      busy_ = true;
+    if (in_flight_ < max_in_flight_) {  // then nothing is queued
+      ++in_flight_;
+      peak_in_flight_ = std::max(peak_in_flight_, in_flight_);
       return true;
     }
-    queue_.push_back(&me);
+    queue_.push_back(me);
     return false;
   }
 
@@ -157,7 +177,8 @@ class Coalescer {
   // Out of time while queued: true if `me` was still queued, and now has left the queue.
   bool leave(Waiter& me) {
     sluice::detail::MutexLock lock(mu_);
-    const auto at = std::find(queue_.begin(), queue_.end(), &me);
+    const auto at = std::find_if(queue_.begin(), queue_.end(),
+                                 [&me](const WaiterPtr& w) { return w.get() == &me; });
     if (at == queue_.end()) {
       return false;
     }
@@ -165,37 +186,38 @@ class Coalescer {
     return true;
   }
 
-  // Sends `me` and the queued checks of its time (up to max_batch in all) as one call, hands each
-  // member its result, then passes the lead on.
+  // Sends `me` and the queued checks of its time (up to max_batch in all) as one call, passes the
+  // lead on (the next call goes out while this one's members wake), then hands each member its
+  // result.
   template <class Send>
-  absl::StatusOr<Decision> lead(Waiter& me, Send& send) {
-    std::vector<Waiter*> batch = {&me};
-    std::vector<Waiter*> late;
-    take_batch(me, batch, late);
-    for (Waiter* w : late) finish(*w, expired());
+  absl::StatusOr<Decision> lead(const WaiterPtr& me, Send& send) {
+    std::vector<WaiterPtr> batch = {me};
+    std::vector<WaiterPtr> late;
+    take_batch(*me, batch, late);
+    for (const WaiterPtr& w : late) finish(*w, expired());
     std::vector<CheckItem> items;
     items.reserve(batch.size());
-    Deadline by = me.deadline;
-    for (const Waiter* w : batch) {
+    Deadline by = me->deadline;
+    for (const WaiterPtr& w : batch) {
       items.push_back(w->item);
       by = std::min(by, w->deadline);
     }
     std::vector<absl::StatusOr<Decision>> results(
         batch.size(), absl::InternalError("sluice::redis: no result for a coalesced check"));
-    send(std::span<const CheckItem>(items), me.time, by,
+    send(std::span<const CheckItem>(items), me->time, by,
          std::span<absl::StatusOr<Decision>>(results));
-    // Members first: those that check again meanwhile join the next batch, so it carries more.
-    for (std::size_t i = 1; i < batch.size(); ++i) finish(*batch[i], std::move(results[i]));
     hand_lead(pass_lead(batch.size()));
+    for (std::size_t i = 1; i < batch.size(); ++i) finish(*batch[i], std::move(results[i]));
     return std::move(results[0]);
   }
 
   // Moves the queued checks of `leader`'s time (up to max_batch - 1) into `batch`, in queue
   // order, and those already out of time into `late`.
-  void take_batch(const Waiter& leader, std::vector<Waiter*>& batch, std::vector<Waiter*>& late) {
+  void take_batch(const Waiter& leader, std::vector<WaiterPtr>& batch,
+                  std::vector<WaiterPtr>& late) {
     const auto now = std::chrono::steady_clock::now();
     sluice::detail::MutexLock lock(mu_);
-    std::erase_if(queue_, [&](Waiter* w) {
+    std::erase_if(queue_, [&](const WaiterPtr& w) {
       if (w->deadline <= now) {
         late.push_back(w);
         return true;
@@ -209,33 +231,38 @@ class Coalescer {
   }
 
   // A call of `sent` checks has returned (0: none was sent): the oldest queued check is the next
-  // leader (returned), or nothing is in flight any more (nullptr).
-  Waiter* pass_lead(std::size_t sent) {
+  // leader (returned) and takes its place in flight, or one call fewer is in flight (nullptr).
+  WaiterPtr pass_lead(std::size_t sent) {
     sluice::detail::MutexLock lock(mu_);
     calls_ += sent > 0 ? 1 : 0;
     coalesced_ += sent > 1 ? sent : 0;
     if (queue_.empty()) {
-      busy_ = false;
+      --in_flight_;
       return nullptr;
     }
-    Waiter* next = queue_.front();
+    WaiterPtr next = std::move(queue_.front());
     queue_.pop_front();
     return next;
   }
 
-  static void hand_lead(Waiter* next) {
+  // The caller holds `next` (or a share of `w`), so it outlives the notify after the unlock.
+  static void hand_lead(const WaiterPtr& next) {
     if (next == nullptr) {
       return;
     }
-    sluice::detail::MutexLock lock(next->mu);
-    next->phase = Phase::kLead;
+    {
+      sluice::detail::MutexLock lock(next->mu);
+      next->phase = Phase::kLead;
+    }
     next->mu.notify_all();
   }
 
   static void finish(Waiter& w, absl::StatusOr<Decision> result) {
-    sluice::detail::MutexLock lock(w.mu);
-    w.result = std::move(result);
-    w.phase = Phase::kDone;
+    {
+      sluice::detail::MutexLock lock(w.mu);
+      w.result = std::move(result);
+      w.phase = Phase::kDone;
+    }
     w.mu.notify_all();
   }
 
@@ -245,9 +272,12 @@ class Coalescer {
   }
 
   const std::size_t max_batch_;
+  const std::size_t max_in_flight_;
   mutable sluice::detail::Mutex mu_;
-  std::deque<Waiter*> queue_ ABSL_GUARDED_BY(mu_);  // oldest first
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;          // a call is in flight (or being prepared)
+  std::deque<WaiterPtr> queue_ ABSL_GUARDED_BY(mu_);  // oldest first; empty unless all in flight
+  // Calls in flight or being prepared (each by its leader), at most max_in_flight_.
+  std::size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::size_t peak_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t coalesced_ ABSL_GUARDED_BY(mu_) = 0;
 };
