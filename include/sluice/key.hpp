@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include "absl/base/attributes.h"
+#include "sluice/detail/little_endian.hpp"
 #include "sluice/detail/xxhash.hpp"
 
 namespace sluice {
@@ -80,12 +81,7 @@ class KeyHasher {
 namespace detail {
 // Writes a part of `size` bytes' header at `out`; returns the byte after it.
 inline char* write_key_part_header(char* out, std::size_t size) noexcept {
-  const auto n = static_cast<std::uint32_t>(size);
-  out[0] = static_cast<char>(n & 0xff);
-  out[1] = static_cast<char>((n >> 8) & 0xff);
-  out[2] = static_cast<char>((n >> 16) & 0xff);
-  out[3] = static_cast<char>(n >> 24);
-  return out + 4;
+  return write_le32(out, static_cast<std::uint32_t>(size));
 }
 }  // namespace detail
 

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/detail/little_endian.hpp"
 #include "sluice/key.hpp"
 #include "sluice/window.hpp"
 
@@ -119,12 +120,7 @@ class Limit {
   void add(const std::array<std::int64_t, 3>& p, std::uint64_t capacity) {
     params_.push_back(p);
     max_cost_ = std::min(max_cost_, capacity);
-    for (std::int64_t v : p) {
-      for (int byte = 0; byte < 8; ++byte) {
-        identity_.push_back(
-            static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * byte)) & 0xff));
-      }
-    }
+    for (std::int64_t v : p) sluice::detail::append_le64(identity_, static_cast<std::uint64_t>(v));
   }
 
   Algorithm algorithm_;

@@ -30,7 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sluice/detail/xxhash.hpp"
-#include "sluice/redis/detail/key_scheme.hpp"
+#include "sluice/detail/little_endian.hpp"
 #include "sluice/window.hpp"
 
 namespace sluice::redis {
@@ -122,7 +122,7 @@ inline absl::StatusOr<Limit> Limit::create(std::vector<GcraWindow> windows) {
     }
     limit.max_cost_ = std::min(limit.max_cost_, w.burst);
     for (std::uint64_t v : {w.requests, static_cast<std::uint64_t>(w.period.count()), w.burst}) {
-      detail::append_le64(bytes, v);
+      sluice::detail::append_le64(bytes, v);
     }
   }
   limit.fingerprint_ = XXH3_64bits(bytes.data(), bytes.size());
@@ -142,7 +142,7 @@ inline absl::StatusOr<Limit> Limit::fixed_window(const std::vector<FixedWindow>&
   if (!limit.ok()) return limit.status();
   limit->algorithm_ = Algorithm::kFixedWindow;
   std::string bytes;  // another fingerprint than the same GCRA windows': other keys
-  detail::append_le64(bytes, limit->fingerprint_);
+  sluice::detail::append_le64(bytes, limit->fingerprint_);
   bytes += "fixed_window";
   limit->fingerprint_ = XXH3_64bits(bytes.data(), bytes.size());
   return limit;
