@@ -175,12 +175,12 @@ class RedisAttemptLimiter {
           client(std::move(c)),
           store(s),
           sha(detail::sha1_hex(detail::kAttemptScript)),
-          hasher(detail::key_hasher(p.fingerprint(), client->options().key_seed)) {}
+          seed(detail::bound_seed(p.fingerprint(), client->options().key_seed)) {}
     const AttemptPolicy policy;
     const std::shared_ptr<Client> client;
     const AttemptStoreOptions store;
     const std::string sha;
-    const KeyHasher hasher;  // under the key seed bound to the policy's fingerprint
+    const std::uint64_t seed;  // the key seed bound to the policy's fingerprint
   };
 
   RedisAttemptLimiter(const AttemptPolicy& policy, std::shared_ptr<Client> client,
@@ -197,7 +197,9 @@ class RedisAttemptLimiter {
     return std::chrono::floor<std::chrono::microseconds>(*t);
   }
 
-  KeyDigest digest(std::string_view subject) const { return shared_->hasher(subject); }
+  KeyDigest digest(std::string_view subject) const {
+    return detail::key_digest(subject, shared_->seed);
+  }
   std::string key_of(const KeyDigest& d) const {
     return detail::tagged_key_name(prefix(), kTag, d);
   }

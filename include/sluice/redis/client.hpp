@@ -47,9 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "sluice/decision.hpp"
-#include "sluice/detail/xxhash.hpp"
 #include "sluice/redis/detail/booking_args.hpp"
 #include "sluice/redis/detail/booking_script.hpp"
 #include "sluice/redis/detail/carry.hpp"
@@ -211,8 +209,9 @@ class Client {
 
   // The Redis key holding `key`'s state under `limit` (for operators; contains no raw key bytes).
   std::string redis_key(std::string_view key, const Limit& limit) const {
-    return detail::slot_key_name(options_.key_prefix,
-                                 detail::key_hasher(limit.fingerprint_, options_.key_seed)(key));
+    return detail::slot_key_name(
+        options_.key_prefix,
+        detail::key_digest(key, detail::bound_seed(limit.fingerprint_, options_.key_seed)));
   }
 
   const ClientOptions& options() const noexcept { return options_; }

@@ -2,7 +2,8 @@
 // the digest of a key (seeded, bound to what it is counted against) and the key names built from
 // it. Deployed state lives under these names; tests/redis_key_scheme_test.cpp pins them. Internal.
 //
-//   const sluice::KeyDigest d = sluice::redis::detail::key_hasher(fingerprint, key_seed)(key);
+//   const std::uint64_t seed = sluice::redis::detail::bound_seed(fingerprint, key_seed);
+//   const sluice::KeyDigest d = sluice::redis::detail::key_digest(key, seed);
 //   std::string name = sluice::redis::detail::slot_key_name("rl:", d);  // "rl:{<32 hex>}"
 //
 // Thread-safety: pure functions.
@@ -13,10 +14,10 @@
 #include <string>
 #include <string_view>
 
+#include "sluice/detail/key_digest.hpp"
 #include "sluice/detail/little_endian.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/detail/xxhash.hpp"
-#include "sluice/key.hpp"
 
 namespace sluice::redis::detail {
 
@@ -29,10 +30,10 @@ inline std::uint64_t bound_seed(std::uint64_t fingerprint, std::uint64_t key_see
   return XXH3_64bits_withSeed(bytes.data(), bytes.size(), key_seed);
 }
 
-// The hasher of keys counted against `fingerprint`: XXH3-128 under the bound seed, with
-// sluice::KeyHasher's rule for reserved digests.
-inline KeyHasher key_hasher(std::uint64_t fingerprint, std::uint64_t key_seed) {
-  return KeyHasher(bound_seed(fingerprint, key_seed));
+// The digest of `key` under a bound seed: sluice::KeyHasher's digest (XXH3-128, reserved
+// digests remapped).
+inline KeyDigest key_digest(std::string_view key, std::uint64_t bound_seed) {
+  return sluice::detail::seeded_digest(key, bound_seed);
 }
 
 // The digest's 32 hex digits, high word first (its canonical, big-endian bytes).
