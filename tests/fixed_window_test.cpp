@@ -116,7 +116,7 @@ TEST_CASE("fixed-window create rejects bad windows naming the bad value") {
   CHECK(error({}) == "windows must not be empty");
   CHECK(error({{.limit = 0, .window = 1s}}) == "windows[0].limit must be in [1, 2^62], got 0");
   CHECK(error({{.limit = 1, .window = 1s}, {.limit = 1, .window = 0s}}) ==
-        "windows[1].window must be in [1ns, 2^60 ns], got 0ns");
+        "windows[1].window must be > 0, got 0ns");
 }
 
 TEST_CASE("fixed-window create rejects a store cap that could wrap") {

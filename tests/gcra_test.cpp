@@ -164,6 +164,21 @@ TEST_CASE("create rejects bad windows naming the bad value") {
         "at most 4 windows are supported, got 5");
 }
 
+TEST_CASE("a refill time a third of a nanosecond above 2^60 ns is refused") {
+  // 307 × 11266333921239547 ns = 3·2^60 + 1 ns: a refill of 2^60 + 1/3 ns, which rounds down
+  // to the bound but is above it. A refill of exactly 2^60 ns is taken.
+  constexpr std::chrono::nanoseconds kPeriod{11'266'333'921'239'547};
+  sluice::ManualClock clock;
+  auto above = Limiter::create({{.requests = 3, .period = kPeriod, .burst = 307}}, {}, clock);
+  REQUIRE_FALSE(above.ok());
+  CHECK(above.status().message() == "windows[0].burst × period / requests must be at most 2^60 ns");
+  CHECK(Limiter::create({{.requests = 1,
+                          .period = std::chrono::nanoseconds{std::int64_t{1} << 28},
+                          .burst = std::uint64_t{1} << 32}},
+                        {}, clock)
+            .ok());
+}
+
 TEST_CASE("windows are sorted shortest first with bursts defaulted") {
   sluice::ManualClock clock;
   Limiter limiter =

@@ -353,6 +353,21 @@ TEST_CASE("database fixed windows decide scripted sequences exactly as the in-me
   expect_same_decisions(memory, clock, database, 4, 400ms, 13);
 }
 
+TEST_CASE("a limit outside the in-memory limiters' range is refused, naming the bad value") {
+  using sluice::postgres::Limit;
+  CHECK(Limit::gcra({{.requests = 0, .period = 1s}}).status().message() ==
+        "sluice::postgres: windows[0].requests must be in [1, 2^32], got 0");
+  // 307 × 11266333921239547 ns over 3 requests: a refill of 2^60 + 1/3 ns, above the bound.
+  CHECK(Limit::gcra({{.requests = 3,
+                      .period = std::chrono::nanoseconds{11'266'333'921'239'547},
+                      .burst = 307}})
+            .status()
+            .message() ==
+        "sluice::postgres: windows[0].burst × period / requests must be at most 2^60 ns");
+  CHECK(Limit::fixed_window({{.limit = 1, .window = 0s}}).status().message() ==
+        "sluice::postgres: windows[0].window must be > 0, got 0ns");
+}
+
 TEST_CASE("a cost above the smallest burst is an invalid argument that sends nothing") {
   auto limiter =
       make(PostgresGcraLimiter::create({{.requests = 2, .period = 1s}}, client(), "big"));

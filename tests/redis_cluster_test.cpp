@@ -20,6 +20,7 @@
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/redis.hpp"
+#include "sluice/redis/attempt_limiter.hpp"
 #include "sluice/redis/detail/cluster.hpp"
 #include "sluice/redis/engine_backend.hpp"
 

@@ -239,6 +239,18 @@ TEST_CASE("windows outside the exact range are invalid arguments") {
             .status()
             .code() == absl::StatusCode::kInvalidArgument);
   CHECK(Limit::create({{.requests = 10, .period = seconds(1), .burst = 11}})->max_cost() == 11);
+  // A refill of 2^52 + 1/3 ns (3·2^52 + 1 ns over 3 requests) is above the bound, exactly.
+  const auto above = Limit::create(
+      {{.requests = 3, .period = nanoseconds((std::int64_t{3} << 52) + 1), .burst = 1}});
+  CHECK(above.status().message() ==
+        "sluice::redis: windows[0].burst × period / requests must be at most 2^52 ns");
+  CHECK(Limit::create({{.requests = 3, .period = nanoseconds(std::int64_t{3} << 52), .burst = 1}})
+            .ok());
+  CHECK(Limit::fixed_window({{.limit = 1, .window = sluice::redis::kMaxRefill + nanoseconds(1)}})
+            .status()
+            .message() ==
+        "sluice::redis: windows[0].window must be at most 2^52 ns, got "
+        "4503599627370497ns");
 }
 
 // --- the batched call ----------------------------------------------------------------------------

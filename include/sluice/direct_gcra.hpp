@@ -76,9 +76,9 @@
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/detail/divider.hpp"
-#include "sluice/detail/gcra_math.hpp"
 #include "sluice/detail/limiter_common.hpp"
 #include "sluice/detail/spin_lock.hpp"
+#include "sluice/detail/window_ranges.hpp"
 #include "sluice/window.hpp"
 
 namespace sluice {
@@ -101,7 +101,7 @@ inline absl::StatusOr<DirectGcraParams> direct_gcra_params(const GcraWindow& w,
                                                            const std::string& path) {
   constexpr std::int64_t kMinHorizon = std::int64_t{1} << 58;
   constexpr std::int64_t kMaxHorizon = (std::int64_t{1} << 62) - 1;  // epoch + horizon fits
-  if (absl::Status s = check_gcra_window(w, path); !s.ok()) return s;
+  if (absl::Status s = check_gcra_window(w, kGcraRange, path); !s.ok()) return s;
   const auto period = static_cast<std::uint64_t>(w.period.count());
   const std::uint64_t burst = w.burst == 0 ? w.requests : w.burst;
   const std::uint64_t units = w.requests / std::gcd(w.requests, period);

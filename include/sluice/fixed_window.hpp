@@ -44,6 +44,7 @@
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/detail/limiter_common.hpp"
+#include "sluice/detail/window_ranges.hpp"
 #include "sluice/rate_limiter.hpp"
 #include "sluice/store.hpp"
 #include "sluice/window.hpp"
@@ -87,13 +88,9 @@ class FixedWindowLimiter {
     if (absl::Status s = sluice::validate(options); !s.ok()) return s;
     for (std::size_t i = 0; i < windows.size(); ++i) {
       const std::string path = absl::StrCat("windows[", i, "]");
-      if (windows[i].limit < 1 || windows[i].limit > kMaxLimit) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ".limit must be in [1, 2^62], got ", windows[i].limit));
-      }
-      if (windows[i].window.count() <= 0 || windows[i].window.count() > kMaxWindowNs) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            path, ".window must be in [1ns, 2^60 ns], got ", windows[i].window.count(), "ns"));
+      if (absl::Status s = detail::check_fixed_window(windows[i], detail::kFixedRange, path);
+          !s.ok()) {
+        return s;
       }
     }
     std::stable_sort(
@@ -270,9 +267,6 @@ class FixedWindowLimiter {
         },
         store_);
   }
-
-  static constexpr std::uint64_t kMaxLimit = std::uint64_t{1} << 62;
-  static constexpr std::int64_t kMaxWindowNs = std::int64_t{1} << 60;
 
   FixedWindowLimiter(ClockT clock, const StoreOptions& options, std::vector<FixedWindow> windows)
       : clock_(std::move(clock)),

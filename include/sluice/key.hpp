@@ -25,24 +25,11 @@
 #include <string_view>
 
 #include "absl/base/attributes.h"
+#include "sluice/detail/key_digest.hpp"
+#include "sluice/detail/little_endian.hpp"
 #include "sluice/detail/xxhash.hpp"
 
 namespace sluice {
-
-// A 128-bit key digest. Two digests are reserved: {0, 0} marks an empty store slot and {0, 1} a
-// slot whose key was removed. A key that hashes to either is mapped to {1, high}, which merges it
-// with one other of 2^128 digests.
-struct KeyDigest {
-  std::uint64_t low = 0;
-  std::uint64_t high = 0;
-
-  bool empty() const noexcept { return (low | high) == 0; }
-  friend bool operator==(const KeyDigest&, const KeyDigest&) = default;
-  friend auto operator<=>(const KeyDigest& a, const KeyDigest& b) noexcept {
-    if (auto c = a.high <=> b.high; std::is_neq(c)) return c;
-    return a.low <=> b.low;
-  }
-};
 
 // A fresh random 64-bit seed from std::random_device.
 inline std::uint64_t random_seed() {
@@ -61,10 +48,7 @@ class KeyHasher {
   // stored them to a stack slot and read it back as one 16-byte load, a store-forwarding stall
   // that doubled the cost of a hot-key check (GCC 12, -O3).
   ABSL_ATTRIBUTE_ALWAYS_INLINE KeyDigest operator()(std::string_view key) const noexcept {
-    XXH128_hash_t h = XXH3_128bits_withSeed(key.data(), key.size(), seed_);
-    KeyDigest d{h.low64, h.high64};
-    if (d.low == 0 && d.high <= 1) d.low = 1;
-    return d;
+    return detail::seeded_digest(key, seed_);
   }
 
   std::uint64_t seed() const noexcept { return seed_; }
@@ -80,12 +64,7 @@ class KeyHasher {
 namespace detail {
 // Writes a part of `size` bytes' header at `out`; returns the byte after it.
 inline char* write_key_part_header(char* out, std::size_t size) noexcept {
-  const auto n = static_cast<std::uint32_t>(size);
-  out[0] = static_cast<char>(n & 0xff);
-  out[1] = static_cast<char>((n >> 8) & 0xff);
-  out[2] = static_cast<char>((n >> 16) & 0xff);
-  out[3] = static_cast<char>(n >> 24);
-  return out + 4;
+  return write_le32(out, static_cast<std::uint32_t>(size));
 }
 }  // namespace detail
 

@@ -1,13 +1,17 @@
 // sluice/redis.hpp — fleet-wide rate limits with their state in Redis (target sluice::redis).
 //
-// The umbrella of the Redis part; include it, or only the header you use from sluice/redis/:
+// The umbrella of the Redis rate limiter: what a limiter user needs, and nothing of the policy
+// engine, the in-memory limiters or the attempt limiter. It includes, from sluice/redis/:
 //   options.hpp         ConnectionOptions, ClientOptions: where to connect, how keys are named
 //   limit.hpp           Limit (validated stacked GcraWindows), CheckItem, kMaxRequests, kMaxRefill
 //   client.hpp          Client: connection pool, script and key scheme; batched checks
 //   limiter.hpp         RedisGcraLimiter: a sluice::RateLimiter whose state lives in Redis
-//   engine_backend.hpp  RedisEngineBackend, RedisRateLimitEngine: the policy engine over Redis
 //   script.hpp          kGcraScript: the Lua script every check runs
+// Include these on their own where you use them (same target, not in the umbrella):
+//   local_fallback.hpp  LocalFallbackLimiter: a RedisGcraLimiter that limits locally while
+//                       Redis fails (pulls in sluice/gcra.hpp)
 //   attempt_limiter.hpp RedisAttemptLimiter: login throttling (sluice/attempt.hpp) over Redis
+//   engine_backend.hpp  RedisEngineBackend, RedisRateLimitEngine: the policy engine over Redis
 // Internals are in sluice/redis/detail/ (sluice::redis::detail) and are not for direct use.
 //
 //   #include "sluice/redis.hpp"
@@ -24,12 +28,10 @@
 #ifndef SLUICE_REDIS_HPP_
 #define SLUICE_REDIS_HPP_
 
-#include "sluice/redis/attempt_limiter.hpp"  // IWYU pragma: export
-#include "sluice/redis/client.hpp"           // IWYU pragma: export
-#include "sluice/redis/limit.hpp"            // IWYU pragma: export
-#include "sluice/redis/limiter.hpp"          // IWYU pragma: export
-#include "sluice/redis/local_fallback.hpp"   // IWYU pragma: export
-#include "sluice/redis/options.hpp"          // IWYU pragma: export
-#include "sluice/redis/script.hpp"           // IWYU pragma: export
+#include "sluice/redis/client.hpp"   // IWYU pragma: export
+#include "sluice/redis/limit.hpp"    // IWYU pragma: export
+#include "sluice/redis/limiter.hpp"  // IWYU pragma: export
+#include "sluice/redis/options.hpp"  // IWYU pragma: export
+#include "sluice/redis/script.hpp"   // IWYU pragma: export
 
 #endif  // SLUICE_REDIS_HPP_

@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sluice/detail/divider.hpp"
-#include "sluice/detail/gcra_math.hpp"
+#include "sluice/detail/window_ranges.hpp"
 #include "sluice/window.hpp"
 
 namespace sluice::detail {
@@ -62,9 +62,9 @@ struct GcraParams {
   Divider by_period;  // divides by period without a hardware division
 };
 
-// The window's constants, or InvalidArgument under `path` (check_gcra_window's range).
+// The window's constants, or InvalidArgument under `path` (kGcraRange).
 inline absl::StatusOr<GcraParams> gcra_params(const GcraWindow& w, const std::string& path) {
-  if (absl::Status s = check_gcra_window(w, path); !s.ok()) return s;
+  if (absl::Status s = check_gcra_window(w, kGcraRange, path); !s.ok()) return s;
   const std::uint64_t burst = w.burst == 0 ? w.requests : w.burst;
   const auto period = static_cast<std::uint64_t>(w.period.count());
   const absl::uint128 tolerance = absl::uint128(burst) * period;

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/decision.hpp"
+#include "sluice/detail/open_flag.hpp"
 #include "sluice/store.hpp"
 
 namespace sluice {
@@ -97,30 +98,6 @@ LeastRemaining least_remaining(std::size_t n, Remaining&& remaining) {
   }
   return least;
 }
-
-// Whether a booking (a reservation, a receipt) may still be given back or settled. Moving it
-// moves the right and clears it in the source, so a booking is acted on at most once; copies are
-// not allowed. The limiters' Reservation and Receipt types hold one, and so are move-only.
-class OpenFlag {
- public:
-  OpenFlag() = default;
-  OpenFlag(OpenFlag&& other) noexcept : open_(std::exchange(other.open_, false)) {}
-  OpenFlag& operator=(OpenFlag&& other) noexcept {
-    open_ = std::exchange(other.open_, false);
-    return *this;
-  }
-  OpenFlag(const OpenFlag&) = delete;
-  OpenFlag& operator=(const OpenFlag&) = delete;
-  ~OpenFlag() = default;
-
-  bool is_open() const noexcept { return open_; }
-  void open() noexcept { open_ = true; }
-  // Closes it; true iff it was open.
-  bool take() noexcept { return std::exchange(open_, false); }
-
- private:
-  bool open_ = false;
-};
 
 inline Decision store_full_decision(const StoreFull& full) {
   return Decision{.reason = Reason::kStoreFull,

@@ -2,6 +2,7 @@
 #ifndef SLUICE_DETAIL_TEXT_HPP_
 #define SLUICE_DETAIL_TEXT_HPP_
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -24,16 +25,23 @@ void append_escaped(std::string& out, std::string_view text, Other other) {
   }
 }
 
+// Appends the `digits` low hex digits of `value` (at most 16), most significant first, lowercase:
+// the one hex writer (escaped bytes, key digests, script SHA-1s).
+inline void append_hex(std::string& out, std::uint64_t value, int digits) {
+  constexpr char kHex[] = "0123456789abcdef";
+  for (int shift = 4 * (digits - 1); shift >= 0; shift -= 4) {
+    out.push_back(kHex[(value >> shift) & 0xf]);
+  }
+}
+
 // `text` with `"` and `\` escaped and every byte outside printable ASCII written as \xNN, so that
 // untrusted text can neither forge nor break a message.
 // (absl::CHexEscape writes \n and \t instead, which error messages here never use: one form.)
 inline std::string escaped(std::string_view text) {
   std::string out;
   append_escaped(out, text, [](std::string& to, unsigned char byte) {
-    constexpr char kHex[] = "0123456789abcdef";
     to.append("\\x");
-    to.push_back(kHex[byte >> 4]);
-    to.push_back(kHex[byte & 0xf]);
+    append_hex(to, byte, 2);
   });
   return out;
 }

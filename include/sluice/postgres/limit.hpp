@@ -25,10 +25,11 @@
 #include <utility>
 #include <vector>
 
-#include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/detail/little_endian.hpp"
+#include "sluice/detail/window_ranges.hpp"
 #include "sluice/key.hpp"
 #include "sluice/window.hpp"
 
@@ -48,19 +49,9 @@ class Limit {
       GcraWindow& w = windows[i];
       if (w.burst == 0) w.burst = w.requests;
       const std::string path = absl::StrCat("sluice::postgres: windows[", i, "]");
-      if (w.requests < 1 || w.requests > (std::uint64_t{1} << 32)) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ".requests must be in [1, 2^32]"));
-      }
-      if (w.period.count() < 1 || w.period.count() > (std::int64_t{1} << 55)) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ".period must be in [1ns, 2^55 ns]"));
-      }
-      if (w.burst > (std::uint64_t{1} << 32)) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ".burst must be in [1, 2^32]"));
-      }
-      const auto period = static_cast<std::uint64_t>(w.period.count());
-      if (absl::uint128(w.burst) * period / w.requests > (std::uint64_t{1} << 60)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ": burst × period / requests must be at most 2^60 ns"));
+      if (absl::Status s = sluice::detail::check_gcra_window(w, sluice::detail::kGcraRange, path);
+          !s.ok()) {
+        return s;
       }
       limit.add({static_cast<std::int64_t>(w.requests), w.period.count(),
                  static_cast<std::int64_t>(w.burst)},
@@ -80,11 +71,9 @@ class Limit {
     for (std::size_t i = 0; i < windows.size(); ++i) {
       const FixedWindow& w = windows[i];
       const std::string path = absl::StrCat("sluice::postgres: windows[", i, "]");
-      if (w.limit < 1 || w.limit > (std::uint64_t{1} << 62)) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ".limit must be in [1, 2^62]"));
-      }
-      if (w.window.count() < 1 || w.window.count() > (std::int64_t{1} << 60)) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ".window must be in [1ns, 2^60 ns]"));
+      if (absl::Status s = sluice::detail::check_fixed_window(w, sluice::detail::kFixedRange, path);
+          !s.ok()) {
+        return s;
       }
       limit.add({static_cast<std::int64_t>(w.limit), w.window.count(), 0}, w.limit);
     }
@@ -119,12 +108,7 @@ class Limit {
   void add(const std::array<std::int64_t, 3>& p, std::uint64_t capacity) {
     params_.push_back(p);
     max_cost_ = std::min(max_cost_, capacity);
-    for (std::int64_t v : p) {
-      for (int byte = 0; byte < 8; ++byte) {
-        identity_.push_back(
-            static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * byte)) & 0xff));
-      }
-    }
+    for (std::int64_t v : p) sluice::detail::append_le64(identity_, static_cast<std::uint64_t>(v));
   }
 
   Algorithm algorithm_;

@@ -58,7 +58,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/attempt.hpp"
 #include "sluice/key.hpp"
@@ -199,24 +198,13 @@ class RedisAttemptLimiter {
   }
 
   KeyDigest digest(std::string_view subject) const {
-    const XXH128_hash_t h = XXH3_128bits_withSeed(subject.data(), subject.size(), shared_->seed);
-    KeyDigest d{h.low64, h.high64};
-    if (d.empty()) d.low = 1;
-    return d;
+    return detail::key_digest(subject, shared_->seed);
   }
-  std::string key_of(const KeyDigest& d) const { return absl::StrCat(prefix(), kTag, hex(d)); }
+  std::string key_of(const KeyDigest& d) const {
+    return detail::tagged_key_name(prefix(), kTag, d);
+  }
   // Where earlier versions kept the record (with a TTL); the script adopts what it finds there.
-  std::string legacy_key_of(const KeyDigest& d) const {
-    return absl::StrCat(prefix(), "{", hex(d), "}");
-  }
-  static std::string hex(const KeyDigest& d) {
-    char bytes[16];
-    for (int i = 0; i < 8; ++i) {
-      bytes[i] = static_cast<char>(d.high >> (56 - 8 * i));
-      bytes[8 + i] = static_cast<char>(d.low >> (56 - 8 * i));
-    }
-    return absl::BytesToHexString(absl::string_view(bytes, sizeof bytes));
-  }
+  std::string legacy_key_of(const KeyDigest& d) const { return detail::slot_key_name(prefix(), d); }
 
   static std::string micros(std::int64_t ns) { return absl::StrCat(ns / 1000); }
 

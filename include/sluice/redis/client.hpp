@@ -46,11 +46,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "sluice/decision.hpp"
-#include "sluice/detail/xxhash.hpp"
 #include "sluice/redis/detail/booking_args.hpp"
 #include "sluice/redis/detail/booking_script.hpp"
 #include "sluice/redis/detail/carry.hpp"
@@ -212,12 +209,9 @@ class Client {
 
   // The Redis key holding `key`'s state under `limit` (for operators; contains no raw key bytes).
   std::string redis_key(std::string_view key, const Limit& limit) const {
-    const XXH64_hash_t seed = detail::bound_seed(limit.fingerprint_, options_.key_seed);
-    XXH128_canonical_t digest;  // big-endian: high half first
-    XXH128_canonicalFromHash(&digest, XXH3_128bits_withSeed(key.data(), key.size(), seed));
-    const absl::string_view bytes(reinterpret_cast<const char*>(digest.digest),
-                                  sizeof digest.digest);
-    return absl::StrCat(options_.key_prefix, "{", absl::BytesToHexString(bytes), "}");
+    return detail::slot_key_name(
+        options_.key_prefix,
+        detail::key_digest(key, detail::bound_seed(limit.fingerprint_, options_.key_seed)));
   }
 
   const ClientOptions& options() const noexcept { return options_; }

@@ -26,19 +26,21 @@
 #include <utility>
 #include <vector>
 
-#include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/detail/little_endian.hpp"
+#include "sluice/detail/window_ranges.hpp"
 #include "sluice/detail/xxhash.hpp"
-#include "sluice/redis/detail/key_scheme.hpp"
 #include "sluice/window.hpp"
 
 namespace sluice::redis {
 
 // The script keeps every value an exact double (below 2^53), which bounds the windows it takes:
-inline constexpr std::uint64_t kMaxRequests = (std::uint64_t{1} << 52) - 1;
+inline constexpr std::uint64_t kMaxRequests = sluice::detail::kRedisGcraRange.max_requests;
 // ...and the time a window takes to refill completely, burst × period / requests (≈ 52.1 days).
-inline constexpr std::chrono::nanoseconds kMaxRefill{std::int64_t{1} << 52};
+inline constexpr std::chrono::nanoseconds kMaxRefill{
+    static_cast<std::int64_t>(sluice::detail::kRedisGcraRange.max_refill)};
 
 class Client;
 
@@ -61,8 +63,6 @@ class Limit {
  private:
   friend class Client;
   Limit() = default;
-
-  static absl::Status validate(const GcraWindow& w);
 
   std::vector<GcraWindow> windows_;
   std::uint64_t max_cost_ = 0;
@@ -87,23 +87,6 @@ struct CheckItem {
   std::span<const CarriedFrom> carried_from{};
 };
 
-inline absl::Status Limit::validate(const GcraWindow& w) {
-  if (w.requests == 0 || w.requests > kMaxRequests) {
-    return absl::InvalidArgumentError("sluice::redis: requests must be in 1..2^52-1");
-  }
-  if (w.period <= std::chrono::nanoseconds::zero()) {
-    return absl::InvalidArgumentError("sluice::redis: period must be > 0");
-  }
-  // ceil(burst·period / requests) > kMaxRefill  <=>  burst·period > kMaxRefill·requests
-  const absl::uint128 refill_scaled =
-      absl::uint128(w.burst) * static_cast<std::uint64_t>(w.period.count());
-  if (refill_scaled > absl::uint128(static_cast<std::uint64_t>(kMaxRefill.count())) * w.requests) {
-    return absl::InvalidArgumentError(
-        "sluice::redis: burst * period / requests must be <= 2^52 ns (about 52 days)");
-  }
-  return absl::OkStatus();
-}
-
 inline absl::StatusOr<Limit> Limit::create(std::vector<GcraWindow> windows) {
   if (windows.empty()) {
     return absl::InvalidArgumentError("sluice::redis: a limit needs a window");
@@ -113,16 +96,19 @@ inline absl::StatusOr<Limit> Limit::create(std::vector<GcraWindow> windows) {
   std::string bytes;  // the windows, little-endian: what the fingerprint hashes
   Limit limit;
   limit.max_cost_ = std::numeric_limits<std::uint64_t>::max();
-  for (GcraWindow& w : windows) {
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    GcraWindow& w = windows[i];
     if (w.burst == 0) {
       w.burst = w.requests;
     }
-    if (absl::Status status = validate(w); !status.ok()) {
+    if (absl::Status status = sluice::detail::check_gcra_window(
+            w, sluice::detail::kRedisGcraRange, absl::StrCat("sluice::redis: windows[", i, "]"));
+        !status.ok()) {
       return status;
     }
     limit.max_cost_ = std::min(limit.max_cost_, w.burst);
     for (std::uint64_t v : {w.requests, static_cast<std::uint64_t>(w.period.count()), w.burst}) {
-      detail::append_le64(bytes, v);
+      sluice::detail::append_le64(bytes, v);
     }
   }
   limit.fingerprint_ = XXH3_64bits(bytes.data(), bytes.size());
@@ -132,9 +118,12 @@ inline absl::StatusOr<Limit> Limit::create(std::vector<GcraWindow> windows) {
 
 inline absl::StatusOr<Limit> Limit::fixed_window(const std::vector<FixedWindow>& windows) {
   std::vector<GcraWindow> gcra;
-  for (const FixedWindow& w : windows) {
-    if (w.window > kMaxRefill) {
-      return absl::InvalidArgumentError("sluice::redis: a fixed window must be <= 2^52 ns");
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    const FixedWindow& w = windows[i];
+    if (absl::Status status = sluice::detail::check_fixed_window(
+            w, sluice::detail::kRedisFixedRange, absl::StrCat("sluice::redis: windows[", i, "]"));
+        !status.ok()) {
+      return status;
     }
     gcra.push_back({.requests = w.limit, .period = w.window, .burst = w.limit});
   }
@@ -142,7 +131,7 @@ inline absl::StatusOr<Limit> Limit::fixed_window(const std::vector<FixedWindow>&
   if (!limit.ok()) return limit.status();
   limit->algorithm_ = Algorithm::kFixedWindow;
   std::string bytes;  // another fingerprint than the same GCRA windows': other keys
-  detail::append_le64(bytes, limit->fingerprint_);
+  sluice::detail::append_le64(bytes, limit->fingerprint_);
   bytes += "fixed_window";
   limit->fingerprint_ = XXH3_64bits(bytes.data(), bytes.size());
   return limit;

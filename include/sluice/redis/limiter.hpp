@@ -40,7 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
-#include "sluice/detail/limiter_common.hpp"
+#include "sluice/detail/open_flag.hpp"
 #include "sluice/rate_limiter.hpp"
 #include "sluice/redis/client.hpp"
 #include "sluice/redis/detail/booking.hpp"

@@ -33,7 +33,7 @@
 #include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "sluice/detail/gcra_booking.hpp"
+#include "sluice/detail/gcra_carry.hpp"
 #include "sluice/detail/gcra_cell.hpp"
 #include "sluice/redis/detail/exact_double.hpp"
 #include "sluice/redis/limit.hpp"

@@ -21,7 +21,7 @@
 #include <string>
 #include <string_view>
 
-#include "sluice/redis/detail/key_scheme.hpp"
+#include "sluice/detail/little_endian.hpp"
 
 namespace sluice::redis::detail {
 
@@ -68,7 +68,7 @@ inline std::optional<std::uint64_t> double_bits_to_integer(std::uint64_t bits) n
 
 // Appends `integer` (< 2^53) as a little-endian double.
 inline void append_double(std::string& out, std::uint64_t integer) {
-  append_le64(out, integer_to_double_bits(integer));
+  sluice::detail::append_le64(out, integer_to_double_bits(integer));
 }
 
 // Reads a little-endian double at `pos` as an integer ≤ `max`; advances `pos`. nullopt when
@@ -78,12 +78,8 @@ inline std::optional<std::uint64_t> read_double(std::string_view in, std::size_t
   if (pos > in.size() || in.size() - pos < 8) {
     return std::nullopt;
   }
-  std::uint64_t bits = 0;
-  for (std::size_t i = 0; i < 8; ++i) {
-    bits |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[pos + i])) << (8 * i);
-  }
+  std::optional<std::uint64_t> value = double_bits_to_integer(sluice::detail::read_le64(&in[pos]));
   pos += 8;
-  std::optional<std::uint64_t> value = double_bits_to_integer(bits);
   if (!value || *value > max) {
     return std::nullopt;
   }

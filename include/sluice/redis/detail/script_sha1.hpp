@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "absl/strings/escaping.h"
+#include "sluice/detail/text.hpp"
 
 namespace sluice::redis::detail {
 
@@ -86,14 +86,10 @@ inline std::string sha1_hex(std::string_view data) {
   for (std::size_t chunk = 0; chunk < message.size(); chunk += 64) {
     sha1_compress(h, std::string_view(message).substr(chunk, 64));
   }
-  std::string digest;  // the words, big-endian: 20 bytes
-  digest.reserve(20);
-  for (std::uint32_t word : h) {
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      digest.push_back(static_cast<char>((word >> shift) & 0xff));
-    }
-  }
-  return absl::BytesToHexString(digest);
+  std::string hex;  // the words, big-endian
+  hex.reserve(40);
+  for (std::uint32_t word : h) sluice::detail::append_hex(hex, word, 8);
+  return hex;
 }
 
 }  // namespace sluice::redis::detail
