@@ -33,10 +33,21 @@ sluice::KeyDigest digest_in_shard(std::mt19937_64& rng, std::size_t shard) {
   return {rng() | 1, (rng() << 6) | shard};
 }
 
-// The `i`th of digests that share both buckets in every table size (their halves differ only in
-// low bits) and land in shard `shard`.
+// The inverse of the table's second-bucket multiplier modulo 2^64 (Newton's iteration).
+constexpr std::uint64_t inverse(std::uint64_t odd) {
+  std::uint64_t x = odd;
+  for (int i = 0; i < 6; ++i) x *= 2 - odd * x;
+  return x;
+}
+
+// The `i`th of digests that share both buckets in every table size and land in shard `shard`:
+// their low halves, and their high halves times the second-bucket multiplier, differ only in low
+// bits (which leaves the high halves' low six bits, the shard, alone).
 sluice::KeyDigest colliding(std::uint64_t i, std::size_t shard) {
-  return {0x9e3779b97f4a7c15ULL + (i << 8), 0x7f4a7c159e377900ULL + (i << 6) + shard};
+  constexpr std::uint64_t kMultiplier = Table::kSecondBucketMultiplier;
+  static_assert(kMultiplier * inverse(kMultiplier) == 1);
+  const std::uint64_t product = ((0x7f4a7c159e3779ULL << 6) + shard) * kMultiplier + (i << 8);
+  return {0x9e3779b97f4a7c15ULL + (i << 8), product * inverse(kMultiplier)};
 }
 
 // Keeps `key` live for `hold` ns after `now`. Returns false if the store refused the key.
@@ -54,7 +65,7 @@ bool touch(Store& store, const sluice::KeyDigest& key, std::int64_t now, std::in
 
 TEST_CASE("a cuckoo table finds every key it took at 17/20 load, stash included") {
   constexpr std::size_t kBuckets = 1000;
-  Table table(kBuckets);
+  Table table(kBuckets, kBuckets);
   std::mt19937_64 rng(1);
   std::vector<sluice::KeyDigest> keys;
   while (keys.size() < kBuckets * 2 * 17 / 20) {
@@ -73,7 +84,7 @@ TEST_CASE("a cuckoo table finds every key it took at 17/20 load, stash included"
 }
 
 TEST_CASE("a full cuckoo table fills its stash, then refuses a key and changes nothing") {
-  Table table(2);  // 4 slots
+  Table table(2, 2);  // 4 slots
   std::mt19937_64 rng(2);
   std::vector<sluice::KeyDigest> keys;
   while (table.insert(keys.emplace_back(digest_in_shard(rng, 0)), HoldCell{}) != nullptr) {
@@ -86,7 +97,7 @@ TEST_CASE("a full cuckoo table fills its stash, then refuses a key and changes n
 }
 
 TEST_CASE("keys sharing both buckets take two buckets and the stash, with bounded work") {
-  Table table(1024);
+  Table table(1024, 1024);
   std::size_t taken = 0;
   for (std::uint64_t i = 0; i < 100; ++i) {
     if (table.insert(colliding(i, 0), HoldCell{.fresh_at = 0, .id = i}) != nullptr) ++taken;
@@ -96,7 +107,7 @@ TEST_CASE("keys sharing both buckets take two buckets and the stash, with bounde
 }
 
 TEST_CASE("an erased key's slot is taken again and other keys stay found") {
-  Table table(64);
+  Table table(64, 64);
   std::mt19937_64 rng(3);
   std::vector<sluice::KeyDigest> keys;
   for (int i = 0; i < 100; ++i) {

@@ -51,11 +51,12 @@
 // latest time it has seen and clamps earlier readings to it, so a clock that steps back never
 // replenishes anything.
 //
-// Memory per tracked key, at capacity: ≤ 20/17 slots (a slot is the 16-byte digest plus the
-// cell), 37.6 bytes for a one-window GCRA cell; kRejectNewKeys adds ≤ 3/2 idle-index entries of
-// 24 bytes (73.6 bytes in all). At 1M keys in a default store, 39.5 bytes per key. Tables of 64
-// KiB and more are mapped from the kernel (see detail/store_table.hpp), so a table outgrown is
-// returned at once and resident memory follows the tables.
+// Memory per tracked key, at capacity: ≤ 20/17 slots, plus 8 per shard (a slot is the 16-byte
+// digest plus the cell), 37.6 bytes for a one-window GCRA cell; kRejectNewKeys adds ≤ 3/2
+// idle-index entries of 24 bytes (73.6 bytes in all). At 1M keys in a default store: 39.5 bytes of
+// tables per key, 39.8 of resident memory. Tables of 1 KiB and more are mapped from the kernel in
+// whole pages (detail/store_table.hpp), so an outgrown table is returned at once and resident
+// memory follows the tables.
 //
 // Thread-safety: every member function may be called concurrently. A check takes exactly one
 // shard lock for O(1) expected work (a waiter for a shard lock sleeps rather than spins, so a
@@ -381,7 +382,7 @@ class ShardedStore {
   struct alignas(64) Shard {
     detail::ShardLock lock;
     std::int64_t latest ABSL_GUARDED_BY(lock) = std::numeric_limits<std::int64_t>::min();
-    Table table ABSL_GUARDED_BY(lock){kInitialBuckets};
+    Table table ABSL_GUARDED_BY(lock){kInitialBuckets, kInitialBuckets};
     // kRejectNewKeys: a min-heap (by idle_at) with at least one entry per cell, whose idle_at is
     // at most the time the cell goes idle; entries of removed keys stay until they come up or
     // the index is rebuilt. Empty under kEvict.
@@ -494,7 +495,7 @@ class ShardedStore {
     const std::size_t limit = shard.table.slot_count() * kLoadNumerator / kLoadDenominator;
     if (shard.table.size() + 1 > limit && shard.table.bucket_count() < max_buckets()) grow(shard);
     while (shard.table.insert(d, cell) == nullptr) {
-      if (shard.table.bucket_count() == max_buckets()) return collide(shard, d, cell, now);
+      if (shard.table.bucket_count() >= max_buckets()) return collide(shard, d, cell, now);
       grow(shard);
     }
     return std::nullopt;
@@ -580,7 +581,7 @@ class ShardedStore {
 
   void grow(Shard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     const std::size_t buckets = shard.table.bucket_count();
-    Table table(std::min(buckets + buckets / 2, max_buckets()));
+    Table table(std::min(buckets + buckets / 2, max_buckets()), max_buckets());
     shard.table.for_each([&](const Slot& slot) { table.insert_rebuilt(slot); });
     shard.table = std::move(table);
     shard.publish();
@@ -620,9 +621,8 @@ class ShardedStore {
       Shard::bump(shard.live_evicted, static_cast<std::uint64_t>(evicted));
       Shard::bump(shard.forgotten, static_cast<std::uint64_t>(evicted));
     }
-    Table table(shard.table.bucket_count());
-    for (const Candidate& c : live) table.insert_rebuilt(c.slot);
-    shard.table = std::move(table);
+    shard.table.clear();  // in place: a fresh table would fault in every page again
+    for (const Candidate& c : live) shard.table.insert_rebuilt(c.slot);
     shard.publish();
   }
 

@@ -15,6 +15,7 @@
 #ifndef SLUICE_DETAIL_STORE_TABLE_HPP_
 #define SLUICE_DETAIL_STORE_TABLE_HPP_
 
+#include <algorithm>
 #include <array>
 #include <cassert>
 #include <cstddef>
@@ -54,9 +55,13 @@ class StoreTable {
   static constexpr std::size_t kStashSlots = 4;
   // Buckets an insert's move search visits at most.
   static constexpr std::size_t kMaxMoveSearch = 256;
+  // Odd: the second bucket comes from the digest's high half times this (second_bucket).
+  static constexpr std::uint64_t kSecondBucketMultiplier = 0x9e3779b97f4a7c15ULL;
 
-  // A table of `buckets` ≥ 1 empty buckets.
-  explicit StoreTable(std::size_t buckets) : buckets_(allocate(buckets)), bucket_count_(buckets) {}
+  // A table of at least `buckets` ≥ 1 empty buckets and at most `most` ≥ `buckets`: a mapped
+  // table fills its last page, up to `most`.
+  StoreTable(std::size_t buckets, std::size_t most)
+      : buckets_(allocate(rounded(buckets, most))), bucket_count_(rounded(buckets, most)) {}
 
   std::size_t size() const noexcept { return size_; }
   std::size_t bucket_count() const noexcept { return bucket_count_; }
@@ -69,10 +74,10 @@ class StoreTable {
 
   // The slot of `d` (not empty), or nullptr. Both buckets and the stash, in that order.
   ABSL_ATTRIBUTE_ALWAYS_INLINE Slot* find(const KeyDigest& d) noexcept {
-    Bucket& first = buckets_[bucket_of(d.low)];
+    Bucket& first = buckets_[first_bucket(d)];
     if (first.slots[0].digest == d) return &first.slots[0];
     if (first.slots[1].digest == d) return &first.slots[1];
-    Bucket& second = buckets_[bucket_of(d.high)];
+    Bucket& second = buckets_[second_bucket(d)];
     if (second.slots[0].digest == d) return &second.slots[0];
     if (second.slots[1].digest == d) return &second.slots[1];
     return stash_.empty() ? nullptr : find_in_stash(d);
@@ -101,6 +106,13 @@ class StoreTable {
     fill(stash_.back(), slot.digest, slot.cell);
   }
 
+  // Removes every key, keeping the buckets' memory.
+  void clear() noexcept {
+    std::memset(static_cast<void*>(buckets_.get()), 0, bucket_count_ * sizeof(Bucket));
+    stash_.clear();
+    size_ = 0;
+  }
+
   // Removes the key at `slot` (a pointer find or insert returned).
   void erase(Slot* slot) noexcept {
     --size_;
@@ -115,8 +127,8 @@ class StoreTable {
   // The slots of `d`'s two buckets that hold keys (for a key the table cannot take).
   template <class Fn>
   void for_each_in_buckets(const KeyDigest& d, Fn&& fn) {
-    const std::size_t first = bucket_of(d.low);
-    const std::size_t second = bucket_of(d.high);
+    const std::size_t first = first_bucket(d);
+    const std::size_t second = second_bucket(d);
     for (std::size_t b : {first, second}) {
       for (Slot& slot : buckets_[b].slots) {
         if (!slot.digest.empty()) fn(slot);
@@ -148,16 +160,42 @@ class StoreTable {
   static_assert(std::is_trivially_copyable_v<Slot> && std::is_trivially_destructible_v<Bucket>);
 
   static constexpr std::align_val_t kAlignment{64};
-  // Tables of at least this many bytes are mapped from the kernel directly rather than taken from
-  // malloc: glibc raises its mmap threshold after an mmapped chunk is freed, so a store's later
-  // (larger) tables came from the heap and the freed smaller ones stayed resident — 41.2 bytes of
-  // RSS per key at 1M keys for 39.5 of tables. Mapped, each table is returned whole when the shard
-  // grows past it, and its pages come zeroed (an empty table is all zeros).
-  static constexpr std::size_t kMapBytes = std::size_t{64} << 10;
+  // Tables of 1 KiB or more are mapped from the kernel directly, in whole pages, rather than taken
+  // from malloc, because of what resident memory measured at 1M keys: glibc raises its mmap
+  // threshold after an mmapped chunk is freed, so a store's later (larger) tables came from the
+  // heap and the outgrown ones stayed resident (41.2 bytes of RSS per key for 39.5 of tables).
+  // Mapping tables of 64 KiB and more left 41.1 (the outgrown smaller tables stayed in the heap),
+  // of 16 KiB and more 40.6, of 4 KiB 40.0; of 1 KiB, each rounded up to whole pages (which the
+  // kernel maps anyway), 39.8 for 39.6 of tables. Mapped, an outgrown table is returned whole,
+  // and its pages come zeroed (an empty table is all zeros). Should the kernel refuse a mapping
+  // (e.g. its map count limit), the table comes from operator new instead.
+  static constexpr std::size_t kMapBytes = 1024;
+  static constexpr std::size_t kPageBytes = 4096;  // a multiple of it on every POSIX system here
+
+  // The buckets a table of at least `buckets` and at most `most` gets.
+  static std::size_t rounded(std::size_t buckets, std::size_t most) noexcept {
+#if defined(__unix__) || defined(__APPLE__)
+    const std::size_t bytes = buckets * sizeof(Bucket);
+    if (bytes >= kMapBytes) {
+      return std::min(most, (bytes + kPageBytes - 1) / kPageBytes * kPageBytes / sizeof(Bucket));
+    }
+#endif
+    (void)most;
+    return buckets;
+  }
 
   struct Release {
     std::size_t bytes;
-    void operator()(Bucket* p) const noexcept { release(p, bytes); }
+    bool mapped;
+    void operator()(Bucket* p) const noexcept {
+#if defined(__unix__) || defined(__APPLE__)
+      if (mapped) {
+        munmap(p, bytes);
+        return;
+      }
+#endif
+      ::operator delete(p, kAlignment);
+    }
   };
   using Buckets = std::unique_ptr<Bucket[], Release>;
 
@@ -166,33 +204,31 @@ class StoreTable {
 #if defined(__unix__) || defined(__APPLE__)
     if (bytes >= kMapBytes) {
       void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::bad_alloc();
-      return Buckets(static_cast<Bucket*>(p), Release{bytes});  // implicit-lifetime, zeroed
+      if (p != MAP_FAILED) {  // page-aligned, zeroed; Bucket is an implicit-lifetime type
+        return Buckets(static_cast<Bucket*>(p), Release{bytes, true});
+      }
     }
 #endif
     void* p = ::operator new(bytes, kAlignment);
     std::memset(p, 0, bytes);
-    return Buckets(static_cast<Bucket*>(p), Release{bytes});
+    return Buckets(static_cast<Bucket*>(p), Release{bytes, false});
   }
 
-  static void release(Bucket* p, std::size_t bytes) noexcept {
-#if defined(__unix__) || defined(__APPLE__)
-    if (bytes >= kMapBytes) {
-      munmap(p, bytes);
-      return;
-    }
-#endif
-    ::operator delete(p, kAlignment);
+  // A key's buckets, by multiply-shift, so any bucket count works: the first from the low half of
+  // its digest, the second from the high half multiplied by an odd constant. The high half alone
+  // would not do: digests are ordered by it (a sweep keeps the largest among equally fresh
+  // cells), so the survivors of a sweep would all have second buckets in the table's top part;
+  // the product's top bits depend on all of the half's bits but the shard index, constant here.
+  std::size_t first_bucket(const KeyDigest& d) const noexcept { return bucket_of(d.low); }
+  std::size_t second_bucket(const KeyDigest& d) const noexcept {
+    return bucket_of(d.high * kSecondBucketMultiplier);
   }
-
-  // A digest half's bucket: multiply-shift, so any bucket count works and the half's high bits
-  // decide (the shard index is the low bits of the high half).
-  std::size_t bucket_of(std::uint64_t half) const noexcept {
-    return static_cast<std::size_t>(absl::Uint128High64(absl::uint128(half) * bucket_count_));
+  std::size_t bucket_of(std::uint64_t bits) const noexcept {
+    return static_cast<std::size_t>(absl::Uint128High64(absl::uint128(bits) * bucket_count_));
   }
   std::size_t other_bucket(const KeyDigest& d, std::size_t bucket) const noexcept {
-    const std::size_t first = bucket_of(d.low);
-    return first == bucket ? bucket_of(d.high) : first;
+    const std::size_t first = first_bucket(d);
+    return first == bucket ? second_bucket(d) : first;
   }
 
   ABSL_ATTRIBUTE_NOINLINE Slot* find_in_stash(const KeyDigest& d) noexcept {
@@ -229,8 +265,8 @@ class StoreTable {
       }
       return false;
     };
-    nodes[count++] = Node{bucket_of(d.low), kRoot, 0};
-    if (const std::size_t second = bucket_of(d.high); second != nodes[0].bucket) {
+    nodes[count++] = Node{first_bucket(d), kRoot, 0};
+    if (const std::size_t second = second_bucket(d); second != nodes[0].bucket) {
       nodes[count++] = Node{second, kRoot, 0};
     }
     for (std::size_t at = 0; at < count; ++at) {
