@@ -276,10 +276,19 @@ class StoreTable {
       }
       for (std::size_t s = 0; s < kSlotsPerBucket && count < kMaxMoveSearch; ++s) {
         const std::size_t next = other_bucket(bucket.slots[s].digest, nodes[at].bucket);
-        if (!on_path(next, at)) nodes[count++] = Node{next, at, s};
+        if (!on_path(next, at)) {
+          prefetch(&buckets_[next]);  // a level's buckets are read after it is queued: overlap
+          nodes[count++] = Node{next, at, s};
+        }
       }
     }
     return nullptr;
+  }
+
+  static void prefetch([[maybe_unused]] const void* line) noexcept {
+#if defined(__GNUC__)
+    __builtin_prefetch(line);
+#endif
   }
 
   // Moves each resident on the path to node `at` one step toward free slot `free` of its
