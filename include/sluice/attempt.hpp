@@ -45,7 +45,7 @@
 // subject that finds its shard full of live records is denied with AttemptReason::kStoreFull;
 // subjects already tracked keep working. Raw subjects are never stored: the store keeps a
 // seeded 128-bit digest bound to the policy's fingerprint. Memory: a 64-byte table slot per record
-// (tables are kept at most 3/4 full), at most kStoreShards × max_keys_per_shard records.
+// (tables are kept at most 17/20 full), at most kStoreShards × max_keys_per_shard records.
 //
 // Thread-safety: every member function may be called concurrently; each operation takes one
 // shard lock for O(1) expected work (complexity as for ShardedStore::update). Receipts and

@@ -440,7 +440,9 @@ class GcraLimiter {
         store_);
   }
   // A tracked key's cell as it was before decide_tracked_locked advanced it. Plain words, left
-  // uninitialized until used: an engine request keeps eight of these on its stack.
+  // uninitialized until used: an engine request keeps eight of these on its stack. `tat` points
+  // into the store, so it is valid only until a key is inserted into or removed from this
+  // limiter's store (an insert may move cells: ShardedStore::find_locked).
   struct Undo {
     detail::GcraTat* tat;
     std::size_t windows;

@@ -2,7 +2,7 @@
 //
 // A `ShardedStore<Cell>` maps key digests to small fixed-size cells (a GCRA TAT per window, a
 // fixed-window counter per window). It has a compile-time number of shards, each with its own
-// lock and its own open-addressing table, and a hard bound on keys per shard, so the memory of a
+// lock and its own cuckoo hash table, and a hard bound on keys per shard, so the memory of a
 // store is bounded by the same number on every machine and under any key spray:
 //
 //   sluice::ShardedStore<MyCell> store({.max_keys_per_shard = 4096});
@@ -14,21 +14,35 @@
 //
 // Bound: at most kStoreShards × max_keys_per_shard keys for the lifetime of the store.
 //
+// Table: each key has two candidate buckets of two slots (one 64-byte cache line for a 16-byte
+// cell), from the two halves of its digest; a lookup reads the first, then the second (about
+// 1.3 lines per hit at 1M keys). An insert moves residents to their other bucket along a path
+// found by a bounded search, so a cell may move when another key is inserted. A table is grown
+// by half before it passes 17/20 load.
+//
 // Overflow (a new key arrives at a full shard), inline under the shard lock the check holds:
 //   1. every idle cell is dropped (idle = indistinguishable from a fresh cell; no decision
 //      changes);
 //   2. kEvict: if more than cap/2 cells remain, live cells are evicted in ascending order of
 //      (time until fresh, digest) down to cap/2 — one-shot keys go first, keys under enforcement
 //      stay. A sweep costs O(cap) and is followed by at least cap/2 inserts: amortized O(1).
-//      kRejectNewKeys: nothing live is evicted. The shard keeps an index of its cells by the time
-//      each goes idle (a min-heap of lower bounds, one entry per cell), so it never scans: a new
-//      key at a full shard takes the place of one idle cell, and is refused only when no cell is
-//      idle, with the exact time until the earliest one goes idle. A cell updated since its entry
-//      was made is re-indexed when its entry comes up, paid for by those updates. A removed key
-//      leaves a marker that later inserts reuse; a table that markers would take past 7/8 load is
-//      rebuilt without them, O(capacity) after at least 3/4·cap removals. Fewer than 4 cells or
-//      slots examined per insert (one index entry plus at most 8/3 of a rebuild), one per denial,
-//      plus one per cell updated since its entry was made.
+//      kRejectNewKeys: nothing live is evicted. The shard keeps an index of its keys by the time
+//      each cell goes idle (a min-heap of lower bounds, at least one entry per cell), so it never
+//      scans: a new key at a full shard takes the place of one idle cell, and is refused only
+//      when no cell is idle, with the exact time until the earliest one goes idle. A cell updated
+//      since its entry was made is re-indexed when its entry comes up, paid for by those updates.
+//      A removed key's entry stays until it comes up; past cap/2 such entries the index is
+//      rebuilt from the table, O(capacity) after at least cap/2 removals. Fewer than 4 cells or
+//      slots examined per insert (one index entry plus at most 40/17 of a rebuild), one per
+//      denial, plus one per cell updated since its entry was made.
+//
+// Collisions: an insert does bounded work whatever the digests. A key whose two buckets stay
+// full under every move the search tries goes to a stash of a few slots per shard; with the
+// stash full, a table that can grow grows. Only at the largest table (a case that takes many
+// keys sharing both buckets, which takes knowing the store's seed) is the key treated as at a
+// full shard, among the cells of its two buckets only: kEvict evicts the one a sweep would
+// evict first and takes its slot; kRejectNewKeys takes the slot of an idle one, else refuses
+// the key until the earliest of them goes idle. Keys already tracked are never lost.
 //
 // Removal: `update_removing_idle` removes a key whose update left its cell idle (a reset, the
 // last concurrency permit given back), so its room is free at once.
@@ -37,15 +51,18 @@
 // latest time it has seen and clamps earlier readings to it, so a clock that steps back never
 // replenishes anything.
 //
-// Memory per tracked key, at capacity: kEvict ≤ 4/3 slots (a slot is the 16-byte digest plus the
-// cell); kRejectNewKeys ≤ 2 slots plus 16 bytes of idle index (80 bytes for a one-window GCRA
-// cell), the room its cheap removals need.
+// Memory per tracked key, at capacity: ≤ 20/17 slots, plus 8 per shard (a slot is the 16-byte
+// digest plus the cell), 37.6 bytes for a one-window GCRA cell; kRejectNewKeys adds ≤ 3/2
+// idle-index entries of 24 bytes (73.6 bytes in all). At 1M keys in a default store: 39.5 bytes of
+// tables per key, 39.8 of resident memory. Tables of 1 KiB and more are mapped from the kernel in
+// whole pages (detail/store_table.hpp), so an outgrown table is returned at once and resident
+// memory follows the tables.
 //
 // Thread-safety: every member function may be called concurrently. A check takes exactly one
 // shard lock for O(1) expected work (a waiter for a shard lock sleeps rather than spins, so a
 // flood on one key leaves its holder the core and the cache lines); `stats()` and `shard_sizes()`
 // read atomics and take no lock. Checking an existing key costs the same under both policies and
-// allocates nothing; inserts allocate only when a shard's table grows.
+// allocates nothing; inserts allocate only when a shard's table grows or its stash takes a key.
 #ifndef SLUICE_STORE_HPP_
 #define SLUICE_STORE_HPP_
 
@@ -59,7 +76,6 @@
 #include <functional>
 #include <limits>
 #include <memory>
-#include <new>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -69,10 +85,10 @@
 #include "absl/base/attributes.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/inlined_vector.h"
-#include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/detail/shard_lock.hpp"
+#include "sluice/detail/store_table.hpp"
 #include "sluice/key.hpp"
 
 namespace sluice {
@@ -83,7 +99,7 @@ inline constexpr std::size_t kStoreShards = 64;
 static_assert((kStoreShards & (kStoreShards - 1)) == 0, "kStoreShards must be a power of two");
 
 // Default cap per shard: 16384 keys, so a store tracks at most 1,048,576 keys by default
-// (about 40 MiB for one-window GCRA cells at full capacity).
+// (about 38 MiB of tables for one-window GCRA cells at full capacity).
 inline constexpr std::size_t kDefaultMaxKeysPerShard = 16384;
 
 // What a full shard does with a new key.
@@ -187,23 +203,13 @@ class HeldShardLocks {
 template <StoreCell Cell>
 class ShardedStore {
  public:
-  // One table entry: the digest and the cell side by side, so that a check on a key touches one
-  // cache line in the common case. An empty digest marks an empty slot.
-  struct Slot {
-    KeyDigest digest;
-    Cell cell;
-  };
+  // One table entry: the 16-byte digest and the cell side by side.
+  using Slot = detail::StoreSlot<Cell>;
 
   explicit ShardedStore(StoreOptions options = {})
       : options_(normalized(options)),
         hasher_(options.seed ? KeyHasher(*options.seed) : KeyHasher()),
-        shards_(std::make_unique<Shard[]>(kStoreShards)) {
-    for (std::size_t i = 0; i < kStoreShards; ++i) {
-      Shard& shard = shards_[i];
-      detail::ShardLockHolder hold(shard.lock);
-      rebuild_keys(shard, kInitialCapacity, std::numeric_limits<std::int64_t>::min());
-    }
-  }
+        shards_(std::make_unique<Shard[]>(kStoreShards)) {}
 
   const StoreOptions& options() const noexcept { return options_; }
   std::uint64_t seed() const noexcept { return hasher_.seed(); }
@@ -229,7 +235,7 @@ class ShardedStore {
   // at once, so its room is free for a new key without waiting for a sweep (a reset, or the last
   // permit of a concurrency limit given back). Same cost as `update`, plus O(1) for a removal;
   // under kRejectNewKeys a removal leaves a stale idle-index entry, and the index is rebuilt
-  // without them (O(capacity)) after at least cap/4 of them.
+  // without them (O(capacity)) after at least cap/2 of them.
   template <class Fn, class OnFull>
   std::invoke_result_t<Fn&, Cell&, std::int64_t> update_removing_idle(const KeyDigest& d,
                                                                       std::int64_t now, Fn&& fn,
@@ -237,11 +243,10 @@ class ShardedStore {
     Shard& shard = shards_[shard_index(d)];
     detail::ShardLockHolder hold(shard.lock);
     now = shard.clamp(now);
-    const std::size_t index = shard.probe(d);
-    Slot& slot = shard.slots[index];
-    if (slot.digest.empty()) return update_in(shard, d, now, fn, on_full);
-    auto result = fn(slot.cell, now);
-    if (slot.cell.idle(now)) remove(shard, index);
+    Slot* slot = shard.table.find(d);
+    if (slot == nullptr) return update_in(shard, d, now, fn, on_full);
+    auto result = fn(slot->cell, now);
+    if (slot->cell.idle(now)) remove(shard, slot);
     return result;
   }
 
@@ -260,29 +265,29 @@ class ShardedStore {
   }
 
   // The cell of tracked key `d` under the held locks, or nullptr when it is absent (nothing is
-  // inserted); `now` becomes the shard's clamped time. The pointer stays valid while `held` holds
-  // the shard lock and nothing is inserted into this store. O(1) expected.
+  // inserted); `now` becomes the shard's clamped time. O(1). The pointer stays valid while `held`
+  // holds the shard lock and no key is inserted into or removed from this store: an insert may
+  // move cells to their other bucket (callers insert only after their last use of it).
   Cell* find_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t& now)
       ABSL_NO_THREAD_SAFETY_ANALYSIS {  // `held` holds the lock: a dynamic set, checked below
     Shard& shard = shards_[shard_index(d)];
     assert(held.holds(shard.lock));
     (void)held;
     now = shard.clamp(now);
-    Slot& slot = shard.slots[shard.probe(d)];
-    return slot.digest.empty() ? nullptr : &slot.cell;
+    Slot* slot = shard.table.find(d);
+    return slot == nullptr ? nullptr : &slot->cell;
   }
 
   // Removes the key if it is tracked (its next update starts from a fresh cell) and counts it
-  // as forgotten if its cell was not idle at `now`. O(1) plus a probe; takes the shard lock.
+  // as forgotten if its cell was not idle at `now`. O(1); takes the shard lock.
   void forget(const KeyDigest& d, std::int64_t now) {
     Shard& shard = shards_[shard_index(d)];
     detail::ShardLockHolder hold(shard.lock);
     now = shard.clamp(now);
-    const std::size_t index = shard.probe(d);
-    Slot& slot = shard.slots[index];
-    if (slot.digest.empty()) return;
-    if (!slot.cell.idle(now)) Shard::bump(shard.forgotten, 1);
-    remove(shard, index);
+    Slot* slot = shard.table.find(d);
+    if (slot == nullptr) return;
+    if (!slot->cell.idle(now)) Shard::bump(shard.forgotten, 1);
+    remove(shard, slot);
   }
 
   // How many live cells the key's shard has dropped so far: keys forgotten (`forget`) while not
@@ -296,9 +301,9 @@ class ShardedStore {
   std::optional<Cell> find(const KeyDigest& d) const {
     Shard& shard = shards_[shard_index(d)];
     detail::ShardLockHolder hold(shard.lock);
-    const Slot& slot = shard.slots[shard.probe(d)];
-    if (slot.digest.empty()) return std::nullopt;  // the probe never stops at a removed slot
-    return slot.cell;
+    const Slot* slot = shard.table.find(d);
+    if (slot == nullptr) return std::nullopt;
+    return slot->cell;
   }
 
   // Calls `each(const KeyDigest&, const Cell&)` for every tracked cell not idle at `now`, one
@@ -309,10 +314,9 @@ class ShardedStore {
     for (std::size_t i = 0; i < kStoreShards; ++i) {
       Shard& shard = shards_[i];
       detail::ShardLockHolder hold(shard.lock);
-      for (std::size_t j = 0; j < shard.capacity; ++j) {
-        const Slot& slot = shard.slots[j];
-        if (holds_key(slot) && !slot.cell.idle(now)) each(slot.digest, slot.cell);
-      }
+      shard.table.for_each([&](const Slot& slot) {
+        if (!slot.cell.idle(now)) each(slot.digest, slot.cell);
+      });
     }
   }
 
@@ -339,8 +343,8 @@ class ShardedStore {
   }
 
   // Cells and slots examined to make room for new keys so far (for amortization checks): every
-  // slot a sweep or a rebuild without removed markers scans, and every idle-index entry whose
-  // cell is checked. Lookups and placement probes are not counted. Lock-free.
+  // slot a sweep or an idle-index rebuild scans, and every idle-index entry whose cell is
+  // checked. Lookups and placement (the bounded move search) are not counted. Lock-free.
   std::uint64_t sweep_work() const noexcept {
     std::uint64_t work = 0;
     for (std::size_t i = 0; i < kStoreShards; ++i) {
@@ -349,7 +353,7 @@ class ShardedStore {
     return work;
   }
 
-  // Bytes held by the shards' tables. Lock-free.
+  // Bytes held by the shards' tables (buckets and stashes). Lock-free.
   std::size_t table_bytes() const noexcept {
     std::size_t bytes = 0;
     for (std::size_t i = 0; i < kStoreShards; ++i) {
@@ -361,48 +365,27 @@ class ShardedStore {
  private:
   friend class ShardLockSet;
 
-  // Slot tables are aligned to cache lines so that a slot whose size divides 64 never straddles
-  // two.
-  static constexpr std::align_val_t kTableAlignment{64};
-  static constexpr std::size_t kInitialCapacity = 8;
-  struct TableDeleter {
-    void operator()(Slot* p) const noexcept { ::operator delete(p, kTableAlignment); }
-  };
-  using Table = std::unique_ptr<Slot[], TableDeleter>;
+  using Table = detail::StoreTable<Cell>;
+  static constexpr std::size_t kInitialBuckets = 4;
+  // A table grows (by half) before an insert would take it past this load (17/20); a grown table
+  // is thus at least 17/30 full, and it never grows past what max_keys_per_shard needs.
+  static constexpr std::size_t kLoadNumerator = 17;
+  static constexpr std::size_t kLoadDenominator = 20;
 
-  static Table allocate_table(std::size_t capacity) {
-    static_assert(std::is_trivially_destructible_v<Slot>);
-    auto* raw = static_cast<Slot*>(::operator new(capacity * sizeof(Slot), kTableAlignment));
-    std::uninitialized_value_construct_n(raw, capacity);
-    return Table(raw);
-  }
-
-  // When a cell goes idle (ns, lower bound) and where it is.
+  // When a cell goes idle (ns, lower bound) and which key it is (cells move between slots).
   struct IdleEntry {
-    std::int64_t idle_at;
-    std::size_t index;
+    std::int64_t idle_at = 0;
+    KeyDigest digest;
   };
   static bool later(const IdleEntry& a, const IdleEntry& b) { return a.idle_at > b.idle_at; }
 
-  // A removed key's slot: lookups probe past it, inserts reuse it. Never a hasher's output.
-  static constexpr KeyDigest kRemoved{0, 1};
-  static bool holds_key(const Slot& slot) {
-    return !slot.digest.empty() && slot.digest != kRemoved;
-  }
-
-  // A shard's table is kept at most 3/4 full and grown by half, so a grown table is at least half
-  // full; it never grows past what max_keys_per_shard needs. Removed markers (kRejectNewKeys) may
-  // take a table at its largest size to 7/8.
   struct alignas(64) Shard {
     detail::ShardLock lock;
     std::int64_t latest ABSL_GUARDED_BY(lock) = std::numeric_limits<std::int64_t>::min();
-    Slot* slots ABSL_GUARDED_BY(lock) = nullptr;
-    std::size_t capacity ABSL_GUARDED_BY(lock) = 0;
-    std::size_t count ABSL_GUARDED_BY(lock) = 0;
-    std::size_t removed ABSL_GUARDED_BY(lock) = 0;  // slots marked kRemoved
-    Table table ABSL_GUARDED_BY(lock);
-    // kRejectNewKeys: a min-heap (by idle_at) with one entry per cell, whose idle_at is at most
-    // the time the cell goes idle. Empty under kEvict.
+    Table table ABSL_GUARDED_BY(lock){kInitialBuckets, kInitialBuckets};
+    // kRejectNewKeys: a min-heap (by idle_at) with at least one entry per cell, whose idle_at is
+    // at most the time the cell goes idle; entries of removed keys stay until they come up or
+    // the index is rebuilt. Empty under kEvict.
     std::vector<IdleEntry> idle_index ABSL_GUARDED_BY(lock);
 
     // Written under the lock, read without it.
@@ -412,7 +395,7 @@ class ShardedStore {
     std::atomic<std::uint64_t> forgotten{0};  // live cells dropped: evictions and forget()
     std::atomic<std::uint64_t> capacity_denials{0};
     std::atomic<std::uint64_t> examined{0};
-    std::atomic<std::size_t> capacity_bytes{0};
+    std::atomic<std::size_t> capacity_bytes{kInitialBuckets * 2 * sizeof(Slot)};
 
     std::int64_t clamp(std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lock) {
       if (now <= latest) return latest;  // no store: a repeated reading leaves the line clean
@@ -420,29 +403,16 @@ class ShardedStore {
       return now;
     }
 
-    // Always inline: out of line, GCC passes the digest through a stack slot as two 8-byte stores
-    // read back as one 16-byte load, a store-forwarding stall on every check.
-    ABSL_ATTRIBUTE_ALWAYS_INLINE std::size_t probe(const KeyDigest& d) const
-        ABSL_EXCLUSIVE_LOCKS_REQUIRED(lock) {
-      return probe_in(slots, capacity, d);
+    // The counters that follow the table, after it changed.
+    void publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lock) {
+      size.store(table.size(), std::memory_order_relaxed);
+      capacity_bytes.store(table.bytes(), std::memory_order_relaxed);
     }
 
     static void bump(std::atomic<std::uint64_t>& counter, std::uint64_t by) {
       counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
     }
   };
-
-  // Index of `d`'s slot in a table, or of the empty slot where it would go. Linear probing from a
-  // multiply-shift start (any table size works); the table always has an empty slot.
-  ABSL_ATTRIBUTE_ALWAYS_INLINE static std::size_t probe_in(const Slot* slots, std::size_t capacity,
-                                                           const KeyDigest& d) {
-    auto i = static_cast<std::size_t>(absl::Uint128High64(absl::uint128(d.low) * capacity));
-    while (true) {
-      const KeyDigest& at = slots[i].digest;
-      if (at == d || at.empty()) return i;
-      if (++i == capacity) i = 0;
-    }
-  }
 
   static StoreOptions normalized(StoreOptions options) {
     options.max_keys_per_shard =
@@ -452,11 +422,12 @@ class ShardedStore {
 
   bool rejects() const noexcept { return options_.overflow == Overflow::kRejectNewKeys; }
 
-  // kEvict: room for cap keys at 3/4 load. kRejectNewKeys: 2·cap, so that removed markers can
-  // accumulate to 3/4·cap before a rebuild. At most 2^33 slots.
-  std::size_t max_capacity() const noexcept {
-    const std::size_t cap = options_.max_keys_per_shard;
-    return rejects() ? 2 * cap : cap * 4 / 3 + 1;
+  // Room for cap keys at 17/20 load, plus 8 slots that keep small tables below it (a table of a
+  // few buckets fills its stash sooner): at most 2^33 buckets.
+  std::size_t max_buckets() const noexcept {
+    const std::size_t slots =
+        (options_.max_keys_per_shard * kLoadDenominator + kLoadNumerator - 1) / kLoadNumerator + 8;
+    return (slots + 1) / 2;
   }
 
   // When `cell` goes idle, if it is not idle at `now` (> now, saturated).
@@ -472,32 +443,29 @@ class ShardedStore {
       Shard& shard, KeyDigest d, std::int64_t now, Fn& fn, OnFull& on_full)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     now = shard.clamp(now);
-    const std::size_t index = shard.probe(d);
-    Slot& slot = shard.slots[index];
-    if (!slot.digest.empty()) return fn(slot.cell, now);
-    return update_new(shard, d, now, fn, on_full, index);
+    if (Slot* slot = shard.table.find(d)) return fn(slot->cell, now);
+    return update_new(shard, d, now, fn, on_full);
   }
 
-  // update_in for an absent key whose probe ended at empty slot `index`. Out of line, so that the
-  // existing-key path above keeps the digest in registers (copying it for this path made GCC move
-  // it through a 16-byte stack slot on every check, a store-forwarding stall).
+  // update_in for an absent key. Out of line, so that the existing-key path above keeps the
+  // digest in registers (copying it for this path made GCC move it through a 16-byte stack slot
+  // on every check, a store-forwarding stall).
   template <class Fn, class OnFull>
   ABSL_ATTRIBUTE_NOINLINE std::invoke_result_t<Fn&, Cell&, std::int64_t> update_new(
-      Shard& shard, KeyDigest d, std::int64_t now, Fn& fn, OnFull& on_full, std::size_t index)
+      Shard& shard, KeyDigest d, std::int64_t now, Fn& fn, OnFull& on_full)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     Cell cell{};
     auto result = fn(cell, now);
     if (cell.idle(now)) return result;
-    if (auto full = insert(shard, d, cell, now, index)) return on_full(*full);
+    if (auto full = insert(shard, d, cell, now)) return on_full(*full);
     return result;
   }
 
-  // Places `cell` for absent key `d`, whose probe ended at empty slot `index`. Makes room first
-  // when the shard is full. Returns the denial when the store refuses the key.
+  // Stores `cell` for absent key `d`. Makes room first when the shard is full. Returns the
+  // denial when the store refuses the key.
   std::optional<StoreFull> insert(Shard& shard, const KeyDigest& d, const Cell& cell,
-                                  std::int64_t now, std::size_t index)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
-    if (shard.count >= options_.max_keys_per_shard) {
+                                  std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    if (shard.table.size() >= options_.max_keys_per_shard) {
       if (rejects()) {
         if (auto full = remove_idle(shard, now)) {
           Shard::bump(shard.capacity_denials, 1);
@@ -505,67 +473,70 @@ class ShardedStore {
         }
       } else {
         sweep(shard, now);
-        index = shard.probe(d);
       }
     }
-    index = place(shard, d, index, now);
-    shard.slots[index] = Slot{d, cell};
-    ++shard.count;
-    shard.size.store(shard.count, std::memory_order_relaxed);
+    if (auto full = place(shard, d, cell, now)) return full;
+    shard.publish();
     if (rejects()) {
-      shard.idle_index.push_back({idle_at(cell, now), index});
+      shard.idle_index.push_back({idle_at(cell, now), d});
       std::push_heap(shard.idle_index.begin(), shard.idle_index.end(), later);
-      // Stale entries left by removals (at most one each) past cap/4: rebuild the index.
+      // Stale entries left by removals (at most one each) past cap/2: rebuild the index.
       const std::size_t cap = options_.max_keys_per_shard;
-      if (shard.idle_index.size() > cap + cap / 4) {
-        Shard::bump(shard.examined, shard.capacity);
-        rebuild_keys(shard, shard.capacity, now);
-      }
+      if (shard.idle_index.size() > cap + cap / 2) rebuild_index(shard, now);
     }
     return std::nullopt;
   }
 
-  // The slot for absent key `d` whose probe ended at empty slot `index`: the first removed slot on
-  // its probe path, else `index` after growing a table that would pass 3/4 load, or rebuilding
-  // without removed markers a largest table that would pass 7/8 load. With at most cap keys in
-  // 2·cap slots, such a rebuild (2·cap slots examined) follows at least 3/4·cap removals.
-  std::size_t place(Shard& shard, const KeyDigest& d, std::size_t index, std::int64_t now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
-    if (shard.removed > 0) {
-      auto i = static_cast<std::size_t>(absl::Uint128High64(absl::uint128(d.low) * shard.capacity));
-      for (; i != index; i = (i + 1 == shard.capacity) ? 0 : i + 1) {
-        if (shard.slots[i].digest == kRemoved) {
-          --shard.removed;
-          return i;
-        }
-      }
+  // Puts `cell` for absent key `d` in the table, growing it first if the key would take it past
+  // 17/20 load, and again while the table cannot take the key and can grow. A key the largest
+  // table cannot take is a collision (collide).
+  std::optional<StoreFull> place(Shard& shard, const KeyDigest& d, const Cell& cell,
+                                 std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    const std::size_t limit = shard.table.slot_count() * kLoadNumerator / kLoadDenominator;
+    if (shard.table.size() + 1 > limit && shard.table.bucket_count() < max_buckets()) grow(shard);
+    while (shard.table.insert(d, cell) == nullptr) {
+      if (shard.table.bucket_count() >= max_buckets()) return collide(shard, d, cell, now);
+      grow(shard);
     }
-    const std::size_t used = shard.count + shard.removed + 1;
-    if (used <= shard.capacity * 3 / 4) return index;
-    const bool can_grow = shard.capacity < max_capacity();
-    // Rebuild at the same size when markers, not keys, fill the table: below the largest size,
-    // keys removed as fast as they come (at most half the slots hold keys; after at least
-    // capacity/4 − 1 removals); at the largest size, markers past 7/8 (one slot stays empty).
-    const bool markers_fill =
-        can_grow ? shard.count + 1 <= shard.capacity / 2 : used > shard.capacity / 8 * 7;
-    if (markers_fill) {
-      Shard::bump(shard.examined, shard.capacity);
-      rebuild_keys(shard, shard.capacity, now);
-    } else if (can_grow) {
-      grow(shard, now);
-    } else {
-      return index;
-    }
-    return shard.probe(d);
+    return std::nullopt;
   }
 
-  // Removes the key at `index` (its slot becomes a removed marker). Under kRejectNewKeys its
-  // idle-index entry stays behind, stale; remove_idle skips it.
-  void remove(Shard& shard, std::size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
-    shard.slots[index] = Slot{kRemoved, Cell{}};
-    --shard.count;
-    ++shard.removed;
-    shard.size.store(shard.count, std::memory_order_relaxed);
+  // A key whose two buckets stay full whatever the move search tries, with the stash full, at
+  // the largest table (which takes many keys sharing both buckets: digests chosen with the
+  // store's seed). As at a full shard, but among the cells of its two buckets only: kEvict
+  // evicts the first in (idle, time until fresh, digest) order and takes its slot;
+  // kRejectNewKeys takes the slot of an idle one, else refuses the key until the earliest goes
+  // idle. O(1).
+  std::optional<StoreFull> collide(Shard& shard, const KeyDigest& d, const Cell& cell,
+                                   std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    Slot* cheapest = nullptr;
+    std::int64_t least = 0;  // -1 for an idle cell, else its time until fresh
+    shard.table.for_each_in_buckets(d, [&](Slot& slot) {
+      const std::int64_t wait = slot.cell.idle(now) ? -1 : slot.cell.time_until_fresh(now);
+      if (cheapest == nullptr || wait < least ||
+          (wait == least && slot.digest < cheapest->digest)) {
+        cheapest = &slot;
+        least = wait;
+      }
+    });
+    const bool idle = least < 0;
+    if (!idle && rejects()) {
+      Shard::bump(shard.capacity_denials, 1);
+      return StoreFull{idle_at(cheapest->cell, now) - now};
+    }
+    Shard::bump(idle ? shard.idle_reclaimed : shard.live_evicted, 1);
+    if (!idle) Shard::bump(shard.forgotten, 1);
+    shard.table.erase(cheapest);  // now a free slot of one of d's buckets: insert takes it
+    [[maybe_unused]] const Slot* placed = shard.table.insert(d, cell);
+    assert(placed != nullptr);
+    return std::nullopt;
+  }
+
+  // Removes the key at `slot`. Under kRejectNewKeys its idle-index entry stays behind, stale;
+  // remove_idle skips it.
+  void remove(Shard& shard, Slot* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    shard.table.erase(slot);
+    shard.publish();
   }
 
   // kRejectNewKeys at a full shard: removes one idle cell, or returns the exact wait until the
@@ -577,53 +548,43 @@ class ShardedStore {
     std::vector<IdleEntry>& heap = shard.idle_index;
     while (true) {
       const IdleEntry top = heap.front();
-      Slot& slot = shard.slots[top.index];
       Shard::bump(shard.examined, 1);
       std::pop_heap(heap.begin(), heap.end(), later);
-      if (!holds_key(slot)) {  // stale: its key was removed by update_removing_idle
+      Slot* slot = shard.table.find(top.digest);
+      if (slot == nullptr) {  // stale: its key was removed
         heap.pop_back();
         continue;
       }
-      if (slot.cell.idle(now)) {
+      if (slot->cell.idle(now)) {
         heap.pop_back();
-        slot = Slot{kRemoved, Cell{}};
-        --shard.count;
-        ++shard.removed;
-        shard.size.store(shard.count, std::memory_order_relaxed);
+        remove(shard, slot);
         Shard::bump(shard.idle_reclaimed, 1);
         return std::nullopt;
       }
-      const std::int64_t at = idle_at(slot.cell, now);
+      const std::int64_t at = idle_at(slot->cell, now);
       heap.back().idle_at = at;
       std::push_heap(heap.begin(), heap.end(), later);
       if (at == top.idle_at) return StoreFull{at - now};
     }
   }
 
-  void grow(Shard& shard, std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
-    rebuild_keys(shard, std::min(shard.capacity + shard.capacity / 2, max_capacity()), now);
-  }
-
-  // Rebuilds the table at `capacity` slots with the same keys, without removed markers, and
-  // (kRejectNewKeys) the idle index with every cell's exact idle time.
-  void rebuild_keys(Shard& shard, std::size_t capacity, std::int64_t now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
-    const Slot* old_slots = shard.slots;
-    const std::size_t old_capacity = shard.capacity;
-    std::vector<IdleEntry> heap;  // filled outside the guarded member, then swapped in
-    heap.swap(shard.idle_index);
+  // Rebuilds the idle index from the table: one entry per cell, with its exact idle time.
+  void rebuild_index(Shard& shard, std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    Shard::bump(shard.examined, shard.table.slot_count());
+    std::vector<IdleEntry>& heap = shard.idle_index;
     heap.clear();
-    if (rejects()) heap.reserve(std::min(capacity * 3 / 4, options_.max_keys_per_shard));
-    rebuild(shard, capacity, [&](auto&& keep) {
-      for (std::size_t i = 0; i < old_capacity; ++i) {
-        const Slot& slot = old_slots[i];
-        if (!holds_key(slot)) continue;
-        const std::size_t index = keep(slot);
-        if (rejects()) heap.push_back({slot.cell.idle(now) ? now : idle_at(slot.cell, now), index});
-      }
+    shard.table.for_each([&](const Slot& slot) {
+      heap.push_back({slot.cell.idle(now) ? now : idle_at(slot.cell, now), slot.digest});
     });
     std::make_heap(heap.begin(), heap.end(), later);
-    shard.idle_index.swap(heap);
+  }
+
+  void grow(Shard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    const std::size_t buckets = shard.table.bucket_count();
+    Table table(std::min(buckets + buckets / 2, max_buckets()), max_buckets());
+    shard.table.for_each([&](const Slot& slot) { table.insert_rebuilt(slot); });
+    shard.table = std::move(table);
+    shard.publish();
   }
 
   // kEvict at a full shard: drops idle cells, then evicts live cells down to cap/2 in ascending
@@ -636,16 +597,14 @@ class ShardedStore {
     thread_local std::vector<Candidate> live;
     live.clear();
     std::uint64_t idle = 0;
-    for (std::size_t i = 0; i < shard.capacity; ++i) {
-      const Slot& slot = shard.slots[i];
-      if (!holds_key(slot)) continue;
+    shard.table.for_each([&](const Slot& slot) {
       if (slot.cell.idle(now)) {
         ++idle;
       } else {
         live.push_back({std::max<std::int64_t>(slot.cell.time_until_fresh(now), 1), slot});
       }
-    }
-    Shard::bump(shard.examined, shard.capacity);
+    });
+    Shard::bump(shard.examined, shard.table.slot_count());
     Shard::bump(shard.idle_reclaimed, idle);
 
     const std::size_t keep = options_.max_keys_per_shard / 2;
@@ -662,31 +621,9 @@ class ShardedStore {
       Shard::bump(shard.live_evicted, static_cast<std::uint64_t>(evicted));
       Shard::bump(shard.forgotten, static_cast<std::uint64_t>(evicted));
     }
-    rebuild(shard, shard.capacity, [&](auto&& keep_slot) {
-      for (const Candidate& c : live) keep_slot(c.slot);
-    });
-  }
-
-  // Replaces the shard's table by one of `capacity` slots holding the slots that `each` yields
-  // (each passed to `keep`, which returns where it went).
-  template <class Each>
-  void rebuild(Shard& shard, std::size_t capacity, Each&& each)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
-    Table table = allocate_table(capacity);
-    std::size_t count = 0;
-    each([&](const Slot& slot) {
-      const std::size_t index = probe_in(table.get(), capacity, slot.digest);
-      table[index] = slot;
-      ++count;
-      return index;
-    });
-    shard.table = std::move(table);
-    shard.slots = shard.table.get();
-    shard.capacity = capacity;
-    shard.count = count;
-    shard.removed = 0;
-    shard.size.store(count, std::memory_order_relaxed);
-    shard.capacity_bytes.store(capacity * sizeof(Slot), std::memory_order_relaxed);
+    shard.table.clear();  // in place: a fresh table would fault in every page again
+    for (const Candidate& c : live) shard.table.insert_rebuilt(c.slot);
+    shard.publish();
   }
 
   StoreOptions options_;
