@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "hold_cell.hpp"
 #include "sluice/key.hpp"
 #include "sluice/store.hpp"
 
@@ -16,15 +17,10 @@ namespace {
 
 constexpr std::int64_t kSecond = 1'000'000'000;
 
-// A cell that stays live until `fresh_at`.
-struct HoldCell {
-  std::int64_t fresh_at = std::numeric_limits<std::int64_t>::min();
-  std::uint64_t id = 0;
-  bool idle(std::int64_t now) const noexcept { return fresh_at <= now; }
-  std::int64_t time_until_fresh(std::int64_t now) const noexcept {
-    return fresh_at > now ? fresh_at - now : 0;
-  }
-};
+using sluice_test::HoldCell;
+using sluice_test::refused;
+using sluice_test::touch;
+// Tables given cells directly label each by its `touches`.
 using Table = sluice::detail::StoreTable<HoldCell>;
 using Store = sluice::ShardedStore<HoldCell>;
 
@@ -50,17 +46,6 @@ sluice::KeyDigest colliding(std::uint64_t i, std::size_t shard) {
   return {0x9e3779b97f4a7c15ULL + (i << 8), product * inverse(kMultiplier)};
 }
 
-// Keeps `key` live for `hold` ns after `now`. Returns false if the store refused the key.
-bool touch(Store& store, const sluice::KeyDigest& key, std::int64_t now, std::int64_t hold) {
-  return store.update(
-      key, now,
-      [&](HoldCell& cell, std::int64_t at) {
-        cell.fresh_at = std::max(cell.fresh_at, at + hold);
-        return true;
-      },
-      [](sluice::StoreFull) { return false; });
-}
-
 }  // namespace
 
 TEST_CASE("a cuckoo table finds every key it took at 17/20 load, stash included") {
@@ -70,7 +55,7 @@ TEST_CASE("a cuckoo table finds every key it took at 17/20 load, stash included"
   std::vector<sluice::KeyDigest> keys;
   while (keys.size() < kBuckets * 2 * 17 / 20) {
     const sluice::KeyDigest d = digest_in_shard(rng, 0);
-    REQUIRE(table.insert(d, HoldCell{.fresh_at = 0, .id = keys.size()}) != nullptr);
+    REQUIRE(table.insert(d, HoldCell{.fresh_at = 0, .touches = keys.size()}) != nullptr);
     keys.push_back(d);
   }
   CHECK(table.size() == keys.size());
@@ -78,7 +63,7 @@ TEST_CASE("a cuckoo table finds every key it took at 17/20 load, stash included"
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const Table::Slot* slot = table.find(keys[i]);
     REQUIRE(slot != nullptr);
-    CHECK(slot->cell.id == i);
+    CHECK(slot->cell.touches == i);
   }
   CHECK(table.find(digest_in_shard(rng, 0)) == nullptr);
 }
@@ -100,10 +85,10 @@ TEST_CASE("keys sharing both buckets take two buckets and the stash, with bounde
   Table table(1024, 1024);
   std::size_t taken = 0;
   for (std::uint64_t i = 0; i < 100; ++i) {
-    if (table.insert(colliding(i, 0), HoldCell{.fresh_at = 0, .id = i}) != nullptr) ++taken;
+    if (table.insert(colliding(i, 0), HoldCell{.fresh_at = 0, .touches = i}) != nullptr) ++taken;
   }
   CHECK(taken == 4 + Table::kStashSlots);
-  for (std::uint64_t i = 0; i < taken; ++i) CHECK(table.find(colliding(i, 0))->cell.id == i);
+  for (std::uint64_t i = 0; i < taken; ++i) CHECK(table.find(colliding(i, 0))->cell.touches == i);
 }
 
 TEST_CASE("an erased key's slot is taken again and other keys stay found") {
@@ -118,9 +103,9 @@ TEST_CASE("an erased key's slot is taken again and other keys stay found") {
   CHECK(table.size() == 50);
   for (std::size_t i = 0; i < keys.size(); ++i) CHECK((table.find(keys[i]) != nullptr) == (i % 2));
   for (std::size_t i = 0; i < keys.size(); i += 2) {
-    REQUIRE(table.insert(keys[i], HoldCell{.fresh_at = 0, .id = i}) != nullptr);
+    REQUIRE(table.insert(keys[i], HoldCell{.fresh_at = 0, .touches = i}) != nullptr);
   }
-  for (std::size_t i = 0; i < keys.size(); i += 2) CHECK(table.find(keys[i])->cell.id == i);
+  for (std::size_t i = 0; i < keys.size(); i += 2) CHECK(table.find(keys[i])->cell.touches == i);
   CHECK(table.size() == 100);
 }
 
@@ -182,17 +167,7 @@ TEST_CASE(
   CHECK(admitted < 40);
   CHECK(store.stats().live_evicted == 0);
   CHECK(store.stats().size == admitted);
-  std::optional<std::int64_t> retry;
-  store.update(
-      colliding(100, 4), 0,
-      [](HoldCell& cell, std::int64_t at) {
-        cell.fresh_at = at + kSecond;
-        return true;
-      },
-      [&](sluice::StoreFull full) {
-        retry = full.retry_after_ns;
-        return false;
-      });
+  const std::optional<std::int64_t> retry = refused(store, colliding(100, 4), 0, kSecond);
   REQUIRE(retry.has_value());
   CHECK(*retry >= 5 * kSecond);
   // Once the earliest cell of its buckets is idle, the key takes its slot.
@@ -211,18 +186,7 @@ TEST_CASE("the kRejectNewKeys idle index follows cells that moved to their other
     REQUIRE(touch(store, keys.back(), 0, (10 + static_cast<std::int64_t>(i)) * kSecond));
   }
   // Full: the earliest cell (keys[0], idle at 10 s) decides the wait.
-  std::int64_t retry = 0;
-  store.update(
-      digest_in_shard(rng, 7), kSecond,
-      [](HoldCell& cell, std::int64_t at) {
-        cell.fresh_at = at + kSecond;
-        return true;
-      },
-      [&](sluice::StoreFull full) {
-        retry = full.retry_after_ns;
-        return false;
-      });
-  CHECK(retry == 9 * kSecond);
+  CHECK(refused(store, digest_in_shard(rng, 7), kSecond, kSecond) == 9 * kSecond);
   // At 12 s keys 0..2 are idle: three new keys take their places, a fourth is refused.
   for (int i = 0; i < 3; ++i) CHECK(touch(store, digest_in_shard(rng, 7), 12 * kSecond, kSecond));
   CHECK_FALSE(touch(store, digest_in_shard(rng, 7), 12 * kSecond, kSecond));

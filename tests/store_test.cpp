@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "hold_cell.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/gcra.hpp"
 #include "sluice/key.hpp"
@@ -21,28 +22,10 @@ namespace {
 
 constexpr std::int64_t kSecond = 1'000'000'000;
 
-// A cell that stays live until `fresh_at` and counts its touches.
-struct HoldCell {
-  std::int64_t fresh_at = std::numeric_limits<std::int64_t>::min();
-  std::uint64_t touches = 0;
-  bool idle(std::int64_t now) const noexcept { return fresh_at <= now; }
-  std::int64_t time_until_fresh(std::int64_t now) const noexcept {
-    return fresh_at > now ? fresh_at - now : 0;
-  }
-};
+using sluice_test::HoldCell;
+using sluice_test::refused;
+using sluice_test::touch;
 using Store = sluice::ShardedStore<HoldCell>;
-
-// Keeps `key` live for `hold` ns after `now`. Returns false if the store refused the key.
-bool touch(Store& store, const sluice::KeyDigest& key, std::int64_t now, std::int64_t hold) {
-  return store.update(
-      key, now,
-      [&](HoldCell& cell, std::int64_t at) {
-        cell.fresh_at = std::max(cell.fresh_at, at + hold);
-        ++cell.touches;
-        return true;
-      },
-      [](sluice::StoreFull) { return false; });
-}
 
 // The next `n` digests (key-0, key-1, ...) that land in shard `shard`.
 std::vector<sluice::KeyDigest> keys_in_shard(const Store& store, std::size_t shard, std::size_t n,
@@ -193,19 +176,9 @@ TEST_CASE("a full reject_new_keys shard denies new keys until its earliest cell 
     REQUIRE(touch(store, keys[i], 0, (5 + std::int64_t(i)) * kSecond));  // earliest idle at 5 s
   }
 
-  std::int64_t retry = 0;
-  bool admitted = store.update(
-      keys[kCap], 2 * kSecond,
-      [](HoldCell& cell, std::int64_t at) {
-        cell.fresh_at = at + kSecond;
-        return true;
-      },
-      [&](sluice::StoreFull full) {
-        retry = full.retry_after_ns;
-        return false;
-      });
-  CHECK_FALSE(admitted);
-  CHECK(retry == 3 * kSecond);
+  const std::optional<std::int64_t> retry = refused(store, keys[kCap], 2 * kSecond, kSecond);
+  REQUIRE(retry.has_value());
+  CHECK(*retry == 3 * kSecond);
   CHECK_FALSE(touch(store, keys[kCap + 1], 2 * kSecond, kSecond));
   // Existing keys keep working; nothing live was evicted.
   for (std::size_t i = 0; i < kCap; ++i) CHECK(touch(store, keys[i], 2 * kSecond, kSecond));
@@ -326,19 +299,9 @@ TEST_CASE("a reject_new_keys denial waits for the earliest cell, touched or inse
   // key idle at 6.5 s, before any older cell.
   REQUIRE(touch(store, keys[kCap], 6 * kSecond, kHalf));
 
-  std::int64_t retry = 0;
-  const bool admitted = store.update(
-      keys[kCap + 1], 6 * kSecond,
-      [](HoldCell& cell, std::int64_t at) {
-        cell.fresh_at = at + kSecond;
-        return true;
-      },
-      [&](sluice::StoreFull full) {
-        retry = full.retry_after_ns;
-        return false;
-      });
-  CHECK_FALSE(admitted);
-  CHECK(retry == kHalf);
+  const std::optional<std::int64_t> retry = refused(store, keys[kCap + 1], 6 * kSecond, kSecond);
+  REQUIRE(retry.has_value());
+  CHECK(*retry == kHalf);
   CHECK(touch(store, keys[kCap + 1], 6 * kSecond + kHalf, kSecond));
   CHECK(store.find(keys[0])->touches == 2);
   CHECK_FALSE(store.find(keys[1]).has_value());
@@ -362,17 +325,7 @@ TEST_CASE("a reject_new_keys store refuses a new key only while no cell of its s
     const sluice::KeyDigest key =
         new_key ? candidates.back() : candidates[rng() % candidates.size()];
     const auto hold = static_cast<std::int64_t>(1 + rng() % (8 * kSecond));
-    std::optional<std::int64_t> retry;
-    store.update(
-        key, now,
-        [&](HoldCell& cell, std::int64_t at) {
-          cell.fresh_at = std::max(cell.fresh_at, at + hold);
-          return true;
-        },
-        [&](sluice::StoreFull full) {
-          retry = full.retry_after_ns;
-          return false;
-        });
+    const std::optional<std::int64_t> retry = refused(store, key, now, hold);
     if (!retry) continue;
     ++refusals;
     std::erase_if(candidates, [&](const sluice::KeyDigest& k) { return !store.find(k); });

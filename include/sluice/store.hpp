@@ -571,12 +571,16 @@ class ShardedStore {
   // Rebuilds the idle index from the table: one entry per cell, with its exact idle time.
   void rebuild_index(Shard& shard, std::int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     Shard::bump(shard.examined, shard.table.slot_count());
-    std::vector<IdleEntry>& heap = shard.idle_index;
+    // Filled outside the index (the lambda does not hold the lock as far as the thread-safety
+    // analysis can tell), keeping its memory.
+    std::vector<IdleEntry> heap;
+    heap.swap(shard.idle_index);
     heap.clear();
     shard.table.for_each([&](const Slot& slot) {
       heap.push_back({slot.cell.idle(now) ? now : idle_at(slot.cell, now), slot.digest});
     });
     std::make_heap(heap.begin(), heap.end(), later);
+    heap.swap(shard.idle_index);
   }
 
   void grow(Shard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
