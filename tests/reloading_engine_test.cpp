@@ -472,6 +472,19 @@ struct ReloadCounter {
   }
 };
 
+// Waits (at most 10 s) until `holder` serves a generation other than `old`: the engine reports a
+// reload's ReloadEvent while compiling the new generation, a moment before the holder publishes
+// it, so a ReloadEvent alone does not mean current() has changed yet.
+template <class Generation>
+bool replaced(const Holder& holder, const Generation& old) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (holder.current() == old) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 absl::StatusOr<std::unique_ptr<Holder>> make_threaded(const std::string& path,
                                                       const ReloadCounter& counter,
                                                       std::chrono::milliseconds interval,
@@ -493,9 +506,11 @@ TEST_CASE("request_reload wakes the holder's thread, which reloads; the destruct
   ReloadCounter counter;
   auto holder = make_threaded(path, counter, std::chrono::hours(1), 0);
   REQUIRE(holder.ok());
+  const auto old = (*holder)->current();
   write(path, config_text(3));
   (*holder)->request_reload();  // not the hour-long interval: the request wakes the thread
   REQUIRE(counter.wait_for(1));
+  REQUIRE(replaced(**holder, old));
   CHECK(admitted(*(*holder)->current(), 4) == 3);
   holder->reset();  // returns: the thread was woken to stop and joined
 }
@@ -507,8 +522,10 @@ TEST_CASE("the holder's thread polls its file on its interval") {
   ReloadCounter counter;
   auto holder = make_threaded(path, counter, std::chrono::milliseconds(5), 0);
   REQUIRE(holder.ok());
+  const auto old = (*holder)->current();
   write(path, config_text(5));
   REQUIRE(counter.wait_for(1));
+  REQUIRE(replaced(**holder, old));
   CHECK(admitted(*(*holder)->current(), 6) == 5);
   CHECK(counter.state->failed == 0);
 }
@@ -523,9 +540,11 @@ TEST_CASE("the reload signal makes the holder's thread reload; one holder per pr
   auto second = make_threaded(path, counter, std::chrono::milliseconds(0), SIGUSR2);
   CHECK(second.status().code() == absl::StatusCode::kFailedPrecondition);
 
+  const auto old = (*holder)->current();
   write(path, config_text(4));
   REQUIRE(std::raise(SIGUSR2) == 0);  // the handler only writes to the holder's pipe
   REQUIRE(counter.wait_for(1));
+  REQUIRE(replaced(**holder, old));
   CHECK(admitted(*(*holder)->current(), 5) == 4);
 
   holder->reset();  // gives the signal back: its default handling, and free for another holder

@@ -19,8 +19,10 @@
 // With `poll_interval` the thread calls poll() on that interval; with `reload_signal` the holder
 // installs a handler for the signal that only writes a byte to a pipe (async-signal-safe), and
 // the thread calls reload() when it reads it; `request_reload()` does the same from code. Errors
-// go where every reload's go: EngineStats::failed_reloads and the event hook (ReloadEvent). One
-// holder per process may take a signal; its destructor gives the signal its previous handling.
+// go where every reload's go: EngineStats::failed_reloads and the event hook (ReloadEvent). A
+// successful reload's ReloadEvent is reported while the new generation is compiled, a moment
+// before `current()` returns it. One holder per process may take a signal; its destructor gives
+// the signal its previous handling.
 //
 // Lifetimes: `current()` returns a shared_ptr to one immutable generation. Everything an engine
 // hands out by view (match_route's route and service, consumer_for's name, rule labels) points
