@@ -101,7 +101,9 @@ class GcraLimiter {
   absl::StatusOr<Decision> check(std::string_view key, std::uint64_t cost = 1) {
     // One named result on every path, so that it is constructed in the caller's slot (NRVO) and
     // the decision is written there field by field, never copied. The lambdas are inlined even
-    // at -O2, where GCC would otherwise call each of them.
+    // at -O2, where GCC would otherwise call each of them; detail::visit_store, not std::visit,
+    // so that the store's work is inlined here too instead of being called with its captures
+    // passed through memory.
     absl::StatusOr<Decision> result(absl::in_place);
     if (cost > max_cost_) {
       result = cost_error(cost);
@@ -109,20 +111,18 @@ class GcraLimiter {
     }
     const std::int64_t at = now();
     Decision& out = *result;
-    std::visit(
-        [&](auto& store) ABSL_ATTRIBUTE_ALWAYS_INLINE {
-          store.update(
-              store.digest(key), at,
-              [&](auto& cell, std::int64_t clamped) ABSL_ATTRIBUTE_ALWAYS_INLINE {
-                detail::gcra_decide(params_.data(), cell, clamped, cost, true, out);
-                return true;
-              },
-              [&](const StoreFull& full) {
-                store_full(full, out);
-                return false;
-              });
-        },
-        store_);
+    detail::visit_store(store_, [&](auto& store) ABSL_ATTRIBUTE_ALWAYS_INLINE {
+      store.update(
+          store.digest(key), at,
+          [&](auto& cell, std::int64_t clamped) ABSL_ATTRIBUTE_ALWAYS_INLINE {
+            detail::gcra_decide(params_.data(), cell, clamped, cost, true, out);
+            return true;
+          },
+          [&](const StoreFull& full) {
+            store_full(full, out);
+            return false;
+          });
+    });
     return result;
   }
 

@@ -7,9 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
+#include "absl/base/attributes.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/decision.hpp"
@@ -40,6 +42,18 @@ struct StoreVariantOf<Cell, std::index_sequence<I...>> {
 };
 template <template <std::size_t> class Cell>
 using StoreVariant = typename StoreVariantOf<Cell>::type;
+
+// std::visit(fn, stores) as a chain of index tests, inlined whole into the caller. GCC 12 calls
+// std::visit's alternatives out of line and SLP-vectorizes their captures into 16-byte loads of
+// fields just stored as 8-byte words: a store-forwarding stall on every hot check (three
+// stacked windows, frozen clock: 31 -> 26 ns, one window 21 -> 20 ns, -O3).
+template <std::size_t I = 0, class Variant, class Fn>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline decltype(auto) visit_store(Variant& stores, Fn&& fn) {
+  if constexpr (I + 1 < std::variant_size_v<std::remove_const_t<Variant>>) {
+    if (stores.index() != I) return visit_store<I + 1>(stores, fn);
+  }
+  return fn(*std::get_if<I>(&stores));
+}
 
 // A reload's window matching (GcraLimiter::carry_from, FixedWindowLimiter::carry_from): for each
 // of `count` new windows, the index of the last of `old_count` old windows that `same(i, j)`
