@@ -215,3 +215,40 @@ TEST_CASE("a kEvict sweep of a cuckoo table evicts in (time until fresh, digest)
   }
   CHECK(store.stats().live_evicted == kCap / 2);
 }
+
+TEST_CASE("a cuckoo table agrees with a map under random inserts and erases, colliding keys too") {
+  std::mt19937_64 rng(7);
+  for (std::size_t buckets : {1, 2, 3, 8, 64}) {
+    Table table(buckets, buckets);
+    std::vector<std::pair<sluice::KeyDigest, std::uint64_t>> model;  // what the table must hold
+    auto held_at = [&](const sluice::KeyDigest& d) {
+      return std::find_if(model.begin(), model.end(), [&](const auto& e) { return e.first == d; });
+    };
+    for (std::uint64_t step = 0; step < 4000; ++step) {
+      // Erase a held key a third of the time; else insert a key, a third of them sharing both
+      // buckets with each other (the rest random). A refused insert must change nothing.
+      if (!model.empty() && rng() % 3 == 0) {
+        const std::size_t victim = rng() % model.size();
+        table.erase(table.find(model[victim].first));
+        model.erase(model.begin() + static_cast<std::ptrdiff_t>(victim));
+      } else {
+        const sluice::KeyDigest d =
+            rng() % 3 == 0 ? colliding(rng() % 16, 0) : digest_in_shard(rng, 0);
+        if (held_at(d) == model.end() &&
+            table.insert(d, HoldCell{.fresh_at = 0, .touches = step}) != nullptr) {
+          model.emplace_back(d, step);
+        }
+      }
+      REQUIRE(table.size() == model.size());
+      REQUIRE(table.stash_size() <= Table::kStashSlots);
+      std::size_t visited = 0;
+      table.for_each([&](const Table::Slot&) { ++visited; });
+      REQUIRE(visited == model.size());
+      for (const auto& [key, touches] : model) {
+        const Table::Slot* slot = table.find(key);
+        REQUIRE(slot != nullptr);
+        REQUIRE(slot->cell.touches == touches);
+      }
+    }
+  }
+}
