@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -577,6 +578,56 @@ std::string load_script(std::string_view body) {
 
 }  // namespace
 
+// --server-cost: the server's whole CPU per check (INFO cpu: network, parsing and script) with
+// one caller and one call at a time, so that nothing but the call's size differs: the reference's
+// EVALSHA per check beside coalesced calls of k own keys (k = 1 ... 32, the "each" script that
+// concurrent single-key checks share). Subjects alternate within each of `rounds` rounds; the
+// medians say what a call costs the server and what each key adds to it.
+int server_cost_by_batch(int rounds) {
+  constexpr int kChecks = 20'000;
+  const std::vector<std::size_t> sizes = {1, 2, 4, 8, 16, 32};
+  std::map<std::size_t, std::vector<double>> per_check;  // 0: the reference
+  std::vector<std::string> keys;
+  for (int i = 0; i < 32; ++i) keys.push_back("cost:batch:" + std::to_string(i));
+  auto measure = [&](std::size_t k) {
+    const double cpu0 = interleaved::server_cpu_s(fixture->server);
+    if (k == 0) {
+      const interleaved::Env env{.server = &fixture->server,
+                                 .pool = fixture->pool,
+                                 .limit = &*fixture->limit,
+                                 .reference_sha = fixture->float_sha};
+      for (int i = 0; i < kChecks; ++i) {
+        if (!interleaved::check_once(env, {.name = "reference", .client = nullptr}, keys[i % 32]))
+          fail("reference");
+      }
+    } else {
+      std::vector<sr::CheckItem> items;
+      for (std::size_t i = 0; i < k; ++i)
+        items.push_back({.key = keys[i], .limit = &*fixture->limit});
+      for (int done = 0; done < kChecks; done += static_cast<int>(k)) {
+        for (const auto& d : fixture->client->check_coalesced_for_testing(items)) {
+          if (!d.ok() || !d->allowed()) fail("coalesced call");
+        }
+      }
+    }
+    per_check[k].push_back((interleaved::server_cpu_s(fixture->server) - cpu0) * 1e6 / kChecks);
+  };
+  for (int round = 0; round < rounds; ++round) {
+    measure(0);
+    for (std::size_t k : sizes) measure(k);
+  }
+  std::printf(
+      "| call | server CPU µs per check (median of %d) | ÷ reference |\n| --- | ---: | ---: |\n",
+      rounds);
+  const double reference = interleaved::median(per_check[0]);
+  std::printf("| reference, 1 check per call | %.2f | 1.00 |\n", reference);
+  for (std::size_t k : sizes) {
+    const double x = interleaved::median(per_check[k]);
+    std::printf("| coalesced, %zu checks per call | %.2f | %.2f |\n", k, x, x / reference);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   auto owned = std::make_unique<Fixture>();
@@ -610,6 +661,13 @@ int main(int argc, char** argv) {
   fixture->floor_sha = load_script(kFloorScript);
   fixture->server.command({"SET", "bench:get", std::string(48, 'x')});
 
+  if (argc > 1 && std::string_view(argv[1]).starts_with("--server-cost")) {
+    const std::string_view arg(argv[1]);
+    const int rounds = arg.size() > 14 ? std::atoi(argv[1] + 14) : 5;  // --server-cost=N
+    const int code = server_cost_by_batch(rounds);
+    fixture = nullptr;
+    return code;
+  }
   if (argc > 1 && std::string_view(argv[1]) == "--interleaved") {
     sr::ClientOptions base;
     base.connection = connection_options();
