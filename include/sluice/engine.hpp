@@ -211,22 +211,19 @@ class BasicRateLimitEngine {
   }
 
  private:
-  // The request keys' bytes, one buffer per thread: RuleKey::key views into it.
+  // A request's keys (live rules first) and, where adaptive rules exist, each key's factor
+  // (AdaptiveRules::scale_costs); they view the thread's Workspace.
   struct RequestKeys {
-    absl::InlinedVector<RuleKey, 16> keys;
-    detail::Factors factors;  // per key, where adaptive rules exist (AdaptiveRules::scale_costs)
+    std::span<const RuleKey> keys;
+    std::span<const std::uint32_t> factors;
   };
   // What a request needs besides its Evaluation, kept per thread so that evaluating neither
-  // allocates nor clears it: the keys' bytes, merged rule lists, the backend's decisions.
+  // allocates nor clears it: its keys, merged rule lists, factors, the backend's decisions.
   struct Workspace {
-    std::string key_bytes;
+    RuleSet::KeyBuffer keys;
     RuleSet::Scratch scratch;
-    absl::InlinedVector<Decision, 16> decisions;
-    // `n` decision slots, each written by the backend before it is read.
-    std::span<Decision> decisions_for(std::size_t n) {
-      if (decisions.size() < n) decisions.resize(n);
-      return std::span(decisions).first(n);
-    }
+    detail::Factors factors;
+    std::vector<Decision> decisions;
   };
   // How check_group decided one group of rules.
   struct GroupOutcome {
@@ -254,15 +251,15 @@ class BasicRateLimitEngine {
       if (observer_) observer_(e);
       return;
     }
-    RequestKeys keys;
-    request_keys(request, keys, work.key_bytes);
-    std::span<Decision> decisions = work.decisions_for(keys.keys.size());
+    const RequestKeys keys = request_keys(request, work);
+    if (work.decisions.size() < keys.keys.size()) work.decisions.resize(keys.keys.size());
+    const std::span<Decision> decisions = std::span(work.decisions).first(keys.keys.size());
     GroupOutcome live_outcome, dry_outcome;
     e.live_rules = request.live.size();
     if (!request.live.empty()) {
       decide_live_group(e, request, keys, decisions, settlement, live_outcome);
     }
-    if (!e.binding || !raw.write_fields) e.fields.clear();
+    if ((!e.binding || !raw.write_fields) && !e.fields.empty()) e.fields.clear();
     const bool dry_decided = !request.dry.empty() && decide_dry_group(e, request, keys, decisions,
                                                                       live_outcome, dry_outcome);
     count(e, request, live_outcome, dry_outcome, dry_decided);
@@ -273,26 +270,15 @@ class BasicRateLimitEngine {
     if (observer_) observer_(e);
   }
 
-  // Every selected rule's key, live rules first, at the request's cost, written into `buffer`;
-  // where adaptive rules exist each key's factor, since adaptive rules take their cost in
-  // thousandths of a request scaled by the factor.
-  void request_keys(const ScopedRequest& request, RequestKeys& out, std::string& buffer) const {
-    std::size_t size = 0;
-    for (std::uint32_t r : request.live) size += rules_.key_size(r, request);
-    for (std::uint32_t r : request.dry) size += rules_.key_size(r, request);
-    if (buffer.size() < size) buffer.resize(size);
-    char* at = buffer.data();
-    for (std::span<const std::uint32_t> group : {request.live, request.dry}) {
-      for (std::uint32_t r : group) {
-        char* const end = rules_.write_key(at, r, request);
-        RuleKey& key = out.keys.emplace_back();  // in place: no temporary to copy
-        key.rule = r;
-        key.key = std::string_view(at, static_cast<std::size_t>(end - at));
-        key.cost = request.raw->cost;
-        at = end;
-      }
-    }
-    if (adaptive_.any()) adaptive_.scale_costs(out.keys, out.factors, request.route, now());
+  // Every selected rule's key, live rules first, at the request's cost, its bytes in the
+  // workspace; where adaptive rules exist each key's factor, since adaptive rules take their cost
+  // in thousandths of a request scaled by the factor.
+  RequestKeys request_keys(const ScopedRequest& request, Workspace& work) const {
+    const std::span<RuleKey> keys = rules_.keys(request, work.keys);
+    if (!adaptive_.any()) return {keys, {}};
+    work.factors.clear();
+    adaptive_.scale_costs(keys, work.factors, request.route, now());
+    return {keys, work.factors};
   }
 
   // The live rules decide the request: all of them admit it, or it is denied and none consumes.
@@ -423,9 +409,10 @@ class BasicRateLimitEngine {
     e.degraded = live_local || dry_local;
     if (e.degraded) totals_->local().degraded_evaluations.fetch_add(1, std::memory_order_relaxed);
     if (cost == 0) return;
+    const std::size_t stripe = detail::counter_stripe();
     auto add = [&](std::span<const std::uint32_t> rules, auto member) {
       for (std::uint32_t r : rules) {
-        (counters_[r]->local().*member).fetch_add(1, std::memory_order_relaxed);
+        (counters_[r]->stripes[stripe].*member).fetch_add(1, std::memory_order_relaxed);
       }
     };
     if (live_local) add(request.live, &detail::RuleCounters::Stripe::degraded);

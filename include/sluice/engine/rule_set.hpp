@@ -35,6 +35,7 @@
 #include "sluice/client_address.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/detail/xxhash.hpp"
+#include "sluice/engine/backend.hpp"
 #include "sluice/engine/evaluation.hpp"
 #include "sluice/http_fields.hpp"
 #include "sluice/key.hpp"
@@ -103,6 +104,8 @@ class RuleSet {
         set.by_fingerprint_.emplace(rule.fingerprint, set.compiled_.size());
         set.compiled_.push_back(rule);
         set.rules_.push_back(describe(rule, keys_by_identity));
+        set.max_key_prefix_ = std::max(set.max_key_prefix_, set.rules_.back().key_prefix.size());
+        set.max_selectors_ = std::max(set.max_selectors_, rule.selector.size());
       }
     }
     set.attach_scopes(config, bundle_rules);
@@ -129,6 +132,7 @@ class RuleSet {
   }
 
   bool exempt(std::string_view path) const {
+    if ((exempt_lengths_ >> std::min<std::size_t>(path.size(), 63) & 1U) == 0) return false;
     return std::find(exempt_paths_.begin(), exempt_paths_.end(), path) != exempt_paths_.end();
   }
 
@@ -176,11 +180,14 @@ class RuleSet {
 
   // An upper bound of the size of rule `r`'s key for `request` (write_key). O(1).
   std::size_t key_size(std::uint32_t r, const ScopedRequest& request) const {
-    std::size_t part = kMaxNetworkKeySize;
-    if (request.credential) part = std::max(part, request.credential->size());
-    if (request.route) part = std::max(part, request.route->size());
     const RuleInfo& rule = rules_[r];
-    return rule.key_prefix.size() + rule.compiled.selector.size() * key_part_size(part);
+    return rule.key_prefix.size() +
+           rule.compiled.selector.size() * key_part_size(part_size(request));
+  }
+  // An upper bound of the size of all the keys of `request`'s rules, live and dry-run. O(1).
+  std::size_t keys_size(const ScopedRequest& request) const {
+    return (request.live.size() + request.dry.size()) *
+           (max_key_prefix_ + max_selectors_ * key_part_size(part_size(request)));
   }
 
   // Writes rule `r`'s key for `request` at `out` (room for key_size bytes); returns the byte
@@ -211,6 +218,32 @@ class RuleSet {
       }
     }
     return out;
+  }
+
+  // A thread's keys of one request: their bytes, and the RuleKeys that view them.
+  struct KeyBuffer {
+    std::string bytes;
+    std::vector<RuleKey> keys;
+  };
+  // Every rule's key for `request` (live rules first, then dry-run ones) at the request's cost,
+  // written into `buffer`, whose storage is reused: no allocation once it has held the most.
+  std::span<RuleKey> keys(const ScopedRequest& request, KeyBuffer& buffer) const {
+    const std::size_t count = request.live.size() + request.dry.size();
+    const std::size_t size = keys_size(request);
+    if (buffer.bytes.size() < size) buffer.bytes.resize(size);
+    if (buffer.keys.size() < count) buffer.keys.resize(count);
+    char* at = buffer.bytes.data();
+    RuleKey* key = buffer.keys.data();
+    for (std::span<const std::uint32_t> group : {request.live, request.dry}) {
+      for (std::uint32_t r : group) {
+        char* const end = write_key(at, r, request);
+        *key++ = RuleKey{.rule = r,
+                         .key = std::string_view(at, static_cast<std::size_t>(end - at)),
+                         .cost = request.raw->cost};
+        at = end;
+      }
+    }
+    return std::span(buffer.keys).first(count);
   }
 
   // Rule `r`'s key for `request` as a string (inspect and reset).
@@ -262,6 +295,13 @@ class RuleSet {
     } else {
       out.reset();
     }
+  }
+  // An upper bound of the size of one attribute of `request` in a key.
+  static std::size_t part_size(const ScopedRequest& request) {
+    std::size_t part = kMaxNetworkKeySize;
+    if (request.credential) part = std::max(part, request.credential->size());
+    if (request.route) part = std::max(part, request.route->size());
+    return part;
   }
   static bool authenticated(const ScopedRequest& request) {
     return request.credential && request.consumer;
@@ -337,6 +377,9 @@ class RuleSet {
     for (const Listener& l : config.listeners) listener_rules_[l.name] = attach(l.policies);
     global_rules_ = attach(config.gateway.global_policies);
     exempt_paths_ = config.gateway.exempt_paths;
+    for (const std::string& path : exempt_paths_) {
+      exempt_lengths_ |= std::uint64_t{1} << std::min<std::size_t>(path.size(), 63);
+    }
     routes_ = config.routes;
     // Precedence for match_route: the longest prefix first; on equal prefixes a route bound to a
     // listener before one on every listener.
@@ -407,7 +450,10 @@ class RuleSet {
   std::size_t listeners_ = 1;  // config listeners + 1 (none or unknown)
   std::vector<Plan> plans_;    // [scope × listeners_ + listener]
   std::vector<std::string> exempt_paths_;
-  std::vector<Route> routes_;                                  // in match_route's precedence order
+  std::uint64_t exempt_lengths_ = 0;  // bit min(n, 63): some exempt path is n bytes long
+  std::size_t max_key_prefix_ = 0;    // the longest key_prefix of a rule
+  std::size_t max_selectors_ = 0;     // the most attributes a rule selects
+  std::vector<Route> routes_;         // in match_route's precedence order
   absl::flat_hash_map<std::string, std::string> credentials_;  // -> consumer
   ClientAddressResolver client_addresses_;                     // gateway.trusted_proxies
 };
