@@ -13,6 +13,7 @@
 #define SLUICE_ENGINE_RULE_SET_HPP_
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -58,10 +59,12 @@ struct RuleInfo {
 // The start of every key of a rule: a hash of the text that names it (its identity or its
 // fingerprint) as one composite-key part. Remote backends use it to name the keys a rule had
 // under an earlier fingerprint (sluice/engine/carried_rules.hpp).
+inline constexpr std::size_t kRuleKeyPrefixSize = 12;  // a part of 8 bytes
 inline std::string rule_key_prefix(std::string_view named) {
   const std::uint64_t id = XXH3_64bits(named.data(), named.size());
   std::string prefix;
   append_key_part(prefix, std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
+  assert(prefix.size() == kRuleKeyPrefixSize);
   return prefix;
 }
 
@@ -104,7 +107,6 @@ class RuleSet {
         set.by_fingerprint_.emplace(rule.fingerprint, set.compiled_.size());
         set.compiled_.push_back(rule);
         set.rules_.push_back(describe(rule, keys_by_identity));
-        set.max_key_prefix_ = std::max(set.max_key_prefix_, set.rules_.back().key_prefix.size());
         set.max_selectors_ = std::max(set.max_selectors_, rule.selector.size());
       }
     }
@@ -187,7 +189,7 @@ class RuleSet {
   // An upper bound of the size of all the keys of `request`'s rules, live and dry-run. O(1).
   std::size_t keys_size(const ScopedRequest& request) const {
     return (request.live.size() + request.dry.size()) *
-           (max_key_prefix_ + max_selectors_ * key_part_size(part_size(request)));
+           (kRuleKeyPrefixSize + max_selectors_ * key_part_size(part_size(request)));
   }
 
   // Writes rule `r`'s key for `request` at `out` (room for key_size bytes); returns the byte
@@ -199,7 +201,8 @@ class RuleSet {
   char* write_key(char* out, std::uint32_t r, const ScopedRequest& request) const {
     const CompiledRule& rule = rules_[r].compiled;
     const std::string& prefix = rules_[r].key_prefix;
-    out = std::copy(prefix.begin(), prefix.end(), out);
+    std::memcpy(out, prefix.data(), kRuleKeyPrefixSize);  // a constant size: no call
+    out += kRuleKeyPrefixSize;
     for (Selector selector : rule.selector) {
       const bool address = selector == Selector::kIp ||
                            (selector == Selector::kCredential && !authenticated(request));
@@ -451,7 +454,6 @@ class RuleSet {
   std::vector<Plan> plans_;    // [scope × listeners_ + listener]
   std::vector<std::string> exempt_paths_;
   std::uint64_t exempt_lengths_ = 0;  // bit min(n, 63): some exempt path is n bytes long
-  std::size_t max_key_prefix_ = 0;    // the longest key_prefix of a rule
   std::size_t max_selectors_ = 0;     // the most attributes a rule selects
   std::vector<Route> routes_;         // in match_route's precedence order
   absl::flat_hash_map<std::string, std::string> credentials_;  // -> consumer
