@@ -188,6 +188,11 @@ class ShardLockSet {
       spilled_.erase(std::unique(spilled_.begin(), spilled_.end()), spilled_.end());
       return spilled_;
     }
+    if (size_ == 2) {  // the usual request: two rules
+      if (kLess(inline_[1], inline_[0])) std::swap(inline_[0], inline_[1]);
+      size_ = inline_[0] == inline_[1] ? 1 : 2;
+      return std::span(inline_.data(), size_);
+    }
     std::size_t n = 0;  // inline_[0, n) is sorted and distinct
     for (std::size_t i = 0; i < size_; ++i) {
       detail::ShardLock* const lock = inline_[i];
@@ -202,9 +207,10 @@ class ShardLockSet {
     return std::span(inline_.data(), n);
   }
 
-  std::array<detail::ShardLock*, kInline> inline_{};  // the first 8 locks, while not spilled
-  std::size_t size_ = 0;                              // of inline_
-  std::vector<detail::ShardLock*> spilled_;           // every lock, once there are more than 8
+  // The first 8 locks, while not spilled; left uninitialized: only [0, size_) is read.
+  std::array<detail::ShardLock*, kInline> inline_;
+  std::size_t size_ = 0;                     // of inline_
+  std::vector<detail::ShardLock*> spilled_;  // every lock, once there are more than 8
 };
 
 // Holds every lock of a ShardLockSet for its lifetime: each distinct lock once, taken in ascending
@@ -214,11 +220,11 @@ class ShardLockSet {
 // made distinct in place) must outlive it.
 class HeldShardLocks {
  public:
-  explicit HeldShardLocks(ShardLockSet& set) ABSL_NO_THREAD_SAFETY_ANALYSIS
-      : locks_(set.sort_distinct()) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE explicit HeldShardLocks(ShardLockSet& set)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS : locks_(set.sort_distinct()) {
     for (detail::ShardLock* lock : locks_) lock->lock();
   }
-  ~HeldShardLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE ~HeldShardLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->unlock();
   }
   HeldShardLocks(const HeldShardLocks&) = delete;
