@@ -1,6 +1,6 @@
-// Internal: copies and decimal digits for the few bytes of a key part or an HTTP field value,
-// written inline. For such sizes a call to the C library's memcpy, and std::to_chars's length
-// computation, cost more than the bytes themselves.
+// Internal: copies, compares and decimal digits for the few bytes of a key part or an HTTP field
+// value, written inline. For such sizes a call to the C library's memcpy, and std::to_chars's
+// length computation, cost more than the bytes themselves.
 //
 // Thread-safety: pure functions.
 #ifndef SLUICE_DETAIL_SHORT_COPY_HPP_
@@ -34,6 +34,31 @@ inline void copy_short(char* out, const char* in, std::size_t n) noexcept {
   } else {
     for (std::size_t i = 0; i < n; ++i) out[i] = in[i];
   }
+}
+
+// memcmp(a, b, n) == 0, for n ≤ 16 as two overlapping word compares (as copy_short).
+inline bool equal_short(const char* a, const char* b, std::size_t n) noexcept {
+  if (n > 16) return std::memcmp(a, b, n) == 0;
+  if (n >= 8) {
+    std::uint64_t a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+    std::memcpy(&a0, a, 8);
+    std::memcpy(&a1, a + n - 8, 8);
+    std::memcpy(&b0, b, 8);
+    std::memcpy(&b1, b + n - 8, 8);
+    return ((a0 ^ b0) | (a1 ^ b1)) == 0;
+  }
+  if (n >= 4) {
+    std::uint32_t a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+    std::memcpy(&a0, a, 4);
+    std::memcpy(&a1, a + n - 4, 4);
+    std::memcpy(&b0, b, 4);
+    std::memcpy(&b1, b + n - 4, 4);
+    return ((a0 ^ b0) | (a1 ^ b1)) == 0;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
 }
 
 // The decimal digits of `value` (no sign, no leading zeros), written at the end of `buffer`:

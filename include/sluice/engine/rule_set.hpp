@@ -34,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/adaptive.hpp"
 #include "sluice/client_address.hpp"
+#include "sluice/detail/short_copy.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/detail/xxhash.hpp"
 #include "sluice/engine/backend.hpp"
@@ -148,7 +149,7 @@ class RuleSet {
     set_present(out.route, raw.route);
     set_present(out.service, raw.service);
     set_present(out.listener, raw.listener);
-    const RouteScope* route = out.route ? find(route_scopes_, *out.route) : nullptr;
+    const RouteScope* route = out.route ? find_route(*out.route) : nullptr;
     if (route != nullptr && !route->service.empty()) {
       if (!out.service) {
         out.service = route->service;
@@ -237,15 +238,19 @@ class RuleSet {
     if (buffer.keys.size() < count) buffer.keys.resize(count);
     char* at = buffer.bytes.data();
     RuleKey* key = buffer.keys.data();
-    for (std::span<const std::uint32_t> group : {request.live, request.dry}) {
+    const std::uint64_t cost = request.raw->cost;
+    auto write = [&](std::span<const std::uint32_t> group) {
       for (std::uint32_t r : group) {
         char* const end = write_key(at, r, request);
-        *key++ = RuleKey{.rule = r,
-                         .key = std::string_view(at, static_cast<std::size_t>(end - at)),
-                         .cost = request.raw->cost};
+        key->rule = r;
+        key->key = std::string_view(at, static_cast<std::size_t>(end - at));
+        key->cost = cost;
+        ++key;
         at = end;
       }
-    }
+    };
+    write(request.live);
+    if (!request.dry.empty()) write(request.dry);
     return std::span(buffer.keys).first(count);
   }
 
@@ -308,6 +313,19 @@ class RuleSet {
   }
   static bool authenticated(const ScopedRequest& request) {
     return request.credential && request.consumer;
+  }
+
+  // The scope of the route called `name`. Most configs have a few routes: comparing their names
+  // (length first) costs less than hashing the name.
+  const RouteScope* find_route(std::string_view name) const {
+    if (route_scopes_.size() > kFewRoutes) return find(route_scopes_, name);
+    for (const auto& [route, scope] : few_routes_) {
+      if (route.size() == name.size() &&
+          detail::equal_short(route.data(), name.data(), name.size())) {
+        return &scope;
+      }
+    }
+    return nullptr;
   }
 
   template <class Map>
@@ -375,6 +393,9 @@ class RuleSet {
       const Route& r = config.routes[i];
       route_rules_[r.name] = attach(r.policies);
       route_scopes_[r.name] = {.index = static_cast<std::uint32_t>(i), .service = r.service};
+    }
+    if (route_scopes_.size() <= kFewRoutes) {
+      few_routes_.assign(route_scopes_.begin(), route_scopes_.end());
     }
     for (const Service& s : config.services) service_rules_[s.name] = attach(s.policies);
     for (const Listener& l : config.listeners) listener_rules_[l.name] = attach(l.policies);
@@ -449,6 +470,8 @@ class RuleSet {
       listener_rules_;
   RuleList global_rules_;
   absl::flat_hash_map<std::string, RouteScope> route_scopes_;
+  static constexpr std::size_t kFewRoutes = 8;
+  std::vector<std::pair<std::string, RouteScope>> few_routes_;  // route_scopes_, if that few
   absl::flat_hash_map<std::string, std::uint32_t> service_index_, listener_index_;
   std::size_t listeners_ = 1;  // config listeners + 1 (none or unknown)
   std::vector<Plan> plans_;    // [scope × listeners_ + listener]
