@@ -254,6 +254,25 @@ class RuleSet {
     return std::span(buffer.keys).first(count);
   }
 
+  // A rule's index and the key a request selects for it (inspect and reset).
+  struct RuleKeyFor {
+    std::size_t rule = 0;
+    std::string key;
+  };
+  // The rule labelled `label` and its key for `raw` (whether or not the rule applies to `raw`):
+  // NotFound for an unknown label; scope's error for a request it refuses.
+  absl::StatusOr<RuleKeyFor> key_for(std::string_view label, const RequestContext& raw) const {
+    const std::optional<std::size_t> r = find_label(label);
+    if (!r) {
+      return absl::NotFoundError(absl::StrCat("no rule is labelled \"",
+                                              absl::string_view(label.data(), label.size()), "\""));
+    }
+    Scratch scratch;
+    ScopedRequest request(raw);
+    if (absl::Status s = scope(raw, request, scratch); !s.ok()) return s;
+    return RuleKeyFor{.rule = *r, .key = key(static_cast<std::uint32_t>(*r), request)};
+  }
+
   // Rule `r`'s key for `request` as a string (inspect and reset).
   std::string key(std::uint32_t r, const ScopedRequest& request) const {
     std::string out(key_size(r, request), '\0');
