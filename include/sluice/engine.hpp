@@ -381,9 +381,8 @@ class BasicRateLimitEngine {
                   return decisions[i].remaining;
                 }).index;
     }
-    Decision d = decisions[*binding];
-    if (!e.allowed) d.retry_after = e.retry_after;
-    e.binding = RuleDecision{live[*binding], d};
+    RuleDecision& chosen = e.binding.emplace(RuleDecision{live[*binding], decisions[*binding]});
+    if (!e.allowed) chosen.decision.retry_after = e.retry_after;
     if (request.raw->write_fields) {
       write_fields(e, request.raw->wall_time
                           ? *request.raw->wall_time
