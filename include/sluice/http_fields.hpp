@@ -184,7 +184,7 @@ inline void assign_parts(std::string& value, std::initializer_list<std::string_v
 // Sets `field` to `name` and `value` in decimal, reusing its string.
 inline void set_decimal(HttpField& field, std::string_view name, std::uint64_t value) {
   field.name = name;
-  std::array<char, 20> digits;
+  std::array<char, 20> digits{};
   assign_parts(field.value, {decimal_digits(digits, value)});
 }
 
@@ -340,7 +340,7 @@ inline void write_decision_fields(HttpFields& out, const Decision& decision, Wal
   field->name = kRateLimitField;
   // append_ratelimit_item_numbers, written in place.
   const ServiceLimit limit = service_limit({}, decision);
-  std::array<char, 20> available, window;
+  std::array<char, 20> available{}, window{};
   detail::assign_parts(
       field->value,
       {item_prefix,

@@ -207,10 +207,9 @@ class ShardLockSet {
     return std::span(inline_.data(), n);
   }
 
-  // The first 8 locks, while not spilled; left uninitialized: only [0, size_) is read.
-  std::array<detail::ShardLock*, kInline> inline_;
-  std::size_t size_ = 0;                     // of inline_
-  std::vector<detail::ShardLock*> spilled_;  // every lock, once there are more than 8
+  std::array<detail::ShardLock*, kInline> inline_{};  // the first 8 locks, while not spilled
+  std::size_t size_ = 0;                              // of inline_
+  std::vector<detail::ShardLock*> spilled_;           // every lock, once there are more than 8
 };
 
 // Holds every lock of a ShardLockSet for its lifetime: each distinct lock once, taken in ascending
