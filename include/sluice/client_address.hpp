@@ -57,6 +57,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <ostream>
@@ -230,7 +231,8 @@ inline char* write_network_key(char* out, const ClientAddress& address,
   const auto whole = static_cast<std::size_t>(bits / 8);
   *out++ = static_cast<char>(address.family());
   *out++ = static_cast<char>(bits);
-  out = std::copy(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(whole), out);
+  std::memcpy(out, bytes.data(), whole);  // std::copy from bytes to chars copies byte by byte
+  out += whole;
   if (const int rest = bits % 8; rest != 0) {
     const auto mask = static_cast<std::uint8_t>(0xff << (8 - rest));
     *out++ = static_cast<char>(bytes[whole] & mask);

@@ -101,6 +101,7 @@
 #include "sluice/engine/local_share.hpp"
 #include "sluice/engine/rule_set.hpp"
 #include "sluice/engine/settlement.hpp"
+#include "sluice/engine/workspace.hpp"
 #include "sluice/engine_events.hpp"
 #include "sluice/http_fields.hpp"
 #include "sluice/policy.hpp"
@@ -211,23 +212,8 @@ class BasicRateLimitEngine {
   }
 
  private:
-  // The request keys' bytes, one buffer per thread: RuleKey::key views into it.
-  struct RequestKeys {
-    absl::InlinedVector<RuleKey, 16> keys;
-    detail::Factors factors;  // per key, where adaptive rules exist (AdaptiveRules::scale_costs)
-  };
-  // What a request needs besides its Evaluation, kept per thread so that evaluating neither
-  // allocates nor clears it: the keys' bytes, merged rule lists, the backend's decisions.
-  struct Workspace {
-    std::string key_bytes;
-    RuleSet::Scratch scratch;
-    absl::InlinedVector<Decision, 16> decisions;
-    // `n` decision slots, each written by the backend before it is read.
-    std::span<Decision> decisions_for(std::size_t n) {
-      if (decisions.size() < n) decisions.resize(n);
-      return std::span(decisions).first(n);
-    }
-  };
+  using RequestKeys = detail::RequestKeys;
+  using Workspace = detail::RequestWorkspace;
   // How check_group decided one group of rules.
   struct GroupOutcome {
     bool degraded = false;  // on the local share
@@ -254,45 +240,61 @@ class BasicRateLimitEngine {
       if (observer_) observer_(e);
       return;
     }
-    RequestKeys keys;
-    request_keys(request, keys, work.key_bytes);
-    std::span<Decision> decisions = work.decisions_for(keys.keys.size());
-    GroupOutcome live_outcome, dry_outcome;
+    const RequestKeys keys = request_keys(request, work);
+    const std::span<Decision> decisions = work.decisions_for(keys.keys.size());
     e.live_rules = request.live.size();
-    if (!request.live.empty()) {
-      decide_live_group(e, request, keys, decisions, settlement, live_outcome);
+    if (local_ == nullptr && settlement == nullptr && request.dry.empty() && e.live_rules != 0) {
+      decide_live_only(e, request, keys, decisions);
+    } else {
+      decide_groups(e, request, keys, decisions, settlement);
     }
-    if (!e.binding || !raw.write_fields) e.fields.clear();
-    const bool dry_decided = !request.dry.empty() && decide_dry_group(e, request, keys, decisions,
-                                                                      live_outcome, dry_outcome);
-    count(e, request, live_outcome, dry_outcome, dry_decided);
-    if (settlement != nullptr && !live_outcome.degraded && e.allowed && e.backend_error.ok()) {
-      settlement->open_for(request.live.size(), keys.factors, raw.cost);
-    }
+    if ((!e.binding || !raw.write_fields) && !e.fields.empty()) e.fields.clear();
     if (on_event_) report_evictions(request);
     if (observer_) observer_(e);
   }
 
-  // Every selected rule's key, live rules first, at the request's cost, written into `buffer`;
-  // where adaptive rules exist each key's factor, since adaptive rules take their cost in
-  // thousandths of a request scaled by the factor.
-  void request_keys(const ScopedRequest& request, RequestKeys& out, std::string& buffer) const {
-    std::size_t size = 0;
-    for (std::uint32_t r : request.live) size += rules_.key_size(r, request);
-    for (std::uint32_t r : request.dry) size += rules_.key_size(r, request);
-    if (buffer.size() < size) buffer.resize(size);
-    char* at = buffer.data();
-    for (std::span<const std::uint32_t> group : {request.live, request.dry}) {
-      for (std::uint32_t r : group) {
-        char* const end = rules_.write_key(at, r, request);
-        RuleKey& key = out.keys.emplace_back();  // in place: no temporary to copy
-        key.rule = r;
-        key.key = std::string_view(at, static_cast<std::size_t>(end - at));
-        key.cost = request.raw->cost;
-        at = end;
-      }
+  // A request of live rules only, without settlement, on an engine without the local share (the
+  // usual request): one backend call decides it, then its counters.
+  void decide_live_only(Evaluation& e, const ScopedRequest& request, const RequestKeys& keys,
+                        std::span<Decision> out) const {
+    if (absl::Status status = backend_->check_rules(keys.keys, mode_, out); !status.ok()) {
+      fail_live(e, std::move(status));
+      return;
     }
-    if (adaptive_.any()) adaptive_.scale_costs(out.keys, out.factors, request.route, now());
+    if (!keys.factors.empty()) detail::AdaptiveRules::in_requests(keys.factors, 0, out);
+    decide_live(e, request, out);
+    if (request.raw->cost == 0 || !e.allowed) return;
+    const std::size_t stripe = detail::counter_stripe();
+    for (std::uint32_t r : request.live) {
+      counters_[r]->stripes[stripe].admitted.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
+  // Any request: its live rules and its dry-run rules as two groups, each on the backend or the
+  // local share; its counters; its settlement.
+  void decide_groups(Evaluation& e, const ScopedRequest& request, const RequestKeys& keys,
+                     std::span<Decision> decisions, Settlement* settlement) const {
+    GroupOutcome live_outcome, dry_outcome;
+    if (!request.live.empty()) {
+      decide_live_group(e, request, keys, decisions, settlement, live_outcome);
+    }
+    const bool dry_decided = !request.dry.empty() && decide_dry_group(e, request, keys, decisions,
+                                                                      live_outcome, dry_outcome);
+    count(e, request, live_outcome, dry_outcome, dry_decided);
+    if (settlement != nullptr && !live_outcome.degraded && e.allowed && e.backend_error.ok()) {
+      settlement->open_for(request.live.size(), keys.factors, request.raw->cost);
+    }
+  }
+
+  // Every selected rule's key, live rules first, at the request's cost, its bytes in the
+  // workspace; where adaptive rules exist each key's factor, since adaptive rules take their cost
+  // in thousandths of a request scaled by the factor.
+  RequestKeys request_keys(const ScopedRequest& request, Workspace& work) const {
+    const std::span<RuleKey> keys = rules_.keys(request, work.keys);
+    if (!adaptive_.any()) return {keys, {}};
+    work.factors.clear();
+    adaptive_.scale_costs(keys, work.factors, request.route, now());
+    return {keys, work.factors};
   }
 
   // The live rules decide the request: all of them admit it, or it is denied and none consumes.
@@ -305,14 +307,20 @@ class BasicRateLimitEngine {
         check_group(std::span(keys.keys).first(request.live.size()), out, settlement, outcome);
     if (!outcome.failure.ok()) report_backend_error(outcome.failure);
     if (!status.ok()) {
-      report_backend_error(status);
-      e.backend_error = std::move(status);
-      e.allowed = e.backend_error.code() != absl::StatusCode::kInvalidArgument &&
-                  on_backend_error_ == FailureMode::kFailOpen;
+      fail_live(e, std::move(status));
       return;
     }
     if (!keys.factors.empty()) detail::AdaptiveRules::in_requests(keys.factors, 0, out);
     decide_live(e, request, out);
+  }
+
+  // The live rules' backend call failed with `status`: reported, and the request decided by the
+  // failure mode (a bad cost always denies).
+  void fail_live(Evaluation& e, absl::Status status) const {
+    report_backend_error(status);
+    e.backend_error = std::move(status);
+    e.allowed = e.backend_error.code() != absl::StatusCode::kInvalidArgument &&
+                on_backend_error_ == FailureMode::kFailOpen;
   }
 
   // Decides one group of rules (live or dry-run) into `out`: on the backend, or in local mode on
@@ -373,9 +381,8 @@ class BasicRateLimitEngine {
                   return decisions[i].remaining;
                 }).index;
     }
-    Decision d = decisions[*binding];
-    if (!e.allowed) d.retry_after = e.retry_after;
-    e.binding = RuleDecision{live[*binding], d};
+    RuleDecision& chosen = e.binding.emplace(RuleDecision{live[*binding], decisions[*binding]});
+    if (!e.allowed) chosen.decision.retry_after = e.retry_after;
     if (request.raw->write_fields) {
       write_fields(e, request.raw->wall_time
                           ? *request.raw->wall_time
@@ -423,9 +430,10 @@ class BasicRateLimitEngine {
     e.degraded = live_local || dry_local;
     if (e.degraded) totals_->local().degraded_evaluations.fetch_add(1, std::memory_order_relaxed);
     if (cost == 0) return;
+    const std::size_t stripe = detail::counter_stripe();
     auto add = [&](std::span<const std::uint32_t> rules, auto member) {
       for (std::uint32_t r : rules) {
-        (counters_[r]->local().*member).fetch_add(1, std::memory_order_relaxed);
+        (counters_[r]->stripes[stripe].*member).fetch_add(1, std::memory_order_relaxed);
       }
     };
     if (live_local) add(request.live, &detail::RuleCounters::Stripe::degraded);
@@ -500,7 +508,7 @@ class BasicRateLimitEngine {
   // GcraLimiter::inspect); an adaptive rule's limit and remaining are in requests at its current
   // factor. One backend call; errors as the backend's.
   absl::StatusOr<Decision> inspect(std::string_view rule_label, const RequestContext& raw) const {
-    absl::StatusOr<RuleKeyFor> k = key_for(rule_label, raw);
+    absl::StatusOr<RuleSet::RuleKeyFor> k = rules_.key_for(rule_label, raw);
     if (!k.ok()) return k.status();
     RuleKey key{.rule = k->rule, .key = k->key, .cost = 0};
     detail::Factors factors;
@@ -516,7 +524,7 @@ class BasicRateLimitEngine {
   // Forgets the rule's state for that key; Unimplemented without ResettableBackend.
   absl::Status reset(std::string_view rule_label, const RequestContext& raw) const {
     if constexpr (ResettableBackend<Backend>) {
-      absl::StatusOr<RuleKeyFor> k = key_for(rule_label, raw);
+      absl::StatusOr<RuleSet::RuleKeyFor> k = rules_.key_for(rule_label, raw);
       if (!k.ok()) return k.status();
       return backend_->reset_key(k->rule, k->key);
     } else {
@@ -603,23 +611,6 @@ class BasicRateLimitEngine {
   bool backend_failing() const noexcept { return local_ != nullptr && local_->failing(); }
 
  private:
-  // A rule's index and the key a request selects for it (for inspect and reset).
-  struct RuleKeyFor {
-    std::size_t rule = 0;
-    std::string key;
-  };
-  absl::StatusOr<RuleKeyFor> key_for(std::string_view label, const RequestContext& raw) const {
-    const std::optional<std::size_t> r = rules_.find_label(label);
-    if (!r) {
-      return absl::NotFoundError(absl::StrCat("no rule is labelled \"",
-                                              absl::string_view(label.data(), label.size()), "\""));
-    }
-    RuleSet::Scratch scratch;
-    ScopedRequest request(raw);
-    if (absl::Status s = rules_.scope(raw, request, scratch); !s.ok()) return s;
-    return RuleKeyFor{.rule = *r, .key = rules_.key(static_cast<std::uint32_t>(*r), request)};
-  }
-
   using LocalClock = typename detail::LocalClockOf<BackendOptions>::type;
 
   BasicRateLimitEngine() = default;

@@ -423,6 +423,16 @@ class GcraLimiter {
   void add_lock(ShardLockSet& locks, const KeyDigest& d) const {
     std::visit([&](const auto& s) { locks.add(s, d); }, store_);
   }
+  // digest(key), its shard added to `locks`: one dispatch on the store.
+  KeyDigest digest_and_lock(std::string_view key, ShardLockSet& locks) const {
+    return std::visit(
+        [&](const auto& s) {
+          const KeyDigest d = s.digest(key);
+          locks.add(s, d);
+          return d;
+        },
+        store_);
+  }
   // The clock's reading, saturated to the supported range.
   std::int64_t now() const { return detail::saturate_time(clock_.now().count()); }
   // Reserves `cost` iff every window admits it (the cheap second phase).

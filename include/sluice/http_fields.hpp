@@ -45,6 +45,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <ostream>
 #include <span>
 #include <string>
@@ -55,6 +56,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "sluice/decision.hpp"
+#include "sluice/detail/short_copy.hpp"
 #include "sluice/detail/text.hpp"
 
 namespace sluice {
@@ -166,12 +168,24 @@ inline HttpField& slot(HttpFields& out, std::size_t index) {
   return out[index];
 }
 
+// Sets `value` to the concatenation of `parts`, reusing its storage: resized only when its length
+// changes, then each part copied in place.
+inline void assign_parts(std::string& value, std::initializer_list<std::string_view> parts) {
+  std::size_t size = 0;
+  for (std::string_view part : parts) size += part.size();
+  if (value.size() != size) value.resize(size);
+  char* out = value.data();
+  for (std::string_view part : parts) {
+    copy_short(out, part.data(), part.size());
+    out += part.size();
+  }
+}
+
 // Sets `field` to `name` and `value` in decimal, reusing its string.
-template <class Integer>
-void set_decimal(HttpField& field, std::string_view name, Integer value) {
+inline void set_decimal(HttpField& field, std::string_view name, std::uint64_t value) {
   field.name = name;
-  field.value.clear();
-  append_decimal(field.value, value);
+  std::array<char, 20> digits{};
+  assign_parts(field.value, {decimal_digits(digits, value)});
 }
 
 // Gives `out` `count` slots whose last two hold the strings with the most room: the long values
@@ -194,7 +208,8 @@ inline void arrange_fields(HttpFields& out, std::size_t count) {
 // Writes `Retry-After` into slot `index` of `out`, reusing the slot's string.
 inline void write_retry_after_field(HttpFields& out, std::size_t index,
                                     std::chrono::nanoseconds retry_after) {
-  detail::set_decimal(detail::slot(out, index), kRetryAfterField, retry_after_seconds(retry_after));
+  detail::set_decimal(detail::slot(out, index), kRetryAfterField,
+                      static_cast<std::uint64_t>(retry_after_seconds(retry_after)));  // ≥ 1
 }
 
 // Writes X-RateLimit-Limit, -Remaining and -Reset for the decision's binding window into slots
@@ -204,7 +219,7 @@ inline std::size_t write_x_ratelimit_fields(HttpFields& out, std::size_t first,
   detail::set_decimal(detail::slot(out, first), kXRateLimitLimitField, decision.limit);
   detail::set_decimal(detail::slot(out, first + 1), kXRateLimitRemainingField, decision.remaining);
   detail::set_decimal(detail::slot(out, first + 2), kXRateLimitResetField,
-                      reset_epoch_seconds(now, decision.reset_after));
+                      static_cast<std::uint64_t>(reset_epoch_seconds(now, decision.reset_after)));
   return first + 3;
 }
 
@@ -284,7 +299,7 @@ inline void append_ratelimit_item_prefix(std::string& out, std::string_view name
 // The rest of one RateLimit item after its prefix: `<available>;t=<effective window seconds>`.
 inline void append_ratelimit_item_numbers(std::string& out, const ServiceLimit& limit) {
   append_structured_integer(out, limit.available);
-  out.append(";t=");
+  out.append(std::string_view(";t="));
   append_structured_integer(out, static_cast<std::uint64_t>(ceil_seconds(limit.effective_window)));
 }
 
@@ -320,13 +335,19 @@ inline void write_decision_fields(HttpFields& out, const Decision& decision, Wal
   next = write_x_ratelimit_fields(out, next, decision, now);
   HttpField* field = &out[next];
   field->name = kRateLimitPolicyField;
-  field->value.clear();
-  field->value.append(policy_value);
+  detail::assign_parts(field->value, {policy_value});
   ++field;
   field->name = kRateLimitField;
-  field->value.clear();
-  field->value.append(item_prefix);
-  append_ratelimit_item_numbers(field->value, service_limit({}, decision));
+  // append_ratelimit_item_numbers, written in place.
+  const ServiceLimit limit = service_limit({}, decision);
+  std::array<char, 20> available{}, window{};
+  detail::assign_parts(
+      field->value,
+      {item_prefix,
+       detail::decimal_digits(available, std::min(limit.available, kMaxStructuredInteger)), ";t=",
+       detail::decimal_digits(
+           window, std::min(static_cast<std::uint64_t>(ceil_seconds(limit.effective_window)),
+                            kMaxStructuredInteger))});
 }
 
 // --- one response, several limiters ----------------------------------------------------------

@@ -27,6 +27,7 @@
 #include "absl/base/attributes.h"
 #include "sluice/detail/key_digest.hpp"
 #include "sluice/detail/little_endian.hpp"
+#include "sluice/detail/short_copy.hpp"
 #include "sluice/detail/xxhash.hpp"
 
 namespace sluice {
@@ -84,7 +85,7 @@ inline char* write_key_part_header(char* out, char tag, std::size_t size) noexce
 // a credential, ...), so equal bytes of different kinds are different keys.
 inline char* write_key_part(char* out, char tag, std::string_view part) noexcept {
   out = write_key_part_header(out, tag, part.size());
-  if (!part.empty()) std::memcpy(out, part.data(), part.size());
+  detail::copy_short(out, part.data(), part.size());
   return out + part.size();
 }
 

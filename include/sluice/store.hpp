@@ -77,6 +77,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -84,7 +85,6 @@
 
 #include "absl/base/attributes.h"
 #include "absl/base/thread_annotations.h"
-#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/detail/shard_lock.hpp"
@@ -160,17 +160,56 @@ concept StoreCell = std::is_trivially_copyable_v<C> && std::default_initializabl
 };
 
 // The shards a multi-key operation touches, across any number of stores: add every key, then
-// hold them all with HeldShardLocks. Value type; cheap for up to 8 keys (no allocation).
+// hold them all with HeldShardLocks. Value type; no allocation for up to 8 keys.
 class ShardLockSet {
  public:
   template <class Store>
   void add(const Store& store, const KeyDigest& d) {
-    locks_.push_back(&store.shards_[Store::shard_index(d)].lock);
+    detail::ShardLock* const lock = &store.shards_[Store::shard_index(d)].lock;
+    if (spilled_.empty() && size_ < kInline) {
+      inline_[size_++] = lock;
+      return;
+    }
+    if (spilled_.empty()) spilled_.assign(inline_.begin(), inline_.end());
+    spilled_.push_back(lock);
   }
 
  private:
   friend class HeldShardLocks;
-  absl::InlinedVector<detail::ShardLock*, 8> locks_;
+  static constexpr std::size_t kInline = 8;
+
+  // Sorts the locks ascending and drops repeats; returns them. A request's few locks take an
+  // insertion sort that skips repeats as it goes: a few compares, where std::sort and
+  // std::unique cost several times that for two.
+  std::span<detail::ShardLock* const> sort_distinct() {
+    constexpr std::less<detail::ShardLock*> kLess;
+    if (!spilled_.empty()) {
+      std::sort(spilled_.begin(), spilled_.end(), kLess);
+      spilled_.erase(std::unique(spilled_.begin(), spilled_.end()), spilled_.end());
+      return spilled_;
+    }
+    if (size_ == 2) {  // the usual request: two rules
+      if (kLess(inline_[1], inline_[0])) std::swap(inline_[0], inline_[1]);
+      size_ = inline_[0] == inline_[1] ? 1 : 2;
+      return std::span(inline_.data(), size_);
+    }
+    std::size_t n = 0;  // inline_[0, n) is sorted and distinct
+    for (std::size_t i = 0; i < size_; ++i) {
+      detail::ShardLock* const lock = inline_[i];
+      std::size_t at = n;
+      while (at > 0 && kLess(lock, inline_[at - 1])) --at;
+      if (at > 0 && inline_[at - 1] == lock) continue;
+      for (std::size_t j = n; j > at; --j) inline_[j] = inline_[j - 1];
+      inline_[at] = lock;
+      ++n;
+    }
+    size_ = n;
+    return std::span(inline_.data(), n);
+  }
+
+  std::array<detail::ShardLock*, kInline> inline_{};  // the first 8 locks, while not spilled
+  std::size_t size_ = 0;                              // of inline_
+  std::vector<detail::ShardLock*> spilled_;           // every lock, once there are more than 8
 };
 
 // Holds every lock of a ShardLockSet for its lifetime: each distinct lock once, taken in ascending
@@ -180,12 +219,11 @@ class ShardLockSet {
 // made distinct in place) must outlive it.
 class HeldShardLocks {
  public:
-  explicit HeldShardLocks(ShardLockSet& set) ABSL_NO_THREAD_SAFETY_ANALYSIS : locks_(set.locks_) {
-    std::sort(locks_.begin(), locks_.end());
-    locks_.erase(std::unique(locks_.begin(), locks_.end()), locks_.end());
+  ABSL_ATTRIBUTE_ALWAYS_INLINE explicit HeldShardLocks(ShardLockSet& set)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS : locks_(set.sort_distinct()) {
     for (detail::ShardLock* lock : locks_) lock->lock();
   }
-  ~HeldShardLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE ~HeldShardLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->unlock();
   }
   HeldShardLocks(const HeldShardLocks&) = delete;
@@ -197,7 +235,7 @@ class HeldShardLocks {
   }
 
  private:
-  absl::InlinedVector<detail::ShardLock*, 8>& locks_;  // the set's: sorted, distinct
+  std::span<detail::ShardLock* const> locks_;  // the set's: sorted, distinct
 };
 
 template <StoreCell Cell>

@@ -11,9 +11,12 @@
 #ifndef SLUICE_DETAIL_LITTLE_ENDIAN_HPP_
 #define SLUICE_DETAIL_LITTLE_ENDIAN_HPP_
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace sluice::detail {
 
@@ -28,6 +31,10 @@ constexpr char* write_le(char* out, std::uint64_t value, std::size_t size) noexc
 
 // Writes `value`'s 4 bytes at `out`; returns the byte after them.
 constexpr char* write_le32(char* out, std::uint32_t value) noexcept {
+  if (!std::is_constant_evaluated() && std::endian::native == std::endian::little) {
+    std::memcpy(out, &value, sizeof value);  // one store, where GCC keeps four byte stores
+    return out + sizeof value;
+  }
   return write_le(out, value, 4);
 }
 

@@ -102,6 +102,7 @@ class InMemoryBackend {
       backend.any_fixed_ = backend.any_fixed_ || limiter.fixed != nullptr;
       backend.by_fingerprint_.emplace(rule.fingerprint, backend.limiters_.size());
       backend.by_identity_.emplace(rule.identity, backend.limiters_.size());
+      backend.gcra_.push_back(limiter.gcra.get());
       backend.limiters_.push_back(std::move(limiter));
     }
     return backend;
@@ -113,6 +114,9 @@ class InMemoryBackend {
 
   absl::Status check_rules(std::span<const RuleKey> keys, ConsumptionMode mode,
                            std::span<Decision> out) {
+    if (mode == ConsumptionMode::kAllOrNothing && keys.size() <= kInline && !has_fixed(keys)) {
+      return check_gcra_rules(keys, out);
+    }
     if (absl::Status s = validate_costs(keys); !s.ok()) return s;
     if (mode == ConsumptionMode::kEveryRule) {
       for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -121,7 +125,7 @@ class InMemoryBackend {
       }
       return absl::OkStatus();
     }
-    absl::InlinedVector<KeyDigest, 8> digests;
+    absl::InlinedVector<KeyDigest, kInline> digests;
     ShardLockSet locks;
     for (const RuleKey& k : keys) {
       // Copied field by field: a digest stored as two words and reloaded as one 16-byte value
@@ -208,6 +212,9 @@ class InMemoryBackend {
   std::chrono::nanoseconds now() const { return clock_.now(); }
 
  private:
+  // Keys decided in one pass on the stack (commit_all); a request with more takes the general way.
+  static constexpr std::size_t kInline = 8;
+
   explicit InMemoryBackend(ClockT clock) : clock_(std::move(clock)) {}
 
   RuleLimiter find(const absl::flat_hash_map<std::string, std::size_t>& index,
@@ -268,6 +275,22 @@ class InMemoryBackend {
     return RuleLimiter{.fixed = std::move(limiter)};
   }
 
+  // check_rules of a request's GCRA rules, all or nothing, at most kInline keys: each key is
+  // validated and digested and its shard added in one pass over the rules' limiters.
+  absl::Status check_gcra_rules(std::span<const RuleKey> keys, std::span<Decision> out) {
+    std::array<KeyDigest, kInline> digests;
+    ShardLockSet locks;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const GcraLimiter<ClockT>& limiter = *gcra_[keys[i].rule];
+      if (absl::Status s = limiter.validate_cost(keys[i].cost); !s.ok()) return s;
+      const KeyDigest d = limiter.digest_and_lock(keys[i].key, locks);
+      digests[i].low = d.low;  // field by field, as in check_rules
+      digests[i].high = d.high;
+    }
+    commit_all(HeldShardLocks(locks), keys, std::span(digests).first(keys.size()), out);
+    return absl::OkStatus();
+  }
+
   // Decides every key under `held` (all their shard locks); commits only if all admit. One pass
   // when they do: each tracked key is reserved as it is decided, and put back if a later key
   // denies (the locks are held throughout, so no other request sees the reservation). Keys
@@ -277,7 +300,6 @@ class InMemoryBackend {
   void commit_all(const HeldShardLocks& held, std::span<const RuleKey> keys,
                   std::span<const KeyDigest> digests, std::span<Decision> out) {
     const std::int64_t now = detail::saturate_time(clock_.now().count());
-    constexpr std::size_t kInline = 8;
     if (keys.size() > kInline || has_fixed(keys)) {
       return decide_then_commit(held, keys, digests, out, now);
     }
@@ -285,7 +307,7 @@ class InMemoryBackend {
     std::uint32_t reserved = 0;  // bit i: key i's cell advanced
     std::size_t i = 0;
     for (; i < keys.size(); ++i) {
-      GcraLimiter<ClockT>& limiter = *limiters_[keys[i].rule].gcra;
+      GcraLimiter<ClockT>& limiter = *gcra_[keys[i].rule];
       if (limiter.decide_tracked_locked(held, digests[i], now, keys[i].cost, out[i], undo[i])) {
         reserved |= std::uint32_t{1} << i;
       }
@@ -294,7 +316,7 @@ class InMemoryBackend {
     if (i == keys.size()) {  // every key admitted: insert the absent ones
       for (std::size_t j = 0; j < keys.size(); ++j) {
         if ((reserved >> j & 1U) == 0 && keys[j].cost != 0) {
-          limiters_[keys[j].rule].gcra->admit_locked(held, digests[j], now, keys[j].cost);
+          gcra_[keys[j].rule]->admit_locked(held, digests[j], now, keys[j].cost);
         }
       }
       return;
@@ -303,8 +325,7 @@ class InMemoryBackend {
     for (std::size_t j = 0; j < keys.size(); ++j) {
       if (j == i) continue;
       if (j < i && (reserved >> j & 1U) != 0) undo[j].restore();
-      limiters_[keys[j].rule].gcra->decide_locked(held, digests[j], now, keys[j].cost, false,
-                                                  out[j]);
+      gcra_[keys[j].rule]->decide_locked(held, digests[j], now, keys[j].cost, false, out[j]);
     }
   }
 
@@ -331,7 +352,8 @@ class InMemoryBackend {
   absl::flat_hash_map<std::string, std::size_t> by_fingerprint_;  // -> index into limiters_
   absl::flat_hash_map<std::string, std::size_t> by_identity_;     // -> index into limiters_
   std::vector<RuleLimiter> limiters_;
-  bool any_fixed_ = false;  // some rule is a fixed window
+  std::vector<GcraLimiter<ClockT>*> gcra_;  // per rule: limiters_[r].gcra, read without a copy
+  bool any_fixed_ = false;                  // some rule is a fixed window
 };
 
 static_assert(BookingBackend<InMemoryBackend<>> && ResettableBackend<InMemoryBackend<>> &&

@@ -13,6 +13,7 @@
 #define SLUICE_ENGINE_RULE_SET_HPP_
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -33,8 +34,10 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/adaptive.hpp"
 #include "sluice/client_address.hpp"
+#include "sluice/detail/short_copy.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/detail/xxhash.hpp"
+#include "sluice/engine/backend.hpp"
 #include "sluice/engine/evaluation.hpp"
 #include "sluice/http_fields.hpp"
 #include "sluice/key.hpp"
@@ -57,10 +60,12 @@ struct RuleInfo {
 // The start of every key of a rule: a hash of the text that names it (its identity or its
 // fingerprint) as one composite-key part. Remote backends use it to name the keys a rule had
 // under an earlier fingerprint (sluice/engine/carried_rules.hpp).
+inline constexpr std::size_t kRuleKeyPrefixSize = 12;  // a part of 8 bytes
 inline std::string rule_key_prefix(std::string_view named) {
   const std::uint64_t id = XXH3_64bits(named.data(), named.size());
   std::string prefix;
   append_key_part(prefix, std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
+  assert(prefix.size() == kRuleKeyPrefixSize);
   return prefix;
 }
 
@@ -103,6 +108,7 @@ class RuleSet {
         set.by_fingerprint_.emplace(rule.fingerprint, set.compiled_.size());
         set.compiled_.push_back(rule);
         set.rules_.push_back(describe(rule, keys_by_identity));
+        set.max_selectors_ = std::max(set.max_selectors_, rule.selector.size());
       }
     }
     set.attach_scopes(config, bundle_rules);
@@ -129,6 +135,7 @@ class RuleSet {
   }
 
   bool exempt(std::string_view path) const {
+    if ((exempt_lengths_ >> std::min<std::size_t>(path.size(), 63) & 1U) == 0) return false;
     return std::find(exempt_paths_.begin(), exempt_paths_.end(), path) != exempt_paths_.end();
   }
 
@@ -142,7 +149,7 @@ class RuleSet {
     set_present(out.route, raw.route);
     set_present(out.service, raw.service);
     set_present(out.listener, raw.listener);
-    const RouteScope* route = out.route ? find(route_scopes_, *out.route) : nullptr;
+    const RouteScope* route = out.route ? find_route(*out.route) : nullptr;
     if (route != nullptr && !route->service.empty()) {
       if (!out.service) {
         out.service = route->service;
@@ -176,11 +183,14 @@ class RuleSet {
 
   // An upper bound of the size of rule `r`'s key for `request` (write_key). O(1).
   std::size_t key_size(std::uint32_t r, const ScopedRequest& request) const {
-    std::size_t part = kMaxNetworkKeySize;
-    if (request.credential) part = std::max(part, request.credential->size());
-    if (request.route) part = std::max(part, request.route->size());
     const RuleInfo& rule = rules_[r];
-    return rule.key_prefix.size() + rule.compiled.selector.size() * key_part_size(part);
+    return rule.key_prefix.size() +
+           rule.compiled.selector.size() * key_part_size(part_size(request));
+  }
+  // An upper bound of the size of all the keys of `request`'s rules, live and dry-run. O(1).
+  std::size_t keys_size(const ScopedRequest& request) const {
+    return (request.live.size() + request.dry.size()) *
+           (kRuleKeyPrefixSize + max_selectors_ * key_part_size(part_size(request)));
   }
 
   // Writes rule `r`'s key for `request` at `out` (room for key_size bytes); returns the byte
@@ -192,7 +202,8 @@ class RuleSet {
   char* write_key(char* out, std::uint32_t r, const ScopedRequest& request) const {
     const CompiledRule& rule = rules_[r].compiled;
     const std::string& prefix = rules_[r].key_prefix;
-    out = std::copy(prefix.begin(), prefix.end(), out);
+    std::memcpy(out, prefix.data(), kRuleKeyPrefixSize);  // a constant size: no call
+    out += kRuleKeyPrefixSize;
     for (Selector selector : rule.selector) {
       const bool address = selector == Selector::kIp ||
                            (selector == Selector::kCredential && !authenticated(request));
@@ -211,6 +222,55 @@ class RuleSet {
       }
     }
     return out;
+  }
+
+  // A thread's keys of one request: their bytes, and the RuleKeys that view them.
+  struct KeyBuffer {
+    std::string bytes;
+    std::vector<RuleKey> keys;
+  };
+  // Every rule's key for `request` (live rules first, then dry-run ones) at the request's cost,
+  // written into `buffer`, whose storage is reused: no allocation once it has held the most.
+  std::span<RuleKey> keys(const ScopedRequest& request, KeyBuffer& buffer) const {
+    const std::size_t count = request.live.size() + request.dry.size();
+    const std::size_t size = keys_size(request);
+    if (buffer.bytes.size() < size) buffer.bytes.resize(size);
+    if (buffer.keys.size() < count) buffer.keys.resize(count);
+    char* at = buffer.bytes.data();
+    RuleKey* key = buffer.keys.data();
+    const std::uint64_t cost = request.raw->cost;
+    auto write = [&](std::span<const std::uint32_t> group) {
+      for (std::uint32_t r : group) {
+        char* const end = write_key(at, r, request);
+        key->rule = r;
+        key->key = std::string_view(at, static_cast<std::size_t>(end - at));
+        key->cost = cost;
+        ++key;
+        at = end;
+      }
+    };
+    write(request.live);
+    if (!request.dry.empty()) write(request.dry);
+    return std::span(buffer.keys).first(count);
+  }
+
+  // A rule's index and the key a request selects for it (inspect and reset).
+  struct RuleKeyFor {
+    std::size_t rule = 0;
+    std::string key;
+  };
+  // The rule labelled `label` and its key for `raw` (whether or not the rule applies to `raw`):
+  // NotFound for an unknown label; scope's error for a request it refuses.
+  absl::StatusOr<RuleKeyFor> key_for(std::string_view label, const RequestContext& raw) const {
+    const std::optional<std::size_t> r = find_label(label);
+    if (!r) {
+      return absl::NotFoundError(absl::StrCat("no rule is labelled \"",
+                                              absl::string_view(label.data(), label.size()), "\""));
+    }
+    Scratch scratch;
+    ScopedRequest request(raw);
+    if (absl::Status s = scope(raw, request, scratch); !s.ok()) return s;
+    return RuleKeyFor{.rule = *r, .key = key(static_cast<std::uint32_t>(*r), request)};
   }
 
   // Rule `r`'s key for `request` as a string (inspect and reset).
@@ -263,8 +323,28 @@ class RuleSet {
       out.reset();
     }
   }
+  // An upper bound of the size of one attribute of `request` in a key.
+  static std::size_t part_size(const ScopedRequest& request) {
+    std::size_t part = kMaxNetworkKeySize;
+    if (request.credential) part = std::max(part, request.credential->size());
+    if (request.route) part = std::max(part, request.route->size());
+    return part;
+  }
   static bool authenticated(const ScopedRequest& request) {
     return request.credential && request.consumer;
+  }
+
+  // The scope of the route called `name`. Most configs have a few routes: comparing their names
+  // (length first) costs less than hashing the name.
+  const RouteScope* find_route(std::string_view name) const {
+    if (route_scopes_.size() > kFewRoutes) return find(route_scopes_, name);
+    for (const auto& [route, scope] : few_routes_) {
+      if (route.size() == name.size() &&
+          detail::equal_short(route.data(), name.data(), name.size())) {
+        return &scope;
+      }
+    }
+    return nullptr;
   }
 
   template <class Map>
@@ -333,10 +413,16 @@ class RuleSet {
       route_rules_[r.name] = attach(r.policies);
       route_scopes_[r.name] = {.index = static_cast<std::uint32_t>(i), .service = r.service};
     }
+    if (route_scopes_.size() <= kFewRoutes) {
+      few_routes_.assign(route_scopes_.begin(), route_scopes_.end());
+    }
     for (const Service& s : config.services) service_rules_[s.name] = attach(s.policies);
     for (const Listener& l : config.listeners) listener_rules_[l.name] = attach(l.policies);
     global_rules_ = attach(config.gateway.global_policies);
     exempt_paths_ = config.gateway.exempt_paths;
+    for (const std::string& path : exempt_paths_) {
+      exempt_lengths_ |= std::uint64_t{1} << std::min<std::size_t>(path.size(), 63);
+    }
     routes_ = config.routes;
     // Precedence for match_route: the longest prefix first; on equal prefixes a route bound to a
     // listener before one on every listener.
@@ -403,11 +489,15 @@ class RuleSet {
       listener_rules_;
   RuleList global_rules_;
   absl::flat_hash_map<std::string, RouteScope> route_scopes_;
+  static constexpr std::size_t kFewRoutes = 8;
+  std::vector<std::pair<std::string, RouteScope>> few_routes_;  // route_scopes_, if that few
   absl::flat_hash_map<std::string, std::uint32_t> service_index_, listener_index_;
   std::size_t listeners_ = 1;  // config listeners + 1 (none or unknown)
   std::vector<Plan> plans_;    // [scope × listeners_ + listener]
   std::vector<std::string> exempt_paths_;
-  std::vector<Route> routes_;                                  // in match_route's precedence order
+  std::uint64_t exempt_lengths_ = 0;  // bit min(n, 63): some exempt path is n bytes long
+  std::size_t max_selectors_ = 0;     // the most attributes a rule selects
+  std::vector<Route> routes_;         // in match_route's precedence order
   absl::flat_hash_map<std::string, std::string> credentials_;  // -> consumer
   ClientAddressResolver client_addresses_;                     // gateway.trusted_proxies
 };
