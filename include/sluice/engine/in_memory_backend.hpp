@@ -278,16 +278,19 @@ class InMemoryBackend {
   // check_rules of a request's GCRA rules, all or nothing, at most kInline keys: each key is
   // validated and digested and its shard added in one pass over the rules' limiters.
   absl::Status check_gcra_rules(std::span<const RuleKey> keys, std::span<Decision> out) {
-    std::array<KeyDigest, kInline> digests;
+    // An InlinedVector, not a std::array of value-initialized digests: clearing 128 bytes on
+    // every request was measurable.
+    absl::InlinedVector<KeyDigest, kInline> digests;
     ShardLockSet locks;
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      const GcraLimiter<ClockT>& limiter = *gcra_[keys[i].rule];
-      if (absl::Status s = limiter.validate_cost(keys[i].cost); !s.ok()) return s;
-      const KeyDigest d = limiter.digest_and_lock(keys[i].key, locks);
-      digests[i].low = d.low;  // field by field, as in check_rules
-      digests[i].high = d.high;
+    for (const RuleKey& k : keys) {
+      const GcraLimiter<ClockT>& limiter = *gcra_[k.rule];
+      if (absl::Status s = limiter.validate_cost(k.cost); !s.ok()) return s;
+      const KeyDigest d = limiter.digest_and_lock(k.key, locks);
+      KeyDigest& slot = digests.emplace_back();  // field by field, as in check_rules
+      slot.low = d.low;
+      slot.high = d.high;
     }
-    commit_all(HeldShardLocks(locks), keys, std::span(digests).first(keys.size()), out);
+    commit_all(HeldShardLocks(locks), keys, digests, out);
     return absl::OkStatus();
   }
 
