@@ -230,7 +230,7 @@ class BasicRateLimitEngine {
       e.fields.clear();
       return;
     }
-    totals_->local().evaluations.fetch_add(1, std::memory_order_relaxed);
+    totals_->add(&detail::EngineCounters::Stripe::evaluations);
     thread_local Workspace work;
     ScopedRequest request(raw);
     if (absl::Status s = rules_.scope(raw, request, work.scratch); !s.ok()) {
@@ -264,10 +264,9 @@ class BasicRateLimitEngine {
     if (!keys.factors.empty()) detail::AdaptiveRules::in_requests(keys.factors, 0, out);
     decide_live(e, request, out);
     if (request.raw->cost == 0 || !e.allowed) return;
-    const std::size_t stripe = detail::counter_stripe();
-    for (std::uint32_t r : request.live) {
-      counters_[r]->stripes[stripe].admitted.fetch_add(1, std::memory_order_relaxed);
-    }
+    const detail::CounterStripe stripe = detail::counter_stripe();
+    for (std::uint32_t r : request.live)
+      counters_[r]->add(&detail::RuleCounters::Stripe::admitted, stripe);
   }
 
   // Any request: its live rules and its dry-run rules as two groups, each on the backend or the
@@ -371,7 +370,7 @@ class BasicRateLimitEngine {
     std::optional<std::size_t> binding;  // index into live
     for (std::size_t i = 0; i < live.size(); ++i) {
       if (decisions[i].allowed()) continue;
-      counters_[live[i]]->local().denied.fetch_add(1, std::memory_order_relaxed);
+      counters_[live[i]]->add(&detail::RuleCounters::Stripe::denied);
       e.allowed = false;
       e.retry_after = std::max(e.retry_after, decisions[i].retry_after);
       if (!binding) binding = i;
@@ -410,7 +409,7 @@ class BasicRateLimitEngine {
     for (std::size_t i = 0; i < request.dry.size(); ++i) {
       if (out[i].allowed()) continue;
       const std::uint32_t r = request.dry[i];
-      counters_[r]->local().dry_denied.fetch_add(1, std::memory_order_relaxed);
+      counters_[r]->add(&detail::RuleCounters::Stripe::dry_denied);
       if (!e.dry_denied) e.dry_denied = RuleDecision{r, out[i]};
       if (on_event_) {
         on_event_(
@@ -428,13 +427,11 @@ class BasicRateLimitEngine {
     const bool live_local = live.degraded && e.backend_error.ok();
     const bool dry_local = dry.degraded && dry_decided;
     e.degraded = live_local || dry_local;
-    if (e.degraded) totals_->local().degraded_evaluations.fetch_add(1, std::memory_order_relaxed);
+    if (e.degraded) totals_->add(&detail::EngineCounters::Stripe::degraded_evaluations);
     if (cost == 0) return;
-    const std::size_t stripe = detail::counter_stripe();
+    const detail::CounterStripe stripe = detail::counter_stripe();
     auto add = [&](std::span<const std::uint32_t> rules, auto member) {
-      for (std::uint32_t r : rules) {
-        (counters_[r]->stripes[stripe].*member).fetch_add(1, std::memory_order_relaxed);
-      }
+      for (std::uint32_t r : rules) counters_[r]->add(member, stripe);
     };
     if (live_local) add(request.live, &detail::RuleCounters::Stripe::degraded);
     if (dry_local) add(request.dry, &detail::RuleCounters::Stripe::degraded);

@@ -7,7 +7,7 @@
 // — are raised at most once per kEngineEventInterval of engine time, and count what they held
 // back, so a failing backend cannot flood the hook.
 //
-// Thread-safety: lock-free; relaxed atomics (counts, not synchronization). Memory: 512 bytes of
+// Thread-safety: lock-free; relaxed atomics (counts, not synchronization). Memory: 1 KiB of
 // striped counters per rule.
 #ifndef SLUICE_ENGINE_COUNTERS_HPP_
 #define SLUICE_ENGINE_COUNTERS_HPP_
@@ -27,15 +27,38 @@
 
 namespace sluice::detail {
 
-// Counters that request threads bump are striped: each thread adds to its own cache line (one
-// of kCounterStripes, assigned round-robin per thread), and a reader sums the stripes, so
-// threads counting on one rule do not contend for one line.
-inline constexpr std::size_t kCounterStripes = 8;
-inline std::size_t counter_stripe() noexcept {
+// Counters that request threads bump are striped: each thread adds to its own cache line, and a
+// reader sums the stripes, so threads counting on one rule do not contend for one line. The first
+// kOwnedStripes threads of the process that count each own a stripe and add to it with a plain
+// load and store: a locked add per counter, which also waits for every store before it, cost
+// more than the rest of the request's counting. Later threads share the other kSharedStripes
+// stripes, assigned round-robin, and add atomically.
+inline constexpr std::size_t kOwnedStripes = 8;
+inline constexpr std::size_t kSharedStripes = 8;
+inline constexpr std::size_t kCounterStripes = kOwnedStripes + kSharedStripes;
+
+// The calling thread's stripe, and whether it owns it.
+struct CounterStripe {
+  std::size_t index = 0;
+  bool owned = false;
+};
+inline CounterStripe counter_stripe() noexcept {
   static std::atomic<std::size_t> next{0};
-  thread_local const std::size_t stripe =
-      next.fetch_add(1, std::memory_order_relaxed) % kCounterStripes;
+  thread_local const CounterStripe stripe = [] {
+    const std::size_t n = next.fetch_add(1, std::memory_order_relaxed);
+    return n < kOwnedStripes ? CounterStripe{.index = n, .owned = true}
+                             : CounterStripe{.index = kOwnedStripes + n % kSharedStripes};
+  }();
   return stripe;
+}
+
+// Adds 1 to `counter`, a member of the stripe `stripe` names.
+inline void bump(std::atomic<std::uint64_t>& counter, CounterStripe stripe) noexcept {
+  if (stripe.owned) {
+    counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  } else {
+    counter.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 // Sums `member` over `stripes`.
@@ -60,8 +83,11 @@ struct RuleCounters {
   std::atomic<std::int64_t> eviction_check_due{std::numeric_limits<std::int64_t>::min()};
   std::atomic<std::uint64_t> evictions_reported{0};
 
-  // The calling thread's stripe.
-  Stripe& local() noexcept { return stripes[counter_stripe()]; }
+  // Adds 1 to `member` in the calling thread's stripe (`stripe`: counter_stripe()).
+  template <class Member>
+  void add(Member member, CounterStripe stripe = counter_stripe()) noexcept {
+    bump(stripes[stripe.index].*member, stripe);
+  }
   template <class Member>
   std::uint64_t sum(Member member) const noexcept {
     return sum_stripes(stripes, member);
@@ -90,7 +116,11 @@ class EngineCounters {
   std::atomic<std::uint64_t> reloads{0};
   std::atomic<std::uint64_t> failed_reloads{0};
 
-  Stripe& local() noexcept { return stripes[counter_stripe()]; }
+  template <class Member>
+  void add(Member member) noexcept {
+    const CounterStripe stripe = counter_stripe();
+    bump(stripes[stripe.index].*member, stripe);
+  }
   template <class Member>
   std::uint64_t sum(Member member) const noexcept {
     return sum_stripes(stripes, member);
