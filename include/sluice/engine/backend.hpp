@@ -95,11 +95,13 @@ concept ClockedBackend = EngineBackend<B> && requires(const B& backend) {
   { backend.now() } -> std::same_as<std::chrono::nanoseconds>;
 };
 
-// Carried windows. `B::kCarriesWindows` is true: a reload that changes only a rule's windows
-// (same CompiledRule::identity) keeps each key's spent share of its buckets, so the engine keys
-// such a backend's rules by identity. Other backends' keys name the whole fingerprint, so that a
-// changed limit reads no state written under other windows; the Redis and PostgreSQL backends
-// carry a changed rule's state themselves, key by key (sluice/engine/carried_rules.hpp).
+// Carried windows. `B::kCarriesWindows` is true: the backend keeps each rule's state apart (a
+// store per rule index), and a reload that changes only a rule's windows (same
+// CompiledRule::identity) keeps each key's spent share of its buckets. Its keys therefore name
+// only the request's attributes. Other backends' rules share one keyspace, so each key starts
+// with the rule's whole fingerprint and a changed limit reads no state written under other
+// windows; the Redis and PostgreSQL backends carry a changed rule's state themselves, key by key
+// (sluice/engine/carried_rules.hpp).
 template <class B>
 concept WindowCarryingBackend = EngineBackend<B> && requires {
   requires B::kCarriesWindows;

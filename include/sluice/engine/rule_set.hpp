@@ -51,15 +51,15 @@ struct RuleInfo {
   std::vector<std::string> window_names{};    // "<label>/s" ...: RateLimit(-Policy) item names
   std::vector<std::string> limit_prefixes{};  // per window: its RateLimit item up to `r=`
   std::string policy_value{};                 // the RateLimit-Policy value for all its windows
-  std::string key_prefix{};  // the rule in its keys: a hash of its identity or fingerprint
+  std::string key_prefix{};  // the rule in its keys (a hash of its fingerprint), or empty
   // An adaptive rule's bucket in limiter units (its smallest burst × 1000): a request whose
   // scaled cost exceeds it takes the whole bucket instead. 0 for other rules.
   std::uint64_t adaptive_max_units = 0;
 };
 
-// The start of every key of a rule: a hash of the text that names it (its identity or its
-// fingerprint) as one composite-key part. Remote backends use it to name the keys a rule had
-// under an earlier fingerprint (sluice/engine/carried_rules.hpp).
+// The start of every key of a rule on a remote backend, whose rules share one keyspace: a hash of
+// the rule's fingerprint as one composite-key part. Remote backends also use it to name the keys a
+// rule had under an earlier fingerprint (sluice/engine/carried_rules.hpp).
 inline constexpr std::size_t kRuleKeyPrefixSize = 12;  // a part of 8 bytes
 inline std::string rule_key_prefix(std::string_view named) {
   const std::uint64_t id = XXH3_64bits(named.data(), named.size());
@@ -94,9 +94,11 @@ class RuleSet {
   };
 
   // Compiles `config` (validated by compile_policies: InvalidArgument naming the bad path).
-  // `keys_by_identity`: keys name a rule's identity (its windows may change under the same
-  // keys), else its whole fingerprint.
-  static absl::StatusOr<RuleSet> compile(const PolicyConfig& config, bool keys_by_identity) {
+  // `per_rule_state`: the backend keeps each rule's state apart (the in-memory backend's store
+  // per rule, which also carries a rule's changed windows), so a key names only the request's
+  // attributes; else every key starts with the rule's fingerprint prefix (rule_key_prefix), as
+  // the rules of a remote backend share one keyspace.
+  static absl::StatusOr<RuleSet> compile(const PolicyConfig& config, bool per_rule_state) {
     auto bundles = compile_policies(config);
     if (!bundles.ok()) return bundles.status();
     RuleSet set;
@@ -107,10 +109,11 @@ class RuleSet {
         list.push_back(static_cast<std::uint32_t>(set.compiled_.size()));
         set.by_fingerprint_.emplace(rule.fingerprint, set.compiled_.size());
         set.compiled_.push_back(rule);
-        set.rules_.push_back(describe(rule, keys_by_identity));
+        set.rules_.push_back(describe(rule, per_rule_state));
         set.max_selectors_ = std::max(set.max_selectors_, rule.selector.size());
       }
     }
+    set.prefix_size_ = per_rule_state ? 0 : kRuleKeyPrefixSize;
     set.attach_scopes(config, bundle_rules);
     set.build_plans(config);
     // validate() has parsed every entry already, so this does not fail on a validated config.
@@ -134,7 +137,9 @@ class RuleSet {
     return std::nullopt;
   }
 
-  bool exempt(std::string_view path) const {
+  // Taken by reference: a caller's request was usually written just before, and a copy read
+  // back as one 16-byte value stalls the store forwarding; the size alone usually decides.
+  bool exempt(const std::string_view& path) const {
     if ((exempt_lengths_ >> std::min<std::size_t>(path.size(), 63) & 1U) == 0) return false;
     return std::find(exempt_paths_.begin(), exempt_paths_.end(), path) != exempt_paths_.end();
   }
@@ -183,45 +188,31 @@ class RuleSet {
 
   // An upper bound of the size of rule `r`'s key for `request` (write_key). O(1).
   std::size_t key_size(std::uint32_t r, const ScopedRequest& request) const {
-    const RuleInfo& rule = rules_[r];
-    return rule.key_prefix.size() +
-           rule.compiled.selector.size() * key_part_size(part_size(request));
+    return prefix_size_ + rules_[r].compiled.selector.size() * part_bound(request);
   }
   // An upper bound of the size of all the keys of `request`'s rules, live and dry-run. O(1).
   std::size_t keys_size(const ScopedRequest& request) const {
     return (request.live.size() + request.dry.size()) *
-           (kRuleKeyPrefixSize + max_selectors_ * key_part_size(part_size(request)));
+           (prefix_size_ + max_selectors_ * part_bound(request));
   }
 
   // Writes rule `r`'s key for `request` at `out` (room for key_size bytes); returns the byte
-  // after it. The key is the rule's prefix, then its selected attributes in canonical order:
-  // an address as its network under the rule's prefixes (every unparsable address shares one
-  // "invalid" key, so no text a client writes becomes a key of its own); a credential only once
-  // authenticated (with a consumer), else the address; the route, or a tag no route name
-  // produces for an unrouted request.
+  // after it. The key is the rule's prefix (none for a backend with per-rule state), then its
+  // selected attributes in canonical order: an address as its network under the rule's prefixes
+  // (every unparsable address shares one "invalid" key, so no text a client writes becomes a key
+  // of its own); a credential only once authenticated (with a consumer), else the address; the
+  // route, or a tag no route name produces for an unrouted request.
+  //
+  // Each attribute is one tagged part. A remote backend's keys encode it as every composite key
+  // in sluice does (write_key_part), so keys stored by earlier versions stay the same. A backend
+  // with per-rule state keeps its keys only in this process, so they use a shorter encoding that
+  // is just as unambiguous: the tag, then an address's network key (which says its own length),
+  // or another part's length in one byte (0xff and 4 bytes from 255 on) and its bytes. Short keys
+  // digest faster.
   char* write_key(char* out, std::uint32_t r, const ScopedRequest& request) const {
-    const CompiledRule& rule = rules_[r].compiled;
-    const std::string& prefix = rules_[r].key_prefix;
-    std::memcpy(out, prefix.data(), kRuleKeyPrefixSize);  // a constant size: no call
-    out += kRuleKeyPrefixSize;
-    for (Selector selector : rule.selector) {
-      const bool address = selector == Selector::kIp ||
-                           (selector == Selector::kCredential && !authenticated(request));
-      if (address) {
-        char* const header = out;
-        char* const end =
-            write_network_key(header + key_part_size(0), request.client, rule.address_prefixes);
-        write_key_part_header(header, 'i',
-                              static_cast<std::size_t>(end - header) - key_part_size(0));
-        out = end;
-      } else if (selector == Selector::kCredential) {
-        out = write_key_part(out, 'c', *request.credential);
-      } else {
-        out =
-            request.route ? write_key_part(out, 'r', *request.route) : write_key_part(out, 'u', {});
-      }
-    }
-    return out;
+    if (prefix_size_ == 0) return write_attributes<true>(out, rules_[r].compiled, request);
+    std::memcpy(out, rules_[r].key_prefix.data(), kRuleKeyPrefixSize);  // a constant size
+    return write_attributes<false>(out + kRuleKeyPrefixSize, rules_[r].compiled, request);
   }
 
   // A thread's keys of one request: their bytes, and the RuleKeys that view them.
@@ -324,12 +315,58 @@ class RuleSet {
     }
   }
   // An upper bound of the size of one attribute of `request` in a key.
-  static std::size_t part_size(const ScopedRequest& request) {
+  // An upper bound of the encoded size of one attribute of `request` in either encoding.
+  static std::size_t part_bound(const ScopedRequest& request) {
     std::size_t part = kMaxNetworkKeySize;
     if (request.credential) part = std::max(part, request.credential->size());
     if (request.route) part = std::max(part, request.route->size());
-    return part;
+    return kPartHeaderBound + part;
   }
+  static constexpr std::size_t kPartHeaderBound = 6;  // compact: tag, 0xff, 4-byte length
+
+  // write_key's attributes of `rule`, in the compact encoding or write_key_part's.
+  template <bool kCompact>
+  static char* write_attributes(char* out, const CompiledRule& rule, const ScopedRequest& request) {
+    for (Selector selector : rule.selector) {
+      const bool address = selector == Selector::kIp ||
+                           (selector == Selector::kCredential && !authenticated(request));
+      if (address) {
+        out = write_address_part<kCompact>(out, request.client, rule.address_prefixes);
+      } else if (selector == Selector::kCredential) {
+        out = write_part<kCompact>(out, 'c', *request.credential);
+      } else {
+        out = request.route ? write_part<kCompact>(out, 'r', *request.route)
+                            : write_part<kCompact>(out, 'u', {});
+      }
+    }
+    return out;
+  }
+  template <bool kCompact>
+  static char* write_address_part(char* out, const ClientAddress& client,
+                                  const AddressPrefixes& prefixes) {
+    if constexpr (kCompact) {
+      *out = 'i';
+      return write_network_key(out + 1, client, prefixes);
+    } else {
+      char* const end = write_network_key(out + key_part_size(0), client, prefixes);
+      write_key_part_header(out, 'i', static_cast<std::size_t>(end - out) - key_part_size(0));
+      return end;
+    }
+  }
+  template <bool kCompact>
+  static char* write_part(char* out, char tag, std::string_view part) {
+    if constexpr (!kCompact) return write_key_part(out, tag, part);
+    *out++ = tag;
+    if (part.size() < 0xff) {
+      *out++ = static_cast<char>(part.size());
+    } else {
+      *out++ = static_cast<char>(0xff);
+      out = detail::write_le32(out, static_cast<std::uint32_t>(part.size()));
+    }
+    detail::copy_short(out, part.data(), part.size());
+    return out + part.size();
+  }
+
   static bool authenticated(const ScopedRequest& request) {
     return request.credential && request.consumer;
   }
@@ -362,7 +399,7 @@ class RuleSet {
     }
   }
 
-  static RuleInfo describe(const CompiledRule& rule, bool keys_by_identity) {
+  static RuleInfo describe(const CompiledRule& rule, bool per_rule_state) {
     RuleInfo info{.compiled = rule};
     std::vector<QuotaPolicy> policies;
     for (const GcraWindow& w : info.compiled.windows) {
@@ -381,8 +418,7 @@ class RuleSet {
         info.adaptive_max_units = std::min(info.adaptive_max_units, w.burst);
       }
     }
-    info.key_prefix =
-        rule_key_prefix(keys_by_identity ? info.compiled.identity : info.compiled.fingerprint);
+    if (!per_rule_state) info.key_prefix = rule_key_prefix(info.compiled.fingerprint);
     return info;
   }
 
@@ -497,6 +533,7 @@ class RuleSet {
   std::vector<std::string> exempt_paths_;
   std::uint64_t exempt_lengths_ = 0;  // bit min(n, 63): some exempt path is n bytes long
   std::size_t max_selectors_ = 0;     // the most attributes a rule selects
+  std::size_t prefix_size_ = 0;       // of every key: kRuleKeyPrefixSize, or 0 (per-rule state)
   std::vector<Route> routes_;         // in match_route's precedence order
   absl::flat_hash_map<std::string, std::string> credentials_;  // -> consumer
   ClientAddressResolver client_addresses_;                     // gateway.trusted_proxies
