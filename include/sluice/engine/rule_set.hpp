@@ -198,21 +198,35 @@ class RuleSet {
 
   // Writes rule `r`'s key for `request` at `out` (room for key_size bytes); returns the byte
   // after it. The key is the rule's prefix (none for a backend with per-rule state), then its
-  // selected attributes in canonical order: an address as its network under the rule's prefixes
-  // (every unparsable address shares one "invalid" key, so no text a client writes becomes a key
-  // of its own); a credential only once authenticated (with a consumer), else the address; the
-  // route, or a tag no route name produces for an unrouted request.
-  //
-  // Each attribute is one tagged part. A remote backend's keys encode it as every composite key
-  // in sluice does (write_key_part), so keys stored by earlier versions stay the same. A backend
-  // with per-rule state keeps its keys only in this process, so they use a shorter encoding that
-  // is just as unambiguous: the tag, then an address's network key (which says its own length),
-  // or another part's length in one byte (0xff and 4 bytes from 255 on) and its bytes. Short keys
-  // digest faster.
+  // selected attributes in canonical order, each one tagged part (write_key_part): an address as
+  // its network under the rule's prefixes (every unparsable address shares one "invalid" key, so
+  // no text a client writes becomes a key of its own); a credential only once authenticated
+  // (with a consumer), else the address; the route, or a tag no route name produces for an
+  // unrouted request.
   char* write_key(char* out, std::uint32_t r, const ScopedRequest& request) const {
-    if (prefix_size_ == 0) return write_attributes<true>(out, rules_[r].compiled, request);
-    std::memcpy(out, rules_[r].key_prefix.data(), kRuleKeyPrefixSize);  // a constant size
-    return write_attributes<false>(out + kRuleKeyPrefixSize, rules_[r].compiled, request);
+    const CompiledRule& rule = rules_[r].compiled;
+    if (prefix_size_ != 0) {
+      std::memcpy(out, rules_[r].key_prefix.data(), kRuleKeyPrefixSize);  // a constant size
+      out += kRuleKeyPrefixSize;
+    }
+    for (Selector selector : rule.selector) {
+      const bool address = selector == Selector::kIp ||
+                           (selector == Selector::kCredential && !authenticated(request));
+      if (address) {
+        char* const header = out;
+        char* const end =
+            write_network_key(header + key_part_size(0), request.client, rule.address_prefixes);
+        write_key_part_header(header, 'i',
+                              static_cast<std::size_t>(end - header) - key_part_size(0));
+        out = end;
+      } else if (selector == Selector::kCredential) {
+        out = write_key_part(out, 'c', *request.credential);
+      } else {
+        out =
+            request.route ? write_key_part(out, 'r', *request.route) : write_key_part(out, 'u', {});
+      }
+    }
+    return out;
   }
 
   // A thread's keys of one request: their bytes, and the RuleKeys that view them.
@@ -314,59 +328,13 @@ class RuleSet {
       out.reset();
     }
   }
-  // An upper bound of the size of one attribute of `request` in a key.
-  // An upper bound of the encoded size of one attribute of `request` in either encoding.
+  // An upper bound of the encoded size of one attribute of `request` (a tagged key part).
   static std::size_t part_bound(const ScopedRequest& request) {
     std::size_t part = kMaxNetworkKeySize;
     if (request.credential) part = std::max(part, request.credential->size());
     if (request.route) part = std::max(part, request.route->size());
-    return kPartHeaderBound + part;
+    return key_part_size(part);
   }
-  static constexpr std::size_t kPartHeaderBound = 6;  // compact: tag, 0xff, 4-byte length
-
-  // write_key's attributes of `rule`, in the compact encoding or write_key_part's.
-  template <bool kCompact>
-  static char* write_attributes(char* out, const CompiledRule& rule, const ScopedRequest& request) {
-    for (Selector selector : rule.selector) {
-      const bool address = selector == Selector::kIp ||
-                           (selector == Selector::kCredential && !authenticated(request));
-      if (address) {
-        out = write_address_part<kCompact>(out, request.client, rule.address_prefixes);
-      } else if (selector == Selector::kCredential) {
-        out = write_part<kCompact>(out, 'c', *request.credential);
-      } else {
-        out = request.route ? write_part<kCompact>(out, 'r', *request.route)
-                            : write_part<kCompact>(out, 'u', {});
-      }
-    }
-    return out;
-  }
-  template <bool kCompact>
-  static char* write_address_part(char* out, const ClientAddress& client,
-                                  const AddressPrefixes& prefixes) {
-    if constexpr (kCompact) {
-      *out = 'i';
-      return write_network_key(out + 1, client, prefixes);
-    } else {
-      char* const end = write_network_key(out + key_part_size(0), client, prefixes);
-      write_key_part_header(out, 'i', static_cast<std::size_t>(end - out) - key_part_size(0));
-      return end;
-    }
-  }
-  template <bool kCompact>
-  static char* write_part(char* out, char tag, std::string_view part) {
-    if constexpr (!kCompact) return write_key_part(out, tag, part);
-    *out++ = tag;
-    if (part.size() < 0xff) {
-      *out++ = static_cast<char>(part.size());
-    } else {
-      *out++ = static_cast<char>(0xff);
-      out = detail::write_le32(out, static_cast<std::uint32_t>(part.size()));
-    }
-    detail::copy_short(out, part.data(), part.size());
-    return out + part.size();
-  }
-
   static bool authenticated(const ScopedRequest& request) {
     return request.credential && request.consumer;
   }
