@@ -265,8 +265,9 @@ class BasicRateLimitEngine {
     decide_live(e, request, out);
     if (request.raw->cost == 0 || !e.allowed) return;
     const detail::CounterStripe stripe = detail::counter_stripe();
-    for (std::uint32_t r : request.live)
+    for (std::uint32_t r : request.live) {
       counters_[r]->add(&detail::RuleCounters::Stripe::admitted, stripe);
+    }
   }
 
   // Any request: its live rules and its dry-run rules as two groups, each on the backend or the

@@ -85,7 +85,6 @@
 
 #include "absl/base/attributes.h"
 #include "absl/base/thread_annotations.h"
-#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/detail/shard_lock.hpp"
@@ -166,48 +165,53 @@ class ShardLockSet {
  public:
   template <class Store>
   void add(const Store& store, const KeyDigest& d) {
-    locks_.push_back(&store.shards_[Store::shard_index(d)].lock);
+    detail::ShardLock* const lock = &store.shards_[Store::shard_index(d)].lock;
+    if (size_ < kInline) {
+      inline_[size_++] = lock;
+      return;
+    }
+    if (spilled_.empty()) spilled_.assign(inline_, inline_ + kInline);
+    spilled_.push_back(lock);
   }
 
  private:
   friend class HeldShardLocks;
+  static constexpr std::size_t kInline = 8;
 
   // Sorts the locks ascending and drops repeats; returns them. A request's few locks take an
   // insertion sort that skips repeats as it goes: a few compares, where std::sort and
   // std::unique cost several times that for two.
   std::span<detail::ShardLock* const> sort_distinct() {
     constexpr std::less<detail::ShardLock*> kLess;
-    detail::ShardLock** const locks = locks_.data();
-    const std::size_t size = locks_.size();
-    if (size == 2) {  // the usual request: two rules
-      if (kLess(locks[1], locks[0])) std::swap(locks[0], locks[1]);
-      if (locks[0] == locks[1]) locks_.pop_back();
-      return locks_;
+    if (!spilled_.empty()) {
+      std::sort(spilled_.begin(), spilled_.end(), kLess);
+      spilled_.erase(std::unique(spilled_.begin(), spilled_.end()), spilled_.end());
+      return spilled_;
     }
-    if (size > kFew) {
-      std::sort(locks_.begin(), locks_.end(), kLess);
-      locks_.erase(std::unique(locks_.begin(), locks_.end()), locks_.end());
-      return locks_;
+    if (size_ == 2) {  // the usual request: two rules
+      if (kLess(inline_[1], inline_[0])) std::swap(inline_[0], inline_[1]);
+      size_ = inline_[0] == inline_[1] ? 1 : 2;
+      return {inline_, size_};
     }
-    std::size_t n = 0;  // locks[0, n) is sorted and distinct
-    for (std::size_t i = 0; i < size; ++i) {
-      detail::ShardLock* const lock = locks[i];
+    std::size_t n = 0;  // inline_[0, n) is sorted and distinct
+    for (std::size_t i = 0; i < size_; ++i) {
+      detail::ShardLock* const lock = inline_[i];
       std::size_t at = n;
-      while (at > 0 && kLess(lock, locks[at - 1])) --at;
-      if (at > 0 && locks[at - 1] == lock) continue;
-      for (std::size_t j = n; j > at; --j) locks[j] = locks[j - 1];
-      locks[at] = lock;
+      while (at > 0 && kLess(lock, inline_[at - 1])) --at;
+      if (at > 0 && inline_[at - 1] == lock) continue;
+      for (std::size_t j = n; j > at; --j) inline_[j] = inline_[j - 1];
+      inline_[at] = lock;
       ++n;
     }
-    locks_.resize(n);
-    return locks_;
+    size_ = n;
+    return {inline_, n};
   }
 
-  static constexpr std::size_t kFew = 8;  // held inline, and sorted by insertion
-  // absl::InlinedVector leaves its inline slots uninitialized: a std::array member must be
-  // value-initialized, and clearing its 64 bytes on every request (a `rep stos`) cost more than
-  // the rest of the lock set.
-  absl::InlinedVector<detail::ShardLock*, kFew> locks_;
+  // The first 8 locks, while not spilled. Uninitialized: only [0, size_) is read, and clearing
+  // the slots on every request (a block clear) cost more than the rest of the lock set.
+  detail::ShardLock* inline_[kInline];
+  std::size_t size_ = 0;                     // of inline_, at most kInline
+  std::vector<detail::ShardLock*> spilled_;  // every lock, once there are more than 8
 };
 
 // Holds every lock of a ShardLockSet for its lifetime: each distinct lock once, taken in ascending
