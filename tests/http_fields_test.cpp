@@ -1,5 +1,6 @@
 #include "sluice/http_fields.hpp"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -273,4 +274,33 @@ TEST_CASE("a denial by another limiter replaces every rate-limit field the first
 
   CHECK(response == std::multimap<std::string, std::string>{{"Content-Type", "application/json"},
                                                             {"Retry-After", "4"}});
+}
+
+TEST_CASE("decision fields are exact at every digit count, rewritten into the same strings") {
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  std::vector<std::uint64_t> values{0, kMax};
+  for (std::uint64_t power = 1; power <= kMax / 10; power *= 10) {
+    values.push_back(power * 10 - 1);  // 9, 99, ...
+    values.push_back(power * 10);      // 10, 100, ...
+  }
+  values.push_back(kMax / 10 * 10 - 1);
+  sluice::HttpFields out;  // reused: each value rewrites the strings of the one before
+  for (bool longest_first : {false, true}) {
+    if (longest_first) std::reverse(values.begin(), values.end());
+    for (std::uint64_t v : values) {
+      const sluice::Decision d{.reason = sluice::Reason::kAllowed,
+                               .limit = v,
+                               .remaining = v,
+                               .reset_after = std::chrono::seconds(v % 1000)};
+      sluice::write_decision_fields(out, d, kNow, "\"p\";q=1;w=1", "\"p\";r=");
+      const std::string r = std::to_string(std::min<std::uint64_t>(v, 999'999'999'999'999));
+      CHECK(out == sluice::HttpFields{
+                       {"X-RateLimit-Limit", std::to_string(v)},
+                       {"X-RateLimit-Remaining", std::to_string(v)},
+                       {"X-RateLimit-Reset", std::to_string(1'700'000'001 + v % 1000)},
+                       {"RateLimit-Policy", "\"p\";q=1;w=1"},
+                       {"RateLimit", "\"p\";r=" + r + ";t=" + std::to_string(v % 1000)},
+                   });
+    }
+  }
 }

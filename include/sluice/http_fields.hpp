@@ -45,6 +45,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <ostream>
 #include <span>
@@ -184,8 +185,9 @@ inline void assign_parts(std::string& value, std::initializer_list<std::string_v
 // Sets `field` to `name` and `value` in decimal, reusing its string.
 inline void set_decimal(HttpField& field, std::string_view name, std::uint64_t value) {
   field.name = name;
-  std::array<char, 20> digits{};
-  assign_parts(field.value, {decimal_digits(digits, value)});
+  const std::size_t size = decimal_size(value);
+  if (field.value.size() != size) field.value.resize(size);
+  write_decimal(field.value.data() + size, value);
 }
 
 // Gives `out` `count` slots whose last two hold the strings with the most room: the long values
@@ -338,16 +340,21 @@ inline void write_decision_fields(HttpFields& out, const Decision& decision, Wal
   detail::assign_parts(field->value, {policy_value});
   ++field;
   field->name = kRateLimitField;
-  // append_ratelimit_item_numbers, written in place.
+  // append_ratelimit_item_numbers, written in place: the prefix, r, ";t=", t.
   const ServiceLimit limit = service_limit({}, decision);
-  std::array<char, 20> available{}, window{};
-  detail::assign_parts(
-      field->value,
-      {item_prefix,
-       detail::decimal_digits(available, std::min(limit.available, kMaxStructuredInteger)), ";t=",
-       detail::decimal_digits(
-           window, std::min(static_cast<std::uint64_t>(ceil_seconds(limit.effective_window)),
-                            kMaxStructuredInteger))});
+  const std::uint64_t r = std::min(limit.available, kMaxStructuredInteger);
+  const std::uint64_t t = std::min(static_cast<std::uint64_t>(ceil_seconds(limit.effective_window)),
+                                   kMaxStructuredInteger);
+  const std::size_t r_size = detail::decimal_size(r), t_size = detail::decimal_size(t);
+  constexpr std::string_view kT = ";t=";
+  const std::size_t size = item_prefix.size() + r_size + kT.size() + t_size;
+  if (field->value.size() != size) field->value.resize(size);
+  char* at = field->value.data();
+  detail::copy_short(at, item_prefix.data(), item_prefix.size());
+  at += item_prefix.size() + r_size;
+  detail::write_decimal(at, r);
+  std::memcpy(at, kT.data(), kT.size());
+  detail::write_decimal(at + kT.size() + t_size, t);
 }
 
 // --- one response, several limiters ----------------------------------------------------------

@@ -6,7 +6,6 @@
 #ifndef SLUICE_DETAIL_SHORT_COPY_HPP_
 #define SLUICE_DETAIL_SHORT_COPY_HPP_
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -61,14 +60,21 @@ inline bool equal_short(const char* a, const char* b, std::size_t n) noexcept {
   return true;
 }
 
-// The decimal digits of `value` (no sign, no leading zeros), written at the end of `buffer`:
-// two digits per division.
-inline std::string_view decimal_digits(std::array<char, 20>& buffer, std::uint64_t value) noexcept {
+// The number of decimal digits of `value` (no sign, no leading zeros): 1 to 20.
+inline std::size_t decimal_size(std::uint64_t value) noexcept {
+  std::size_t n = 1;
+  for (std::uint64_t power = 10; n < 20 && value >= power; power *= 10) ++n;
+  return n;
+}
+
+// Writes the decimal_size(value) digits of `value` so that they end at `end`, two digits per
+// division. Written in place where they belong: digits written to a buffer and copied on are
+// read back as one wide load over several narrow stores, which stalls the store forwarding.
+inline void write_decimal(char* end, std::uint64_t value) noexcept {
   static constexpr char kPairs[] =
       "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
       "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
       "8081828384858687888990919293949596979899";
-  char* const end = buffer.data() + buffer.size();
   char* at = end;
   while (value >= 100) {
     const std::size_t pair = static_cast<std::size_t>(value % 100) * 2;
@@ -78,13 +84,11 @@ inline std::string_view decimal_digits(std::array<char, 20>& buffer, std::uint64
     at[1] = kPairs[pair + 1];
   }
   if (value >= 10) {
-    at -= 2;
-    at[0] = kPairs[value * 2];
-    at[1] = kPairs[value * 2 + 1];
+    at[-2] = kPairs[value * 2];
+    at[-1] = kPairs[value * 2 + 1];
   } else {
-    *--at = static_cast<char>('0' + value);
+    at[-1] = static_cast<char>('0' + value);
   }
-  return std::string_view(at, static_cast<std::size_t>(end - at));
 }
 
 }  // namespace sluice::detail
