@@ -973,12 +973,20 @@ TEST_CASE("backends terminated mid-run give errors that never overstate what was
   auto c = client();
   auto limiter = make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, c, "kill"));
   the_time.set(kT0);
+  // The callers run until the killer has terminated their backends three times and some call saw
+  // it (or 20 s pass; then the check on errors below fails): a fixed number of calls could all
+  // finish before the first termination lands.
   std::atomic<bool> done{false};
-  std::atomic<int> admitted{0}, unknown{0}, unavailable{0}, other{0};
+  std::atomic<int> admitted{0}, unknown{0}, unavailable{0}, other{0}, terminated{0};
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  auto finished = [&] {
+    return (terminated.load() >= 3 && unknown.load() + unavailable.load() > 0) ||
+           std::chrono::steady_clock::now() > deadline;
+  };
   std::vector<std::thread> callers;
   for (int t = 0; t < 4; ++t) {
     callers.emplace_back([&] {
-      for (int i = 0; i < 30; ++i) {
+      for (int i = 0; i < 30 || (i < 5000 && !finished()); ++i) {
         absl::StatusOr<Decision> d = limiter.check("one");
         if (d.ok()) {
           admitted += d->allowed() ? 1 : 0;
@@ -995,16 +1003,20 @@ TEST_CASE("backends terminated mid-run give errors that never overstate what was
   }
   std::thread killer([&] {
     while (!done.load()) {
+      std::string count;
       server().execute(
-          "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity "
-          "WHERE application_name = 'sluice'");
+          "SELECT count(*) FILTER (WHERE pg_catalog.pg_terminate_backend(pid)) "
+          "FROM pg_catalog.pg_stat_activity WHERE application_name = 'sluice'",
+          &count);
+      if (!count.empty()) terminated += std::stoi(count);
       std::this_thread::sleep_for(20ms);
     }
   });
   for (auto& t : callers) t.join();
   done = true;
   killer.join();
-  INFO("admitted " << admitted << ", unavailable " << unavailable << ", unknown " << unknown);
+  INFO("admitted " << admitted << ", unavailable " << unavailable << ", unknown " << unknown
+                   << ", backends terminated " << terminated);
   CHECK(other.load() == 0);
   CHECK(unavailable.load() + unknown.load() > 0);
   // The last terminations may still be landing: a read-only peek may need a fresh connection.
