@@ -183,7 +183,8 @@ class ShardLockSet {
   // std::sort and std::unique cost several times that.
   ABSL_ATTRIBUTE_ALWAYS_INLINE std::span<detail::ShardLock* const> sort_distinct() {
     if (size_ != 2 || !spilled_.empty()) return sort_distinct_any();
-    if (inline_[1] < inline_[0]) std::swap(inline_[0], inline_[1]);
+    // std::less: a total order even over locks of different stores, as `<` is not.
+    if (std::less<detail::ShardLock*>()(inline_[1], inline_[0])) std::swap(inline_[0], inline_[1]);
     size_ = inline_[0] == inline_[1] ? 1 : 2;
     return {inline_, size_};
   }
