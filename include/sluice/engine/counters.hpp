@@ -52,8 +52,10 @@ inline CounterStripe counter_stripe() noexcept {
   return stripe;
 }
 
-// Adds 1 to `counter`, a member of the stripe `stripe` names.
-inline void bump(std::atomic<std::uint64_t>& counter, CounterStripe stripe) noexcept {
+// Adds 1 to `member` of `stripes[stripe.index]`, the calling thread's stripe.
+template <class Stripes, class Member>
+void add_to_stripe(Stripes& stripes, Member member, CounterStripe stripe) noexcept {
+  std::atomic<std::uint64_t>& counter = stripes[stripe.index].*member;
   if (stripe.owned) {
     counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   } else {
@@ -86,7 +88,7 @@ struct RuleCounters {
   // Adds 1 to `member` in the calling thread's stripe (`stripe`: counter_stripe()).
   template <class Member>
   void add(Member member, CounterStripe stripe = counter_stripe()) noexcept {
-    bump(stripes[stripe.index].*member, stripe);
+    add_to_stripe(stripes, member, stripe);
   }
   template <class Member>
   std::uint64_t sum(Member member) const noexcept {
@@ -116,10 +118,10 @@ class EngineCounters {
   std::atomic<std::uint64_t> reloads{0};
   std::atomic<std::uint64_t> failed_reloads{0};
 
+  // Adds 1 to `member` in the calling thread's stripe.
   template <class Member>
   void add(Member member) noexcept {
-    const CounterStripe stripe = counter_stripe();
-    bump(stripes[stripe.index].*member, stripe);
+    add_to_stripe(stripes, member, counter_stripe());
   }
   template <class Member>
   std::uint64_t sum(Member member) const noexcept {
