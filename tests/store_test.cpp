@@ -8,6 +8,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "catch.hpp"
@@ -546,4 +547,36 @@ TEST_CASE("removal markers in a kEvict shard are not counted as reclaimed idle c
   REQUIRE(touch(store, store.digest("x"), 0, 1));  // may land elsewhere: no sweep needed there
   CHECK(store.stats().idle_reclaimed == 0);
   CHECK(store.stats().live_evicted == 0);
+}
+
+TEST_CASE("a lock set holds every shard of its keys once, in any order, inline and past eight") {
+  Store a, b;
+  std::vector<std::pair<Store*, sluice::KeyDigest>> keys;
+  for (int i = 0; i < 14; ++i) {  // repeats of one key and of one shard, across two stores
+    Store& store = i % 3 == 0 ? b : a;
+    keys.emplace_back(&store, store.digest("k" + std::to_string(i % 5)));
+  }
+  for (std::size_t n = 1; n <= keys.size(); ++n) {
+    for (bool reversed : {false, true}) {
+      std::vector<std::pair<Store*, sluice::KeyDigest>> used(keys.begin(), keys.begin() + n);
+      if (reversed) std::reverse(used.begin(), used.end());
+      sluice::ShardLockSet set;
+      for (const auto& [store, digest] : used) set.add(*store, digest);
+      {
+        const sluice::HeldShardLocks held(set);     // a lock taken twice would never return
+        for (const auto& [store, digest] : used) {  // asserts (in debug builds) that it is held
+          REQUIRE(store->update_locked(
+              held, digest, 0,
+              [](HoldCell& cell, std::int64_t) {
+                cell.fresh_at = kSecond;
+                return ++cell.touches > 0;
+              },
+              [](sluice::StoreFull) { return false; }));
+        }
+      }
+      for (const auto& [store, digest] : used) {  // every lock was released
+        REQUIRE(touch(*store, digest, 0, kSecond));
+      }
+    }
+  }
 }
