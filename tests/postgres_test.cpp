@@ -1135,6 +1135,22 @@ TEST_CASE("a migration that fails rolls back and leaves the pool healthy") {
   CHECK(again.ok());
 }
 
+// How late past its deadline a 40,000-key call may return. Its deadline counts the CPU time of
+// digesting the keys and encoding the call too, which comes before the send and which the call
+// cannot cut short. Under TSan that alone takes 580-710 ms of the thread's CPU (measured), past
+// the 400 ms deadline before anything is sent. The blocking send this guards against took 6.2 s.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr auto kBatchBuildSlack = 1500ms;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+constexpr auto kBatchBuildSlack = 1500ms;
+#else
+constexpr auto kBatchBuildSlack = 200ms;
+#endif
+#else
+constexpr auto kBatchBuildSlack = 200ms;
+#endif
+
 TEST_CASE("a batch of 40,000 keys to a frozen server returns at its one deadline") {
   auto c = Client::create({.connection = {.conninfo = server().conninfo(),
                                           .statement_timeout = 200ms,
@@ -1158,7 +1174,7 @@ TEST_CASE("a batch of 40,000 keys to a frozen server returns at its one deadline
   INFO(d.status() << " after " << std::chrono::duration_cast<milliseconds>(took).count() << " ms");
   CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(took >= 390ms);
-  CHECK(took < 600ms);
+  CHECK(took < 400ms + kBatchBuildSlack);
   CHECK(limiter.check("after").ok());  // the half-sent connection was dropped
 }
 
