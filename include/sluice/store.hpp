@@ -193,8 +193,8 @@ class ShardLockSet {
   // A total order even over locks of different stores, as `<` is not.
   static constexpr std::less<detail::ShardLock*> kLess{};
 
-  // The locks ascending and distinct. Past 8 they are sorted here, at once.
-  ABSL_ATTRIBUTE_ALWAYS_INLINE std::span<detail::ShardLock* const> sort_distinct() {
+  // The locks, ascending and distinct: kept so inline, sorted here once past 8.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE std::span<detail::ShardLock* const> sorted_locks() {
     if (ABSL_PREDICT_TRUE(spilled_.empty())) return {inline_, size_};
     return sort_spilled();
   }
@@ -219,7 +219,7 @@ class ShardLockSet {
 class HeldShardLocks {
  public:
   ABSL_ATTRIBUTE_ALWAYS_INLINE explicit HeldShardLocks(ShardLockSet& set)
-      ABSL_NO_THREAD_SAFETY_ANALYSIS : locks_(set.sort_distinct()) {
+      ABSL_NO_THREAD_SAFETY_ANALYSIS : locks_(set.sorted_locks()) {
     for (detail::ShardLock* lock : locks_) lock->lock();
   }
   ABSL_ATTRIBUTE_ALWAYS_INLINE ~HeldShardLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
