@@ -16,11 +16,14 @@ function(run)
   endif()
 endfunction()
 
-# build_and_run(<case> <SLUICE_MODE> [cmake args...]): configures, builds and runs the consumer.
-function(build_and_run case mode)
+# build_and_run(<case> <SLUICE_MODE> <build type> [cmake args...]): configures, builds and runs
+# the consumer. Release (-O3 -DNDEBUG, with the consumer's -Werror) once, for what assertions
+# compiled out might break; the other cases at -O0 without debug information, since they check
+# how sluice is found and linked, and compile in half the time.
+function(build_and_run case mode build_type)
   set(dir "${WORK_DIR}/${case}")
   run(${CMAKE_COMMAND} -S "${consumer_src}" -B "${dir}" -G "${GENERATOR}"
-      -DCMAKE_BUILD_TYPE=Release -DSLUICE_MODE=${mode} ${ARGN})
+      -DCMAKE_BUILD_TYPE=${build_type} -DCMAKE_CXX_FLAGS_DEBUG=-O0 -DSLUICE_MODE=${mode} ${ARGN})
   run(${CMAKE_COMMAND} --build "${dir}")
   execute_process(COMMAND "${dir}/consumer" RESULT_VARIABLE rc OUTPUT_VARIABLE out)
   if(NOT rc EQUAL 0)
@@ -37,7 +40,7 @@ function(build_and_run case mode)
 endfunction()
 
 # 1. add_subdirectory of the checkout.
-build_and_run(subdirectory subdirectory -DSLUICE_SOURCE_DIR=${SLUICE_SOURCE_DIR})
+build_and_run(subdirectory subdirectory Release -DSLUICE_SOURCE_DIR=${SLUICE_SOURCE_DIR})
 
 # 2. FetchContent from a tarball of the working tree (what a release archive holds).
 set(tarball "${WORK_DIR}/sluice-src.tar.gz")
@@ -47,7 +50,7 @@ execute_process(
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "could not pack the source tree")
 endif()
-build_and_run(fetchcontent fetchcontent -DSLUICE_URL=file://${tarball})
+build_and_run(fetchcontent fetchcontent Debug -DSLUICE_URL=file://${tarball})
 
 # 3. FetchContent from git at the tag the README pins: the readme_recipe test
 #    (readme_recipe_test.sh) builds the README's recipe as written.
@@ -64,7 +67,7 @@ function(install_and_use case)
   if(EXISTS "${prefix}/share/cmake/sluice/sluiceEnvoyTargets.cmake")
     set(envoy -DSLUICE_CONSUMER_ENVOY=ON)
   endif()
-  build_and_run(${case} package -DCMAKE_PREFIX_PATH=${prefix} ${envoy})
+  build_and_run(${case} package Debug -DCMAKE_PREFIX_PATH=${prefix} ${envoy})
 endfunction()
 install_and_use(package)
 
