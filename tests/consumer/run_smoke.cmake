@@ -19,7 +19,7 @@ endfunction()
 # build_and_run(<case> <SLUICE_MODE> <build type> [cmake args...]): configures, builds and runs
 # the consumer. Release (-O3 -DNDEBUG, with the consumer's -Werror) once, for what assertions
 # compiled out might break; the other cases at -O0 without debug information, since they check
-# how sluice is found and linked, and compile in half the time.
+# how sluice is found and linked, and compile in 55-70% of the time.
 function(build_and_run case mode build_type)
   set(dir "${WORK_DIR}/${case}")
   run(${CMAKE_COMMAND} -S "${consumer_src}" -B "${dir}" -G "${GENERATOR}"
