@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/config.h"
 #include "absl/strings/escaping.h"
 #include "catch.hpp"
 #include "postgres_server.hpp"
@@ -1139,14 +1140,8 @@ TEST_CASE("a migration that fails rolls back and leaves the pool healthy") {
 // digesting the keys and encoding the call too, which comes before the send and which the call
 // cannot cut short. Under TSan that alone takes 580-710 ms of the thread's CPU (measured), past
 // the 400 ms deadline before anything is sent. The blocking send this guards against took 6.2 s.
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if defined(ABSL_HAVE_THREAD_SANITIZER) || defined(ABSL_HAVE_ADDRESS_SANITIZER)
 constexpr auto kBatchBuildSlack = 1500ms;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-constexpr auto kBatchBuildSlack = 1500ms;
-#else
-constexpr auto kBatchBuildSlack = 200ms;
-#endif
 #else
 constexpr auto kBatchBuildSlack = 200ms;
 #endif
