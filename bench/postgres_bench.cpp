@@ -12,10 +12,12 @@
 // `--interleaved=ROUNDS` runs instead, ROUNDS times, 1-second slices of each subject at 1, 8 and
 // 32 callers in a shuffled order per round: the sluice check (sluice.check_one_v1) and the
 // reference a user would otherwise write, one prepared `INSERT … ON CONFLICT DO UPDATE …
-// RETURNING` GCRA statement per check (same keys as digests, same clock, same durability), and
-// the path every check took before schema version 5 (sluice.check_v2 for one key). It
-// prints checks/s, p50 and p99 latency, and the server's CPU per check (utime + stime of the
-// postmaster and its children, from /proc) per slice, with the load average before each round.
+// RETURNING` GCRA statement per check (same keys as digests, same clock, same durability), the
+// path every check took before schema version 5 (sluice.check_v2 for one key), and the one-key
+// statement in `numeric` (kCheckOneSql: what `check` sends for a fractional interval; this
+// limit's whole 1 ms interval takes the `bigint` one). It prints checks/s, p50 and p99 latency,
+// the callers' CPU per check (this process) and the server's (utime + stime of the postmaster
+// and its children, from /proc) per slice, with the load average before each round.
 //
 // The PostgreSQL server runs with its durable defaults (fsync and synchronous_commit on) unless
 // SLUICE_BENCH_PG_FAST=1 turns both off. Every check is admitted and writes its row.
@@ -41,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -235,12 +238,22 @@ long server_ticks() {
   return total;
 }
 
-// One caller's check of `key` by `subject` (0: sluice, 1: the reference, 2: sluice.check_v2).
+// One caller's check of `key` by `subject` (0: sluice, 1: the reference, 2: sluice.check_v2,
+// 3: the numeric one-key statement, kCheckOneSql).
 // False on failure.
 bool one_check(int subject, const std::string& key, const sluice::KeyDigest& digest) {
   if (subject == 0) {
     absl::StatusOr<sluice::Decision> d = fixture->limiter->check(key);
     return d.ok() && d->allowed();
+  }
+  if (subject == 3) {  // the numeric one-key statement every such check took before
+    auto lease = fixture->client->pool().acquire();
+    if (!lease.ok()) return false;
+    auto r =
+        lease->run(sp::detail::kCheckOneStatement, sp::detail::kCheckOneSql,
+                   sp::detail::check_one_params(digest, fixture->limiter->limit(), 1, std::nullopt),
+                   sp::detail::Effect::kWrites);
+    return r.ok() && PQntuples(r->get()) == 1;
   }
   if (subject == 2) {  // the path every check took before schema version 5
     const sp::Limit* limit = &fixture->limiter->limit();
@@ -265,8 +278,16 @@ bool one_check(int subject, const std::string& key, const sluice::KeyDigest& dig
   return r.ok() && PQntuples(r->get()) == 1;
 }
 
+// CPU seconds (user + system) of this process: the callers' side of a check.
+double client_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 struct Slice {
-  double per_second = 0, p50_us = 0, p99_us = 0, server_us_per_check = 0;
+  double per_second = 0, p50_us = 0, p99_us = 0, server_us_per_check = 0, client_us_per_check = 0;
   long failures = 0;
 };
 
@@ -275,6 +296,7 @@ Slice run_slice(int subject, int callers) {
   std::atomic<long> failures{0};
   std::vector<std::vector<double>> latencies(callers);
   const long ticks_before = server_ticks();
+  const double client_before = client_cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   for (int t = 0; t < callers; ++t) {
@@ -311,6 +333,8 @@ Slice run_slice(int subject, int callers) {
   s.server_us_per_check = static_cast<double>(server_ticks() - ticks_before) * 1e6 /
                           static_cast<double>(sysconf(_SC_CLK_TCK)) /
                           static_cast<double>(all.size());
+  s.client_us_per_check =
+      (client_cpu_seconds() - client_before) * 1e6 / static_cast<double>(all.size());
   return s;
 }
 
@@ -331,20 +355,24 @@ void interleaved(int rounds) {
       fail(r.status().ToString());
     }
   }
-  const char* names[] = {"sluice check", "reference upsert", "check_v2 (before v5)"};
+  const char* names[] = {"sluice check", "reference upsert", "check_v2 (before v5)",
+                         "numeric check_one"};
   std::mt19937 shuffle(12345);
-  std::printf("round,callers,subject,checks_per_s,p50_us,p99_us,server_us_per_check,failures\n");
+  std::printf(
+      "round,callers,subject,checks_per_s,p50_us,p99_us,server_us_per_check,client_us_per_check,"
+      "failures\n");
   for (int round = 1; round <= rounds; ++round) {
     std::printf("# round %d, load average %s\n", round, load_average().c_str());
     std::vector<std::pair<int, int>> order;  // (callers, subject)
     for (int callers : {1, 8, 32}) {
-      for (int subject : {0, 1, 2}) order.emplace_back(callers, subject);
+      for (int subject : {0, 1, 2, 3}) order.emplace_back(callers, subject);
     }
     std::shuffle(order.begin(), order.end(), shuffle);
     for (const auto& [callers, subject] : order) {
       const Slice s = run_slice(subject, callers);
-      std::printf("%d,%d,%s,%.0f,%.0f,%.0f,%.1f,%ld\n", round, callers, names[subject],
-                  s.per_second, s.p50_us, s.p99_us, s.server_us_per_check, s.failures);
+      std::printf("%d,%d,%s,%.0f,%.0f,%.0f,%.1f,%.1f,%ld\n", round, callers, names[subject],
+                  s.per_second, s.p50_us, s.p99_us, s.server_us_per_check, s.client_us_per_check,
+                  s.failures);
       std::fflush(stdout);
     }
   }

@@ -150,7 +150,8 @@ std::uint64_t cleanup_at(const Client& c, std::uint32_t max_rows, nanoseconds t)
 // The in-memory and database limiters on one scripted random sequence: every decision equal.
 template <class Memory, class Database>
 void expect_same_decisions(Memory& memory, sluice::ManualClock& clock, Database& database,
-                           std::uint64_t max_cost, nanoseconds max_step, std::uint32_t seed) {
+                           std::uint64_t max_cost, nanoseconds max_step, std::uint32_t seed,
+                           nanoseconds base = kT0) {
   std::mt19937_64 random(seed);
   const std::vector<std::string> keys = {"alpha", "beta", "gamma"};
   for (int step = 0; step < 300; ++step) {
@@ -159,7 +160,7 @@ void expect_same_decisions(Memory& memory, sluice::ManualClock& clock, Database&
     const std::string& key = keys[random() % keys.size()];
     const std::uint64_t cost = random() % (max_cost + 2);  // 0 peeks; max_cost + 1 is invalid
     absl::StatusOr<Decision> expected = memory.check(key, cost);
-    the_time.set(kT0 + clock.now());
+    the_time.set(base + clock.now());
     absl::StatusOr<Decision> actual = database.check(key, cost);
     INFO("step " << step << " key " << key << " cost " << cost);
     REQUIRE(expected.status().code() == actual.status().code());
@@ -170,7 +171,8 @@ void expect_same_decisions(Memory& memory, sluice::ManualClock& clock, Database&
 // As expect_same_decisions, with inspects and resets among the checks.
 template <class Memory, class Database>
 void expect_same_with_operators(Memory& memory, sluice::ManualClock& clock, Database& database,
-                                std::uint64_t max_cost, nanoseconds max_step, std::uint32_t seed) {
+                                std::uint64_t max_cost, nanoseconds max_step, std::uint32_t seed,
+                                nanoseconds base = kT0) {
   std::mt19937_64 random(seed);
   const std::vector<std::string> keys = {"alpha", "beta", "gamma"};
   for (int step = 0; step < 300; ++step) {
@@ -186,11 +188,11 @@ void expect_same_with_operators(Memory& memory, sluice::ManualClock& clock, Data
       INFO(status);
       REQUIRE(status.ok());
     } else if (action <= 2) {
-      REQUIRE(memory.inspect(key) == inspected(database, key, kT0 + clock.now()));
+      REQUIRE(memory.inspect(key) == inspected(database, key, base + clock.now()));
     } else {
       absl::StatusOr<Decision> expected = memory.check(key, cost);
       REQUIRE(expected.ok());
-      REQUIRE(*expected == at(database, key, kT0 + clock.now(), cost));
+      REQUIRE(*expected == at(database, key, base + clock.now(), cost));
     }
   }
 }
@@ -343,6 +345,77 @@ TEST_CASE("one-window GCRA checks in one UPDATE decide exactly as the in-memory 
                                window.period / 4, 19);
     expect_same_decisions(memory, clock, database, 3, window.period / 3, 23);
   }
+}
+
+TEST_CASE("one-window GCRA with a whole-nanosecond interval decides in bigint as in memory") {
+  // period / requests whole: kCheckIntervalSql, falling through to check_one_v1 for denials, new
+  // and reset keys. The widest tolerance a limit may have is 2^60 ns (2^32 · 2^28 ns).
+  const nanoseconds last_fast = nanoseconds(std::int64_t{1} << 62) - 1ns;
+  for (const sluice::GcraWindow window :
+       {sluice::GcraWindow{.requests = 4, .period = 1s, .burst = 5},
+        sluice::GcraWindow{.requests = 1000, .period = 1s, .burst = 50},
+        sluice::GcraWindow{
+            .requests = 1, .period = nanoseconds(1 << 28), .burst = std::uint64_t{1} << 32}}) {
+    const std::uint64_t max_cost = std::min<std::uint64_t>(window.burst, 7);
+    for (const nanoseconds base : {kT0, last_fast - window.period * 40}) {
+      sluice::ManualClock clock;
+      auto memory = make(sluice::GcraLimiter<sluice::ManualClock>::create({window}, {}, clock));
+      auto database = make(PostgresGcraLimiter::create(
+          {window}, client(), absl::StrCat("parity-whole-", window.requests, "-", base.count())));
+      // Steps of up to a third of the period: the later base crosses 2^62 ns, where checks go
+      // to check_one_v1 and its numeric arithmetic.
+      expect_same_with_operators(memory, clock, database, max_cost, window.period / 4, 29, base);
+      expect_same_decisions(memory, clock, database, max_cost, window.period / 3, 31, base);
+    }
+  }
+}
+
+TEST_CASE("a whole-nanosecond interval runs the bigint statement, a fractional one the numeric") {
+  // One pooled connection, so the statements it prepared are the ones its checks ran.
+  sluice::postgres::ConnectionOptions one = connection();
+  one.max_connections = 1;
+  auto c = Client::create(
+      {.connection = one, .key_seed = 42, .time_source = [] { return the_time.now(); }});
+  REQUIRE(c.ok());
+  REQUIRE(sluice::postgres::migrate((*c)->pool()).ok());
+  const auto prepared = [&] {
+    auto lease = (*c)->pool().acquire();
+    REQUIRE(lease.ok());
+    auto r =
+        lease->run_simple("SELECT string_agg(name, ',' ORDER BY name) FROM pg_prepared_statements",
+                          1s, sluice::postgres::detail::Effect::kReadOnly);
+    REQUIRE(r.ok());
+    return std::string(PQgetvalue(r->get(), 0, 0));
+  };
+  auto whole = make(PostgresGcraLimiter::create({{.requests = 1000, .period = 1s}}, *c, "whole"));
+  CHECK(at(whole, "k", kT0) == Decision{.limit = 1000, .remaining = 999, .reset_after = 1ms});
+  CHECK(at(whole, "k", kT0) == Decision{.limit = 1000, .remaining = 998, .reset_after = 2ms});
+  CHECK(prepared() == "sluice_check_interval_v1");
+  auto fraction = make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, *c, "third"));
+  CHECK(at(fraction, "k", kT0).remaining == 2);
+  CHECK(prepared() == "sluice_check_interval_v1,sluice_check_one_v1");
+}
+
+TEST_CASE("the bigint statement's parameters, and the checks it leaves to the numeric one") {
+  using sluice::postgres::detail::check_interval_params;
+  const auto values = [](const std::optional<std::vector<sluice::postgres::Param>>& p) {
+    std::vector<std::string> out;
+    for (std::size_t i = 6; p && i < p->size(); ++i) out.push_back((*p)[i].value);
+    return out;
+  };
+  const sluice::KeyDigest d{};
+  const auto per_second = make(sluice::postgres::Limit::gcra({{.requests = 1000, .period = 1s}}));
+  // cost · interval, (burst - cost) · interval, burst · interval, interval
+  CHECK(values(check_interval_params(d, per_second, 3, std::nullopt)) ==
+        std::vector<std::string>{"3000000", "997000000", "1000000000", "1000000"});
+  CHECK(values(check_interval_params(d, per_second, 1000, kT0)) ==
+        std::vector<std::string>{"1000000000", "0", "1000000000", "1000000"});
+  CHECK(check_interval_params(d, per_second, 1, nanoseconds(std::int64_t{1} << 62) - 1ns));
+  CHECK_FALSE(check_interval_params(d, per_second, 1001, kT0));  // above the burst: denied
+  CHECK_FALSE(check_interval_params(d, per_second, 1, nanoseconds(std::int64_t{1} << 62)));
+  CHECK_FALSE(check_interval_params(d, per_second, 1, -1ns));
+  const auto thirds = make(sluice::postgres::Limit::gcra({{.requests = 3, .period = 1s}}));
+  CHECK_FALSE(check_interval_params(d, thirds, 1, kT0));
 }
 
 TEST_CASE("database fixed windows decide scripted sequences exactly as the in-memory limiter") {

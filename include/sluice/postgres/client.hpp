@@ -124,21 +124,30 @@ class Client {
       }
     }
     const bool carrying = !sources.empty();
+    const std::optional<std::chrono::nanoseconds> unix_time = now();
+    // One key of a one-window GCRA limit: one UPDATE, in bigint when the interval is whole.
     const bool one = detail::fits_check_one(limits, costs, carrying);
+    std::optional<std::vector<Param>> interval_params =
+        one ? detail::check_interval_params(digests[0], *limits[0], costs[0], unix_time)
+            : std::nullopt;
+    const bool interval = interval_params.has_value();
     std::vector<Param> params =
-        one ? detail::check_one_params(digests[0], *limits[0], costs[0], now())
-            : detail::check_params(items[0].limit->algorithm(), digests, limits, costs,
-                                   mode == BatchMode::kAllOrNothing, now());
+        interval ? *std::move(interval_params)
+        : one    ? detail::check_one_params(digests[0], *limits[0], costs[0], unix_time)
+                 : detail::check_params(items[0].limit->algorithm(), digests, limits, costs,
+                                        mode == BatchMode::kAllOrNothing, unix_time);
     if (carrying) detail::append_carry_params(sources, params);
     absl::StatusOr<ConnectionPool::Lease> lease = pool_->acquire();
     if (!lease.ok()) return lease.status();
     // A peek writes nothing, so a lost reply to it is plain Unavailable / DeadlineExceeded.
     const bool writes = std::any_of(costs.begin(), costs.end(), [](auto c) { return c > 0; });
     absl::StatusOr<detail::ResultPtr> r = lease->run(
-        one        ? detail::kCheckOneStatement
+        interval   ? detail::kCheckIntervalStatement
+        : one      ? detail::kCheckOneStatement
         : carrying ? detail::kCheckCarriedStatement
                    : detail::kCheckStatement,
-        one        ? detail::kCheckOneSql
+        interval   ? detail::kCheckIntervalSql
+        : one      ? detail::kCheckOneSql
         : carrying ? detail::kCheckCarriedSql
                    : detail::kCheckSql,
         params, writes || carrying ? detail::Effect::kWrites : detail::Effect::kReadOnly, deadline);
