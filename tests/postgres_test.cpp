@@ -21,6 +21,7 @@
 
 #include "absl/base/config.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "postgres_server.hpp"
 #include "sluice/clock.hpp"
@@ -632,10 +633,13 @@ TEST_CASE("each-item batches store every admitted item even when another is deni
 
 TEST_CASE("two clients with concurrent callers admit exactly the burst in total") {
   constexpr std::uint64_t kBurst = 50;
+  // A whole interval (72 s: the bigint statement) and a fractional one (the numeric statement).
+  const nanoseconds period = GENERATE(nanoseconds(1h), nanoseconds(1h) + 1ns);
+  const std::string name = absl::StrCat("shared-", period.count());
   auto first =
-      make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, client(), "shared"));
+      make(PostgresGcraLimiter::create({{.requests = kBurst, .period = period}}, client(), name));
   auto second =
-      make(PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, client(), "shared"));
+      make(PostgresGcraLimiter::create({{.requests = kBurst, .period = period}}, client(), name));
   std::atomic<int> admitted{0}, errors{0};
   the_time.set(kT0);
   std::vector<std::thread> threads;
