@@ -22,6 +22,9 @@
 // The PostgreSQL server runs with its durable defaults (fsync and synchronous_commit on) unless
 // SLUICE_BENCH_PG_FAST=1 turns both off. Every check is admitted and writes its row.
 //
+// `--instruction-inputs=DIR CONNINFO` writes the inputs of scripts/postgres_instructions, which
+// counts the server's instructions per check of these statements under callgrind.
+//
 // Usage: build/bench/bench/postgres_bench [--benchmark_filter=...]
 // Starts both servers in temporary directories (unix sockets) and stops them at exit.
 #include <benchmark/benchmark.h>
@@ -46,6 +49,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "postgres_server.hpp"
 #include "sluice/postgres.hpp"
@@ -378,9 +382,106 @@ void interleaved(int rounds) {
   }
 }
 
+// --- statements for instruction counts (scripts/postgres_instructions) -------------------------
+
+// `p` as an SQL literal.
+std::string literal(const sp::Param& p) {
+  if (p.null) return "NULL";
+  if (p.binary) return absl::StrCat("'\\x", absl::BytesToHexString(p.value), "'");
+  return absl::StrCat("'", p.value, "'");
+}
+
+// On the server at `conninfo`: installs the schema, stores one caller's 16 keys under each
+// subject (one check each), and writes `dir`/<subject>_<n>.sql for n = 200 and 1,200: `PREPARE
+// p AS <statement>`, then n `EXECUTE p(...)` over the 16 keys, one command per line, for
+// `postgres --single`, and <subject>_args_<n>.sql, the same lines executing `SELECT 1`. Subjects:
+// the reference upsert, the numeric one-key statement, the bigint one (this limit's interval is a
+// whole 1 ms).
+int instruction_inputs(const std::string& dir, const std::string& conninfo) {
+  auto client = sp::Client::create({.connection = {.conninfo = conninfo}, .key_seed = 7});
+  if (!client.ok()) fail(client.status().ToString());
+  if (auto v = sp::migrate((*client)->pool()); !v.ok()) fail(v.status().ToString());
+  auto limit = sp::Limit::gcra(
+      {{.requests = 1000, .period = std::chrono::seconds(1), .burst = kBurst}}, "bench");
+  if (!limit.ok()) fail(limit.status().ToString());
+  struct Subject {
+    const char* name;
+    const char* sql;
+    std::vector<sp::Param> (*params)(const sluice::KeyDigest&, const sp::Limit&);
+  };
+  const Subject subjects[] = {
+      {"reference", kRefSql,
+       [](const sluice::KeyDigest& d, const sp::Limit&) {
+         std::vector<sp::Param> p(3);
+         p[0].binary = true;
+         sp::detail::append_digest(p[0].value, d);
+         p[1].value = "1000000";
+         p[2].value = absl::StrCat(kBurst * 1'000'000);
+         return p;
+       }},
+      {"numeric", sp::detail::kCheckOneSql,
+       [](const sluice::KeyDigest& d, const sp::Limit& l) {
+         return sp::detail::check_one_params(d, l, 1, std::nullopt);
+       }},
+      {"bigint", sp::detail::kCheckIntervalSql,
+       [](const sluice::KeyDigest& d, const sp::Limit& l) {
+         std::optional<std::vector<sp::Param>> p =
+             sp::detail::check_interval_params(d, l, 1, std::nullopt);
+         if (!p) fail("the bench limit's interval is not whole");
+         return *std::move(p);
+       }},
+  };
+  auto lease = (*client)->pool().acquire();
+  if (!lease.ok()) fail(lease.status().ToString());
+  if (auto r = lease->run_simple(kRefCreate, std::chrono::seconds(5), sp::detail::Effect::kWrites);
+      !r.ok()) {
+    fail(r.status().ToString());
+  }
+  std::vector<sluice::KeyDigest> digests;
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    digests.push_back((*client)->digest(absl::StrCat("bench:0:", i), *limit));
+  }
+  for (const Subject& subject : subjects) {
+    for (const sluice::KeyDigest& d : digests) {  // every key has its row before counting
+      auto r = lease->run(subject.name, subject.sql, subject.params(d, *limit),
+                          sp::detail::Effect::kWrites);
+      if (!r.ok()) fail(r.status().ToString());
+    }
+    // The same EXECUTE lines of `SELECT 1` (<subject>_args_<n>.sql): what parsing them costs.
+    std::string types;
+    for (const sp::Param& p : subject.params(digests[0], *limit)) {
+      absl::StrAppend(&types, types.empty() ? "" : ", ", p.binary ? "bytea" : "bigint");
+    }
+    for (int n : {200, 1200}) {
+      for (const bool args_only : {false, true}) {
+        const std::string file =
+            absl::StrCat(dir, "/", subject.name, args_only ? "_args_" : "_", n, ".sql");
+        std::ofstream out(file);
+        if (args_only) {
+          out << "PREPARE p(" << types << ") AS SELECT 1\n";
+        } else {
+          out << "PREPARE p AS " << subject.sql << "\n";
+        }
+        for (int i = 0; i < n; ++i) {
+          std::string args;
+          for (const sp::Param& p : subject.params(digests[i % digests.size()], *limit)) {
+            absl::StrAppend(&args, args.empty() ? "" : ", ", literal(p));
+          }
+          out << "EXECUTE p(" << args << ")\n";
+        }
+        if (!out) fail("cannot write " + file);
+      }
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string_view(argv[1]).starts_with("--instruction-inputs=")) {
+    return instruction_inputs(argv[1] + std::strlen("--instruction-inputs="), argv[2]);
+  }
   if (argc == 2 && std::string_view(argv[1]).starts_with("--interleaved=")) {
     start();
     interleaved(std::atoi(argv[1] + std::strlen("--interleaved=")));
