@@ -221,6 +221,26 @@ TEST_CASE("the migration installs the current version and running it twice chang
   CHECK(query("SELECT count(*) FROM sluice.shards") == "256");
 }
 
+TEST_CASE("with no table constraint left, every writing function refuses a short digest") {
+  auto c = client();  // migrated
+  CHECK(query("SELECT count(*) FROM pg_catalog.pg_constraint WHERE conrelid = "
+              "'sluice.limit_state'::pg_catalog.regclass AND contype = 'c'") == "0");
+  const std::string digest = "'\\x000102030405060708090a0b0c0d0e'::bytea";  // 15 bytes
+  for (const std::string& call :
+       {"sluice.check_one_v1(" + digest + ", 1, 1000000000, 1, 1, NULL)",
+        "sluice.check_v2(1, " + digest +
+            ", '{1}', '{1}', '{1000000000}', '{1}', '{1}', true, NULL)",
+        "sluice.check_v1(1, " + digest + ", '{1}', '{1}', '{1000000000}', '{1}', 1, true, NULL)",
+        "sluice.reset_v1(" + digest + ")"}) {
+    std::string value;
+    const std::string error = server().execute("SELECT " + call, &value);
+    INFO(call << ": " << error);
+    CHECK(error.find("malformed arguments") != std::string::npos);
+  }
+  CHECK(query("SELECT count(*) FROM sluice.limit_state WHERE pg_catalog.length(digest) <> 16") ==
+        "0");
+}
+
 TEST_CASE("a check before the migration is a failed precondition that names the cure") {
   query("CREATE DATABASE fresh");
   auto c = Client::create(

@@ -40,9 +40,10 @@ namespace sluice::postgres {
 // The schema version this header installs and calls. Version 2 adds what `reset` calls, version
 // 3 a check with a cost per item, version 4 a check that carries a key's state from earlier
 // limits (a rule whose windows changed), version 5 the one-key check of one UPDATE (rows updated
-// in place, no shard lock for a key that has a row); an older database is upgraded in place by
-// `migrate`, keeping every row.
-inline constexpr int kSchemaVersion = 5;
+// in place, no shard lock for a key that has a row), version 6 drops the CHECK constraint on the
+// digest's length (the functions check it; PostgreSQL parsed the constraint again at every
+// write); an older database is upgraded in place by `migrate`, keeping every row.
+inline constexpr int kSchemaVersion = 6;
 static_assert(std::size(detail::kSchemaSteps) == static_cast<std::size_t>(kSchemaVersion));
 // Shards of the row bound: worst case rows = kShards × rows_per_shard.
 inline constexpr int kShards = 256;
