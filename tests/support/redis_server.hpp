@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -59,15 +60,21 @@ class RedisServer {
 
   // Starts the server; returns "" on success, else why it could not.
   std::string start() {
-    if (dir_.empty()) {
-      std::string pattern =
-          (std::filesystem::temp_directory_path() / "sluice-redis-XXXXXX").string();
-      if (mkdtemp(pattern.data()) == nullptr) return "mkdtemp failed";
-      dir_ = pattern;
+    if (!dir_.empty()) return launch();
+    std::string pattern = (std::filesystem::temp_directory_path() / "sluice-redis-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) return "mkdtemp failed";
+    dir_ = pattern;
+    // The port was free a moment ago, but another test running at the same time may bind it
+    // first: the server then exits at startup saying so, and it starts again on another port
+    // (at most five tries).
+    std::string error;
+    for (int attempt = 0; attempt < 5; ++attempt) {
       port_ = free_port();
       if (port_ == 0) return "no free TCP port on 127.0.0.1";
+      error = launch();
+      if (error.empty() || !port_was_taken()) break;
     }
-    return launch();
+    return error;
   }
 
   // SIGKILL, as a crash: the socket file stays, connections break.
@@ -231,6 +238,15 @@ class RedisServer {
   }
 
   void shutdown() { kill(); }
+
+  // Whether the server's log says that its TCP port was taken.
+  bool port_was_taken() const {
+    std::ifstream log(dir_ + "/redis.log");
+    for (std::string line; std::getline(log, line);) {
+      if (line.find("Address already in use") != std::string::npos) return true;
+    }
+    return false;
+  }
 
   std::string dir_;
   std::string socket_;
