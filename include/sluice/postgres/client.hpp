@@ -125,32 +125,37 @@ class Client {
     }
     const bool carrying = !sources.empty();
     const std::optional<std::chrono::nanoseconds> unix_time = now();
-    // One key of a one-window GCRA limit: one UPDATE, in bigint when the interval is whole.
-    const bool one = detail::fits_check_one(limits, costs, carrying);
-    std::optional<std::vector<Param>> interval_params =
-        one ? detail::check_interval_params(digests[0], *limits[0], costs[0], unix_time)
-            : std::nullopt;
-    const bool interval = interval_params.has_value();
-    std::vector<Param> params =
-        interval ? *std::move(interval_params)
-        : one    ? detail::check_one_params(digests[0], *limits[0], costs[0], unix_time)
-                 : detail::check_params(items[0].limit->algorithm(), digests, limits, costs,
-                                        mode == BatchMode::kAllOrNothing, unix_time);
-    if (carrying) detail::append_carry_params(sources, params);
+    const char* name = detail::kCheckStatement;
+    const char* sql = detail::kCheckSql;
+    std::vector<Param> params;
+    if (detail::fits_check_one(limits, costs, carrying)) {
+      // One key of a one-window GCRA limit: one UPDATE, in bigint when the interval is whole.
+      if (std::optional<std::vector<Param>> whole =
+              detail::check_interval_params(digests[0], *limits[0], costs[0], unix_time)) {
+        name = detail::kCheckIntervalStatement;
+        sql = detail::kCheckIntervalSql;
+        params = *std::move(whole);
+      } else {
+        name = detail::kCheckOneStatement;
+        sql = detail::kCheckOneSql;
+        params = detail::check_one_params(digests[0], *limits[0], costs[0], unix_time);
+      }
+    } else {
+      params = detail::check_params(items[0].limit->algorithm(), digests, limits, costs,
+                                    mode == BatchMode::kAllOrNothing, unix_time);
+      if (carrying) {
+        name = detail::kCheckCarriedStatement;
+        sql = detail::kCheckCarriedSql;
+        detail::append_carry_params(sources, params);
+      }
+    }
     absl::StatusOr<ConnectionPool::Lease> lease = pool_->acquire();
     if (!lease.ok()) return lease.status();
     // A peek writes nothing, so a lost reply to it is plain Unavailable / DeadlineExceeded.
     const bool writes = std::any_of(costs.begin(), costs.end(), [](auto c) { return c > 0; });
     absl::StatusOr<detail::ResultPtr> r = lease->run(
-        interval   ? detail::kCheckIntervalStatement
-        : one      ? detail::kCheckOneStatement
-        : carrying ? detail::kCheckCarriedStatement
-                   : detail::kCheckStatement,
-        interval   ? detail::kCheckIntervalSql
-        : one      ? detail::kCheckOneSql
-        : carrying ? detail::kCheckCarriedSql
-                   : detail::kCheckSql,
-        params, writes || carrying ? detail::Effect::kWrites : detail::Effect::kReadOnly, deadline);
+        name, sql, params, writes || carrying ? detail::Effect::kWrites : detail::Effect::kReadOnly,
+        deadline);
     if (!r.ok()) return r.status();
     if (PQntuples(r->get()) != 1 || PQnfields(r->get()) != 1 || PQgetisnull(r->get(), 0, 0)) {
       return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v2");
