@@ -243,6 +243,19 @@ long server_ticks() {
   return total;
 }
 
+// The reference statement's parameters for `digest`: 1000 per second, burst · interval, and
+// `time` as a fourth where the clock expression is replaced by it (instruction counts).
+std::vector<sp::Param> ref_params(const sluice::KeyDigest& digest,
+                                  std::optional<std::chrono::nanoseconds> time) {
+  std::vector<sp::Param> p(time ? 4 : 3);
+  p[0].binary = true;
+  sp::detail::append_digest(p[0].value, digest);
+  p[1].value = "1000000";
+  p[2].value = absl::StrCat(kBurst * 1'000'000);
+  if (time) p[3].value = absl::StrCat(time->count());
+  return p;
+}
+
 // One caller's check of `key` by `subject` (0: sluice, 1: the reference, 2: sluice.check_v2,
 // 3: the numeric one-key statement, kCheckOneSql).
 // False on failure.
@@ -272,14 +285,10 @@ bool one_check(int subject, const std::string& key, const sluice::KeyDigest& dig
                         sp::detail::Effect::kWrites);
     return r.ok() && PQntuples(r->get()) == 1;
   }
-  sp::Param params[3];
-  params[0].binary = true;
-  sp::detail::append_digest(params[0].value, digest);
-  params[1].value = "1000000";                         // 1000 per second
-  params[2].value = absl::StrCat(kBurst * 1'000'000);  // burst · interval
   auto lease = fixture->client->pool().acquire();
   if (!lease.ok()) return false;
-  auto r = lease->run("bench_ref_gcra", kRefSql, params, sp::detail::Effect::kWrites);
+  auto r = lease->run("bench_ref_gcra", kRefSql, ref_params(digest, std::nullopt),
+                      sp::detail::Effect::kWrites);
   return r.ok() && PQntuples(r->get()) == 1;
 }
 
@@ -418,16 +427,7 @@ int instruction_inputs(const std::string& dir, const std::string& conninfo) {
     std::function<std::vector<sp::Param>(const sluice::KeyDigest&)> params;
   };
   const Subject subjects[] = {
-      {"reference", ref_sql_at,
-       [&](const sluice::KeyDigest& d) {
-         std::vector<sp::Param> p(4);
-         p[0].binary = true;
-         sp::detail::append_digest(p[0].value, d);
-         p[1].value = "1000000";
-         p[2].value = absl::StrCat(kBurst * 1'000'000);
-         p[3].value = absl::StrCat(at.count());
-         return p;
-       }},
+      {"reference", ref_sql_at, [&](const sluice::KeyDigest& d) { return ref_params(d, at); }},
       {"numeric", sp::detail::kCheckOneSql,
        [&](const sluice::KeyDigest& d) { return sp::detail::check_one_params(d, *limit, 1, at); }},
       {"bigint", sp::detail::kCheckIntervalSql,
