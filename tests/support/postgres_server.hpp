@@ -29,8 +29,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,10 +55,20 @@ class PostgresServer {
 
   // Creates the cluster (first call) and starts the server; "" on success, else why not.
   std::string start() {
-    if (dir_.empty()) {
-      if (std::string error = create_cluster(); !error.empty()) return error;
+    if (!dir_.empty()) return launch();
+    if (std::string error = create_cluster(); !error.empty()) return error;
+    // The port was free a moment ago, but another test running at the same time may bind it
+    // first: the server then exits at startup saying so, and it starts again on another port
+    // (at most five tries; later starts keep the port, which clients already hold).
+    std::string error;
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      if (attempt > 0) port_ = free_port();
+      if (port_ == 0) return "no free TCP port on 127.0.0.1";
+      const std::uintmax_t log_before = log_size();
+      error = launch();
+      if (error.empty() || !port_was_taken(log_before)) break;
     }
-    return launch();
+    return error;
   }
 
   // Fast shutdown (SIGINT): sessions are terminated, the server exits; bounded wait, then SIGKILL.
@@ -194,7 +206,7 @@ class PostgresServer {
   }
 
   std::string launch() {
-    const std::string log = dir_ + "/postgres.log";
+    const std::string log = log_path();
     std::vector<std::string> args = {bindir() + "/postgres",
                                      "-D",
                                      dir_ + "/data",
@@ -229,6 +241,22 @@ class PostgresServer {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return "postgres did not accept connections within 30 s; see " + log;
+  }
+
+  std::string log_path() const { return dir_ + "/postgres.log"; }
+  std::uintmax_t log_size() const {
+    std::error_code ignored;
+    const std::uintmax_t size = std::filesystem::file_size(log_path(), ignored);
+    return ignored ? 0 : size;
+  }
+  // Whether the server's log, after its first `from` bytes, says that its TCP port was taken.
+  bool port_was_taken(std::uintmax_t from) const {
+    std::ifstream log(log_path());
+    log.seekg(static_cast<std::streamoff>(from));
+    for (std::string line; std::getline(log, line);) {
+      if (line.find("Address already in use") != std::string::npos) return true;
+    }
+    return false;
   }
 
   static constexpr const char* kUser = "sluice-test";
