@@ -14,15 +14,23 @@ limit_field() {
     sed -n 's/^[Xx]-[Rr]ate[Ll]imit-[Ll]imit: *//p'
 }
 
+# The example's login limit is 5 per minute: a spent login would get a request back within 8.6 to
+# 10 s, less than a slow sanitizer run of this script can take. The copies limit logins per hour.
+login_limit() { echo "rate_limit: { requests: $1, window_seconds: 3600 }"; }
+copy_config() {
+  sed "s/rate_limit: { requests: 5, window_seconds: 60 }/$(login_limit 5)/" "$1" >"$2"
+  grep -qF "$(login_limit 5)" "$2" || { fail "the example's login limit changed: edit this test"; exit 1; }
+}
+
 reloads=sluice_engine_reloads_total
 failed=sluice_engine_failed_reloads_total
 
 # --- reload on file change (polled every 200 ms) ------------------------------------------------
-cp "$2" "$work/polled.yaml"
+copy_config "$2" "$work/polled.yaml"
 start polled "$gateway" "$work/polled.yaml" --port 0 --reload-poll-ms 200
 base="http://127.0.0.1:$started_port"
 
-# /login allows 5 per minute for the route: spend them.
+# /login allows 5 per hour for the route: spend them.
 for i in 1 2 3 4 5; do expect "login $i" "$(code "$base/login")" 200; done
 expect "login 6" "$(code "$base/login")" 429
 expect "reloads at start" "$(metric "$base" $reloads)" 0
@@ -47,8 +55,7 @@ expect "failures logged" "$(grep -c "reload failed, the previous config keeps se
 
 # A good file again, with the login limit raised: the rule keeps each key's spent share, so the
 # spent login stays spent (no client gains room from a change), and its answer states the new limit.
-sed 's/rate_limit: { requests: 5, window_seconds: 60 }/rate_limit: { requests: 6, window_seconds: 60 }/' \
-  "$work/good.yaml" >"$work/polled.yaml"
+sed "s/$(login_limit 5)/$(login_limit 6)/" "$work/good.yaml" >"$work/polled.yaml"
 wait_metric "$base" $reloads 2 || fail "the repaired file was not reloaded"
 expect "spent login under the raised limit" "$(code "$base/login")" 429
 expect "the raised limit is answered" "$(limit_field "$base/login")" 6
@@ -57,14 +64,13 @@ grep -q '^# TYPE sluice_engine_reloads_total counter$' <<<"$metrics_body" ||
   fail "metrics lack the reload counter's TYPE line"
 
 # --- reload on SIGHUP (no polling) --------------------------------------------------------------
-cp "$2" "$work/signalled.yaml"
+copy_config "$2" "$work/signalled.yaml"
 start signalled "$gateway" "$work/signalled.yaml" --port 0 --reload-poll-ms 0
 hup_pid=$started_pid
 hup="http://127.0.0.1:$started_port"
 for i in 1 2 3 4 5; do expect "signalled login $i" "$(code "$hup/login")" 200; done
 expect "signalled login 6" "$(code "$hup/login")" 429
-sed -i 's/rate_limit: { requests: 5, window_seconds: 60 }/rate_limit: { requests: 7, window_seconds: 60 }/' \
-  "$work/signalled.yaml"
+sed -i "s/$(login_limit 5)/$(login_limit 7)/" "$work/signalled.yaml"
 sleep 1
 expect "no reload without a signal" "$(metric "$hup" $reloads)" 0
 expect "login before the signal" "$(code "$hup/login")" 429
