@@ -537,12 +537,12 @@ TEST_CASE("a padded Forwarded header still resolves to the element the proxy app
 
 // --- the resolver: which header -----------------------------------------------------------------
 
-TEST_CASE("a well-formed Forwarded header takes precedence over X-Forwarded-For") {
+TEST_CASE("kForwardedFirst: a well-formed Forwarded header takes precedence over X-Forwarded-For") {
   CHECK(behind_proxies().resolve("10.0.0.5", "for=203.0.113.7", "198.51.100.1") ==
         ClientAddress::parse("203.0.113.7"));
 }
 
-TEST_CASE("X-Forwarded-For is read when the rightmost Forwarded element is malformed") {
+TEST_CASE("kForwardedFirst: X-Forwarded-For is read when the rightmost Forwarded element is malformed") {
   CHECK(behind_proxies().resolve("10.0.0.5", "for=\"198.51.100.1", "203.0.113.7") ==
         ClientAddress::parse("203.0.113.7"));
 }
@@ -556,4 +556,51 @@ TEST_CASE("a resolver pinned to X-Forwarded-For ignores Forwarded") {
 TEST_CASE("a resolver pinned to Forwarded ignores X-Forwarded-For") {
   CHECK(behind_proxies(ProxyHeaders::kForwardedOnly).resolve("10.0.0.5", "", "198.51.100.1") ==
         ClientAddress::parse("10.0.0.5"));
+}
+
+// kEither, the default: a trusted proxy appends to one header and passes the other through.
+TEST_CASE("by default a resolver reads either header") {
+  auto resolver = ClientAddressResolver::create({"10.0.0.0/8"});
+  REQUIRE(resolver.ok());
+  CHECK(resolver->headers() == ProxyHeaders::kEither);
+  CHECK(resolver->resolve("10.0.0.5", "", "203.0.113.7") == ClientAddress::parse("203.0.113.7"));
+  CHECK(resolver->resolve("10.0.0.5", "for=203.0.113.7", "") == ClientAddress::parse("203.0.113.7"));
+  CHECK(resolver->resolve("10.0.0.5", "for=203.0.113.7", "203.0.113.7") ==
+        ClientAddress::parse("203.0.113.7"));  // a proxy that writes both
+  CHECK(resolver->resolve("10.0.0.5", "", "") == ClientAddress::parse("10.0.0.5"));
+}
+
+TEST_CASE("behind a proxy that appends X-Forwarded-For, a client's own Forwarded picks no key") {
+  const ClientAddressResolver resolver = behind_proxies(ProxyHeaders::kEither);
+  const ClientAddress proxy = ClientAddress::parse("10.0.0.5");
+  const std::string appended = "198.51.100.7";  // the client the proxy saw
+  // Rotating the header, naming a victim, or naming the proxy's network: never a key of the
+  // client's choosing. Disagreeing headers resolve to the proxy, the hop nearest the service.
+  for (const char* forwarded : {"for=203.0.113.1", "for=203.0.113.2", "for=192.0.2.10",
+                                "for=198.51.100.6, for=10.0.0.9", "for=unknown", "for=_hidden"}) {
+    INFO(forwarded);
+    CHECK(resolver.resolve(proxy, forwarded, appended) == proxy);
+  }
+  // A Forwarded element that names no node (no `for`, malformed) does not count: the proxy's
+  // header decides, and a copy of the truth is the truth.
+  for (const char* forwarded : {"proto=http", "for=\"203.0.113.1", "for=a;for=b", "",
+                                "for=198.51.100.7"}) {
+    INFO(forwarded);
+    CHECK(resolver.resolve(proxy, forwarded, appended) == ClientAddress::parse(appended));
+  }
+}
+
+TEST_CASE("behind a proxy that appends Forwarded, a client's own X-Forwarded-For picks no key") {
+  const ClientAddressResolver resolver = behind_proxies(ProxyHeaders::kEither);
+  const ClientAddress proxy = ClientAddress::parse("10.0.0.5");
+  const std::string appended = "for=198.51.100.7;proto=https";
+  for (const char* xff : {"203.0.113.1", "192.0.2.10", "unknown", "garbage", "198.51.100.6, 10.0.0.9"}) {
+    INFO(xff);
+    CHECK(resolver.resolve(proxy, appended, xff) == proxy);
+  }
+  CHECK(resolver.resolve(proxy, appended, "") == ClientAddress::parse("198.51.100.7"));
+  CHECK(resolver.resolve(proxy, appended, "198.51.100.7") == ClientAddress::parse("198.51.100.7"));
+  // Several trusted hops: the walks agree when the headers name the same client.
+  CHECK(resolver.resolve(proxy, "for=203.0.113.9, for=10.0.0.8", "203.0.113.9, 10.0.0.8") ==
+        ClientAddress::parse("203.0.113.9"));
 }

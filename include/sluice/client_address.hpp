@@ -35,12 +35,18 @@
 // walk at the trusted hop that wrote it: its address is the client. So an untrusted client can
 // add elements only to the left of the one its proxy appended, and garbage never picks a key.
 //
-// Which header: `ProxyHeaders::kForwardedFirst` (the default) reads `Forwarded` when its
-// rightmost element is well-formed and `X-Forwarded-For` otherwise: a proxy that writes
-// `Forwarded` always leaves a well-formed element at the right end, so a client that breaks the
-// header only sends the walk to `X-Forwarded-For` when no trusted proxy writes `Forwarded`. If
-// your proxies write only one of the two and pass the other through unchanged, pin that one
-// (`kForwardedOnly`, `kXForwardedForOnly`): otherwise a client can write the other header itself.
+// Which header: a trusted proxy appends to one of `Forwarded` and `X-Forwarded-For` and usually
+// passes the other through as the client wrote it, so by default (`ProxyHeaders::kEither`) a
+// header counts only if its rightmost element names a node (well-formed, with `for` in
+// `Forwarded`), as the proxy's own element does. One header that counts is walked. When both
+// count and their walks settle on different clients, either may be the client's invention, and
+// the client is the peer (the trusted hop nearest this service): a client that writes the header
+// its proxy does not can neither pick a key nor take a victim's, and lands, with every other
+// client doing the same, in its proxy's bucket. Headers that agree, or a proxy that writes both,
+// resolve as usual. If your proxies write only one of the two, pin it (`kForwardedOnly`,
+// `kXForwardedForOnly`): a client's copy of the other is then ignored instead of sending its
+// requests to the proxy's bucket. `kForwardedFirst` (the default up to 0.2) reads `Forwarded`
+// whenever its rightmost element is well-formed: safe only where the proxies write `Forwarded`.
 //
 // Bounds: only the last 8192 bytes of each header are read (an element cut there counts as
 // malformed, so a padded header still resolves to the client its proxy appended); at most 20
@@ -350,6 +356,8 @@ enum class ProxyHeaders : std::uint8_t {
   kForwardedFirst,     // Forwarded when its rightmost element is well-formed, else X-Forwarded-For
   kForwardedOnly,      // only Forwarded
   kXForwardedForOnly,  // only X-Forwarded-For
+  kEither,  // the default: the header whose rightmost element names a node; both, disagreeing:
+            // the peer
 };
 
 // The client address of a request behind trusted proxies (see the header comment). Immutable.
@@ -368,7 +376,7 @@ class ClientAddressResolver {
   template <std::ranges::input_range Range>
   requires std::convertible_to<std::ranges::range_reference_t<Range>, std::string_view>
   static absl::StatusOr<ClientAddressResolver> create(
-      const Range& trusted_networks, ProxyHeaders headers = ProxyHeaders::kForwardedFirst) {
+      const Range& trusted_networks, ProxyHeaders headers = ProxyHeaders::kEither) {
     ClientAddressResolver resolver;
     resolver.headers_ = headers;
     for (std::string_view text : trusted_networks) {
@@ -388,7 +396,7 @@ class ClientAddressResolver {
   }
   static absl::StatusOr<ClientAddressResolver> create(
       std::initializer_list<std::string_view> trusted_networks,
-      ProxyHeaders headers = ProxyHeaders::kForwardedFirst) {
+      ProxyHeaders headers = ProxyHeaders::kEither) {
     return create<std::initializer_list<std::string_view>>(trusted_networks, headers);
   }
 
@@ -418,6 +426,15 @@ class ClientAddressResolver {
           return walk(peer, detail::ForwardedHops(forwarded));
         }
         return walk(peer, detail::XForwardedForHops(x_forwarded_for));
+      case ProxyHeaders::kEither: {
+        const bool by_forwarded = names_node(detail::ForwardedHops(forwarded));
+        if (!names_node(detail::XForwardedForHops(x_forwarded_for))) {
+          return by_forwarded ? walk(peer, detail::ForwardedHops(forwarded)) : peer;
+        }
+        const ClientAddress client = walk(peer, detail::XForwardedForHops(x_forwarded_for));
+        if (!by_forwarded) return client;
+        return walk(peer, detail::ForwardedHops(forwarded)) == client ? client : peer;
+      }
     }
     return peer;
   }
@@ -452,6 +469,13 @@ class ClientAddressResolver {
            });
   }
 
+  // Whether the rightmost element of `hops` names a node, as a proxy's own element does.
+  template <typename Hops>
+  static bool names_node(Hops hops) noexcept {
+    const std::optional<detail::Hop> hop = hops.next();
+    return hop && hop->well_formed && hop->has_node;
+  }
+
   // The address a hop names; invalid for a malformed element or one without an address.
   template <typename Hops>
   static ClientAddress address_of(const detail::Hop& hop) noexcept {
@@ -479,7 +503,7 @@ class ClientAddressResolver {
   }
 
   std::vector<Cidr> trusted_;
-  ProxyHeaders headers_ = ProxyHeaders::kForwardedFirst;
+  ProxyHeaders headers_ = ProxyHeaders::kEither;
 };
 
 }  // namespace sluice

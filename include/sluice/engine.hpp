@@ -553,8 +553,8 @@ class BasicRateLimitEngine {
   std::optional<std::string_view> consumer_named(std::string_view name) const {
     return rules_.consumer_named(name);
   }
-  // The client-address resolver of this generation's gateway.trusted_proxies (headers
-  // kForwardedFirst; an adapter passes its own to `resolve`): adapters resolve every request with
+  // The client-address resolver of this generation's gateway.trusted_proxies (headers kEither;
+  // an adapter passes its own to `resolve`): adapters resolve every request with
   // the generation that evaluates it, so a reload's proxies apply from the next request on.
   const ClientAddressResolver& client_addresses() const noexcept {
     return rules_.client_addresses();

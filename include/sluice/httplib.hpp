@@ -131,7 +131,7 @@ class HttplibLimiter {
     std::string listener{};  // the listener's name for match_route and the rules; "" for none
     // Which forwarding header lists the hops behind the config's trusted proxies (see
     // sluice/client_address.hpp). The trusted proxies themselves come from the config only.
-    ProxyHeaders proxy_headers = ProxyHeaders::kForwardedFirst;
+    ProxyHeaders proxy_headers = ProxyHeaders::kEither;
     // The credential a request presents (a view into the request); default: bearer_token.
     std::function<std::optional<std::string_view>(const httplib::Request&)> credential{};
     // Who owns a credential: the service's store, usually through a CredentialResolver (bounded

@@ -102,9 +102,10 @@ bool written_in(const ClientAddress& address, std::string_view header) {
 }
 
 const sluice::ClientAddressResolver& resolver(sluice::ProxyHeaders headers) {
-  static const std::array<sluice::ClientAddressResolver, 3> resolvers = [] {
-    std::array<sluice::ClientAddressResolver, 3> all;
-    for (auto mode : {sluice::ProxyHeaders::kForwardedFirst, sluice::ProxyHeaders::kForwardedOnly,
+  static const std::array<sluice::ClientAddressResolver, 4> resolvers = [] {
+    std::array<sluice::ClientAddressResolver, 4> all;
+    for (auto mode : {sluice::ProxyHeaders::kEither, sluice::ProxyHeaders::kForwardedFirst,
+                      sluice::ProxyHeaders::kForwardedOnly,
                       sluice::ProxyHeaders::kXForwardedForOnly}) {
       auto created = sluice::ClientAddressResolver::create(
           {"10.0.0.0/8", "2001:db8::/32", "::ffff:192.168.0.0/112"}, mode);
@@ -128,13 +129,25 @@ void check_resolvers(std::string_view text) {
   if (sluice::ClientAddressResolver().resolve(peer, forwarded, x_forwarded_for) != peer_address) {
     violated("a resolver without trusted networks did not return the peer", text);
   }
-  for (auto mode : {sluice::ProxyHeaders::kForwardedFirst, sluice::ProxyHeaders::kForwardedOnly,
+  for (auto mode : {sluice::ProxyHeaders::kEither, sluice::ProxyHeaders::kForwardedFirst,
+                    sluice::ProxyHeaders::kForwardedOnly,
                     sluice::ProxyHeaders::kXForwardedForOnly}) {
     const ClientAddress client = resolver(mode).resolve(peer, forwarded, x_forwarded_for);
     if (client != peer_address && !written_in(client, forwarded) &&
         !written_in(client, x_forwarded_for)) {
       violated("resolved to an address that is in no input", client.to_string());
     }
+  }
+  // Reading either header, the client is the peer or what one pinned header gives.
+  const ClientAddress either =
+      resolver(sluice::ProxyHeaders::kEither).resolve(peer, forwarded, x_forwarded_for);
+  if (either != peer_address &&
+      either != resolver(sluice::ProxyHeaders::kForwardedOnly)
+                    .resolve(peer, forwarded, x_forwarded_for) &&
+      either != resolver(sluice::ProxyHeaders::kXForwardedForOnly)
+                    .resolve(peer, forwarded, x_forwarded_for)) {
+    violated("kEither resolved to neither the peer nor a pinned header's client",
+             either.to_string());
   }
 }
 
