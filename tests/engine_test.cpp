@@ -238,6 +238,28 @@ TEST_CASE("unrouted requests hit listener and global rules under their own route
   CHECK(engine.evaluate(routed).allowed);  // route "u" is not the unrouted component
 }
 
+TEST_CASE("a route name the config lacks is unrouted and shares the unrouted key") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "flood",
+                    .rate_limits = {rule("flood", {Selector::kIp, Selector::kRoute},
+                                         {.minute = 1})}}},
+      .routes = {{.name = "known"}},
+      .gateway = {.global_policies = {"flood"}}};
+  Engine engine = make_engine(config, clock);
+  sluice::RequestContext request{.client_ip = "198.51.100.7", .path = "/nope"};
+  REQUIRE(engine.evaluate(request).allowed);  // unrouted: its one request of the minute
+  // A gateway that passes on a route name a client chose (a Host header, a path segment):
+  // every name the config lacks is the same unrouted key, spent.
+  for (int i = 0; i < 50; ++i) {
+    const std::string name = absl::StrCat("no-such-route-", i);
+    request.route = name;
+    CHECK_FALSE(engine.evaluate(request).allowed);
+  }
+  request.route = "known";
+  CHECK(engine.evaluate(request).allowed);  // a real route is a key of its own
+}
+
 TEST_CASE("exempt paths get no rule and no fields") {
   sluice::ManualClock clock;
   sluice::PolicyConfig config{

@@ -155,6 +155,9 @@ class RuleSet {
     set_present(out.service, raw.service);
     set_present(out.listener, raw.listener);
     const RouteScope* route = out.route ? find_route(*out.route) : nullptr;
+    // A route name the config lacks is unrouted traffic, keyed as such: its text is not a key
+    // part, so a caller that passes names a client chose cannot give it a bucket per name.
+    if (route == nullptr) out.route.reset();
     if (route != nullptr && !route->service.empty()) {
       if (!out.service) {
         out.service = route->service;
