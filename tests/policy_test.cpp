@@ -208,6 +208,28 @@ TEST_CASE("invalid scopes and references are rejected with the path of the bad v
        "characters"},
       {[](auto& c) { c.routes[2].path_prefix = "/v1"; },
        "routes[2].path_prefix: \"/v1\" is already matched by routes[0] on the same listener"},
+      // Routes match normalized paths: a prefix that normalization changes matches nothing.
+      {[](auto& c) { c.routes[2].path_prefix = "/v1//login"; },
+       "routes[2].path_prefix: \"/v1//login\" can match no request: request paths are normalized "
+       "before routes are matched (repeated '/' merged, dot segments removed, unreserved "
+       "characters decoded, percent-encodings in upper case); write \"/v1/login\""},
+      {[](auto& c) { c.routes[2].path_prefix = "/v1/x/../login"; },
+       "routes[2].path_prefix: \"/v1/x/../login\" can match no request: request paths are "
+       "normalized before routes are matched (repeated '/' merged, dot segments removed, "
+       "unreserved characters decoded, percent-encodings in upper case); write \"/v1/login\""},
+      {[](auto& c) { c.routes[2].path_prefix = "/%7Euser"; },
+       "routes[2].path_prefix: \"/%7Euser\" can match no request: request paths are normalized "
+       "before routes are matched (repeated '/' merged, dot segments removed, unreserved "
+       "characters decoded, percent-encodings in upper case); write \"/~user\""},
+      {[](auto& c) { c.routes[2].path_prefix = "/a%3ab"; },
+       "routes[2].path_prefix: \"/a%3ab\" can match no request: request paths are normalized "
+       "before routes are matched (repeated '/' merged, dot segments removed, unreserved "
+       "characters decoded, percent-encodings in upper case); write \"/a%3Ab\""},
+      {[](auto& c) { c.routes[2].path_prefix = "/files%2Fx"; },
+       "routes[2].path_prefix: \"/files%2Fx\" can match no request: the path encodes '/', '\\' or "
+       "NUL (%2F, %5C, %00)"},
+      {[](auto& c) { c.routes[2].path_prefix = "/../x"; },
+       "routes[2].path_prefix: \"/../x\" can match no request: the path climbs above the root"},
       {[](auto& c) { c.services.push_back({.name = "api-svc"}); },
        "services[1].name: duplicate service name \"api-svc\" (also services[0])"},
       {[](auto& c) {

@@ -162,8 +162,21 @@ TEST_CASE("limits_nothing on a config that attaches rules is an error at the fla
   CHECK(error_of("limits_nothing: true\n"
                  "policies: [{ name: a, rate_limit: { requests: 5, window_seconds: 60 } }]\n"
                  "gateway: { global_policies: [a] }\n") ==
-        "1:17: limits_nothing: is true, but the config attaches 1 rule; remove limits_nothing "
+        "1:17: limits_nothing: is true, but the config enforces 1 rule; remove limits_nothing "
         "(it lets a config without rules replace a running one)");
+}
+
+TEST_CASE("an explicit empty path_prefix is an error, in either spelling") {
+  const std::string head =
+      "policies: [{ name: a, rate_limit: { requests: 5, window_seconds: 60 } }]\nroutes:\n";
+  CHECK(error_of(head + "  - { name: login, path_prefix: \"\", policies: [a] }\n") ==
+        "3:33: routes[0].path_prefix: must not be empty (it would match no request); omit it for "
+        "a route the application names itself");
+  CHECK(error_of(head +
+                 "  - { name: login, match: { path: { type: prefix, value: '' } }, "
+                 "policies: [a] }\n") ==
+        "3:58: routes[0].match.path.value: must not be empty (it would match no request); omit "
+        "it for a route the application names itself");
 }
 
 TEST_CASE("a typo in a rule key is an error rather than a dropped burst") {

@@ -29,6 +29,7 @@
 #include "sluice/detail/text.hpp"
 #include "sluice/key.hpp"
 #include "sluice/policy/model.hpp"
+#include "sluice/request_path.hpp"
 #include "sluice/window.hpp"
 
 namespace sluice {
@@ -54,6 +55,25 @@ constexpr bool is_known(FailureMode mode) noexcept {
 template <class... Parts>
 absl::Status invalid(const Parts&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(parts...));
+}
+
+// Routes are matched on normalized paths (sluice/request_path.hpp), so a prefix that
+// normalization would change matches no request: OK, or InvalidArgument saying why and, where
+// there is one, the prefix to write instead. A prefix may end inside a segment ("/v1/it"), so
+// it is checked with one more character after it.
+inline absl::Status check_normalized_prefix(std::string_view prefix) {
+  const std::string probe = std::string(prefix) + "x";
+  const absl::StatusOr<std::string> normalized = normalize_request_path(probe);
+  if (!normalized.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("can match no request: ", normalized.status().message()));
+  }
+  if (*normalized == probe) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "can match no request: request paths are normalized before routes are matched (repeated '/' "
+      "merged, dot segments removed, unreserved characters decoded, percent-encodings in upper "
+      "case); write ",
+      quoted(std::string_view(*normalized).substr(0, normalized->size() - 1))));
 }
 
 // "<path>.<member>[<i>]"
@@ -471,6 +491,10 @@ inline absl::Status validate_route(const Route& route, std::size_t i, const Name
       return detail::invalid(base, ".path_prefix: ", detail::quoted(route.path_prefix),
                              " must start with '/' and contain only printable ASCII characters");
     }
+    if (absl::Status s = detail::check_normalized_prefix(route.path_prefix); !s.ok()) {
+      return detail::invalid(base, ".path_prefix: ", detail::quoted(route.path_prefix), " ",
+                             s.message());
+    }
     // Listener names are printable ASCII, so '\0' separates the two parts unambiguously.
     auto [it, inserted] =
         prefixes.emplace(absl::StrCat(route.listener, std::string(1, '\0'), route.path_prefix), i);
@@ -600,10 +624,11 @@ inline absl::Status validate_engine(const EngineOptions& engine) {
 
 }  // namespace detail
 
-// The rules that can apply to a request: those of every bundle attached at some scope (consumer,
-// route, service, listener, global), each bundle once, dry-run bundles included. Linear in the
-// config's size.
-inline std::size_t attached_rule_count(const PolicyConfig& config) {
+namespace detail {
+
+// The rules of every bundle attached at some scope (consumer, route, service, listener, global),
+// each bundle once; dry-run bundles only if `dry_run_too`. Linear in the config's size.
+inline std::size_t attached_rules(const PolicyConfig& config, bool dry_run_too) {
   std::unordered_set<std::string_view> attached;
   auto attach = [&](const std::vector<std::string>& names) {
     attached.insert(names.begin(), names.end());
@@ -615,18 +640,35 @@ inline std::size_t attached_rule_count(const PolicyConfig& config) {
   attach(config.gateway.global_policies);
   std::size_t rules = 0;
   for (const Bundle& bundle : config.policies) {
-    if (attached.contains(bundle.name)) rules += detail::rule_count(bundle);
+    if (attached.contains(bundle.name) && (dry_run_too || !bundle.dry_run)) {
+      rules += rule_count(bundle);
+    }
   }
   return rules;
+}
+
+}  // namespace detail
+
+// The rules that can apply to a request: those of every bundle attached at some scope (consumer,
+// route, service, listener, global), each bundle once, dry-run bundles included. Linear in the
+// config's size.
+inline std::size_t attached_rule_count(const PolicyConfig& config) {
+  return detail::attached_rules(config, true);
+}
+
+// The attached rules that are enforced: attached_rule_count without dry-run bundles, which only
+// report. A config with none limits nothing. Linear in the config's size.
+inline std::size_t enforced_rule_count(const PolicyConfig& config) {
+  return detail::attached_rules(config, false);
 }
 
 namespace detail {
 
 inline absl::Status validate_limits_nothing(const PolicyConfig& config) {
   if (!config.limits_nothing) return absl::OkStatus();
-  const std::size_t rules = attached_rule_count(config);
+  const std::size_t rules = enforced_rule_count(config);
   if (rules == 0) return absl::OkStatus();
-  return invalid("limits_nothing: is true, but the config attaches ", rules,
+  return invalid("limits_nothing: is true, but the config enforces ", rules,
                  rules == 1 ? " rule" : " rules",
                  "; remove limits_nothing (it lets a config without rules replace a running one)");
 }

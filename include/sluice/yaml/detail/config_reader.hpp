@@ -218,10 +218,16 @@ class ConfigReader final : public NodeReader {
       } else {
         prefix = read_string(f.value, f.path);
         remember(prefix_path, f.value.Mark());  // validate() calls it path_prefix
+        if (prefix.empty()) fail(f.value.Mark(), f.path, kEmptyPrefix);
       }
     }
     return prefix;
   }
+
+  // An explicit empty prefix would match no request an adapter routes by path.
+  static constexpr const char* kEmptyPrefix =
+      "must not be empty (it would match no request); omit it for a route the application names "
+      "itself";
 
   Route read_route(const YAML::Node& node, const std::string& path) {
     Route route;
@@ -240,6 +246,7 @@ class ConfigReader final : public NodeReader {
       } else if (f.key == "path_prefix") {
         prefix = &f;
         route.path_prefix = read_string(f.value, f.path);
+        if (route.path_prefix.empty()) fail(f.value.Mark(), f.path, kEmptyPrefix);
       } else if (f.key == "match") {
         match = &f;
         route.path_prefix = read_match(f.value, f.path, member(path, "path_prefix"));
