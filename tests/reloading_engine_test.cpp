@@ -19,6 +19,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "example_config.hpp"
@@ -417,7 +418,7 @@ TEST_CASE("a config that drops every rule is refused unless it says limits_nothi
   const std::string refused = poll(*holder, clocks);
   CHECK(refused ==
         absl::StrCat("FAILED_PRECONDITION: ", path,
-                     ": this config attaches no rule, where the running one attaches 1, so it "
+                     ": this config attaches no rule, where the running one enforces 1, so it "
                      "would limit nothing; if the file is still being written, replace it "
                      "atomically instead (write a temporary file, then rename it over this one); "
                      "to remove every rule on purpose, add `limits_nothing: true`"));
@@ -430,6 +431,43 @@ TEST_CASE("a config that drops every rule is refused unless it says limits_nothi
   CHECK(holder->current()->rule_count() == 0);
   CHECK(admitted(*holder->current(), 3) == 3);
   CHECK(log.take() == std::vector<std::string>{"OK"});
+}
+
+TEST_CASE("a config left with only dry-run rules enforces nothing and is refused") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  // A writer that is not atomic, caught after the dry-run bundle's attachment.
+  const std::string full =
+      "policies:\n"
+      "  - name: shadow\n"
+      "    dry_run: true\n"
+      "    rate_limits:\n"
+      "      - { name: new-limit, selector: [ip], requests_per: { s: 1 } }\n"
+      "  - name: live\n"
+      "    rate_limits:\n"
+      "      - { name: per-ip, selector: [ip], requests_per: { s: 2 } }\n"
+      "gateway:\n"
+      "  global_policies:\n"
+      "    - shadow\n"
+      "    - live\n";
+  write(path, full);
+  Clocks clocks;
+  ReloadLog log;
+  auto holder = make(path, clocks, log);
+  CHECK(admitted(*holder->current(), 3) == 2);
+
+  write(path, full.substr(0, full.find("    - live")));
+  const absl::Status refused = holder->reload();
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.message(),
+                          "this config attaches no rule that is enforced (only 1 dry-run), where "
+                          "the running one enforces 1, so it would limit nothing"));
+  CHECK(admitted(*holder->current(), 1) == 0);  // the running config still limits
+
+  // Said on purpose, a dry-run-only config loads (and limits_nothing is no error on it).
+  write(path, "limits_nothing: true\n" + full.substr(0, full.find("    - live")));
+  CHECK(holder->reload().ok());
+  CHECK(admitted(*holder->current(), 3) == 3);
 }
 
 TEST_CASE("the first load must attach a rule unless the config says limits_nothing") {

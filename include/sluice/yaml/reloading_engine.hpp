@@ -46,9 +46,10 @@
 // rename it over this one). For those that do not, `poll()` loads a change only once the file's
 // size, modification time and content have stayed the same for Options::settle (default 1 s,
 // timed by `SettleClock`), and every load refuses (FailedPrecondition, reported like an invalid
-// file) a config that attaches no rule (sluice::attached_rule_count) unless it says
-// `limits_nothing: true`: a prefix of a config is often valid YAML that attaches nothing.
-// `reload()` loads the file as it is now, without the settle interval. Paths through symlinks
+// file) a config that enforces no rule (sluice::enforced_rule_count: dry-run rules only report)
+// unless it says `limits_nothing: true`: a prefix of a config is often valid YAML that attaches
+// nothing, or only a dry-run bundle. `reload()` loads the file as it is now, without the settle
+// interval, unless it changed while it was read (Unavailable: a writer is at work). Paths through symlinks
 // are followed on every read, so a Kubernetes ConfigMap's `..data` swap is picked up.
 //
 // Thread-safety: `current()` may be called from any thread at any time and never waits for a
@@ -125,7 +126,7 @@ class ReloadingEngine {
     if (!wake.ok()) return wake.status();
     std::unique_ptr<ReloadingEngine> holder(new ReloadingEngine(
         std::move(path), std::make_shared<const Engine>(*std::move(engine)), version_of(*text),
-        attached_rule_count(*config), options.settle, std::move(options.clock), *std::move(wake)));
+        enforced_rule_count(*config), options.settle, std::move(options.clock), *std::move(wake)));
     if (absl::Status s = holder->start(options.poll_interval, options.reload_signal); !s.ok()) {
       return s;
     }
@@ -154,9 +155,16 @@ class ReloadingEngine {
   // the current generation keeps serving and the error is returned, counted and reported.
   absl::Status reload() {
     sluice::detail::MutexLock lock(reload_mutex_);
-    absl::StatusOr<std::string> text = detail::read_config_file(path_);
-    if (!text.ok()) return fail(text.status());
-    return reload_from(*text);
+    absl::StatusOr<detail::ConfigSnapshot> file = detail::read_config_snapshot(path_);
+    if (!file.ok()) return fail(file.status());
+    if (!file->steady) {
+      return fail(absl::UnavailableError(
+          absl::StrCat(path_,
+                       ": the file changed while it was read, so it is still being written; "
+                       "reload again once it is complete, or replace it atomically (write a "
+                       "temporary file, then rename it over this one)")));
+    }
+    return reload_from(file->text);
   }
 
   // Reloads if the file's content changed since the last load (or rejected load) and has since
@@ -209,14 +217,14 @@ class ReloadingEngine {
   };
 
   ReloadingEngine(std::string path, std::shared_ptr<const Engine> first, Version version,
-                  std::size_t attached, std::chrono::nanoseconds settle, SettleClock clock,
+                  std::size_t enforced, std::chrono::nanoseconds settle, SettleClock clock,
                   detail::WakePipe wake)
       : path_(std::move(path)),
         settle_(settle),
         clock_(std::move(clock)),
         current_(std::move(first)),
         seen_(version),
-        attached_(attached),
+        enforced_(enforced),
         wake_(std::move(wake)) {}
 
   // The thread, when an interval or a signal asks for one. Outcomes are reported by fail() and
@@ -276,13 +284,13 @@ class ReloadingEngine {
     seen_ = version_of(text);
     absl::StatusOr<PolicyConfig> config = load(path_, text);
     if (!config.ok()) return fail(config.status());
-    if (absl::Status s = check_attaches_a_rule(path_, *config, attached_); !s.ok()) {
+    if (absl::Status s = check_attaches_a_rule(path_, *config, enforced_); !s.ok()) {
       return fail(s);
     }
     // Engine::reload counts and reports its own outcome.
     absl::StatusOr<Engine> next = current()->reload(*config);
     if (!next.ok()) return next.status();
-    attached_ = attached_rule_count(*config);
+    enforced_ = enforced_rule_count(*config);
     std::shared_ptr<const Engine> published = std::make_shared<const Engine>(*std::move(next));
     {
       sluice::detail::SpinLockHolder hold(current_lock_);
@@ -291,14 +299,17 @@ class ReloadingEngine {
     return absl::OkStatus();  // `published` now holds the old generation and lets go of it here
   }
 
-  // A config that attaches no rule is what a file read while being written often is (a prefix
-  // that ends before the first attachment is valid YAML): refused unless it says so.
+  // A config that enforces no rule is what a file read while being written often is (a prefix
+  // that ends before the first attachment, or after only a dry-run one, is valid YAML): refused
+  // unless it says so.
   static absl::Status check_attaches_a_rule(const std::string& path, const PolicyConfig& config,
                                             std::optional<std::size_t> running) {
-    if (config.limits_nothing || attached_rule_count(config) > 0) return absl::OkStatus();
+    if (config.limits_nothing || enforced_rule_count(config) > 0) return absl::OkStatus();
+    const std::size_t dry_run = attached_rule_count(config);
     return absl::FailedPreconditionError(absl::StrCat(
         path, ": this config attaches no rule",
-        running ? absl::StrCat(", where the running one attaches ", *running) : "",
+        dry_run > 0 ? absl::StrCat(" that is enforced (only ", dry_run, " dry-run)") : "",
+        running ? absl::StrCat(", where the running one enforces ", *running) : "",
         ", so it would limit nothing; if the file is still being written, replace it atomically "
         "instead (write a temporary file, then rename it over this one); to remove every rule on "
         "purpose, add `limits_nothing: true`"));
@@ -317,7 +328,7 @@ class ReloadingEngine {
   sluice::detail::Mutex reload_mutex_;  // serializes reload and poll; never taken by current()
   Version seen_ ABSL_GUARDED_BY(reload_mutex_);  // the content last loaded or rejected
   std::optional<Settling> settling_ ABSL_GUARDED_BY(reload_mutex_);  // a change not loaded yet
-  std::size_t attached_ ABSL_GUARDED_BY(reload_mutex_);  // attached_rule_count of the running one
+  std::size_t enforced_ ABSL_GUARDED_BY(reload_mutex_);  // enforced_rule_count of the running one
   detail::WakePipe wake_;                                // wakes thread_
   int signal_ = 0;                                       // the reload signal taken, if any
   struct sigaction previous_action_ {};                  // its handling before
