@@ -542,7 +542,8 @@ TEST_CASE("kForwardedFirst: a well-formed Forwarded header takes precedence over
         ClientAddress::parse("203.0.113.7"));
 }
 
-TEST_CASE("kForwardedFirst: X-Forwarded-For is read when the rightmost Forwarded element is malformed") {
+TEST_CASE(
+    "kForwardedFirst: X-Forwarded-For is read when the rightmost Forwarded element is malformed") {
   CHECK(behind_proxies().resolve("10.0.0.5", "for=\"198.51.100.1", "203.0.113.7") ==
         ClientAddress::parse("203.0.113.7"));
 }
@@ -564,7 +565,8 @@ TEST_CASE("by default a resolver reads either header") {
   REQUIRE(resolver.ok());
   CHECK(resolver->headers() == ProxyHeaders::kEither);
   CHECK(resolver->resolve("10.0.0.5", "", "203.0.113.7") == ClientAddress::parse("203.0.113.7"));
-  CHECK(resolver->resolve("10.0.0.5", "for=203.0.113.7", "") == ClientAddress::parse("203.0.113.7"));
+  CHECK(resolver->resolve("10.0.0.5", "for=203.0.113.7", "") ==
+        ClientAddress::parse("203.0.113.7"));
   CHECK(resolver->resolve("10.0.0.5", "for=203.0.113.7", "203.0.113.7") ==
         ClientAddress::parse("203.0.113.7"));  // a proxy that writes both
   CHECK(resolver->resolve("10.0.0.5", "", "") == ClientAddress::parse("10.0.0.5"));
@@ -583,8 +585,8 @@ TEST_CASE("behind a proxy that appends X-Forwarded-For, a client's own Forwarded
   }
   // A Forwarded element that names no node (no `for`, malformed) does not count: the proxy's
   // header decides, and a copy of the truth is the truth.
-  for (const char* forwarded : {"proto=http", "for=\"203.0.113.1", "for=a;for=b", "",
-                                "for=198.51.100.7"}) {
+  for (const char* forwarded :
+       {"proto=http", "for=\"203.0.113.1", "for=a;for=b", "", "for=198.51.100.7"}) {
     INFO(forwarded);
     CHECK(resolver.resolve(proxy, forwarded, appended) == ClientAddress::parse(appended));
   }
@@ -594,7 +596,8 @@ TEST_CASE("behind a proxy that appends Forwarded, a client's own X-Forwarded-For
   const ClientAddressResolver resolver = behind_proxies(ProxyHeaders::kEither);
   const ClientAddress proxy = ClientAddress::parse("10.0.0.5");
   const std::string appended = "for=198.51.100.7;proto=https";
-  for (const char* xff : {"203.0.113.1", "192.0.2.10", "unknown", "garbage", "198.51.100.6, 10.0.0.9"}) {
+  for (const char* xff :
+       {"203.0.113.1", "192.0.2.10", "unknown", "garbage", "198.51.100.6, 10.0.0.9"}) {
     INFO(xff);
     CHECK(resolver.resolve(proxy, appended, xff) == proxy);
   }

@@ -172,9 +172,8 @@ TEST_CASE("an explicit empty path_prefix is an error, in either spelling") {
   CHECK(error_of(head + "  - { name: login, path_prefix: \"\", policies: [a] }\n") ==
         "3:33: routes[0].path_prefix: must not be empty (it would match no request); omit it for "
         "a route the application names itself");
-  CHECK(error_of(head +
-                 "  - { name: login, match: { path: { type: prefix, value: '' } }, "
-                 "policies: [a] }\n") ==
+  CHECK(error_of(head + "  - { name: login, match: { path: { type: prefix, value: '' } }, "
+                        "policies: [a] }\n") ==
         "3:58: routes[0].match.path.value: must not be empty (it would match no request); omit "
         "it for a route the application names itself");
 }

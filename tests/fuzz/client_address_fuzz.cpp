@@ -104,9 +104,9 @@ bool written_in(const ClientAddress& address, std::string_view header) {
 const sluice::ClientAddressResolver& resolver(sluice::ProxyHeaders headers) {
   static const std::array<sluice::ClientAddressResolver, 4> resolvers = [] {
     std::array<sluice::ClientAddressResolver, 4> all;
-    for (auto mode : {sluice::ProxyHeaders::kEither, sluice::ProxyHeaders::kForwardedFirst,
-                      sluice::ProxyHeaders::kForwardedOnly,
-                      sluice::ProxyHeaders::kXForwardedForOnly}) {
+    for (auto mode :
+         {sluice::ProxyHeaders::kEither, sluice::ProxyHeaders::kForwardedFirst,
+          sluice::ProxyHeaders::kForwardedOnly, sluice::ProxyHeaders::kXForwardedForOnly}) {
       auto created = sluice::ClientAddressResolver::create(
           {"10.0.0.0/8", "2001:db8::/32", "::ffff:192.168.0.0/112"}, mode);
       if (!created.ok()) std::abort();
@@ -129,9 +129,9 @@ void check_resolvers(std::string_view text) {
   if (sluice::ClientAddressResolver().resolve(peer, forwarded, x_forwarded_for) != peer_address) {
     violated("a resolver without trusted networks did not return the peer", text);
   }
-  for (auto mode : {sluice::ProxyHeaders::kEither, sluice::ProxyHeaders::kForwardedFirst,
-                    sluice::ProxyHeaders::kForwardedOnly,
-                    sluice::ProxyHeaders::kXForwardedForOnly}) {
+  for (auto mode :
+       {sluice::ProxyHeaders::kEither, sluice::ProxyHeaders::kForwardedFirst,
+        sluice::ProxyHeaders::kForwardedOnly, sluice::ProxyHeaders::kXForwardedForOnly}) {
     const ClientAddress client = resolver(mode).resolve(peer, forwarded, x_forwarded_for);
     if (client != peer_address && !written_in(client, forwarded) &&
         !written_in(client, x_forwarded_for)) {

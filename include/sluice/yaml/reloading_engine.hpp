@@ -49,8 +49,8 @@
 // file) a config that enforces no rule (sluice::enforced_rule_count: dry-run rules only report)
 // unless it says `limits_nothing: true`: a prefix of a config is often valid YAML that attaches
 // nothing, or only a dry-run bundle. `reload()` loads the file as it is now, without the settle
-// interval, unless it changed while it was read (Unavailable: a writer is at work). Paths through symlinks
-// are followed on every read, so a Kubernetes ConfigMap's `..data` swap is picked up.
+// interval, unless it changed while it was read (Unavailable: a writer is at work). Paths through
+// symlinks are followed on every read, so a Kubernetes ConfigMap's `..data` swap is picked up.
 //
 // Thread-safety: `current()` may be called from any thread at any time and never waits for a
 // reload: a reload reads and compiles off to the side and publishes by swapping one pointer.
