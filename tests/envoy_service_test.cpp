@@ -14,6 +14,7 @@
 #include <fstream>
 #include <future>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -468,7 +469,7 @@ TEST_CASE("envoy: requests beyond the bounds answer INVALID_ARGUMENT", "[envoy]"
   CHECK(refused(request("messaging", {{}})));
   CHECK(refused(request("messaging", {{{"", "b"}}})));
   CHECK(refused(request(std::string(257, 'd').c_str(), {{{"a", "b"}}})));
-  CHECK(refused(request("messaging", {{{"a", std::string(4097, 'v').c_str()}}})));
+  CHECK(refused(request("messaging", {{{std::string(257, 'k').c_str(), "v"}}})));
   rls::RateLimitRequest many = request("messaging", {});
   for (int i = 0; i < 65; ++i) add(many, {{"to_number", "1"}});
   CHECK(refused(many));
@@ -478,6 +479,160 @@ TEST_CASE("envoy: requests beyond the bounds answer INVALID_ARGUMENT", "[envoy]"
   // Nothing was counted by the refused requests.
   CHECK(server.ok(request("messaging", {{{"to_number", "1"}}})).statuses(0).limit_remaining() ==
         99);
+}
+
+TEST_CASE("envoy: a long value is decided, never an error that a proxy would admit", "[envoy]") {
+  EnvoyServer server(fixtures());
+  // A blocked address beside a path a client padded: the call is decided, the address denied.
+  const std::string path = "/login?pad=" + std::string(70000, 'a');
+  const auto padded =
+      request("edge_proxy_per_ip", {{{"remote_address", "50.0.0.5"}}, {{"path", path.c_str()}}});
+  rls::RateLimitResponse r = server.ok(padded);
+  CHECK(r.overall_code() == kOverLimit);
+  CHECK(r.statuses(0).code() == kOverLimit);
+  CHECK(r.statuses(1).code() == kOk);  // no limit for `path`
+  // A long value is counted under its own key like any other.
+  const std::string long_address(70000, '7');
+  const auto mine = request("edge_proxy_per_ip", {{{"remote_address", long_address.c_str()}}});
+  CHECK(server.ok(mine).statuses(0).limit_remaining() == 9);
+  CHECK(server.ok(mine).statuses(0).limit_remaining() == 8);
+  CHECK(server.ok(request("edge_proxy_per_ip", {{{"remote_address", "7"}}}))
+            .statuses(0)
+            .limit_remaining() == 9);
+}
+
+TEST_CASE("envoy: overrides beyond the bound are decided as if absent", "[envoy]") {
+  sluice::ManualClock clock;
+  auto limiter = sluice::envoy::BasicLimiter<Backend>::create(
+      fixtures(), {.bounds = {.max_overrides = 2}, .backend = {.clock = clock}});
+  REQUIRE(limiter.ok());
+  using sluice::envoy::Descriptor;
+  using sluice::envoy::Entry;
+  using sluice::envoy::LimitOverride;
+  using sluice::envoy::Unit;
+  const Entry junk[] = {{"junk", "x"}};
+  const Entry blocked[] = {{"remote_address", "50.0.0.5"}};
+  const Entry client[] = {{"remote_address", "10.0.0.1"}};
+  sluice::envoy::Response r;
+  for (std::uint32_t n : {1U, 2U, 3U}) {  // the third has no counter
+    const Descriptor d[] = {
+        {.entries = junk, .limit = LimitOverride{.requests_per_unit = n, .unit = Unit::kSecond}}};
+    REQUIRE(
+        (*limiter)->should_rate_limit({.domain = "edge_proxy_per_ip", .descriptors = d}, r).ok());
+  }
+  CHECK((*limiter)->ignored_overrides() == 1);
+  // A new override now: the call is still decided, by the configured limits.
+  const LimitOverride fresh{.requests_per_unit = 100, .unit = Unit::kMinute};
+  const Descriptor both[] = {{.entries = blocked}, {.entries = client, .limit = fresh}};
+  REQUIRE(
+      (*limiter)->should_rate_limit({.domain = "edge_proxy_per_ip", .descriptors = both}, r).ok());
+  CHECK(r.overall_code == sluice::envoy::Code::kOverLimit);
+  REQUIRE(r.statuses[1].current_limit.has_value());
+  CHECK(r.statuses[1].current_limit->requests_per_unit == 10);  // the configured 10 per second
+  CHECK((*limiter)->ignored_overrides() == 2);
+}
+
+TEST_CASE("envoy: each override counts on its own, with no share carried between them", "[envoy]") {
+  sluice::ManualClock clock;
+  auto limiter = sluice::envoy::BasicLimiter<Backend>::create(
+      fixtures(), {.response_headers = true, .backend = {.clock = clock}});
+  REQUIRE(limiter.ok());
+  using sluice::envoy::Descriptor;
+  using sluice::envoy::Entry;
+  using sluice::envoy::LimitOverride;
+  using sluice::envoy::Unit;
+  const Entry tenant[] = {{"tenant", "victim"}};
+  sluice::envoy::Response r;
+  const Descriptor one[] = {
+      {.entries = tenant, .limit = LimitOverride{.requests_per_unit = 1, .unit = Unit::kSecond}}};
+  REQUIRE((*limiter)->should_rate_limit({.domain = "messaging", .descriptors = one}, r).ok());
+  REQUIRE(r.overall_code == sluice::envoy::Code::kOk);
+  REQUIRE(r.headers.size() >= 1);
+  CHECK(r.headers[0].value == "\"override.1/second\";q=1;w=1");
+  // A second override of the same entries starts full: one hit of 1 per second is not a day
+  // spent of 1,000 per day.
+  const Descriptor big[] = {
+      {.entries = tenant, .limit = LimitOverride{.requests_per_unit = 1000, .unit = Unit::kDay}}};
+  REQUIRE((*limiter)->should_rate_limit({.domain = "messaging", .descriptors = big}, r).ok());
+  CHECK(r.overall_code == sluice::envoy::Code::kOk);
+  CHECK(r.statuses[0].limit_remaining == 999);
+  CHECK(r.headers[0].value == "\"override.1000/day\";q=1000;w=86400");
+}
+
+TEST_CASE("envoy: a huge hits_addend saturates the counters instead of wrapping them", "[envoy]") {
+  sluice::ManualClock clock;
+  auto limiter =
+      sluice::envoy::BasicLimiter<Backend>::create(fixtures(), {.backend = {.clock = clock}});
+  REQUIRE(limiter.ok());
+  const sluice::envoy::Entry a[] = {{"remote_address", "10.0.0.1"}};
+  const sluice::envoy::Entry b[] = {{"remote_address", "10.0.0.2"}};
+  const sluice::envoy::Descriptor huge[] = {
+      {.entries = a, .hits_addend = std::numeric_limits<std::uint64_t>::max()}};
+  const sluice::envoy::Descriptor one[] = {{.entries = b}};
+  sluice::envoy::Response r;
+  REQUIRE(
+      (*limiter)->should_rate_limit({.domain = "edge_proxy_per_ip", .descriptors = huge}, r).ok());
+  CHECK(r.overall_code == sluice::envoy::Code::kOverLimit);
+  REQUIRE(
+      (*limiter)->should_rate_limit({.domain = "edge_proxy_per_ip", .descriptors = one}, r).ok());
+  bool found = false;
+  for (const sluice::envoy::LimitStats& s : (*limiter)->stats()) {
+    if (s.label != "edge_proxy_per_ip.remote_address") continue;
+    found = true;
+    CHECK(s.total_hits == std::numeric_limits<std::uint64_t>::max());
+    CHECK(s.over_limit == std::numeric_limits<std::uint64_t>::max());
+    CHECK(s.within_limit == 1);
+  }
+  CHECK(found);
+}
+
+TEST_CASE("envoy: limits whose paths read alike get labels of their own", "[envoy]") {
+  auto domain = sluice::envoy::load_domain_config(R"(domain: d
+descriptors:
+  - key: a
+    value: b_c
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: a_b
+    value: c
+    rate_limit: {unit: second, requests_per_unit: 1}
+)",
+                                                  "d.yaml");
+  REQUIRE(domain.ok());
+  auto limiter = sluice::envoy::Limiter::create({.domains = {*domain}});
+  REQUIRE(limiter.ok());
+  const std::vector<sluice::envoy::LimitStats> stats = (*limiter)->stats();
+  REQUIRE(stats.size() == 2);
+  CHECK(stats[0].label == "d.a_b_c");
+  CHECK(stats[1].label == "d.a_b_c#2");
+}
+
+TEST_CASE("envoy: a reload that drops every enforcing limit is refused unless it says so",
+          "[envoy]") {
+  sluice::envoy::ServiceConfig config = fixtures();
+  EnvoyServer server(config);
+  const auto blocked = request("edge_proxy_per_ip", {{{"remote_address", "50.0.0.5"}}});
+  REQUIRE(server.ok(blocked).overall_code() == kOverLimit);
+  // A file caught while it was written: a domain whose limits are not there yet.
+  auto partial = sluice::envoy::load_domain_config(
+      "domain: edge_proxy_per_ip\ndescriptors:\n  - key: remote_address\n", "edge.yaml");
+  REQUIRE(partial.ok());
+  const absl::Status refused = server.limiter().reload({.domains = {*partial}});
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(server.limiter().reload({}).code() == absl::StatusCode::kFailedPrecondition);  // no file
+  CHECK(server.ok(blocked).overall_code() == kOverLimit);  // the running config still limits
+  // Shadow mode and unlimited limits cannot deny either.
+  sluice::envoy::ServiceConfig observing = config;
+  for (auto& d : observing.domains) {
+    for (auto& node : d.descriptors) node.shadow_mode = true;
+  }
+  // (nested limits stay enforcing, so this one is accepted)
+  CHECK(server.limiter().reload(observing).ok());
+  // Said on purpose, it loads.
+  auto empty = sluice::envoy::load_domain_config(
+      "domain: edge_proxy_per_ip\nlimits_nothing: true\n", "edge.yaml");
+  REQUIRE(empty.ok());
+  REQUIRE(server.limiter().reload({.domains = {*empty}}).ok());
+  CHECK(server.ok(blocked).overall_code() == kOk);
 }
 
 TEST_CASE("envoy: a reload keeps every unchanged limit's counters", "[envoy]") {

@@ -3,7 +3,7 @@
 //
 //   sluice_envoy_rls --config-dir DIR [--listen 127.0.0.1:8081] [--response-headers]
 //                    [--drain-seconds 5] [--reload-poll-ms 1000] [--max-descriptors 64]
-//                    [--max-entries 32] [--max-value-bytes 4096]
+//                    [--max-entries 32]
 //
 // The first line on stdout is "sluice_envoy_rls: listening on <host>:<port>" (`--listen
 // 127.0.0.1:0` picks a free port). Limits are kept in memory (one replica), or with
@@ -57,7 +57,7 @@ namespace {
 constexpr std::string_view kUsage =
     "usage: sluice_envoy_rls --config-dir DIR [--listen HOST:PORT] [--response-headers]\n"
     "                        [--drain-seconds N] [--reload-poll-ms N] [--max-descriptors N]\n"
-    "                        [--max-entries N] [--max-value-bytes N]\n"
+    "                        [--max-entries N]\n"
     "                        [--redis-socket PATH | --redis-address HOST:PORT [--redis-cluster]]\n"
     "                        [--redis-key-prefix P] [--redis-key-seed N]\n"
     "                        [--redis-timeout-ms N]\n"
@@ -115,8 +115,6 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.bounds.max_descriptors = n;
     } else if (flag == "--max-entries" && count && n > 0) {
       o.bounds.max_entries = n;
-    } else if (flag == "--max-value-bytes" && count && n > 0) {
-      o.bounds.max_value_bytes = n;
     } else if (flag == "--metrics-listen") {
       o.metrics_listen = value;
     } else if (flag == "--redis-socket") {
@@ -147,7 +145,9 @@ void log(std::string_view what) {
   std::fprintf(stderr, "sluice_envoy_rls: %.*s\n", static_cast<int>(what.size()), what.data());
 }
 
-// Follows the configuration directory: reload() publishes it when it changed.
+// Follows the configuration directory: reload() publishes it when it changed. A change found by
+// polling is published only once the next poll reads the same configuration again, so that a
+// file caught while it is being written is not loaded; SIGHUP publishes at once.
 class ConfigFollower {
  public:
   // Publishes a configuration into the limiter (its reload).
@@ -155,21 +155,35 @@ class ConfigFollower {
   ConfigFollower(std::string dir, sluice::envoy::ServiceConfig first, Reload limiter)
       : dir_(std::move(dir)), last_(std::move(first)), limiter_(std::move(limiter)) {}
 
-  void reload() {
+  enum class When { kSettled, kNow };
+
+  void reload(When when) {
     std::lock_guard lock(mutex_);
     absl::StatusOr<sluice::envoy::ServiceConfig> next = sluice::envoy::load_config_directory(dir_);
     if (!next.ok()) {
-      if (next.status() != last_error_)
+      if (next.status() != last_error_) {
         log(absl::StrCat("reload refused: ", next.status().message()));
+      }
       last_error_ = next.status();
+      settling_.reset();
       return;
     }
     last_error_ = absl::OkStatus();
-    if (*next == last_) return;
-    if (absl::Status s = limiter_(*next); !s.ok()) {
-      log(absl::StrCat("reload refused: ", s.message()));
+    if (*next == last_) {
+      settling_.reset();
       return;
     }
+    if (when == When::kSettled && settling_ != *next) {
+      settling_ = *std::move(next);  // published if the next poll reads it again
+      return;
+    }
+    settling_.reset();
+    if (absl::Status s = limiter_(*next); !s.ok()) {
+      if (s != last_refusal_) log(absl::StrCat("reload refused: ", s.message()));
+      last_refusal_ = s;
+      return;
+    }
+    last_refusal_ = absl::OkStatus();
     last_ = *std::move(next);
     log("configuration reloaded");
   }
@@ -178,7 +192,9 @@ class ConfigFollower {
   const std::string dir_;
   std::mutex mutex_;
   sluice::envoy::ServiceConfig last_;
+  std::optional<sluice::envoy::ServiceConfig> settling_;  // read once by a poll, not yet again
   absl::Status last_error_;
+  absl::Status last_refusal_;
   const Reload limiter_;
 };
 
@@ -190,7 +206,7 @@ void poll(ConfigFollower& follower, std::chrono::milliseconds interval,
     wake.wait_for(lock, interval, [&] { return stop.load(); });
     if (stop.load()) break;
     lock.unlock();
-    follower.reload();
+    follower.reload(ConfigFollower::When::kSettled);
     lock.lock();
   }
 }
@@ -208,7 +224,9 @@ void serve_until_signal(grpc::Server& server, ConfigFollower& follower, const Op
                     std::cref(stop), std::ref(mutex), std::ref(wake));
   }
   int signal = 0;
-  while (sigwait(&signals, &signal) == 0 && signal == SIGHUP) follower.reload();
+  while (sigwait(&signals, &signal) == 0 && signal == SIGHUP) {
+    follower.reload(ConfigFollower::When::kNow);
+  }
   log("draining");
   if (grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService()) {
     health->SetServingStatus(false);

@@ -133,6 +133,9 @@ struct DomainConfig {
   std::string domain{};
   std::vector<DescriptorConfig> descriptors{};
   std::string source{};  // where it was loaded from, for messages ("" when built in code)
+  // A sluice extension: the configuration may have no limit that can deny on purpose (a reload
+  // to one that has none, while the running one has, is refused without it in some domain).
+  bool limits_nothing = false;
   friend bool operator==(const DomainConfig&, const DomainConfig&) = default;
 };
 

@@ -12,7 +12,9 @@
 //   Descriptors on the same counter (same limit and entries) are decided once, hits summed.
 // - A descriptor with a `limit` override is counted by that limit alone, under a counter of its
 //   own (per domain, entries and override), whether or not a configured limit matches; an
-//   override never runs in shadow mode. Overrides need a known domain, like every limit.
+//   override never runs in shadow mode. Overrides need a known domain, like every limit. Once
+//   RequestBounds::max_overrides have counters, a descriptor with another one is decided by the
+//   configured limits, as without an override (counted in ignored_overrides()).
 // - A matched limit whose name another matched limit of the same request `replaces` does not
 //   apply. An `unlimited` limit applies and never limits (remaining 2^32-1).
 // - All or nothing: the enforcing limits of a request are decided together under all their
@@ -74,14 +76,17 @@
 namespace sluice::envoy {
 
 // Bounds on what one request may carry; a request beyond them is refused with InvalidArgument
-// before anything is looked up or allocated for it.
+// before anything is looked up or allocated for it. They bound what the proxy's configuration
+// decides (the domain, how many descriptors and entries, the keys), never what a client sends:
+// entry values (a path, a header) may be as long as the gRPC message allows, so that no client
+// can turn its whole request into an error, which a proxy that fails open admits.
 struct RequestBounds {
   std::size_t max_domain_bytes = 256;
   std::size_t max_descriptors = 64;
   std::size_t max_entries = 32;  // per descriptor
   std::size_t max_key_bytes = 256;
-  std::size_t max_value_bytes = 4096;
-  // Distinct (requests_per_unit, unit) overrides with counters, over the limiter's life.
+  // Distinct (requests_per_unit, unit) overrides with counters, over the limiter's life; a
+  // descriptor with a new override beyond them is decided as if it had none (configured limits).
   std::size_t max_overrides = 64;
 };
 
@@ -150,6 +155,9 @@ class BasicLimiter {
     absl::StatusOr<std::shared_ptr<const Generation>> gen = generation_for(request);
     if (!gen.ok()) return gen.status();
     Plan plan = make_plan(**gen, request);
+    if (plan.ignored_overrides != 0) {
+      ignored_overrides_.fetch_add(plan.ignored_overrides, std::memory_order_relaxed);
+    }
     decide(**gen, plan, response);
     return absl::OkStatus();
   }
@@ -157,11 +165,25 @@ class BasicLimiter {
   // Compiles `config` and publishes it. Every limit whose place in the tree and windows are
   // unchanged keeps its counters; one whose windows changed carries each key's spent share (the
   // in-memory backend); overrides keep theirs. On error the running configuration stays.
+  // FailedPrecondition when `config` has no limit that can deny (none, or only shadow mode and
+  // unlimited ones) while the running one has, unless a domain says `limits_nothing`: a file
+  // read while it is being written often looks like that.
   absl::Status reload(const ServiceConfig& config) {
     absl::StatusOr<detail::CompiledLimits> compiled = detail::CompiledLimits::compile(config);
     if (!compiled.ok()) return compiled.status();
     sluice::detail::MutexLock lock(reload_mutex_);
     std::shared_ptr<const Generation> now = current();
+    const bool on_purpose = std::any_of(config.domains.begin(), config.domains.end(),
+                                        [](const DomainConfig& d) { return d.limits_nothing; });
+    if (now != nullptr && !on_purpose && compiled->enforcing_rule_count() == 0 &&
+        now->limits->enforcing_rule_count() > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the new configuration has no limit that can deny a request, where the running one has ",
+          now->limits->enforcing_rule_count(),
+          ", so it would limit nothing; if a file is still being written, replace it atomically "
+          "instead (write a temporary file, then rename it over this one); to remove every limit "
+          "on purpose, add `limits_nothing: true` to a domain file"));
+    }
     auto limits = std::make_shared<const detail::CompiledLimits>(*std::move(compiled));
     absl::StatusOr<std::shared_ptr<const Generation>> next =
         build(limits, now ? now->overrides : std::vector<detail::LimitRule>{}, now.get());
@@ -175,6 +197,11 @@ class BasicLimiter {
   FailureMode failure_mode() const { return options_.on_backend_error; }
   // Backend calls decided on the local share (kLocal), over the limiter's life.
   std::uint64_t local_decisions() const { return local_decisions_.load(std::memory_order_relaxed); }
+  // Descriptors whose override was decided as if absent: RequestBounds::max_overrides others
+  // had counters already. Over the limiter's life.
+  std::uint64_t ignored_overrides() const {
+    return ignored_overrides_.load(std::memory_order_relaxed);
+  }
 
   // Every limit's counters, configured limits first, in configuration order.
   std::vector<LimitStats> stats() const {
@@ -223,6 +250,7 @@ class BasicLimiter {
   struct Plan {
     absl::InlinedVector<Step, 8> steps;
     absl::InlinedVector<std::string, 8> keys;  // counter keys, per step
+    std::uint64_t ignored_overrides = 0;       // overrides without counters, decided as absent
   };
 
   explicit BasicLimiter(Options options) : options_(std::move(options)) {}
@@ -262,9 +290,9 @@ class BasicLimiter {
       }
       for (const Entry& e : d.entries) {
         if (e.key.empty()) return invalid(absl::StrCat(at, " has an entry with an empty key"));
-        if (e.key.size() > b.max_key_bytes || e.value.size() > b.max_value_bytes) {
-          return invalid(absl::StrCat(at, " has an entry longer than ", b.max_key_bytes,
-                                      " bytes of key or ", b.max_value_bytes, " of value"));
+        if (e.key.size() > b.max_key_bytes) {
+          return invalid(
+              absl::StrCat(at, " has an entry key longer than ", b.max_key_bytes, " bytes"));
         }
       }
       if (d.limit && unit_period(d.limit->unit).count() == 0) {
@@ -285,10 +313,7 @@ class BasicLimiter {
       sluice::detail::MutexLock lock(reload_mutex_);
       gen = current();
       if (gen->override_index.contains(override_id(*d.limit))) continue;
-      if (gen->overrides.size() >= options_.bounds.max_overrides) {
-        return invalid(
-            absl::StrCat("more than ", options_.bounds.max_overrides, " distinct limit overrides"));
-      }
+      if (gen->overrides.size() >= options_.bounds.max_overrides) continue;  // make_plan: none
       std::vector<detail::LimitRule> overrides = gen->overrides;
       overrides.push_back(detail::CompiledLimits::override_rule(*d.limit).first);
       absl::StatusOr<std::shared_ptr<const Generation>> next =
@@ -366,8 +391,11 @@ class BasicLimiter {
       const std::uint64_t hits = d.hits_addend ? *d.hits_addend : request.hits_addend;
       step.hits = hits == 0 ? 1 : hits;
       if (!gen.limits->has_domain(request.domain)) continue;
-      step.rule = d.limit ? gen.limits->rule_count() + gen.override_index.at(override_id(*d.limit))
-                          : gen.limits->match(request.domain, d.entries);
+      const auto over =
+          d.limit ? gen.override_index.find(override_id(*d.limit)) : gen.override_index.end();
+      if (d.limit && over == gen.override_index.end()) ++plan.ignored_overrides;
+      step.rule = over != gen.override_index.end() ? gen.limits->rule_count() + over->second
+                                                   : gen.limits->match(request.domain, d.entries);
       if (step.rule == detail::kNone) continue;
       const detail::LimitRule& rule = gen.rule(step.rule);
       for (const std::string& name : rule.replaces) replaced.insert(name);
@@ -608,24 +636,35 @@ class BasicLimiter {
   static void count(const Generation& gen, const Step& step, const Decision& d, bool denied,
                     bool over) {
     Counters& c = *gen.counters[step.rule];
-    c.total_hits.fetch_add(step.hits, std::memory_order_relaxed);
+    add(c.total_hits, step.hits);
     if (gen.rule(step.rule).shadow) {
-      if (!d.allowed() || step.never_fits) {
-        c.shadow_mode.fetch_add(step.hits, std::memory_order_relaxed);
-      }
+      if (!d.allowed() || step.never_fits) add(c.shadow_mode, step.hits);
       return;
     }
     if (denied) {
-      c.over_limit.fetch_add(step.hits, std::memory_order_relaxed);
+      add(c.over_limit, step.hits);
     } else if (!over) {
-      c.within_limit.fetch_add(step.hits, std::memory_order_relaxed);
-      if (d.remaining * 5 < d.limit) c.near_limit.fetch_add(step.hits, std::memory_order_relaxed);
+      add(c.within_limit, step.hits);
+      if (d.remaining * 5 < d.limit) add(c.near_limit, step.hits);
     }
+  }
+
+  // counter += hits, stopping at 2^64 - 1: a request's hits_addend is the client's to choose,
+  // and a counter that wrapped would read as a small number.
+  static void add(std::atomic<std::uint64_t>& counter, std::uint64_t hits) {
+    std::uint64_t now = counter.load(std::memory_order_relaxed);
+    std::uint64_t next = 0;
+    do {
+      next = hits > std::numeric_limits<std::uint64_t>::max() - now
+                 ? std::numeric_limits<std::uint64_t>::max()
+                 : now + hits;
+    } while (next != now && !counter.compare_exchange_weak(now, next, std::memory_order_relaxed));
   }
 
   const Options options_;
   mutable std::atomic<std::uint64_t> backend_errors_{0};
   mutable std::atomic<std::uint64_t> local_decisions_{0};
+  mutable std::atomic<std::uint64_t> ignored_overrides_{0};
   mutable sluice::detail::SpinLock current_lock_;
   mutable std::shared_ptr<const Generation> current_ ABSL_GUARDED_BY(current_lock_);
   mutable sluice::detail::Mutex reload_mutex_;  // serializes publishers; never taken to read

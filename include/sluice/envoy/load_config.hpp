@@ -45,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -70,10 +71,11 @@ class DomainReader : public yaml::detail::NodeReader {
  public:
   DomainConfig read(const YAML::Node& root) {
     DomainConfig out;
-    const std::vector<Field> fs = fields(root, "", {"domain", "descriptors"});
+    const std::vector<Field> fs = fields(root, "", {"domain", "descriptors", "limits_nothing"});
     for (const Field& f : fs) {
       if (f.key == "domain") out.domain = read_string(f.value, f.path);
       if (f.key == "descriptors") out.descriptors = read_level(f.value, f.path);
+      if (f.key == "limits_nothing") out.limits_nothing = read_bool(f.value, f.path);
     }
     if (out.domain.empty()) fail(root.Mark(), "domain", "a config file needs a non-empty domain");
     return out;
@@ -84,14 +86,15 @@ class DomainReader : public yaml::detail::NodeReader {
     if (node.IsNull()) return {};
     std::vector<DescriptorConfig> level =
         read_list<DescriptorConfig>(node, path, &DomainReader::read_descriptor);
+    // (key, value) -> its first index: linear, however many descriptors one level has.
+    absl::flat_hash_map<std::pair<std::string_view, std::string_view>, std::size_t> first;
     for (std::size_t i = 0; i < level.size(); ++i) {
-      for (std::size_t j = 0; j < i; ++j) {
-        if (level[j].key == level[i].key && level[j].value == level[i].value) {
-          const std::string at = yaml::detail::element(path, i);
-          fail(mark_of(at), at,
-               absl::StrCat("duplicate descriptor: ", yaml::detail::element(path, j),
-                            " has the same key and value"));
-        }
+      const auto [it, inserted] = first.try_emplace({level[i].key, level[i].value}, i);
+      if (!inserted) {
+        const std::string at = yaml::detail::element(path, i);
+        fail(mark_of(at), at,
+             absl::StrCat("duplicate descriptor: ", yaml::detail::element(path, it->second),
+                          " has the same key and value"));
       }
     }
     return level;

@@ -110,7 +110,15 @@ class CompiledLimits {
         return s;
       }
     }
+    out.make_labels_unique();
     return out;
+  }
+
+  // The rules that can deny a request: neither shadow mode nor unlimited.
+  std::size_t enforcing_rule_count() const {
+    return static_cast<std::size_t>(
+        std::count_if(rules_.begin(), rules_.end(),
+                      [](const LimitRule& r) { return !r.shadow && !r.unlimited; }));
   }
 
   bool has_domain(std::string_view domain) const { return domains_.contains(view(domain)); }
@@ -135,17 +143,22 @@ class CompiledLimits {
   // The rules that count hits, in backend order (LimitRule::backend_rule indexes it).
   const std::vector<CompiledRule>& backend_rules() const { return backend_rules_; }
 
-  // A rule for a descriptor's limit override, counted apart from every configured limit.
+  // A rule for a descriptor's limit override, counted apart from every configured limit and
+  // every other override: its identity names its rate, so that no state is carried between two
+  // overrides (one hit under 1 per second is not a day spent under 1,000 per day).
   static std::pair<LimitRule, CompiledRule> override_rule(const LimitOverride& o) {
     LimitRule r{
         .label = absl::StrCat("override.", o.requests_per_unit, "/", view(to_string(o.unit))),
-        .windows = {{.requests = o.requests_per_unit, .period = unit_period(o.unit)}},
+        .windows = {{.requests = o.requests_per_unit,
+                     .period = unit_period(o.unit),
+                     .burst = o.requests_per_unit}},
         .key_tag = 'o'};
     r.name = r.label;
     r.admits_nothing = o.requests_per_unit == 0;
     r.max_hits = o.requests_per_unit;
     std::string identity;
     append_key_part(identity, "envoy-override");
+    append_key_part(identity, r.label);
     return {r, backend_rule(r, identity)};
   }
 
@@ -203,6 +216,27 @@ class CompiledLimits {
       }
     }
     return absl::OkStatus();
+  }
+
+  // Labels are descriptor paths joined with '_' and '.', so two places can share one ("a" with
+  // value "b_c" and "a_b" with value "c"); later ones get "#2", "#3", ... in configuration order,
+  // so that metrics name every limit apart and counters kept across reloads stay apart.
+  void make_labels_unique() {
+    absl::flat_hash_map<std::string, std::size_t> seen;
+    for (std::size_t i = 0; i < rules_.size(); ++i) {
+      LimitRule& r = rules_[i];
+      const std::size_t n = ++seen[r.label];
+      if (n == 1) continue;
+      std::string label;
+      for (std::size_t k = n;; ++k) {
+        label = absl::StrCat(r.label, "#", k);
+        if (!seen.contains(label)) break;
+      }
+      seen[label] = 1;
+      if (!r.named) r.name = label;
+      if (r.backend_rule != kNone) backend_rules_[r.backend_rule].label = label;
+      r.label = std::move(label);
+    }
   }
 
   static void place(KeyNodes& nodes, const std::string& value, const Node& node) {
