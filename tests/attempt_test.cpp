@@ -131,6 +131,41 @@ TEST_CASE("each failure doubles the wait before the next attempt, up to the cap"
   CHECK(begin(limiter).admitted());
 }
 
+TEST_CASE("a succeeded subject's room goes to a new subject while another's failures last") {
+  // One shard of two records: a failing subject (live for the quiet period) ahead of a user who
+  // logged in; the succeeded record is idle, and a new subject takes its room.
+  sluice::ManualClock clock;
+  constexpr sluice::AttemptPolicy kShortLease{
+      .initial_delay = 1s, .delay_cap = 8s, .quiet_period = 1h, .lease = 30s};
+  const std::uint64_t seed = 7;
+  auto limiter = sluice::AttemptLimiter<sluice::ManualClock>::create(
+      kShortLease, {.max_keys_per_shard = 2, .seed = seed}, clock);
+  REQUIRE(limiter.ok());
+  const std::uint64_t fingerprint = kShortLease.fingerprint();
+  sluice::ShardedStore<sluice::detail::AttemptCell> probe(
+      {.seed = XXH3_64bits_withSeed(&fingerprint, sizeof fingerprint, seed)});
+  std::vector<std::string> subjects;  // three subjects of one shard
+  for (int i = 0; subjects.size() < 3; ++i) {
+    std::string s = "user:" + std::to_string(i);
+    if (subjects.empty() ||
+        probe.shard_index(probe.digest(s)) == probe.shard_index(probe.digest(subjects[0]))) {
+      subjects.push_back(s);
+    }
+  }
+  absl::StatusOr<sluice::AttemptDecision> attacker = limiter->begin(subjects[0]);
+  REQUIRE(attacker.ok());
+  clock.advance(1s);
+  REQUIRE(limiter->fail(attacker->receipt).ok());  // live for an hour
+  absl::StatusOr<sluice::AttemptDecision> user = limiter->begin(subjects[1]);
+  REQUIRE(user.ok());
+  clock.advance(1s);
+  REQUIRE(limiter->succeed(user->receipt).ok());
+  clock.advance(1s);
+  absl::StatusOr<sluice::AttemptDecision> newcomer = limiter->begin(subjects[2]);
+  REQUIRE(newcomer.ok());
+  CHECK(newcomer->reason == sluice::AttemptReason::kAdmitted);
+}
+
 TEST_CASE("a success clears the failures") {
   sluice::ManualClock clock;
   Limiter limiter = make(clock);

@@ -244,6 +244,39 @@ TEST_CASE("a reject_new_keys shard admits a new key as soon as any cell is idle"
         sluice::StoreStats{.size = kCap, .idle_reclaimed = kCap, .capacity_denials = 0});
 }
 
+TEST_CASE("a reject_new_keys cell whose update brings its idle time forward is reclaimed then") {
+  // A login that succeeded, or a permit given back: the cell goes idle before the time it was
+  // indexed under, behind a cell that stays live longer.
+  constexpr std::size_t kCap = 2;
+  Store store(
+      {.max_keys_per_shard = kCap, .overflow = sluice::Overflow::kRejectNewKeys, .seed = 1});
+  std::uint64_t counter = 0;
+  const std::vector<sluice::KeyDigest> keys = keys_in_shard(store, 0, 3, counter);
+  REQUIRE(touch(store, keys[0], 0, 3600 * kSecond));  // live for an hour
+  REQUIRE(touch(store, keys[1], 0, 7200 * kSecond));  // indexed as live for two hours...
+  store.update_removing_idle(  // ...then cut short: idle from 2 s on, still tracked until then
+      keys[1], kSecond,
+      [](HoldCell& cell, std::int64_t) {
+        cell.fresh_at = 2 * kSecond;
+        return true;
+      },
+      [](sluice::StoreFull) { return false; });
+  REQUIRE(tracked(store) == 2);
+  CHECK(refused(store, keys[2], kSecond, kSecond) == std::optional<std::int64_t>(kSecond));
+  CHECK(touch(store, keys[2], 2 * kSecond, 7200 * kSecond));  // the cut-short cell made room
+  CHECK(store.stats().idle_reclaimed == 1);
+  // The same through update: cut short again, and reclaimed.
+  store.update(
+      keys[2], 2 * kSecond,
+      [](HoldCell& cell, std::int64_t) {
+        cell.fresh_at = 2 * kSecond + 1;
+        return true;
+      },
+      [](sluice::StoreFull) { return false; });
+  CHECK(touch(store, keys[1], 2 * kSecond + 1, kSecond));
+  CHECK(store.stats().idle_reclaimed == 2);
+}
+
 TEST_CASE("a reject_new_keys flood at the expiry rate examines at most 4 slots per insert") {
   constexpr std::size_t kCap = 16384;
   const FloodWork flood = reject_flood(kCap, 8 * kCap, kCap);

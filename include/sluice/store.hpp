@@ -282,7 +282,7 @@ class ShardedStore {
     now = shard.clamp(now);
     Slot* slot = shard.table.find(d);
     if (slot == nullptr) return update_in(shard, d, now, fn, on_full);
-    auto result = fn(slot->cell, now);
+    auto result = rejects() ? update_indexed(shard, *slot, now, fn) : fn(slot->cell, now);
     if (slot->cell.idle(now)) remove(shard, slot);
     return result;
   }
@@ -480,8 +480,31 @@ class ShardedStore {
       Shard& shard, KeyDigest d, std::int64_t now, Fn& fn, OnFull& on_full)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
     now = shard.clamp(now);
-    if (Slot* slot = shard.table.find(d)) return fn(slot->cell, now);
+    if (Slot* slot = shard.table.find(d)) {
+      if (ABSL_PREDICT_FALSE(rejects())) return update_indexed(shard, *slot, now, fn);
+      return fn(slot->cell, now);
+    }
     return update_new(shard, d, now, fn, on_full);
+  }
+
+  // update_in for a tracked key under kRejectNewKeys. remove_idle relies on each cell having an
+  // index entry no later than when it goes idle; an update that brings that time forward (an
+  // attempt that succeeded, a permit given back) adds an entry at the new time. The entry it had
+  // stays behind, stale once the cell goes (rebuild_index drops those past cap/2).
+  template <class Fn>
+  ABSL_ATTRIBUTE_NOINLINE std::invoke_result_t<Fn&, Cell&, std::int64_t> update_indexed(
+      Shard& shard, Slot& slot, std::int64_t now, Fn& fn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.lock) {
+    const std::int64_t before = slot.cell.idle(now) ? now : idle_at(slot.cell, now);
+    auto result = fn(slot.cell, now);
+    const std::int64_t after = slot.cell.idle(now) ? now : idle_at(slot.cell, now);
+    if (after < before) {
+      shard.idle_index.push_back({after, slot.digest});
+      std::push_heap(shard.idle_index.begin(), shard.idle_index.end(), later);
+      const std::size_t cap = options_.max_keys_per_shard;
+      if (shard.idle_index.size() > cap + cap / 2) rebuild_index(shard, now);
+    }
+    return result;
   }
 
   // update_in for an absent key. Out of line, so that the existing-key path above keeps the
