@@ -198,6 +198,31 @@ TEST_CASE("slow answers shrink the factor only with enough answers from enough c
   CHECK(many.factor(1s) == 500);
 }
 
+TEST_CASE("one client's slow answers cannot keep the factor from recovering") {
+  AdaptiveController c({.target_latency = 100ms}, 0s);
+  for (std::uint64_t client = 1; client <= 5; ++client) c.record(500ms, ok(1s), client);
+  REQUIRE(c.factor(1s) == 500);  // a real slow-down, seen by five clients
+  // Then every interval: client 666's 10 s answer keeps the average far above the target, and
+  // ten other clients get twenty fast answers. Not overloaded (one troubled client), and enough
+  // answers to judge: healthy, so the factor recovers.
+  for (int s = 1; s <= 5; ++s) {
+    const auto at = std::chrono::seconds(s) + 100ms;
+    c.record(at, ok(10s), 666);
+    for (int i = 0; i < 20; ++i) c.record(at, ok(10ms), static_cast<std::uint64_t>(i % 10));
+  }
+  CHECK(c.state(5s).latency_ewma > 100ms);
+  CHECK(c.factor(6s) == 1000);
+  // An interval with too few answers to judge still holds while the average is above target.
+  c.record(6500ms, ok(120s), 666);
+  CHECK(c.factor(7s) == 1000);
+  AdaptiveController held({.target_latency = 100ms}, 0s);
+  for (std::uint64_t client = 1; client <= 5; ++client) held.record(500ms, ok(1s), client);
+  REQUIRE(held.factor(1s) == 500);
+  held.record(1500ms, ok(1s), 666);  // one answer: too few to judge, and slow
+  CHECK(held.factor(2s) == 500);
+  CHECK(held.factor(10s) == 500);  // quiet intervals hold too
+}
+
 TEST_CASE("a clock reading earlier than one already seen is clamped") {
   AdaptiveController c(policy(), 10s);
   c.record(10500ms, ok(1s), kClient);

@@ -7,15 +7,16 @@
 // at least `min_clients` distinct clients, and either the latency EWMA is above `target_latency`
 // or more than `error_ratio_permille` of them were errors; then the factor is multiplied by
 // `decrease_permille`/1000 (never below the minimum). A healthy interval adds `recovery_permille`
-// (never above 1000). An interval without responses is healthy only if the EWMA is at or under the
-// target: while the upstream was last seen slow, quiet intervals leave the factor as it is (a slow
-// upstream admitted at a low rate sees intervals without an answer, and those must not count as
-// recovery). Once an interval has seen `min_samples` 429 or 503 answers from `min_clients` distinct
-// clients, the factor drops to the minimum at once and is held there for their longest Retry-After
-// (the interval for one without), each capped at `max_retry_after` and `max_hold`: no recovery
-// while the hold lasts. So no single client, however many requests it sends, and no single answer
-// moves the factor; clients are told apart by a digest the caller passes, up to
-// `kAdaptiveClientSlots` per interval.
+// (never above 1000). An interval with fewer than `min_samples` responses is healthy only if the
+// EWMA is at or under the target: while the upstream was last seen slow, quiet intervals leave
+// the factor as it is (a slow upstream admitted at a low rate sees intervals without an answer,
+// and those must not count as recovery), while an interval of `min_samples` answers that is not
+// overloaded recovers (its troubled answers came from too few clients to count). Once an interval
+// has seen `min_samples` 429 or 503 answers from `min_clients` distinct clients, the factor drops
+// to the minimum at once and is held there for their longest Retry-After (the interval for one
+// without), each capped at `max_retry_after` and `max_hold`: no recovery while the hold lasts. So
+// no single client, however many requests it sends, and no single answer moves the factor; clients
+// are told apart by a digest the caller passes, up to `kAdaptiveClientSlots` per interval.
 //
 //   sluice::AdaptivePolicy policy{.target_latency = 200ms};
 //   sluice::AdaptiveController controller(policy, clock.now());
@@ -290,12 +291,17 @@ class AdaptiveController {
       first_free =
           (held + static_cast<std::uint64_t>(period) - 1) / static_cast<std::uint64_t>(period);
     }
-    std::uint64_t recoveries = 0;
-    if (first_free <= later) recoveries = later - first_free + 1;
-    if (was_overloaded && first_free == 0) --recoveries;  // the judged interval did not recover
-    // Last seen slow: intervals without answers hold the factor (and a judged interval with
-    // answers was overloaded), so none recovers.
-    if (have_ewma_ && ewma_ > policy_.target_latency.count()) recoveries = 0;
+    // Last seen slow: an interval with fewer than min_samples answers (none, for the later ones)
+    // holds the factor. One with min_samples answers and still not overloaded had its troubled
+    // answers from fewer than min_clients clients: healthy, however slow their answers were, so
+    // that one client cannot keep the average above the target and the factor down.
+    const bool slow = have_ewma_ && ewma_ > policy_.target_latency.count();
+    const bool judged_healthy = !was_overloaded && (!slow || responses_ >= policy_.min_samples);
+    std::uint64_t recoveries = first_free == 0 && judged_healthy ? 1 : 0;
+    if (!slow && later >= 1) {
+      const std::uint64_t from = std::max<std::uint64_t>(first_free, 1);
+      if (from <= later) recoveries += later - from + 1;
+    }
     if (recoveries != 0) {
       const std::uint64_t gain =
           std::min<std::uint64_t>(recoveries, 1000) * policy_.recovery_permille;

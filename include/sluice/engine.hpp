@@ -472,20 +472,18 @@ class BasicRateLimitEngine {
   // the request names another service than its route's. Call it once per upstream answer
   // (latency, status, Retry-After); a request that never reached the upstream feeds nothing. The
   // answer feeds the rule's controller for the request's route (each adaptive rule has one per
-  // route, and one for unrouted requests) and counts as one to the request's client (its address
-  // and consumer): a controller shrinks only on answers to several distinct clients
-  // (AdaptivePolicy::min_clients).
+  // route, and one for unrouted requests) and counts as one to the request's client, its address's
+  // network (an IPv4 address, an IPv6 /64: what one host usually holds; never its credential or
+  // consumer, which it can vary): a controller shrinks only on answers to several distinct
+  // clients (AdaptivePolicy::min_clients).
   absl::Status record_upstream(const RequestContext& raw, const UpstreamResponse& response) const {
     if (!adaptive_.any() || rules_.exempt(raw.path)) return absl::OkStatus();
     RuleSet::Scratch scratch;
     ScopedRequest request(raw);
     if (absl::Status s = rules_.scope(raw, request, scratch); !s.ok()) return s;
     const std::chrono::nanoseconds at = now();
-    const std::span<const std::uint8_t> address = request.client.bytes();
-    const std::uint64_t client = absl::HashOf(
-        static_cast<int>(request.client.family()),
-        std::string_view(reinterpret_cast<const char*>(address.data()), address.size()),
-        request.consumer.value_or(std::string_view{}));
+    const std::uint64_t client =
+        absl::HashOf(network_key(request.client, AddressPrefixes{}).bytes());
     for (std::span<const std::uint32_t> group : {request.live, request.dry}) {
       for (std::uint32_t r : group) {
         if (AdaptiveController* c = adaptive_.controller(r, request.route)) {
