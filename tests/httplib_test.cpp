@@ -692,9 +692,34 @@ TEST_CASE("a header the operator trusts keys each value on its own bucket") {
   CHECK(server.get("/v1/items", a).status == 200);
   CHECK(server.get("/v1/items", a).status == 429);
   CHECK(server.get("/v1/items", b).status == 200);
-  // Sent twice, the header counts as none: the anonymous caller.
+  // Sent twice, the header is ambiguous: an unknown credential (refused), not the anonymous
+  // caller, and not a tenant's.
   const httplib::Response twice =
       server.get("/v1/items", {{"X-Consumer-Id", "tenant-a"}, {"X-Consumer-Id", "tenant-c"}});
-  CHECK(twice.status == 200);
-  CHECK(header(twice, "X-RateLimit-Limit") == "100");
+  CHECK(twice.status == 401);
+}
+
+TEST_CASE("a known API key sent twice is an unknown credential, not an anonymous caller") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  std::vector<sluice::CredentialStatus> statuses;
+  Limiter::Options options = api_key_options(resolver, "unknown");
+  options.on_evaluated = [&](const httplib::Request&, const Limiter::LimitedRequest& limited) {
+    statuses.push_back(limited.credential_status);
+  };
+  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+  const httplib::Headers twice = {{"X-Api-Key", "key-1"}, {"X-Api-Key", "key-1"}};
+  // The unknown consumer's one bucket by address (1 per minute), never the anonymous 100.
+  CHECK(server.get("/v1/items", twice).status == 200);
+  for (int i = 0; i < 4; ++i) CHECK(server.get("/v1/items", twice).status == 429);
+  CHECK(statuses == std::vector<sluice::CredentialStatus>(5, sluice::CredentialStatus::kUnknown));
+}
+
+TEST_CASE("an Authorization header sent twice, or Bearer and a tab, is an unknown credential") {
+  sluice::ManualClock clock;
+  const TestServer server(Limiter(make_engine(api_key_config(100), clock), options_with()));
+  CHECK(server.get("/v1/items", {{"Authorization", "Bearer a"}, {"Authorization", "Bearer b"}})
+            .status == 401);
+  CHECK(server.get("/v1/items", {{"Authorization", "Bearer\tk1"}}).status == 401);
+  CHECK(server.get("/v1/items", {{"Authorization", "Basic dXNlcg=="}}).status == 200);  // none
 }

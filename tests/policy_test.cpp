@@ -789,6 +789,27 @@ TEST_CASE("a resolver shared by threads answers each key right and stays within 
   CHECK(resolver->size() <= 32);
 }
 
+TEST_CASE("made-up keys never push a known key out of a resolver's cache") {
+  sluice::ManualClock clock;
+  int lookups = 0;
+  auto resolver = sluice::CredentialResolver<sluice::ManualClock>::create(
+      [&lookups](std::string_view key) -> absl::StatusOr<std::optional<std::string>> {
+        ++lookups;
+        if (key == "k1") return std::optional<std::string>("customer");
+        return std::optional<std::string>();
+      },
+      {.max_entries = 1, .known_ttl = 5min, .unknown_ttl = 30s}, clock);
+  REQUIRE(resolver.ok());
+  REQUIRE(resolver->resolve("k1").value() == "customer");
+  for (int i = 0; i < 100; ++i) {
+    CHECK_FALSE(resolver->resolve(absl::StrCat("rnd", i)).value().has_value());
+  }
+  CHECK(lookups == 101);
+  CHECK(resolver->resolve("k1").value() == "customer");
+  CHECK(lookups == 101);  // still cached
+  CHECK(resolver->size() == 1);
+}
+
 TEST_CASE("a resolver refuses options that cannot work") {
   const CountingStore store;
   using Resolver = sluice::CredentialResolver<sluice::ManualClock>;

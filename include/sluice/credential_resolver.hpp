@@ -21,7 +21,14 @@
 // consumer class of its own; never the anonymous caller's buckets, and never a bucket of the
 // key's own, so a client that sprays random keys cannot pick where it is counted.
 //
-// Bounds: at most `max_entries` keys are cached (least recently used goes first), each at most
+// Keys are compared byte for byte: a store whose lookup ignores case (or trims) answers for every
+// spelling of a key, and each spelling is then a key, and a bucket, of its own in `credential`
+// rules; make the lookup exact. Every request whose key is not cached asks the store, a request
+// its limits then deny included, so a client that makes up keys costs one lookup per request
+// (its address's limits bound how many it sends).
+//
+// Bounds: at most `max_entries` keys are cached (least recently used goes first; an unknown key
+// takes room only from other unknown keys, never from a known one), each at most
 // kMaxCredentialBytes long (a longer key is unknown without asking the store, and is not cached),
 // so the cache holds at most max_entries × (kMaxCredentialBytes + consumer name + ~100) bytes
 // whatever keys clients send. A lookup error is passed on and never cached.
@@ -135,7 +142,9 @@ class CredentialResolver {
     std::chrono::nanoseconds expires{0};  // on the resolver's clock
   };
 
-  // One shard: its entries in recency order (most recent first), indexed by credential.
+  // One shard: its known and its unknown keys, each in recency order (most recent first),
+  // indexed by credential. An unknown key takes room only from unknown keys, so keys a client
+  // makes up cannot push the known ones out.
   class Shard {
    public:
     std::optional<std::optional<std::string>> find(std::string_view credential,
@@ -143,42 +152,52 @@ class CredentialResolver {
       detail::MutexLock lock(mutex_);
       const auto it = index_.find(credential);
       if (it == index_.end()) return std::nullopt;
+      std::list<Entry>& order = order_of(*it->second);
       if (it->second->expires <= now) {
-        order_.erase(it->second);
+        order.erase(it->second);
         index_.erase(it);
         return std::nullopt;
       }
-      order_.splice(order_.begin(), order_, it->second);
+      order.splice(order.begin(), order, it->second);
       return it->second->consumer;
     }
     void store(std::string_view credential, const std::optional<std::string>& consumer,
                std::chrono::nanoseconds expires, std::size_t capacity) {
       detail::MutexLock lock(mutex_);
       if (const auto it = index_.find(credential); it != index_.end()) {
-        order_.erase(it->second);
+        order_of(*it->second).erase(it->second);
         index_.erase(it);
       }
-      while (order_.size() >= capacity) {
-        index_.erase(std::string_view(order_.back().credential));
-        order_.pop_back();
+      while (known_.size() + unknown_.size() >= capacity) {
+        std::list<Entry>& victims = unknown_.empty() ? known_ : unknown_;
+        if (!consumer && &victims == &known_) return;  // no room an unknown key may take
+        index_.erase(std::string_view(victims.back().credential));
+        victims.pop_back();
       }
-      order_.push_front(Entry{std::string(credential), consumer, expires});
-      index_.emplace(std::string_view(order_.front().credential), order_.begin());
+      std::list<Entry>& order = consumer ? known_ : unknown_;
+      order.push_front(Entry{std::string(credential), consumer, expires});
+      index_.emplace(std::string_view(order.front().credential), order.begin());
     }
     std::size_t size() {
       detail::MutexLock lock(mutex_);
-      return order_.size();
+      return known_.size() + unknown_.size();
     }
     void clear() {
       detail::MutexLock lock(mutex_);
       index_.clear();
-      order_.clear();
+      known_.clear();
+      unknown_.clear();
     }
 
    private:
+    std::list<Entry>& order_of(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+      return entry.consumer ? known_ : unknown_;
+    }
+
     detail::Mutex mutex_;
     // Keys view the credential of their entry; list nodes never move.
-    std::list<Entry> order_ ABSL_GUARDED_BY(mutex_);
+    std::list<Entry> known_ ABSL_GUARDED_BY(mutex_);
+    std::list<Entry> unknown_ ABSL_GUARDED_BY(mutex_);
     absl::flat_hash_map<std::string_view, typename std::list<Entry>::iterator> index_
         ABSL_GUARDED_BY(mutex_);
   };

@@ -36,7 +36,8 @@
 //   `credential_prefix` ("authorization: Bearer <token>" by default). It keys `credential` rules
 //   only when it belongs to a consumer: of the config (`engine.consumer_for`), or the one
 //   `consumer_of` names (the service's store, sluice/credential_resolver.hpp). A missing prefix
-//   or an entry sent more than once counts as no credential (keyed by client address). An unknown
+//   counts as no credential (keyed by client address); an entry sent more than once as an unknown
+//   one, never as none, so that a known key sent twice does not escape its limits. An unknown
 //   credential is limited by address and ended with UNAUTHENTICATED ("unknown credential"), or
 //   gets the bundles of the config consumer `unknown_consumer`, keyed by address: a client cannot
 //   mint a fresh bucket per call. A lookup error: limited by address, then UNAVAILABLE.
@@ -310,7 +311,8 @@ class GrpcRateLimiter {
   std::optional<std::string_view> credential_of(const ::grpc::ServerContextBase& context) const {
     if (options_.credential_metadata.empty()) return std::nullopt;
     const auto [first, last] = context.client_metadata().equal_range(options_.credential_metadata);
-    if (first == last || std::next(first) != last) return std::nullopt;  // absent or repeated
+    if (first == last) return std::nullopt;
+    if (std::next(first) != last) return detail::kAmbiguousCredential;  // repeated
     const std::string_view value = view(first->second);
     const std::string_view prefix = options_.credential_prefix;
     if (value.size() <= prefix.size() ||

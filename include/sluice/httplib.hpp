@@ -42,14 +42,15 @@
 //   proxies are those of the generation that evaluates the request, so a reload that changes
 //   them applies from the next request on; `Options::proxy_headers` says which header to read.
 // - Credential: by default the token of `Authorization: Bearer <token>` (scheme in any case);
-//   `header_credential("X-Api-Key")` reads another header. Who owns it: the config's
-//   consumers[].credentials, or `Options::consumer_of`, the service's own store behind a bounded
-//   cache (sluice/credential_resolver.hpp). It keys `credential` rules only when it belongs to a
-//   consumer. An unknown credential never gets the anonymous caller's treatment silently: it is
-//   limited by address and refused with 401 `{"error":"unknown credential"}`, or, with
-//   `Options::unknown_consumer`, gets that consumer's bundles, keyed by address (never by the
-//   credential, so random keys do not buy fresh buckets). A lookup error: limited by address,
-//   then 503 `{"error":"credential store unavailable"}`.
+//   `header_credential("X-Api-Key")` reads another header. A credential header sent more than
+//   once (or `Bearer` and a tab) is ambiguous: an unknown credential, never an anonymous caller.
+//   Who owns it: the config's consumers[].credentials, or `Options::consumer_of`, the service's own
+//   store behind a bounded cache (sluice/credential_resolver.hpp). It keys `credential` rules only
+//   when it belongs to a consumer. An unknown credential never gets the anonymous caller's
+//   treatment silently: it is limited by address and refused with 401 `{"error":"unknown
+//   credential"}`, or, with `Options::unknown_consumer`, gets that consumer's bundles, keyed by
+//   address (never by the credential, so random keys do not buy fresh buckets). A lookup error:
+//   limited by address, then 503 `{"error":"credential store unavailable"}`.
 // - Route: the longest `path_prefix` that starts the normalized path (sluice/request_path.hpp:
 //   unreserved percent-encodings decoded, dot segments removed, repeated '/' merged), taken from
 //   the request target as sent, never from cpp-httplib's decoded `request.path`, in which an
@@ -231,12 +232,21 @@ class HttplibLimiter {
   }
 
   // The token of `Authorization: Bearer <token>` (scheme case-insensitive), a view into
-  // `request`; none when the header is absent, has another scheme or an empty token.
+  // `request`; none when the header is absent, has another scheme or an empty token. Sent more
+  // than once, or `Bearer` followed by other whitespace than one space (a tab): ambiguous, read
+  // as an unknown credential (see the file comment), never as none.
   static std::optional<std::string_view> bearer_token(const httplib::Request& request) {
     constexpr absl::string_view kScheme = "Bearer ";
-    const auto it = request.headers.find("Authorization");
-    if (it == request.headers.end()) return std::nullopt;
-    const std::string& value = it->second;
+    const std::size_t count = request.get_header_value_count("Authorization");
+    if (count == 0) return std::nullopt;
+    if (count > 1) return detail::kAmbiguousCredential;
+    const std::string& value = request.headers.find("Authorization")->second;
+    const absl::string_view word = kScheme.substr(0, kScheme.size() - 1);
+    if (value.size() > word.size() && absl::StartsWithIgnoreCase(value, word) &&
+        value[word.size()] != ' ' &&
+        absl::ascii_isspace(static_cast<unsigned char>(value[word.size()]))) {
+      return detail::kAmbiguousCredential;
+    }
     if (value.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(value, kScheme)) {
       return std::nullopt;
     }
@@ -244,12 +254,15 @@ class HttplibLimiter {
   }
 
   // Reads the credential from header `name` (e.g. "X-Api-Key"), a view into the request; none
-  // when the header is absent, empty or sent more than once. For Options::credential.
+  // when the header is absent or empty. Sent more than once: ambiguous, read as an unknown
+  // credential, never as none. For Options::credential.
   static std::function<std::optional<std::string_view>(const httplib::Request&)> header_credential(
       std::string name) {
     return [name = std::move(name)](
                const httplib::Request& request) -> std::optional<std::string_view> {
-      if (request.get_header_value_count(name) != 1) return std::nullopt;
+      const std::size_t count = request.get_header_value_count(name);
+      if (count == 0) return std::nullopt;
+      if (count > 1) return detail::kAmbiguousCredential;
       const auto it = request.headers.find(name);
       if (it->second.empty()) return std::nullopt;
       return std::string_view(it->second);

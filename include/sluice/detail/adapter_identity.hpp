@@ -63,6 +63,16 @@ absl::Status check_trusted_proxies(const Engine* engine, std::span<const Cidr> g
       "in gateway.trusted_proxies and give the adapter none"));
 }
 
+// What an adapter reads for a credential it cannot read one way only (its header or metadata
+// entry sent more than once, or `Bearer` followed by whitespace other than one space): it is no
+// consumer's and is never looked up, so the request is an unknown credential's (refused, or the
+// unknown consumer's, keyed by address), never an anonymous one, whose limits a known key sent
+// twice would otherwise escape to. The NUL byte keeps it apart from every credential a config
+// can hold.
+inline constexpr char kAmbiguousCredentialText[] = "\0sluice: ambiguous credential";
+inline constexpr std::string_view kAmbiguousCredential(kAmbiguousCredentialText,
+                                                       sizeof(kAmbiguousCredentialText) - 1);
+
 // A request's credential as the engine sees it: `credential` keys `credential` rules (set only
 // when known), `consumer` names the consumer whose bundles apply.
 struct CredentialIdentity {
@@ -88,7 +98,9 @@ CredentialIdentity identify_credential(const Engine& engine,
                                        std::optional<std::string>& storage) {
   CredentialIdentity out;
   if (!credential || credential->empty()) return out;
-  if (!consumer_of) {
+  if (*credential == kAmbiguousCredential) {
+    // not asked of anyone: unknown
+  } else if (!consumer_of) {
     out.consumer = engine.consumer_for(*credential);
   } else {
     absl::StatusOr<std::optional<std::string>> answer = consumer_of(*credential);
