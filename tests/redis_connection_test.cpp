@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "catch.hpp"
+#include "flood_peer.hpp"
 #include "redis_fixture.hpp"
 #include "redis_server.hpp"
 #include "sluice/redis.hpp"
@@ -71,6 +72,33 @@ TEST_CASE("a peer that answers one byte every 80 ms cannot stretch a check past 
   CHECK(elapsed < milliseconds(300 + 100));
   // Bytes kept arriving well within any per-read timeout: only the total deadline ended it.
   CHECK(peer.bytes_sent() >= 3);
+}
+
+TEST_CASE("a reply far longer than the check calls for ends the check, not the process's memory") {
+  // A bulk string announced as 2 GB, sent as fast as the socket takes it.
+  sluice_test::FloodPeer peer("$2000000000\r\n", std::size_t{256} << 20);
+  REQUIRE(peer.start().empty());
+  auto limiter = make_limiter(peer_options(peer.port(), milliseconds(5000)));
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<Decision> d = limiter.check("k");
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(d.status().message().find("exceeded") != std::string_view::npos);
+  CHECK(since(start) < milliseconds(4000));  // refused once over budget, not at the deadline
+  CHECK(peer.bytes_sent() < (std::size_t{64} << 20));
+}
+
+TEST_CASE(
+    "a reply left over after a call's replies closes the connection, never answers the next") {
+  sluice_test::FloodPeer peer("-ERR first\r\n-ERR left-over\r\n", 0);
+  REQUIRE(peer.start().empty());
+  auto limiter = make_limiter(peer_options(peer.port(), milliseconds(2000)));
+  for (const char* key : {"a", "b"}) {
+    absl::StatusOr<Decision> d = limiter.check(key);
+    INFO(d.status());
+    CHECK(d.status().code() == absl::StatusCode::kInternal);
+    CHECK(d.status().message().find("left-over") == std::string_view::npos);
+  }
 }
 
 TEST_CASE("the wait for a free connection counts against the same deadline as the reply") {

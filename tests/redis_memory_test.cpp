@@ -145,6 +145,18 @@ TEST_CASE(
   CHECK((d.ok() && d->allowed()));
 }
 
+TEST_CASE("a replica is refused at creation: it would refuse every check's write") {
+  sluice_test::RedisFixture s;
+  s.redis.set_extra_args({"--replicaof", "127.0.0.1", "1"});  // a primary that is not there
+  REQUIRE(s.redis.restart().empty());
+  auto refused = sluice::redis::RedisGcraLimiter::create(
+      {{.requests = kPerHour, .period = seconds(3600)}}, s.options(kSprayTimeout));
+  INFO(refused.status());
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(contains(refused.status(), "the server is a replica"));
+  CHECK(contains(refused.status(), "point the client at the primary"));
+}
+
 TEST_CASE("an eviction policy other than volatile-ttl is refused at creation saying what it does") {
   sluice_test::RedisFixture s;
   const auto [policy, effect] = GENERATE(table<std::string, std::string>(

@@ -41,9 +41,11 @@ inline absl::Status send(ConnectionPool::Lease& lease, std::span<const Command> 
   }
   return sent;
 }
+// `max_bytes`: reply_budget of the commands sent.
 inline absl::StatusOr<std::vector<ReplyPtr>> receive(ConnectionPool::Lease& lease,
-                                                     std::size_t count) {
-  absl::StatusOr<std::vector<ReplyPtr>> replies = receive_on(lease.get(), lease.deadline(), count);
+                                                     std::size_t count, std::size_t max_bytes) {
+  absl::StatusOr<std::vector<ReplyPtr>> replies =
+      receive_on(lease.get(), lease.deadline(), count, max_bytes);
   if (!replies.ok()) {
     lease.mark_broken();
   }

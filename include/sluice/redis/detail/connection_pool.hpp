@@ -179,9 +179,11 @@ class ConnectionPool {
     mu_.notify_all();
   }
 
-  // An idle connection has nothing to read: readable means the server closed it (end of file),
-  // reset it, or sent something unasked; any of them makes it unusable.
+  // An idle connection has nothing to read: readable, or bytes left in its reader, means the
+  // server closed it (end of file), reset it, or sent something unasked; any of them makes it
+  // unusable.
   static bool is_alive(const redisContext& context) {
+    if (context.reader != nullptr && context.reader->pos < context.reader->len) return false;
     pollfd probe{.fd = context.fd, .events = POLLIN | POLLRDHUP, .revents = 0};
     return context.err == 0 && poll(&probe, 1, 0) == 0;
   }

@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "sluice/redis/detail/sigpipe_guard.hpp"
 #include "sluice/redis/detail/status.hpp"
 
@@ -124,13 +125,32 @@ inline absl::Status send_on(redisContext* context, Deadline end,
   return absl::OkStatus();
 }
 
-// Reads `count` replies (to commands sent before), by `end`. After an error the connection is
-// unusable (a reply may be half read): the caller closes it.
+// The most bytes the replies to `commands` may take: sluice's replies are no longer than a few
+// times their commands' arguments (a script's reply holds per item what its arguments name), and
+// 1 MiB covers every reply of a fixed size (INFO, CLUSTER SLOTS). hiredis 0.14 bounds neither a
+// bulk string's length nor an array's count, so a server, or anything in between, that sends
+// more would otherwise grow this process for as long as the deadline lets it (an array of tiny
+// elements costs ~17 times its bytes).
+inline std::size_t reply_budget(std::span<const Command> commands) {
+  constexpr std::size_t kFloor = std::size_t{1} << 20;
+  constexpr std::size_t kPerArgumentByte = 16;
+  std::size_t bytes = 0;
+  for (const Command& command : commands) {
+    for (std::size_t n : command.lengths) bytes += n;
+  }
+  return kFloor + kPerArgumentByte * bytes;
+}
+
+// Reads `count` replies (to commands sent before), by `end`, in at most `max_bytes`
+// (reply_budget). Internal when the server sends more, or anything after the last reply (unasked:
+// the replies may be off by one). After an error the connection is unusable (a reply may be half
+// read): the caller closes it.
 inline absl::StatusOr<std::vector<ReplyPtr>> receive_on(redisContext* context, Deadline end,
-                                                        std::size_t count) {
+                                                        std::size_t count, std::size_t max_bytes) {
   SocketDeadline deadline(*context, end);
   std::vector<ReplyPtr> replies;
   replies.reserve(count);
+  std::size_t received = 0;
   while (replies.size() < count) {
     void* reply = nullptr;
     if (redisGetReplyFromReader(context, &reply) != REDIS_OK) {
@@ -143,9 +163,19 @@ inline absl::StatusOr<std::vector<ReplyPtr>> receive_on(redisContext* context, D
     if (absl::Status armed = deadline.arm(); !armed.ok()) {
       return armed;
     }
+    const std::size_t before = context->reader->len;  // a read only appends to the buffer
     if (redisBufferRead(context) != REDIS_OK) {
       return io_status(*context, errno, "read");
     }
+    received += context->reader->len - before;
+    if (received > max_bytes) {
+      return absl::InternalError(absl::StrCat("sluice::redis: the server's reply exceeded ",
+                                              max_bytes,
+                                              " bytes, far more than these commands call for"));
+    }
+  }
+  if (context->reader->pos < context->reader->len) {
+    return absl::InternalError("sluice::redis: the server sent more replies than were asked for");
   }
   return replies;
 }
@@ -157,7 +187,7 @@ inline absl::StatusOr<std::vector<ReplyPtr>> exchange_on(redisContext* context, 
   if (absl::Status sent = send_on(context, end, commands); !sent.ok()) {
     return sent;
   }
-  return receive_on(context, end, commands.size());
+  return receive_on(context, end, commands.size(), reply_budget(commands));
 }
 
 }  // namespace sluice::redis::detail

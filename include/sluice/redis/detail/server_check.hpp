@@ -1,16 +1,17 @@
 // sluice/redis/detail/server_check.hpp — refuse a server that cannot hold limits as configured:
 // one too old for the bundled scripts, one in the other Cluster mode than ClientOptions::cluster
-// says, or one whose memory settings let limiter state grow without bound or be evicted
-// (memory_check.hpp). Internal: every connection pool runs it on each new connection, and the
-// factories (Client::create, the limiters' and the engine backend's create) ask the pool for its
-// verdict once, so that a misconfigured server is refused at creation.
+// says, a replica (outside a Cluster), or one whose memory settings let limiter state grow without
+// bound or be evicted (memory_check.hpp). Internal: every connection pool runs it on each new
+// connection, and the factories (Client::create, the limiters' and the engine backend's create) ask
+// the pool for its verdict once, so that a misconfigured server is refused at creation.
 //
 //   absl::Status ok = sluice::redis::detail::check_server(
 //       context, deadline, {.memory = sluice::redis::MemoryCheck::kRequireBounded});
 //   // FailedPrecondition naming the fix: "... run CONFIG SET maxmemory-policy volatile-ttl ..."
 //
-// One round trip: INFO server, INFO cluster, CONFIG GET maxmemory and maxmemory-policy,
-// pipelined. MemoryCheck::kSkip sends nothing and accepts the server.
+// One round trip: INFO server, INFO cluster, CONFIG GET maxmemory and maxmemory-policy, INFO
+// replication (outside a Cluster, a replica is refused), pipelined. MemoryCheck::kSkip sends
+// nothing and accepts the server.
 // Thread-safety: uses one connection, which one thread holds at a time; the rest are pure.
 #ifndef SLUICE_REDIS_DETAIL_SERVER_CHECK_HPP_
 #define SLUICE_REDIS_DETAIL_SERVER_CHECK_HPP_
@@ -118,11 +119,12 @@ inline absl::StatusOr<std::string_view> info_text(const redisReply& reply) {
 inline absl::Status check_server(redisContext* context, Deadline end,
                                  const ServerRequirements& required) {
   if (required.memory == MemoryCheck::kSkip) return absl::OkStatus();
-  std::vector<Command> commands(4);
+  std::vector<Command> commands(5);
   for (std::string_view arg : {"INFO", "server"}) commands[0].add(arg);
   for (std::string_view arg : {"INFO", "cluster"}) commands[1].add(arg);
   for (std::string_view arg : {"CONFIG", "GET", "maxmemory"}) commands[2].add(arg);
   for (std::string_view arg : {"CONFIG", "GET", "maxmemory-policy"}) commands[3].add(arg);
+  for (std::string_view arg : {"INFO", "replication"}) commands[4].add(arg);
   absl::StatusOr<std::vector<ReplyPtr>> replies = exchange_on(context, end, commands);
   if (!replies.ok()) return replies.status();
   absl::StatusOr<std::string_view> server = info_text(*(*replies)[0]);
@@ -135,6 +137,17 @@ inline absl::Status check_server(redisContext* context, Deadline end,
   }
   const bool cluster_enabled = info_field(*cluster, "cluster_enabled").value_or("0") == "1";
   if (absl::Status s = cluster_mode_status(cluster_enabled, required.cluster); !s.ok()) return s;
+  // A replica refuses writes (or, writable, loses them at its next sync): every check would fail,
+  // and under fail-open admit. In a Cluster, slots route writes to primaries by themselves.
+  if (!required.cluster) {
+    absl::StatusOr<std::string_view> replication = info_text(*(*replies)[4]);
+    if (!replication.ok()) return replication.status();
+    if (info_field(*replication, "role").value_or("master") != "master") {
+      return absl::FailedPreconditionError(
+          "sluice::redis: the server is a replica (INFO replication: role:slave), which refuses "
+          "writes or loses them; point the client at the primary");
+    }
+  }
   absl::StatusOr<std::string_view> bytes = config_value(*(*replies)[2]);
   if (!bytes.ok()) return bytes.status();
   absl::StatusOr<std::string_view> policy = config_value(*(*replies)[3]);

@@ -116,6 +116,7 @@ class Transport {
     std::vector<std::size_t> which{};  // indices into the calls
     bool asking = false;               // ASKING first (one call after an ASK redirection)
     std::unique_ptr<ConnectionPool::Lease> lease{};  // set while its replies are due
+    std::size_t reply_budget = 0;                    // of the commands sent (io.hpp)
   };
 
   void write_batch(std::span<Call> calls, NodeBatch& b, Deadline deadline) {
@@ -130,6 +131,7 @@ class Transport {
     commands.reserve(b.which.size() + 1);
     if (b.asking) commands.push_back(one_word("ASKING"));
     for (std::size_t i : b.which) commands.push_back(calls[i].command);
+    b.reply_budget = reply_budget(commands);
     if (absl::Status sent = detail::send(*b.lease, commands); !sent.ok()) {
       for (std::size_t i : b.which) calls[i].reply = sent;
       mark_stale();
@@ -141,7 +143,8 @@ class Transport {
     if (!b.lease) return;
     ConnectionPool::Lease& lease = *b.lease;
     const std::size_t offset = b.asking ? 1 : 0;
-    absl::StatusOr<std::vector<ReplyPtr>> replies = detail::receive(lease, b.which.size() + offset);
+    absl::StatusOr<std::vector<ReplyPtr>> replies =
+        detail::receive(lease, b.which.size() + offset, b.reply_budget);
     if (!replies.ok()) {
       for (std::size_t i : b.which) calls[i].reply = replies.status();
       mark_stale();
