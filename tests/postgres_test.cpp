@@ -252,6 +252,54 @@ TEST_CASE("a check before the migration is a failed precondition that names the 
   CHECK(std::string(d.status().message()).find("migrate") != std::string::npos);
 }
 
+TEST_CASE("an engine is refused at creation over a database it cannot limit on") {
+  sluice::PolicyConfig config{.policies = {{.name = "api",
+                                            .rate_limits = {{.name = "per-ip",
+                                                             .selector = {sluice::Selector::kIp},
+                                                             .requests_per = {.s = 2}}}}},
+                              .routes = {{.name = "r", .path_prefix = "/", .policies = {"api"}}}};
+  auto client_of = [](const std::string& dbname) {
+    auto c = Client::create(
+        {.connection = {.conninfo = server().conninfo() + " dbname=" + dbname}, .key_seed = 1});
+    REQUIRE(c.ok());
+    return *c;
+  };
+  // No schema: the migration was not run. Fail-open limits would admit every request.
+  query("CREATE DATABASE unmigrated");
+  auto bare = sluice::postgres::PostgresRateLimitEngine::create(
+      config, {.client = client_of("unmigrated")});
+  CHECK(bare.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(bare.status().message()).find("run sluice::postgres::migrate") !=
+        std::string::npos);
+  // An older schema.
+  query("CREATE DATABASE older");
+  std::shared_ptr<Client> older = client_of("older");
+  REQUIRE(sluice::postgres::migrate(older->pool()).ok());
+  {
+    PGconn* c = PQconnectdb((server().conninfo() + " dbname=older").c_str());
+    PQclear(PQexec(c, "DELETE FROM sluice.schema_version WHERE version = 6"));
+    PQfinish(c);
+  }
+  auto old = sluice::postgres::PostgresRateLimitEngine::create(config, {.client = older});
+  CHECK(old.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(old.status().message()).find("version 5, older") != std::string::npos);
+  // A read-only database, as a standby is.
+  query("CREATE DATABASE readonly");
+  std::shared_ptr<Client> read_only = client_of("readonly");
+  REQUIRE(sluice::postgres::migrate(read_only->pool()).ok());
+  query("ALTER DATABASE readonly SET default_transaction_read_only = on");
+  auto refused =
+      sluice::postgres::PostgresRateLimitEngine::create(config, {.client = client_of("readonly")});
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(refused.status().message()).find("read-only") != std::string::npos);
+  // A migrated, writable database: created; and one that cannot be reached: created too.
+  CHECK(sluice::postgres::PostgresRateLimitEngine::create(config, {.client = client()}).ok());
+  auto down = Client::create(
+      {.connection = {.conninfo = "host=/nonexistent port=1 user=postgres dbname=x"}});
+  REQUIRE(down.ok());
+  CHECK(sluice::postgres::PostgresRateLimitEngine::create(config, {.client = *down}).ok());
+}
+
 // Runs check_v1 as a replica built before version 3 does: `key` under `limit` for `cost`, at kT0.
 // Returns the function's reply, or the error.
 std::string check_v1(const std::string& conninfo, const Client& c,

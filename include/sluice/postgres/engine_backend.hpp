@@ -51,6 +51,7 @@
 #include "sluice/policy.hpp"
 #include "sluice/postgres/client.hpp"
 #include "sluice/postgres/limit.hpp"
+#include "sluice/postgres/schema.hpp"
 
 namespace sluice::postgres {
 
@@ -64,7 +65,9 @@ class PostgresEngineBackend {
 
   // InvalidArgument naming the rule's label for a rule outside the supported ranges, an adaptive
   // rule or a fixed-window rule (a batch holds one algorithm), or when `options.client` is null.
-  // Connects lazily.
+  // The first generation (no `previous`) checks the database once (verify_database:
+  // FailedPrecondition for a missing or older schema, or a read-only database); one that cannot
+  // be reached then is accepted, and its checks fail until it is up.
   static absl::StatusOr<PostgresEngineBackend> create(std::span<const CompiledRule> rules,
                                                       const PostgresEngineBackend* previous,
                                                       const Options& options) {
@@ -98,6 +101,9 @@ class PostgresEngineBackend {
                                   return l.gcra_windows();
                                 })
                           : std::vector<sluice::detail::CarrySource<Limit>>{}});
+    }
+    if (previous == nullptr) {
+      if (absl::Status s = verify_database(options.client->pool()); !s.ok()) return s;
     }
     return backend;
   }

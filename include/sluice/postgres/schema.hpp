@@ -100,6 +100,60 @@ inline absl::StatusOr<int> migrate(ConnectionPool& pool, const MigrationOptions&
   return version;
 }
 
+// Whether the database can hold limits as this sluice needs them, asked at an engine's or a
+// limiter's creation so that a misconfiguration is refused then, not discovered by every check
+// (which fail-open limits would admit): FailedPrecondition naming the fix when the schema is
+// missing (migrate was not run), older than kSchemaVersion, or the session is read-only (a hot
+// standby, default_transaction_read_only). A newer schema is accepted: a rolling deploy runs
+// older and newer replicas against it. OK too when the database cannot be reached in time (a
+// service may start while it is down; its checks fail until it is up). One round trip.
+inline absl::Status verify_database(ConnectionPool& pool) {
+  absl::StatusOr<ConnectionPool::Lease> lease = pool.acquire();
+  if (!lease.ok()) return absl::OkStatus();  // unreachable now: the checks will tell
+  const std::chrono::milliseconds timeout =
+      pool.options().statement_timeout + pool.options().reply_grace;
+  absl::StatusOr<detail::ResultPtr> r = lease->run_simple(
+      "SELECT pg_catalog.to_regclass('sluice.schema_version') IS NOT NULL, "
+      "pg_catalog.current_setting('transaction_read_only') = 'on' OR "
+      "pg_catalog.pg_is_in_recovery()",
+      timeout, detail::Effect::kReadOnly);
+  if (!r.ok()) {
+    const absl::StatusCode code = r.status().code();
+    if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
+      return absl::OkStatus();
+    }
+    return r.status();
+  }
+  if (PQntuples(r->get()) != 1 || PQnfields(r->get()) != 2) {
+    return absl::InternalError("sluice::postgres: unexpected reply to the database check");
+  }
+  if (std::string_view(PQgetvalue(r->get(), 0, 1)) == "t") {
+    return absl::FailedPreconditionError(
+        "sluice::postgres: the database is read-only (a standby, or default_transaction_read_only "
+        "is on), so every check would fail; point conninfo at the primary");
+  }
+  if (std::string_view(PQgetvalue(r->get(), 0, 0)) != "t") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sluice::postgres: the database has no sluice schema; run sluice::postgres::migrate "
+        "(schema version ",
+        kSchemaVersion, ") before creating limiters"));
+  }
+  r = lease->run_simple("SELECT pg_catalog.max(version) FROM sluice.schema_version", timeout,
+                        detail::Effect::kReadOnly);
+  if (!r.ok()) return r.status();
+  int version = 0;
+  const std::string_view value(PQntuples(r->get()) == 1 ? PQgetvalue(r->get(), 0, 0) : "");
+  if (std::from_chars(value.data(), value.data() + value.size(), version).ec != std::errc{}) {
+    return absl::InternalError("sluice::postgres: malformed schema version");
+  }
+  if (version < kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sluice::postgres: the database's sluice schema is version ", version,
+        ", older than this sluice's ", kSchemaVersion, "; run sluice::postgres::migrate"));
+  }
+  return absl::OkStatus();
+}
+
 // Deletes at most `max_rows` idle rows, visiting shards in ascending order and skipping any a
 // check holds at that moment; one round trip, bounded by the pool's statement timeout. Returns
 // how many rows it deleted. An unknown outcome (kUnknown) means rows may have been deleted; idle
