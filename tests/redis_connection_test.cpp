@@ -1,15 +1,16 @@
-// sluice::redis connections: one deadline per check, and no spurious failure after a restart.
+// sluice::redis connections: one deadline per check, bounded replies, and no spurious failure
+// after a restart.
 //
-// The deadline tests talk to a fake peer (tests/support/trickle_peer.hpp) that trickles a reply
-// one byte at a time; the restart tests run against a real redis-server the test starts. Sleeps
-// here only inject faults (a lease held for a while); no rate is measured by sleeping.
+// The deadline and reply tests talk to fake peers (tests/support/trickle_peer.hpp): one trickles
+// a reply one byte at a time, one floods; the restart tests run against a real redis-server the
+// test starts. Sleeps here only inject faults (a lease held for a while); no rate is measured by
+// sleeping.
 #include <chrono>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "catch.hpp"
-#include "flood_peer.hpp"
 #include "redis_fixture.hpp"
 #include "redis_server.hpp"
 #include "sluice/redis.hpp"

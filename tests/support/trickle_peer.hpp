@@ -1,12 +1,20 @@
-// A fake Redis on 127.0.0.1 that reads a command and then answers one byte at a time, slowly.
+// Fake Redis servers on 127.0.0.1 that misbehave on purpose, for the client's deadline and
+// reply-size tests. Each serves one connection at a time on a thread of its own and stops when
+// destroyed.
 //
-// For deadline tests: the reply it trickles never completes (a bulk string announced far longer
-// than what it sends), so only a deadline over the whole check ends the wait. It serves one
-// connection at a time, each for at most `max_bytes` bytes, and stops when destroyed.
+// TricklePeer reads a command and then answers one byte at a time, slowly: the reply it trickles
+// never completes (a bulk string announced far longer than what it sends), so only a deadline over
+// the whole check ends the wait; each connection gets at most `max_bytes` bytes.
 //
 //   sluice_test::TricklePeer peer(std::chrono::milliseconds(80));
 //   REQUIRE(peer.start().empty());
 //   options.connection.port = peer.port();
+//
+// FloodPeer answers every command with the same bytes, as fast as it can: `head`, then `filler`
+// bytes of 'x' (for a reply announced far longer than any check's), in 64 KiB writes until the
+// client stops reading or closes.
+//
+//   sluice_test::FloodPeer peer("$2000000000\r\n", 256 << 20);  // 256 MiB of a "2 GB" string
 //
 // Thread-safety: construct, start and destroy from one thread; bytes_sent() from any.
 #ifndef SLUICE_TESTS_SUPPORT_TRICKLE_PEER_HPP_
@@ -18,22 +26,24 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <string>
 #include <thread>
+#include <utility>
 
 namespace sluice_test {
 
-class TricklePeer {
+// The listener and the serving thread of a fake peer; a derived peer answers each accepted
+// connection in serve(fd), and its destructor calls stop() before its members go.
+class FakePeer {
  public:
-  explicit TricklePeer(std::chrono::milliseconds interval, int max_bytes = 60)
-      : interval_(interval), max_bytes_(max_bytes) {}
-  TricklePeer(const TricklePeer&) = delete;
-  TricklePeer& operator=(const TricklePeer&) = delete;
-  ~TricklePeer() {
-    stop_.store(true);
-    if (thread_.joinable()) thread_.join();
+  FakePeer(const FakePeer&) = delete;
+  FakePeer& operator=(const FakePeer&) = delete;
+  virtual ~FakePeer() {
+    stop();
     if (listener_ >= 0) close(listener_);
   }
 
@@ -51,41 +61,66 @@ class TricklePeer {
       return "bind/listen failed";
     }
     port_ = ntohs(addr.sin_port);
-    thread_ = std::thread([this] { serve(); });
+    thread_ = std::thread([this] { run(); });
     return "";
   }
 
   int port() const { return port_; }
-  int bytes_sent() const { return bytes_sent_.load(); }
 
- private:
-  // Waits up to `ms` for `fd` to have `events`, in slices so that stop_ is seen.
+ protected:
+  FakePeer() = default;
+
+  // Ends the serving thread; called by the derived destructor, and again here (a no-op then).
+  void stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  bool stopping() const { return stop_.load(); }
+
+  // Waits up to `ms` for `fd` to have `events`, in slices so that stop() is seen.
   bool wait(int fd, short events, int ms) const {
-    for (int waited = 0; waited < ms && !stop_.load(); waited += 20) {
+    for (int waited = 0; waited < ms && !stopping(); waited += 20) {
       pollfd p{.fd = fd, .events = events, .revents = 0};
       if (poll(&p, 1, 20) > 0) return true;
     }
     return false;
   }
 
-  void serve() {
-    while (!stop_.load()) {
+  virtual void serve(int fd) = 0;
+
+ private:
+  void run() {
+    while (!stopping()) {
       if (!wait(listener_, POLLIN, 10'000)) return;
       const int fd = accept(listener_, nullptr, nullptr);
       if (fd < 0) return;
-      trickle(fd);
+      serve(fd);
       close(fd);
     }
   }
 
-  void trickle(int fd) {
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+class TricklePeer : public FakePeer {
+ public:
+  explicit TricklePeer(std::chrono::milliseconds interval, int max_bytes = 60)
+      : interval_(interval), max_bytes_(max_bytes) {}
+  ~TricklePeer() override { stop(); }
+
+  int bytes_sent() const { return bytes_sent_.load(); }
+
+ private:
+  void serve(int fd) override {
     if (!wait(fd, POLLIN, 10'000)) return;  // the command
     char command[4096];
     if (read(fd, command, sizeof command) <= 0) return;
     static constexpr char kReply[] =
         "$100000\r\nxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
-    for (int i = 0; i < max_bytes_ && i < static_cast<int>(sizeof kReply) - 1 && !stop_.load();
-         ++i) {
+    for (int i = 0; i < max_bytes_ && i < static_cast<int>(sizeof kReply) - 1 && !stopping(); ++i) {
       if (send(fd, &kReply[i], 1, MSG_NOSIGNAL) != 1) return;
       bytes_sent_.fetch_add(1);
       std::this_thread::sleep_for(interval_);
@@ -94,11 +129,50 @@ class TricklePeer {
 
   const std::chrono::milliseconds interval_;
   const int max_bytes_;
-  int listener_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
   std::atomic<int> bytes_sent_{0};
-  std::thread thread_;
+};
+
+class FloodPeer : public FakePeer {
+ public:
+  FloodPeer(std::string head, std::size_t filler) : head_(std::move(head)), filler_(filler) {}
+  ~FloodPeer() override { stop(); }
+
+  std::size_t bytes_sent() const { return bytes_sent_.load(); }
+
+ private:
+  // Each command read gets the whole answer.
+  void serve(int fd) override {
+    char command[4096];
+    while (wait(fd, POLLIN, 2'000) && read(fd, command, sizeof command) > 0) {
+      if (!answer(fd)) break;
+    }
+  }
+
+  bool answer(int fd) {
+    if (!send_all(fd, head_.data(), head_.size())) return false;
+    const std::string chunk(std::size_t{64} << 10, 'x');
+    for (std::size_t left = filler_; left > 0 && !stopping();) {
+      const std::size_t n = std::min(left, chunk.size());
+      if (!send_all(fd, chunk.data(), n)) return false;
+      left -= n;
+    }
+    return true;
+  }
+
+  bool send_all(int fd, const char* data, std::size_t size) {
+    for (std::size_t sent = 0; sent < size;) {
+      if (!wait(fd, POLLOUT, 2'000)) return false;
+      const ssize_t n = send(fd, data + sent, size - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<std::size_t>(n);
+      bytes_sent_.fetch_add(static_cast<std::size_t>(n));
+    }
+    return true;
+  }
+
+  const std::string head_;
+  const std::size_t filler_;
+  std::atomic<std::size_t> bytes_sent_{0};
 };
 
 }  // namespace sluice_test
