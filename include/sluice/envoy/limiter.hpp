@@ -310,6 +310,8 @@ class BasicLimiter {
     if (!gen->limits->has_domain(request.domain)) return gen;
     for (const Descriptor& d : request.descriptors) {
       if (!d.limit || gen->override_index.contains(override_id(*d.limit))) continue;
+      // Full: decided as absent (make_plan), without taking the lock reloads take.
+      if (gen->overrides.size() >= options_.bounds.max_overrides) continue;
       sluice::detail::MutexLock lock(reload_mutex_);
       gen = current();
       if (gen->override_index.contains(override_id(*d.limit))) continue;
