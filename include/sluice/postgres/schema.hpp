@@ -48,6 +48,21 @@ static_assert(std::size(detail::kSchemaSteps) == static_cast<std::size_t>(kSchem
 // Shards of the row bound: worst case rows = kShards × rows_per_shard.
 inline constexpr int kShards = 256;
 
+namespace detail {
+
+// The integer that starts the value of a result of one row, or nothing (no row, or no number).
+template <class Integer>
+std::optional<Integer> single_integer(const PGresult* result) {
+  const std::string_view value(PQntuples(result) == 1 ? PQgetvalue(result, 0, 0) : "");
+  Integer n = 0;
+  if (std::from_chars(value.data(), value.data() + value.size(), n).ec != std::errc{}) {
+    return std::nullopt;
+  }
+  return n;
+}
+
+}  // namespace detail
+
 struct MigrationOptions {
   std::uint32_t rows_per_shard = 4096;  // 1..2^31-1; applies to every replica (stored in the DB)
   std::chrono::milliseconds timeout{30'000};  // for the whole migration transaction
@@ -91,13 +106,9 @@ inline absl::StatusOr<int> migrate(ConnectionPool& pool, const MigrationOptions&
   absl::StatusOr<detail::ResultPtr> r = lease->run_simple(
       sql, options.timeout + pool.options().reply_grace, detail::Effect::kOneTransaction);
   if (!r.ok()) return r.status();
-  int version = 0;
-  const char* text = PQntuples(r->get()) == 1 ? PQgetvalue(r->get(), 0, 0) : "";
-  const std::string_view value(text);
-  if (std::from_chars(value.data(), value.data() + value.size(), version).ec != std::errc{}) {
-    return absl::InternalError("sluice::postgres: migrate: malformed schema version");
-  }
-  return version;
+  const std::optional<int> version = detail::single_integer<int>(r->get());
+  if (!version) return absl::InternalError("sluice::postgres: migrate: malformed schema version");
+  return *version;
 }
 
 // Whether the database can hold limits as this sluice needs them, asked at an engine's or a
@@ -141,14 +152,11 @@ inline absl::Status verify_database(ConnectionPool& pool) {
   r = lease->run_simple("SELECT pg_catalog.max(version) FROM sluice.schema_version", timeout,
                         detail::Effect::kReadOnly);
   if (!r.ok()) return r.status();
-  int version = 0;
-  const std::string_view value(PQntuples(r->get()) == 1 ? PQgetvalue(r->get(), 0, 0) : "");
-  if (std::from_chars(value.data(), value.data() + value.size(), version).ec != std::errc{}) {
-    return absl::InternalError("sluice::postgres: malformed schema version");
-  }
-  if (version < kSchemaVersion) {
+  const std::optional<int> version = detail::single_integer<int>(r->get());
+  if (!version) return absl::InternalError("sluice::postgres: malformed schema version");
+  if (*version < kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "sluice::postgres: the database's sluice schema is version ", version,
+        "sluice::postgres: the database's sluice schema is version ", *version,
         ", older than this sluice's ", kSchemaVersion, "; run sluice::postgres::migrate"));
   }
   return absl::OkStatus();
@@ -172,12 +180,9 @@ inline absl::StatusOr<std::uint64_t> cleanup_expired(ConnectionPool& pool, std::
       lease->run("sluice_cleanup_v1", "SELECT sluice.cleanup_v1($1::integer, $2::bigint)", params,
                  detail::Effect::kWrites);
   if (!r.ok()) return r.status();
-  std::uint64_t deleted = 0;
-  const std::string_view value(PQntuples(r->get()) == 1 ? PQgetvalue(r->get(), 0, 0) : "");
-  if (std::from_chars(value.data(), value.data() + value.size(), deleted).ec != std::errc{}) {
-    return absl::InternalError("sluice::postgres: cleanup: malformed reply");
-  }
-  return deleted;
+  const std::optional<std::uint64_t> deleted = detail::single_integer<std::uint64_t>(r->get());
+  if (!deleted) return absl::InternalError("sluice::postgres: cleanup: malformed reply");
+  return *deleted;
 }
 
 }  // namespace sluice::postgres
