@@ -325,11 +325,22 @@ TEST_CASE("an IPv4 network contains no IPv6 address and no invalid one") {
   CHECK_FALSE(all_v4.contains(ClientAddress{}));
 }
 
-TEST_CASE("an IPv6 network that covers the mapped range contains those IPv4 addresses") {
+TEST_CASE("an IPv6 network inside the mapped range contains those IPv4 addresses") {
   CHECK(Cidr::parse("::ffff:10.0.0.0/104")->contains(ClientAddress::parse("10.1.2.3")));
   CHECK_FALSE(Cidr::parse("::ffff:10.0.0.0/104")->contains(ClientAddress::parse("11.1.2.3")));
-  CHECK(Cidr::parse("::/0")->contains(ClientAddress::parse("192.0.2.1")));
+  CHECK(Cidr::parse("::ffff:0:0/96")->contains(ClientAddress::parse("192.0.2.1")));
   CHECK_FALSE(Cidr::parse("2001:db8::/32")->contains(ClientAddress::parse("192.0.2.1")));
+}
+
+// A broader IPv6 network also covers the mapped range, but it was written for IPv6: trusting
+// "::/64" (or "::/0", every IPv6 proxy) must not trust every IPv4 peer, whose forwarding
+// headers would then pick the client.
+TEST_CASE("an IPv6 network broader than the mapped range contains no IPv4 address") {
+  CHECK_FALSE(Cidr::parse("::/0")->contains(ClientAddress::parse("192.0.2.1")));
+  CHECK_FALSE(Cidr::parse("::/64")->contains(ClientAddress::parse("192.0.2.1")));
+  CHECK_FALSE(Cidr::parse("::/95")->contains(ClientAddress::parse("192.0.2.1")));
+  CHECK(Cidr::parse("::/64")->contains(ClientAddress::parse("::1")));
+  CHECK(Cidr::parse("::/0")->contains(ClientAddress::parse("2001:db8::1")));
 }
 
 // --- the resolver: configuration ----------------------------------------------------------------

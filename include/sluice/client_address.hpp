@@ -255,8 +255,9 @@ inline NetworkKey network_key(const ClientAddress& address,
 }
 
 // An IPv4 or IPv6 network: "10.0.0.0/8", "2001:db8::/32"; a bare address is a /32 or /128.
-// A v6 network that covers IPv4-mapped addresses ("::ffff:10.0.0.0/104") contains those IPv4
-// addresses.
+// A v6 network inside the IPv4-mapped range (::ffff:0:0/96 or longer, "::ffff:10.0.0.0/104")
+// contains those IPv4 addresses; a broader v6 network ("::/64", "::/0") contains no IPv4 address,
+// though it covers the mapped range: it was written for IPv6 peers.
 class Cidr {
  public:
   // InvalidArgument, naming the text, for anything but `address[/length]` with a canonical
@@ -298,7 +299,7 @@ class Cidr {
     detail::Ipv6Bytes bytes{};
     if (address.family() == family_) {
       std::copy(address.bytes().begin(), address.bytes().end(), bytes.begin());
-    } else if (address.is_ipv4() && family_ == ClientAddress::Family::kIpv6) {
+    } else if (address.is_ipv4() && family_ == ClientAddress::Family::kIpv6 && length_ >= 96) {
       bytes[10] = bytes[11] = 0xff;  // its IPv4-mapped form
       std::copy(address.bytes().begin(), address.bytes().end(), bytes.begin() + 12);
     } else {
