@@ -1,5 +1,6 @@
 #include "sluice/yaml.hpp"
 
+#include <cstddef>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -481,6 +482,17 @@ TEST_CASE("an alias bomb is stopped by the node budget") {
   const std::string message = error_of(text);
   CHECK(message.find(": the config has more than 250000 nodes (each use of an alias counts)") !=
         std::string::npos);
+}
+
+TEST_CASE("a config of more nodes than the budget is refused before they are built", "[attack]") {
+  // 2 MiB of one-letter list items would make about a million yaml-cpp nodes (some 500 MB)
+  // before the reader counted its first one.
+  std::string text = "policies: [";
+  for (std::size_t i = 0; i < sluice::yaml::kMaxConfigNodes; ++i) text += "a,";
+  text += "a]\n";
+  // Node 250001 (the map, its key and the sequence come first) is item 249997, at column 500006.
+  CHECK(error_of(text) ==
+        "1:500006: (root): the config has more than 250000 nodes (each use of an alias counts)");
 }
 
 TEST_CASE("nesting deeper than the documented limit is an error that names the limit") {
