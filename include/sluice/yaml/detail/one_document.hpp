@@ -13,28 +13,44 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/detail/text.hpp"
 #include "sluice/yaml/detail/error.hpp"
+#include "sluice/yaml/limits.hpp"
 #include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace sluice::yaml::detail {
 
-// Sees where each document starts, without building it.
+// Sees where each document starts, and counts its nodes (an alias as one) against
+// kMaxConfigNodes, without building it: yaml-cpp builds a node in some 500 bytes, so a 2 MiB
+// config of one-letter list items would take some 500 MB before a reader counted one.
 class DocumentStart final : public YAML::EventHandler {
  public:
   std::optional<YAML::Mark> mark;
 
   void OnDocumentStart(const YAML::Mark& at) override { mark = at; }
   void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                const std::string&) override {}
-  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                       YAML::EmitterStyle::value) override {}
+  void OnNull(const YAML::Mark& at, YAML::anchor_t) override { count(at); }
+  void OnAlias(const YAML::Mark& at, YAML::anchor_t) override { count(at); }
+  void OnScalar(const YAML::Mark& at, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    count(at);
+  }
+  void OnSequenceStart(const YAML::Mark& at, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    count(at);
+  }
   void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                  YAML::EmitterStyle::value) override {}
+  void OnMapStart(const YAML::Mark& at, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    count(at);
+  }
   void OnMapEnd() override {}
+
+ private:
+  void count(const YAML::Mark& at) {
+    if (++nodes_ > kMaxConfigNodes) fail(at, "", too_many_nodes_message());
+  }
+
+  std::size_t nodes_ = 0;
 };
 
 // The syntax error for a parser that cannot consume the token at `start`.
@@ -46,11 +62,12 @@ class DocumentStart final : public YAML::EventHandler {
            : std::string("unexpected end of input"));
 }
 
-// Throws LoadError unless `text` holds exactly one document. Not YAML::LoadAll: in yaml-cpp 0.7
-// it loops forever, allocating, on input such as "," (jbeder/yaml-cpp#1040, fixed upstream by
-// #1319), because the parser hands out the same empty document again and again without consuming
-// the token. Here a document that starts where the previous one started is that stuck parser,
-// and is reported as a syntax error at the token it cannot consume.
+// Throws LoadError unless `text` holds exactly one document of at most kMaxConfigNodes nodes. Not
+// YAML::LoadAll: in yaml-cpp 0.7 it loops forever, allocating, on input such as ","
+// (jbeder/yaml-cpp#1040, fixed upstream by #1319), because the parser hands out the same empty
+// document again and again without consuming the token. Here a document that starts where the
+// previous one started is that stuck parser, and is reported as a syntax error at the token it
+// cannot consume.
 inline void expect_one_document(const std::string& text) {
   std::istringstream in(text);
   YAML::Parser parser(in);
