@@ -506,6 +506,17 @@ TEST_CASE("nesting deeper than the documented limit is an error that names the l
   CHECK(error_of(shallow).find("nests deeper") == std::string::npos);
 }
 
+TEST_CASE("nesting that the text check cannot see is stopped as the parser descends", "[attack]") {
+  // A quote inside a plain scalar is no quote, and a `[` inside one opens nothing; the text
+  // check took the first to hide the rest of the line and the second to end block indentation.
+  const std::string flow =
+      "policies: [a'b, " + std::string(100000, '[') + std::string(100000, ']') + "]";
+  CHECK(error_of(flow) == "1:79: (root): the config nests deeper than 64 levels");
+  std::string block = "limits_nothing: x[\n";
+  for (std::size_t i = 0; i < 1000; ++i) block += std::string(i, ' ') + "a:\n";
+  CHECK(error_of(block) == "66:65: (root): the config nests deeper than 64 levels");
+}
+
 // --- files
 // ----------------------------------------------------------------------------------------
 
