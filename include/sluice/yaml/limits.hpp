@@ -1,10 +1,10 @@
 // sluice/yaml/limits.hpp — how much untrusted config text the YAML loader reads.
 //
-// A config is at most kMaxConfigBytes, and it has at most kMaxConfigNodes nodes: counted as it
-// is parsed, before any is built, and again as it is read (where each use of an alias counts, so
-// an alias bomb is rejected early), and it nests at most
-// kMaxNestingDepth levels (checked on the text before parsing, so that no parser recursion runs
-// deep).
+// A config is at most kMaxConfigBytes; it has at most kMaxConfigNodes nodes (counted as it is
+// parsed, before any is built, and again as it is read, where each use of an alias counts, so an
+// alias bomb is rejected early); and it nests at most kMaxNestingDepth levels (checked on the text
+// before parsing, and again as the parser opens each collection, before it descends into it, so
+// that no parser recursion runs deep).
 // Thread-safety: constants only.
 #ifndef SLUICE_YAML_LIMITS_HPP_
 #define SLUICE_YAML_LIMITS_HPP_

@@ -52,6 +52,12 @@ inline std::string too_many_nodes_message() {
                       " nodes (each use of an alias counts)");
 }
 
+// The error for a config that nests deeper than kMaxNestingDepth, whether the text check or the
+// parser found it.
+inline std::string nests_too_deep_message() {
+  return absl::StrCat("the config nests deeper than ", kMaxNestingDepth, " levels");
+}
+
 // A scalar's text for an error message: quoted, escaped, at most 40 bytes of it.
 inline std::string echo(std::string_view text) {
   constexpr std::size_t kMaxEcho = 40;
