@@ -179,6 +179,20 @@ TEST_CASE("an explicit empty path_prefix is an error, in either spelling") {
         "it for a route the application names itself");
 }
 
+TEST_CASE("a path_prefix with a query or a fragment is an error, not a route that limits nothing",
+          "[attack]") {
+  // Routes see the path before '?', and no client sends a fragment: such a prefix matches nothing.
+  const std::string head =
+      "policies: [{ name: a, rate_limit: { requests: 5, window_seconds: 60 } }]\nroutes:\n";
+  CHECK(error_of(head + "  - { name: search, path_prefix: \"/search?q=\", policies: [a] }\n") ==
+        "3:34: routes[0].path_prefix: \"/search?q=\" can match no request: a request's path ends "
+        "before '?' (the query) and '#' (the fragment), so a prefix holds neither");
+  CHECK(error_of(head + "  - { name: docs, match: { path: { type: prefix, value: '/docs#top' } }, "
+                        "policies: [a] }\n") ==
+        "3:57: routes[0].path_prefix: \"/docs#top\" can match no request: a request's path ends "
+        "before '?' (the query) and '#' (the fragment), so a prefix holds neither");
+}
+
 TEST_CASE("a typo in a rule key is an error rather than a dropped burst") {
   CHECK(error_of(R"(policies:
   - name: a
