@@ -58,10 +58,15 @@ absl::Status invalid(const Parts&... parts) {
 }
 
 // Routes are matched on normalized paths (sluice/request_path.hpp), so a prefix that
-// normalization would change matches no request: OK, or InvalidArgument saying why and, where
-// there is one, the prefix to write instead. A prefix may end inside a segment ("/v1/it"), so
-// it is checked with one more character after it.
+// normalization would change, or that holds a '?' or '#' (a path ends before either), matches no
+// request: OK, or InvalidArgument saying why and, where there is one, the prefix to write instead.
+// A prefix may end inside a segment ("/v1/it"), so it is checked with one more character after it.
 inline absl::Status check_normalized_prefix(std::string_view prefix) {
+  if (prefix.find_first_of("?#") != std::string_view::npos) {
+    return absl::InvalidArgumentError(
+        "can match no request: a request's path ends before '?' (the query) and '#' (the "
+        "fragment), so a prefix holds neither");
+  }
   const std::string probe = std::string(prefix) + "x";
   const absl::StatusOr<std::string> normalized = normalize_request_path(probe);
   if (!normalized.ok()) {
