@@ -193,6 +193,22 @@ TEST_CASE("a path_prefix with a query or a fragment is an error, not a route tha
         "before '?' (the query) and '#' (the fragment), so a prefix holds neither");
 }
 
+TEST_CASE("an exempt path that no request path can equal is an error, not a path left limited",
+          "[attack]") {
+  // Exempt paths are compared with the normalized path, byte for byte.
+  const std::string head = "gateway:\n  exempt_paths: [";
+  CHECK(error_of(head + "//healthz]\n") ==
+        "2:18: gateway.exempt_paths[0]: \"//healthz\" can match no request: request paths are "
+        "normalized before routes are matched (repeated '/' merged, dot segments removed, "
+        "unreserved characters decoded, percent-encodings in upper case); write \"/healthz\"");
+  CHECK(error_of(head + "'/healthz?full=1']\n") ==
+        "2:18: gateway.exempt_paths[0]: \"/healthz?full=1\" can match no request: a request's "
+        "path ends before '?' (the query) and '#' (the fragment), so a path holds neither");
+  CHECK(error_of(head + "\"/healthz\\n\"]\n") ==
+        "2:18: gateway.exempt_paths[0]: \"/healthz\\x0a\" must contain only printable ASCII "
+        "characters (0x20-0x7E)");
+}
+
 TEST_CASE("a typo in a rule key is an error rather than a dropped burst") {
   CHECK(error_of(R"(policies:
   - name: a
