@@ -680,6 +680,18 @@ TEST_CASE("an adaptive value out of range is reported at its line") {
 )") == "6:70: policies[0].rate_limits[0].adaptive.minimum_factor_permille: must be 1 ... 1000");
 }
 
+TEST_CASE("an adaptive hold in seconds past any range is an error, not a wrapped short hold",
+          "[attack]") {
+  // 571849066285 s is 571849066285 * 10^9 ns, which wraps int64 to 3899904 ns (3.9 ms).
+  const std::string rule =
+      "policies:\n  - name: p\n    rate_limits:\n      - selector: [ip]\n"
+      "        requests_per: { minute: 60 }\n        adaptive: { target_latency_ms: 100, ";
+  CHECK(error_of(rule + "max_hold_seconds: 571849066285 }\n") ==
+        "6:63: policies[0].rate_limits[0].adaptive.max_hold: must be 0 ... 24 hours");
+  CHECK(error_of(rule + "max_retry_after_seconds: 571849066285 }\n") ==
+        "6:70: policies[0].rate_limits[0].adaptive.max_retry_after: must be 0 ... 24 hours");
+}
+
 TEST_CASE("a backend section loads as spelled") {
   const absl::StatusOr<sluice::PolicyConfig> config = sluice::yaml::load_config(R"(
 limits_nothing: true
