@@ -1,6 +1,9 @@
 #include "sluice/yaml/reloading_engine.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +14,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -218,6 +223,47 @@ TEST_CASE("a broken file keeps the last good config serving and reports the erro
   CHECK(poll(*holder, clocks) == "reloaded");
   CHECK(holder->current() != good);
   CHECK(admitted(*holder->current(), 1) == 0);  // and its state carried over
+}
+
+namespace {
+
+// Whether `call` returns within a few seconds while nothing writes to the FIFO at `fifo`. If it
+// does not (it waits in open(2) for a writer), a writer opens and closes the FIFO so that the call
+// reads end of file and returns before this does.
+bool returns_without_a_writer(const std::string& fifo, const std::function<void()>& call) {
+  std::future<void> done = std::async(std::launch::async, call);
+  if (done.wait_for(std::chrono::seconds(5)) == std::future_status::ready) return true;
+  const int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd >= 0) ::close(fd);
+  done.wait();
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a config path that is a FIFO is refused at once, not read until a writer comes",
+          "[attack]") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  Clocks clocks;
+  auto holder = make(path, clocks);
+  const std::string fifo = dir.file("fifo.yaml");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+
+  absl::Status created;
+  CHECK(returns_without_a_writer(fifo, [&] { created = try_make(fifo, clocks).status(); }));
+  CHECK(created.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(created.message() == fifo + ": the config file is not a regular file (a FIFO)");
+
+  std::filesystem::rename(fifo, path);  // the holder's own path, now a FIFO
+  absl::Status reloaded;
+  CHECK(returns_without_a_writer(path, [&] { reloaded = holder->reload(); }));
+  CHECK(reloaded.code() == absl::StatusCode::kFailedPrecondition);
+  absl::Status polled;
+  CHECK(returns_without_a_writer(path, [&] { polled = holder->poll().status(); }));
+  CHECK(polled.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(admitted(*holder->current(), 3) == 2);  // the last good config still enforces
 }
 
 TEST_CASE("poll reloads nothing while the file's content is unchanged") {

@@ -1,5 +1,6 @@
 #include "sluice/yaml.hpp"
 
+#include <cstddef>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -176,6 +177,36 @@ TEST_CASE("an explicit empty path_prefix is an error, in either spelling") {
                         "policies: [a] }\n") ==
         "3:58: routes[0].match.path.value: must not be empty (it would match no request); omit "
         "it for a route the application names itself");
+}
+
+TEST_CASE("a path_prefix with a query or a fragment is an error, not a route that limits nothing",
+          "[attack]") {
+  // Routes see the path before '?', and no client sends a fragment: such a prefix matches nothing.
+  const std::string head =
+      "policies: [{ name: a, rate_limit: { requests: 5, window_seconds: 60 } }]\nroutes:\n";
+  CHECK(error_of(head + "  - { name: search, path_prefix: \"/search?q=\", policies: [a] }\n") ==
+        "3:34: routes[0].path_prefix: \"/search?q=\" can match no request: a request's path ends "
+        "before '?' (the query) and '#' (the fragment), so a prefix holds neither");
+  CHECK(error_of(head + "  - { name: docs, match: { path: { type: prefix, value: '/docs#top' } }, "
+                        "policies: [a] }\n") ==
+        "3:57: routes[0].path_prefix: \"/docs#top\" can match no request: a request's path ends "
+        "before '?' (the query) and '#' (the fragment), so a prefix holds neither");
+}
+
+TEST_CASE("an exempt path that no request path can equal is an error, not a path left limited",
+          "[attack]") {
+  // Exempt paths are compared with the normalized path, byte for byte.
+  const std::string head = "gateway:\n  exempt_paths: [";
+  CHECK(error_of(head + "//healthz]\n") ==
+        "2:18: gateway.exempt_paths[0]: \"//healthz\" can match no request: request paths are "
+        "normalized before routes are matched (repeated '/' merged, dot segments removed, "
+        "unreserved characters decoded, percent-encodings in upper case); write \"/healthz\"");
+  CHECK(error_of(head + "'/healthz?full=1']\n") ==
+        "2:18: gateway.exempt_paths[0]: \"/healthz?full=1\" can match no request: a request's "
+        "path ends before '?' (the query) and '#' (the fragment), so a path holds neither");
+  CHECK(error_of(head + "\"/healthz\\n\"]\n") ==
+        "2:18: gateway.exempt_paths[0]: \"/healthz\\x0a\" must contain only printable ASCII "
+        "characters (0x20-0x7E)");
 }
 
 TEST_CASE("a typo in a rule key is an error rather than a dropped burst") {
@@ -483,6 +514,17 @@ TEST_CASE("an alias bomb is stopped by the node budget") {
         std::string::npos);
 }
 
+TEST_CASE("a config of more nodes than the budget is refused before they are built", "[attack]") {
+  // 2 MiB of one-letter list items would make about a million yaml-cpp nodes (some 500 MB)
+  // before the reader counted its first one.
+  std::string text = "policies: [";
+  for (std::size_t i = 0; i < sluice::yaml::kMaxConfigNodes; ++i) text += "a,";
+  text += "a]\n";
+  // Node 250001 (the map, its key and the sequence come first) is item 249997, at column 500006.
+  CHECK(error_of(text) ==
+        "1:500006: (root): the config has more than 250000 nodes (each use of an alias counts)");
+}
+
 TEST_CASE("nesting deeper than the documented limit is an error that names the limit") {
   const std::string flow = "policies: " + std::string(100000, '[') + std::string(100000, ']');
   CHECK(error_of(flow) == "1:74: (root): the config nests deeper than 64 levels");
@@ -492,6 +534,17 @@ TEST_CASE("nesting deeper than the documented limit is an error that names the l
   // Within the limit, nesting is yaml-cpp's and the schema's business, not a nesting error.
   const std::string shallow = "policies: " + std::string(60, '[') + std::string(60, ']');
   CHECK(error_of(shallow).find("nests deeper") == std::string::npos);
+}
+
+TEST_CASE("nesting that the text check cannot see is stopped as the parser descends", "[attack]") {
+  // A quote inside a plain scalar is no quote, and a `[` inside one opens nothing; the text
+  // check took the first to hide the rest of the line and the second to end block indentation.
+  const std::string flow =
+      "policies: [a'b, " + std::string(100000, '[') + std::string(100000, ']') + "]";
+  CHECK(error_of(flow) == "1:79: (root): the config nests deeper than 64 levels");
+  std::string block = "limits_nothing: x[\n";
+  for (std::size_t i = 0; i < 1000; ++i) block += std::string(i, ' ') + "a:\n";
+  CHECK(error_of(block) == "66:65: (root): the config nests deeper than 64 levels");
 }
 
 // --- files
@@ -625,6 +678,18 @@ TEST_CASE("an adaptive value out of range is reported at its line") {
         requests_per: { minute: 60 }
         adaptive: { target_latency_ms: 100, minimum_factor_permille: 5000000000 }
 )") == "6:70: policies[0].rate_limits[0].adaptive.minimum_factor_permille: must be 1 ... 1000");
+}
+
+TEST_CASE("an adaptive hold in seconds past any range is an error, not a wrapped short hold",
+          "[attack]") {
+  // 571849066285 s is 571849066285 * 10^9 ns, which wraps int64 to 3899904 ns (3.9 ms).
+  const std::string rule =
+      "policies:\n  - name: p\n    rate_limits:\n      - selector: [ip]\n"
+      "        requests_per: { minute: 60 }\n        adaptive: { target_latency_ms: 100, ";
+  CHECK(error_of(rule + "max_hold_seconds: 571849066285 }\n") ==
+        "6:63: policies[0].rate_limits[0].adaptive.max_hold: must be 0 ... 24 hours");
+  CHECK(error_of(rule + "max_retry_after_seconds: 571849066285 }\n") ==
+        "6:70: policies[0].rate_limits[0].adaptive.max_retry_after: must be 0 ... 24 hours");
 }
 
 TEST_CASE("a backend section loads as spelled") {

@@ -57,12 +57,20 @@ absl::Status invalid(const Parts&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(parts...));
 }
 
-// Routes are matched on normalized paths (sluice/request_path.hpp), so a prefix that
-// normalization would change matches no request: OK, or InvalidArgument saying why and, where
-// there is one, the prefix to write instead. A prefix may end inside a segment ("/v1/it"), so
-// it is checked with one more character after it.
-inline absl::Status check_normalized_prefix(std::string_view prefix) {
-  const std::string probe = std::string(prefix) + "x";
+// Routes and exempt paths are matched on normalized paths (sluice/request_path.hpp), so a prefix
+// or exempt path that normalization would change, or that holds a '?' or '#' (a path ends before
+// either), matches no request: OK, or InvalidArgument saying why and, where there is one, what to
+// write instead. `kind` names it ("prefix", "path"). A prefix may end inside a segment ("/v1/it"),
+// so it is checked with `probe_suffix` "x" after it; an exact path with "".
+inline absl::Status check_normalized(std::string_view path, std::string_view kind,
+                                     std::string_view probe_suffix) {
+  if (path.find_first_of("?#") != std::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "can match no request: a request's path ends before '?' (the query) and '#' (the "
+        "fragment), so a ",
+        std::string(kind), " holds neither"));
+  }
+  const std::string probe = std::string(path) + std::string(probe_suffix);
   const absl::StatusOr<std::string> normalized = normalize_request_path(probe);
   if (!normalized.ok()) {
     return absl::InvalidArgumentError(
@@ -73,7 +81,11 @@ inline absl::Status check_normalized_prefix(std::string_view prefix) {
       "can match no request: request paths are normalized before routes are matched (repeated '/' "
       "merged, dot segments removed, unreserved characters decoded, percent-encodings in upper "
       "case); write ",
-      quoted(std::string_view(*normalized).substr(0, normalized->size() - 1))));
+      quoted(std::string_view(*normalized).substr(0, normalized->size() - probe_suffix.size()))));
+}
+
+inline absl::Status check_normalized_prefix(std::string_view prefix) {
+  return check_normalized(prefix, "prefix", "x");
 }
 
 // "<path>.<member>[<i>]"
@@ -568,13 +580,19 @@ inline absl::Status validate_gateway(const Gateway& gateway, const NameIndex& bu
   }
   for (std::size_t i = 0; i < gateway.exempt_paths.size(); ++i) {
     const std::string& exempt = gateway.exempt_paths[i];
+    const std::string at = detail::element("gateway", "exempt_paths", i);
     if (exempt.size() > kMaxPathBytes) {
-      return detail::invalid(detail::element("gateway", "exempt_paths", i), " must be at most ",
-                             kMaxPathBytes, " bytes, got ", exempt.size());
+      return detail::invalid(at, " must be at most ", kMaxPathBytes, " bytes, got ", exempt.size());
     }
     if (exempt.empty() || exempt.front() != '/') {
-      return detail::invalid(detail::element("gateway", "exempt_paths", i), ": ",
-                             detail::quoted(exempt), " must start with '/'");
+      return detail::invalid(at, ": ", detail::quoted(exempt), " must start with '/'");
+    }
+    if (!detail::printable(exempt)) {
+      return detail::invalid(at, ": ", detail::quoted(exempt),
+                             " must contain only printable ASCII characters (0x20-0x7E)");
+    }
+    if (absl::Status s = detail::check_normalized(exempt, "path", ""); !s.ok()) {
+      return detail::invalid(at, ": ", detail::quoted(exempt), " ", s.message());
     }
   }
   if (absl::Status s = check_prefixes(gateway.address_prefixes, "gateway.address_prefixes");

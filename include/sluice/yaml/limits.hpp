@@ -1,9 +1,10 @@
 // sluice/yaml/limits.hpp — how much untrusted config text the YAML loader reads.
 //
-// A config is at most kMaxConfigBytes, and at most kMaxConfigNodes nodes are read from it (each
-// use of an alias counts, so an alias bomb is rejected early), and it nests at most
-// kMaxNestingDepth levels (checked on the text before parsing, so that no parser recursion runs
-// deep).
+// A config is at most kMaxConfigBytes; it has at most kMaxConfigNodes nodes (counted as it is
+// parsed, before any is built, and again as it is read, where each use of an alias counts, so an
+// alias bomb is rejected early); and it nests at most kMaxNestingDepth levels (checked on the text
+// before parsing, and again as the parser opens each collection, before it descends into it, so
+// that no parser recursion runs deep).
 // Thread-safety: constants only.
 #ifndef SLUICE_YAML_LIMITS_HPP_
 #define SLUICE_YAML_LIMITS_HPP_
@@ -14,7 +15,8 @@ namespace sluice::yaml {
 
 // The largest config accepted, in bytes.
 inline constexpr std::size_t kMaxConfigBytes = std::size_t{2} << 20;  // 2 MiB
-// The most YAML nodes the loader reads from one config (each use of an alias counts).
+// The most YAML nodes the loader parses, builds or reads from one config (each use of an alias
+// counts where it is read).
 inline constexpr std::size_t kMaxConfigNodes = 250'000;
 // The deepest nesting accepted: block indentation steps, `- ` sequence entries and open `[` / `{`
 // together. A gateway config nests about 6 levels.

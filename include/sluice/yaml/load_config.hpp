@@ -85,7 +85,8 @@ inline absl::StatusOr<PolicyConfig> load_config(std::string_view text) {
 
 // Reads the file at `path` (at most kMaxConfigBytes) and loads it; every InvalidArgument message
 // starts with "<path>:" (e.g. "gateway.yaml:3:9: ..."). NotFound / PermissionDenied / Unavailable
-// when the file cannot be read.
+// when the file cannot be read; FailedPrecondition, at once, when `path` (after symlinks) is not a
+// regular file (a FIFO would otherwise wait for a writer).
 inline absl::StatusOr<PolicyConfig> load_config_file(const std::string& path) {
   absl::StatusOr<std::string> text = detail::read_config_file(path);
   if (!text.ok()) return text.status();

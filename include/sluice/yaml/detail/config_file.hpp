@@ -1,5 +1,5 @@
-// Internal to sluice::yaml: reads a config file, at most kMaxConfigBytes of it, and what stat(2)
-// says of it around the read.
+// Internal to sluice::yaml: reads a config file (a regular file only), at most kMaxConfigBytes of
+// it, and what stat(2) says of it around the read. POSIX only.
 // Thread-safety: reentrant (reads errno of the calling thread). O(file size), bounded.
 #ifndef SLUICE_YAML_DETAIL_CONFIG_FILE_HPP_
 #define SLUICE_YAML_DETAIL_CONFIG_FILE_HPP_
@@ -8,13 +8,15 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <fstream>
 #include <new>
 #include <string>
 #include <system_error>
 #include <utility>
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,25 +37,58 @@ inline absl::Status file_error(const std::string& path, absl::string_view what) 
   return absl::UnavailableError(message);
 }
 
+// What a file that is not a regular file is, for the error that refuses it.
+inline const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a file";
+}
+
+// Closes a file descriptor when it goes out of scope.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
 // The whole file at `path`; InvalidArgument "<path>:1:1: (root): ..." when it holds more than
-// kMaxConfigBytes (reading stops soon after that many bytes).
+// kMaxConfigBytes (reading stops soon after that many bytes); FailedPrecondition when `path` (after
+// symlinks) is not a regular file. It is opened without blocking and checked before it is read, so
+// that a FIFO, which would wait for a writer forever, or a device is refused at once.
 inline absl::StatusOr<std::string> read_config_file(const std::string& path) {
+  errno = 0;
+  const FileDescriptor file(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  if (file.get() < 0) return file_error(path, "cannot open the config file");
+  struct stat info {};
+  if (::fstat(file.get(), &info) != 0) return file_error(path, "cannot stat the config file");
+  if (!S_ISREG(info.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": the config file is not a regular file (", file_kind(info.st_mode), ")"));
+  }
   std::string text;
   try {
-    errno = 0;
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return file_error(path, "cannot open the config file");
     std::array<char, 16384> chunk{};
-    while (in && text.size() <= kMaxConfigBytes) {
-      in.read(chunk.data(), chunk.size());
-      text.append(chunk.data(), static_cast<std::size_t>(in.gcount()));
+    while (text.size() <= kMaxConfigBytes) {
+      const ssize_t got = ::read(file.get(), chunk.data(), chunk.size());
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) return file_error(path, "cannot read the config file");
+      if (got == 0) break;
+      text.append(chunk.data(), static_cast<std::size_t>(got));
     }
-    if (in.bad()) return file_error(path, "cannot read the config file");
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat(path, ": out of memory while reading the config file"));
-  } catch (...) {
-    return absl::UnavailableError(absl::StrCat(path, ": cannot read the config file"));
   }
   if (text.size() > kMaxConfigBytes) {
     return absl::InvalidArgumentError(absl::StrCat(

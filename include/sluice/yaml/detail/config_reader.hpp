@@ -106,6 +106,7 @@ class ConfigReader final : public NodeReader {
     require(node, path, fs, "target_latency_ms");
     // Past any valid value, kept small enough that converting it to ns cannot overflow.
     constexpr std::uint64_t kTooLongMs = std::uint64_t{1} << 40;
+    constexpr std::uint64_t kTooLongSeconds = kTooLongMs / 1000;
     for (const Field& f : fs) {
       const std::uint64_t n = read_count(f.value, f.path);
       const auto permille = static_cast<std::uint32_t>(
@@ -131,10 +132,10 @@ class ConfigReader final : public NodeReader {
       } else if (f.key == "min_clients") {
         adaptive.min_clients = permille;
       } else if (f.key == "max_retry_after_seconds") {
-        adaptive.max_retry_after = std::chrono::seconds(std::min(n, kTooLongMs));
+        adaptive.max_retry_after = std::chrono::seconds(std::min(n, kTooLongSeconds));
         member = "max_retry_after";
       } else {
-        adaptive.max_hold = std::chrono::seconds(std::min(n, kTooLongMs));
+        adaptive.max_hold = std::chrono::seconds(std::min(n, kTooLongSeconds));
         member = "max_hold";
       }
       remember(absl::StrCat(path, ".", member), f.value.Mark());

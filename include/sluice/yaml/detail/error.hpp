@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "sluice/detail/text.hpp"
+#include "sluice/yaml/limits.hpp"
 #include "yaml-cpp/yaml.h"
 
 namespace sluice::yaml::detail {
@@ -42,6 +43,19 @@ struct LoadError {
 
 [[noreturn]] inline void fail(const YAML::Mark& mark, std::string where, std::string what) {
   throw LoadError{position_of(mark), std::move(where), std::move(what)};
+}
+
+// The error for a config of more than kMaxConfigNodes nodes, whether the parser or a reader
+// counted past it.
+inline std::string too_many_nodes_message() {
+  return absl::StrCat("the config has more than ", kMaxConfigNodes,
+                      " nodes (each use of an alias counts)");
+}
+
+// The error for a config that nests deeper than kMaxNestingDepth, whether the text check or the
+// parser found it.
+inline std::string nests_too_deep_message() {
+  return absl::StrCat("the config nests deeper than ", kMaxNestingDepth, " levels");
 }
 
 // A scalar's text for an error message: quoted, escaped, at most 40 bytes of it.

@@ -14,17 +14,17 @@ namespace sluice::yaml::detail {
 
 // Throws LoadError at the first place where `text` nests deeper than kMaxNestingDepth. A level is
 // an indentation step of block content, a `- ` that opens a sequence entry, or an open `[` / `{`
-// (outside quotes and comments). It over-counts rather than under-counts (a plain scalar that
-// contains `[` counts), which is harmless: real configs nest about 6 levels. O(text size).
+// (outside quotes and comments). A heuristic that names the place of an ordinary deep config
+// before anything is parsed; it can be misled (a quote or a `[` inside a plain scalar is no quote
+// and opens nothing), so the parser's own nesting is bounded as it descends (one_document.hpp).
+// O(text size).
 inline void check_nesting(const std::string& text) {
   std::vector<std::size_t> indents;  // open block indentation columns
   std::size_t flow = 0;              // open [ and {
   int line = 1;
   std::size_t i = 0;
   auto fail_at = [&](std::size_t column) {
-    throw LoadError{{line, static_cast<int>(column) + 1},
-                    "",
-                    absl::StrCat("the config nests deeper than ", kMaxNestingDepth, " levels")};
+    throw LoadError{{line, static_cast<int>(column) + 1}, "", nests_too_deep_message()};
   };
   while (i < text.size()) {
     const std::size_t line_start = i;

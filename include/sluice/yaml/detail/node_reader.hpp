@@ -52,9 +52,7 @@ class NodeReader {
  protected:
   void visit(const YAML::Node& node, const std::string& path) {
     if (++nodes_ > kMaxConfigNodes) {
-      fail(node.Mark(), path,
-           absl::StrCat("the config has more than ", kMaxConfigNodes,
-                        " nodes (each use of an alias counts)"));
+      fail(node.Mark(), path, too_many_nodes_message());
     }
     marks_.emplace(path, node.Mark());
   }
