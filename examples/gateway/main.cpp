@@ -35,9 +35,11 @@
 // until it is answered. The listener is read once, at start.
 //
 // Upstream (--upstream http://HOST:PORT): admitted requests on a route are proxied there (GET,
-// the normalized path the route was matched on, and the query; 2 s to connect, 10 s to answer)
-// and the upstream's answer is passed back, with the rate-limit fields. A path that cannot be
-// normalized without guessing is answered 400 (sluice/request_path.hpp). Every answer (its
+// the normalized path the route was matched on, and the query byte for byte as the client sent
+// it; 2 s to connect, 10 s to answer) and the upstream's answer is passed back, with the
+// rate-limit fields. A path that cannot be normalized without guessing is answered 400
+// (sluice/request_path.hpp), and so is a query with a space or a control character (cpp-httplib
+// lets a bare CR into the request target), which no upstream would read as sent. Every answer (its
 // latency, status and Retry-After; no answer counts as status 0 and is answered 502) is fed to
 // the adaptive rules that applied to the request, so a slow or failing upstream shrinks their
 // limits (docs/adaptive.md). Without --upstream the gateway answers routed requests itself with
@@ -263,14 +265,22 @@ class Gateway {
   // rules of the request.
   void proxy(const httplib::Request& request, httplib::Response& response,
              const LimitedRequest& limited) const {
+    const std::optional<std::string_view> query = raw_query(request);
+    if (!query) {
+      respond_json(response, 400, "{\"error\":\"malformed query\"}");
+      return;
+    }
     httplib::Client client(*upstream_);
     client.set_connection_timeout(std::chrono::seconds(2));
     client.set_read_timeout(std::chrono::seconds(10));
     client.set_write_timeout(std::chrono::seconds(2));
     const auto start = std::chrono::steady_clock::now();
-    client.set_url_encode(false);  // the normalized path goes out byte for byte
-    // The path the request was limited on, never the raw one (see sluice/httplib.hpp).
-    const httplib::Result result = client.Get(limited.path, request.params, httplib::Headers{});
+    client.set_url_encode(false);  // the normalized path and the query go out byte for byte
+    // The path the request was limited on, never the raw one (see sluice/httplib.hpp), and the
+    // query as sent: cpp-httplib's decoded `request.params`, written back, would carry a decoded
+    // CR LF into the request line and let a client add requests the limiter never saw.
+    const httplib::Result result =
+        client.Get(limited.path + std::string(*query), httplib::Headers{});
     const std::chrono::nanoseconds latency = std::chrono::steady_clock::now() - start;
     sluice::UpstreamResponse fed{.latency = latency, .status = 0};
     if (result) {
@@ -289,6 +299,21 @@ class Gateway {
       std::fprintf(stderr, "sluice_gateway: cannot record the upstream's answer: %s\n",
                    loggable(std::string(fed_status.message())).c_str());
     }
+  }
+
+  // The query of `request` with its '?', as the request target carried it ("" when there is
+  // none); nullopt when it holds a space or a control character.
+  static std::optional<std::string_view> raw_query(const httplib::Request& request) {
+    const std::string_view target = request.target;
+    const std::size_t mark = target.find('?');
+    if (mark == std::string_view::npos) return std::string_view();
+    const std::string_view query = target.substr(mark);
+    const bool plain = std::none_of(query.begin(), query.end(), [](char c) {
+      const auto byte = static_cast<unsigned char>(c);
+      return byte <= 0x20 || byte == 0x7f;
+    });
+    if (!plain) return std::nullopt;
+    return query;
   }
 
   std::optional<std::string> upstream_;
