@@ -19,8 +19,12 @@
 //   segment keeps its trailing '/'.
 // Refused (InvalidArgument), because upstreams disagree about what they mean: a path that does
 // not start with '/', climbs above the root, encodes '/', '\' or NUL (%2F, %5C, %00), contains
-// '\' or a control character, has a malformed percent-encoding, or has a dot segment with
-// parameters ("..;", which Java servlet containers read as "..").
+// '\' or a control character, has a malformed percent-encoding, has a dot segment with
+// parameters ("..;", which Java servlet containers read as ".."), or has a ';' in any segment but
+// the last: servlet containers drop each segment's ";parameters" and serve /api;v=1/login as
+// /api/login, which a route matched on the path as written would not limit. On the last segment
+// (/login;jsessionid=1) dropping them only shortens the path: a prefix that starts what is served
+// starts the path too.
 //
 // Thread-safety: a pure function. Complexity: linear in the path; the result is never longer.
 #ifndef SLUICE_REQUEST_PATH_HPP_
@@ -71,6 +75,10 @@ inline absl::StatusOr<std::string> normalize_request_path(std::string_view raw) 
     start = end + 1;
   }
   if (out.empty() || trailing_slash) out.push_back('/');
+  if (const std::size_t semicolon = out.find(';');
+      semicolon != std::string::npos && out.find('/', semicolon) != std::string::npos) {
+    return absl::InvalidArgumentError("the path has parameters (';') before its last segment");
+  }
   return out;
 }
 
