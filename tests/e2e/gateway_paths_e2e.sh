@@ -80,6 +80,14 @@ expect "a bare CR in the query: status" "$raw_status" 400
 expect "requests the upstream answered for a bare CR in the query" \
   "$(($(upstream_requests) - before))" 0
 
+# --- [attack] an upstream answer is read up to a bound --------------------------------------------
+# 64 MiB from the upstream, held whole by every worker that proxies it, would take the gateway's
+# memory far past its bound; it is answered 502 once the bound is passed.
+fetch large /v1/items/large
+expect "a 64 MiB upstream answer: status" "$(cat "$work/large.s")" 502
+expect "a 64 MiB upstream answer: body" "$(head -c 100 "$work/large.b")" \
+  '{"error":"upstream answer too large"}'
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed; gateway log:" >&2
   cat "$work/gateway.err" >&2

@@ -9,6 +9,7 @@
 //   GET /__stats                 "requests <n>": requests answered so far, controls excluded
 //   GET <…/unavailable>          always 503 with Retry-After: 300, whatever is set (a path the
 //                                upstream cannot serve, next to paths it serves well)
+//   GET <…/large>                answered as set, with a body of 64 MiB
 //   GET <anything else>          answered as set, with a small JSON body naming the path (and
 //                                the query, as the request target carried it)
 // SIGINT or SIGTERM stops it (the default action).
@@ -61,6 +62,11 @@ int main() {
   server.Get(".*", [](const httplib::Request& request, httplib::Response& response) {
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
     response.status = status.load();
+    if (std::string_view(request.path).ends_with("/large")) {
+      response.set_content(std::string(std::size_t{64} << 20, 'x'), "text/plain");
+      ++answered;
+      return;
+    }
     if (std::string_view(request.path).ends_with("/unavailable")) {
       response.status = 503;
       response.set_header("Retry-After", "300");
