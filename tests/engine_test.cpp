@@ -716,7 +716,13 @@ TEST_CASE("a request path is normalized before it is matched, and an ambiguous o
       {"/v1/items//../login", "/v1/login"},
       {"/v1/%69tems/%7E%2D%5F", "/v1/items/~-_"},              // unreserved characters decoded
       {"/v1/a%20b/%3b/%e2%82%ac", "/v1/a%20b/%3B/%E2%82%AC"},  // others kept, hex upper case
-      {"/v1/...", "/v1/..."},                                  // not a dot segment
+      {"/v1/items%3Abatch/%40me/%21%24%26%27%28%29%2A%2B%2C%3D", "/v1/items:batch/@me/!$&'()*+,="},
+      {"/caf\xC3\xA9/a\"b/%5B%5d/[]", "/caf%C3%A9/a%22b/%5B%5D/%5B%5D"},  // raw bytes encoded
+      {"/v1/items;x", "/v1/items;x"},  // a parameter of the last segment
+      {"/api;v=1/login", ""},          // a parameter before the last segment
+      {"/api/login;x/", ""},
+      {"/api;x/../login", "/login"},
+      {"/v1/...", "/v1/..."},  // not a dot segment
       {"/v1/..a/.b", "/v1/..a/.b"},
       {"/..", ""},                          // climbs above the root
       {"/v1/../../login", ""},              // climbs above the root

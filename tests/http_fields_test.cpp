@@ -236,6 +236,20 @@ TEST_CASE("RateLimit reports a denial with r=0 and t equal to Retry-After") {
         "\"per-ip\";r=0;t=1");
 }
 
+TEST_CASE("a denial's RateLimit t equals Retry-After up to the longest wait", "[attack]") {
+  // 2^63 - 1 ns rounds up to 9223372037 s, which as nanoseconds no longer fits an int64.
+  constexpr auto kLongest = std::chrono::nanoseconds::max();
+  const sluice::Decision d = denied(20, kLongest, kLongest);
+  CHECK(sluice::retry_after_field(d.retry_after).value == "9223372037");
+  CHECK(sluice::ceil_seconds(sluice::service_limit("p", d).effective_window) == 9'223'372'037);
+  CHECK(sluice::ratelimit_field(sluice::service_limit("p", d)).value == "\"p\";r=0;t=9223372037");
+  sluice::HttpFields out;
+  sluice::write_decision_fields(out, d, kNow, "\"p\";q=20;w=1", "\"p\";r=");
+  REQUIRE(out.size() == 6);
+  CHECK(out[0] == sluice::HttpField{"Retry-After", "9223372037"});
+  CHECK(out[5] == sluice::HttpField{"RateLimit", "\"p\";r=0;t=9223372037"});
+}
+
 TEST_CASE("RateLimit lists several service limits joined by comma and space") {
   const std::array<sluice::ServiceLimit, 2> limits{{
       {"per-ip/s", 19, 100ms},

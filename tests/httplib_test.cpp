@@ -106,9 +106,11 @@ class TestServer {
   TestServer(const TestServer&) = delete;
   TestServer& operator=(const TestServer&) = delete;
 
-  // GET `path` with `headers`; the response (a failed request fails the test).
+  // GET `path`, sent byte for byte, with `headers`; the response (a failed request fails the
+  // test).
   httplib::Response get(const std::string& path, const httplib::Headers& headers = {}) const {
     httplib::Client client("127.0.0.1", port_);
+    client.set_url_encode(false);  // cpp-httplib would send ';' as %3B
     client.set_connection_timeout(5s);
     client.set_read_timeout(5s);
     httplib::Result result = client.Get(path.c_str(), headers);
@@ -284,6 +286,77 @@ TEST_CASE("a path with dot segments is limited by the route it resolves to and h
   CHECK(server.get("/v1/items/.%2e/.%2E/login").status == 429);
   std::lock_guard lock(mutex);
   CHECK(handed_on == std::vector<std::string>{"login /login"});
+}
+
+TEST_CASE("a path parameter before the last segment cannot move a request to a shorter route",
+          "[attack]") {
+  // Java servlet containers drop each segment's ";parameters": they serve /api;v=1/login as
+  // /api/login, which the route `api` must not limit in place of `api-login`.
+  sluice::ManualClock clock;
+  const sluice::PolicyConfig config{
+      .policies = {{.name = "login-throttle",
+                    .rate_limits = {rule("per-route", {Selector::kRoute}, {.minute = 1})}}},
+      .routes = {
+          {.name = "api", .path_prefix = "/api"},
+          {.name = "api-login", .path_prefix = "/api/login", .policies = {"login-throttle"}}}};
+  Limiter::Options options = options_with();
+  std::mutex mutex;
+  std::vector<std::string> handed_on;
+  options.on_admitted = [&](const httplib::Request&, httplib::Response& response,
+                            const Limiter::LimitedRequest& limited) {
+    std::lock_guard lock(mutex);
+    handed_on.push_back(absl::StrCat(std::string(limited.route ? limited.route->route : "(none)"),
+                                     " ", limited.path));
+    response.set_content("ok", "text/plain");
+    return Limiter::HandlerResponse::Handled;
+  };
+  const TestServer server(Limiter(make_engine(config, clock), std::move(options)));
+
+  CHECK(server.get("/api/login").status == 200);  // the route's one request per minute
+  for (const char* path : {"/api;v=1/login", "/api;/login", "/api/x;y/../login;z/"}) {
+    INFO(path);
+    const httplib::Response refused = server.get(path);
+    CHECK(refused.status == 400);
+    CHECK(refused.body == "{\"error\":\"ambiguous request path\"}\n");
+  }
+  // A parameter of the last segment leaves the route as it is (;jsessionid=...).
+  CHECK(server.get("/api/login;jsessionid=1").status == 429);
+  std::lock_guard lock(mutex);
+  CHECK(handed_on == std::vector<std::string>{"api-login /api/login"});
+}
+
+TEST_CASE("a character sent raw or percent-encoded is limited by the same route", "[attack]") {
+  // Upstreams (and cpp-httplib's own routes) decode %3A and %C3%A9 before routing: either
+  // spelling of /v1/items:batch or /café is served by that path, and must be limited by its route.
+  sluice::ManualClock clock;
+  const sluice::PolicyConfig config{
+      .policies = {{.name = "throttle",
+                    .rate_limits = {rule("per-route", {Selector::kRoute}, {.minute = 1})}}},
+      .routes = {{.name = "items", .path_prefix = "/v1/items"},
+                 {.name = "batch", .path_prefix = "/v1/items:batch", .policies = {"throttle"}},
+                 {.name = "cafe", .path_prefix = "/caf%C3%A9", .policies = {"throttle"}}}};
+  Limiter::Options options = options_with();
+  std::mutex mutex;
+  std::vector<std::string> handed_on;
+  options.on_admitted = [&](const httplib::Request&, httplib::Response& response,
+                            const Limiter::LimitedRequest& limited) {
+    std::lock_guard lock(mutex);
+    handed_on.push_back(absl::StrCat(std::string(limited.route ? limited.route->route : "(none)"),
+                                     " ", limited.path));
+    response.set_content("ok", "text/plain");
+    return Limiter::HandlerResponse::Handled;
+  };
+  const TestServer server(Limiter(make_engine(config, clock), std::move(options)));
+
+  CHECK(server.get("/v1/items:batch").status == 200);  // the route's one request per minute
+  for (const char* path : {"/v1/items%3Abatch", "/v1/items%3abatch", "/v1/items%3A%62atch"}) {
+    INFO(path);
+    CHECK(server.get(path).status == 429);
+  }
+  CHECK(server.get("/caf%c3%a9").status == 200);
+  CHECK(server.get("/caf\xC3\xA9").status == 429);  // the raw UTF-8 bytes
+  std::lock_guard lock(mutex);
+  CHECK(handed_on == std::vector<std::string>{"batch /v1/items:batch", "cafe /caf%C3%A9"});
 }
 
 TEST_CASE("an ambiguous path is answered 400, and counts against the global limits") {

@@ -212,19 +212,28 @@ TEST_CASE("invalid scopes and references are rejected with the path of the bad v
       {[](auto& c) { c.routes[2].path_prefix = "/v1//login"; },
        "routes[2].path_prefix: \"/v1//login\" can match no request: request paths are normalized "
        "before routes are matched (repeated '/' merged, dot segments removed, unreserved "
-       "characters decoded, percent-encodings in upper case); write \"/v1/login\""},
+       "characters, sub-delims but ';', ':' and '@' decoded, other bytes percent-encoded in upper "
+       "case); write \"/v1/login\""},
       {[](auto& c) { c.routes[2].path_prefix = "/v1/x/../login"; },
        "routes[2].path_prefix: \"/v1/x/../login\" can match no request: request paths are "
        "normalized before routes are matched (repeated '/' merged, dot segments removed, "
-       "unreserved characters decoded, percent-encodings in upper case); write \"/v1/login\""},
+       "unreserved characters, sub-delims but ';', ':' and '@' decoded, other bytes "
+       "percent-encoded in upper case); write \"/v1/login\""},
       {[](auto& c) { c.routes[2].path_prefix = "/%7Euser"; },
        "routes[2].path_prefix: \"/%7Euser\" can match no request: request paths are normalized "
        "before routes are matched (repeated '/' merged, dot segments removed, unreserved "
-       "characters decoded, percent-encodings in upper case); write \"/~user\""},
-      {[](auto& c) { c.routes[2].path_prefix = "/a%3ab"; },
-       "routes[2].path_prefix: \"/a%3ab\" can match no request: request paths are normalized "
+       "characters, sub-delims but ';', ':' and '@' decoded, other bytes percent-encoded in upper "
+       "case); write \"/~user\""},
+      {[](auto& c) { c.routes[2].path_prefix = "/a%3bb"; },
+       "routes[2].path_prefix: \"/a%3bb\" can match no request: request paths are normalized "
        "before routes are matched (repeated '/' merged, dot segments removed, unreserved "
-       "characters decoded, percent-encodings in upper case); write \"/a%3Ab\""},
+       "characters, sub-delims but ';', ':' and '@' decoded, other bytes percent-encoded in upper "
+       "case); write \"/a%3Bb\""},
+      {[](auto& c) { c.routes[2].path_prefix = "/v1/items%3Abatch"; },
+       "routes[2].path_prefix: \"/v1/items%3Abatch\" can match no request: request paths are "
+       "normalized before routes are matched (repeated '/' merged, dot segments removed, "
+       "unreserved characters, sub-delims but ';', ':' and '@' decoded, other bytes "
+       "percent-encoded in upper case); write \"/v1/items:batch\""},
       {[](auto& c) { c.routes[2].path_prefix = "/files%2Fx"; },
        "routes[2].path_prefix: \"/files%2Fx\" can match no request: the path encodes '/', '\\' or "
        "NUL (%2F, %5C, %00)"},

@@ -35,9 +35,11 @@
 // until it is answered. The listener is read once, at start.
 //
 // Upstream (--upstream http://HOST:PORT): admitted requests on a route are proxied there (GET,
-// the normalized path the route was matched on, and the query; 2 s to connect, 10 s to answer)
-// and the upstream's answer is passed back, with the rate-limit fields. A path that cannot be
-// normalized without guessing is answered 400 (sluice/request_path.hpp). Every answer (its
+// the normalized path the route was matched on, and the query byte for byte as the client sent
+// it; 2 s to connect, 10 s to answer) and the upstream's answer is passed back, with the
+// rate-limit fields. A path that cannot be normalized without guessing is answered 400
+// (sluice/request_path.hpp), and so is a query with a space or a control character (cpp-httplib
+// lets a bare CR into the request target), which no upstream would read as sent. Every answer (its
 // latency, status and Retry-After; no answer counts as status 0 and is answered 502) is fed to
 // the adaptive rules that applied to the request, so a slow or failing upstream shrinks their
 // limits (docs/adaptive.md). Without --upstream the gateway answers routed requests itself with
@@ -49,9 +51,10 @@
 //   connections are closed after 5 s, and 64 workers serve connections, so that a few slow
 //   clients cannot take every worker from the health checks;
 // - large requests: a body over 64 KiB is refused with 413 before it is read into memory; at
-//   most 64 KiB of request line and headers are read. Memory stays bounded: the end-to-end test
-//   (tests/e2e/gateway_e2e.sh) checks that the resident size stays under 64 MiB after large
-//   bodies and slow clients.
+//   most 64 KiB of request line and headers are read; an upstream answer whose body passes 1 MiB
+//   is answered 502 (`{"error":"upstream answer too large"}`) without reading the rest. Memory
+//   stays bounded: the end-to-end test (tests/e2e/gateway_e2e.sh) checks that the resident size
+//   stays under 64 MiB after large bodies and slow clients.
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
@@ -107,6 +110,9 @@ constexpr gateway::ServerLimits kLimits{.workers = 64,
                                         .request_read_timeout = std::chrono::seconds(10),
                                         .max_header_bytes = 64 * 1024,
                                         .max_body_bytes = 64 * 1024};
+
+// The most of an upstream answer's body the gateway holds: a larger answer is answered 502.
+constexpr std::size_t kMaxUpstreamBodyBytes = 1024 * 1024;
 
 // A whole number in [0, max], and nothing else.
 std::optional<int> parse_int(std::string_view text, int max) {
@@ -263,23 +269,30 @@ class Gateway {
   // rules of the request.
   void proxy(const httplib::Request& request, httplib::Response& response,
              const LimitedRequest& limited) const {
-    httplib::Client client(*upstream_);
-    client.set_connection_timeout(std::chrono::seconds(2));
-    client.set_read_timeout(std::chrono::seconds(10));
-    client.set_write_timeout(std::chrono::seconds(2));
+    const std::optional<std::string_view> query = raw_query(request);
+    if (!query) {
+      respond_json(response, 400, "{\"error\":\"malformed query\"}");
+      return;
+    }
     const auto start = std::chrono::steady_clock::now();
-    client.set_url_encode(false);  // the normalized path goes out byte for byte
-    // The path the request was limited on, never the raw one (see sluice/httplib.hpp).
-    const httplib::Result result = client.Get(limited.path, request.params, httplib::Headers{});
+    // The path the request was limited on, never the raw one (see sluice/httplib.hpp), and the
+    // query as sent: cpp-httplib's decoded `request.params`, written back, would carry a decoded
+    // CR LF into the request line and let a client add requests the limiter never saw.
+    const UpstreamAnswer answer = fetch(limited.path + std::string(*query));
     const std::chrono::nanoseconds latency = std::chrono::steady_clock::now() - start;
     sluice::UpstreamResponse fed{.latency = latency, .status = 0};
-    if (result) {
-      fed = Limiter::upstream_response(result->status, result->headers, latency);
-      response.status = result->status;
-      const std::string type = result->get_header_value("Content-Type");
-      response.set_content(result->body, type.empty() ? "application/octet-stream" : type.c_str());
-      if (result->has_header("Retry-After") && !response.has_header("Retry-After")) {
-        response.set_header("Retry-After", result->get_header_value("Retry-After"));
+    const httplib::Response& got = answer.response;
+    if (answer.whole || answer.too_large) {
+      fed = Limiter::upstream_response(got.status, got.headers, latency);
+    }
+    if (answer.too_large) {
+      respond_json(response, 502, "{\"error\":\"upstream answer too large\"}");
+    } else if (answer.whole) {
+      response.status = got.status;
+      const std::string type = got.get_header_value("Content-Type");
+      response.set_content(got.body, type.empty() ? "application/octet-stream" : type.c_str());
+      if (got.has_header("Retry-After") && !response.has_header("Retry-After")) {
+        response.set_header("Retry-After", got.get_header_value("Retry-After"));
       }
     } else {
       respond_json(response, 502, "{\"error\":\"upstream unavailable\"}");
@@ -289,6 +302,54 @@ class Gateway {
       std::fprintf(stderr, "sluice_gateway: cannot record the upstream's answer: %s\n",
                    loggable(std::string(fed_status.message())).c_str());
     }
+  }
+
+  // An upstream's answer to GET `target`: its status, headers and at most kMaxUpstreamBodyBytes
+  // of body, so that a large (or endless) answer cannot take the gateway's memory with it.
+  struct UpstreamAnswer {
+    httplib::Response response;  // status and headers once they came; the body if `whole`
+    bool whole = false;          // the whole answer came, its body within the bound
+    bool too_large = false;      // its body passed the bound and was not read further
+  };
+  UpstreamAnswer fetch(const std::string& target) const {
+    httplib::Client client(*upstream_);
+    client.set_connection_timeout(std::chrono::seconds(2));
+    client.set_read_timeout(std::chrono::seconds(10));
+    client.set_write_timeout(std::chrono::seconds(2));
+    client.set_url_encode(false);  // the normalized path and the query go out byte for byte
+    UpstreamAnswer out;
+    const httplib::Result result = client.Get(
+        target, httplib::Headers{},
+        [&out](const httplib::Response& head) {
+          out.response.status = head.status;
+          out.response.headers = head.headers;
+          return true;
+        },
+        [&out](const char* data, std::size_t size) {
+          if (size > kMaxUpstreamBodyBytes - out.response.body.size()) {
+            out.too_large = true;
+            return false;  // cancels the request
+          }
+          out.response.body.append(data, size);
+          return true;
+        });
+    out.whole = static_cast<bool>(result);
+    return out;
+  }
+
+  // The query of `request` with its '?', as the request target carried it ("" when there is
+  // none); nullopt when it holds a space or a control character.
+  static std::optional<std::string_view> raw_query(const httplib::Request& request) {
+    const std::string_view target = request.target;
+    const std::size_t mark = target.find('?');
+    if (mark == std::string_view::npos) return std::string_view();
+    const std::string_view query = target.substr(mark);
+    const bool plain = std::none_of(query.begin(), query.end(), [](char c) {
+      const auto byte = static_cast<unsigned char>(c);
+      return byte <= 0x20 || byte == 0x7f;
+    });
+    if (!plain) return std::nullopt;
+    return query;
   }
 
   std::optional<std::string> upstream_;

@@ -265,7 +265,12 @@ struct ServiceLimit {
 inline ServiceLimit service_limit(std::string_view name, const Decision& decision) noexcept {
   std::chrono::nanoseconds t = decision.reset_after;
   if (!decision.allowed()) {
-    t = std::chrono::seconds(retry_after_seconds(decision.retry_after));
+    // Whole seconds, which as nanoseconds overflow only for the longest waits (ceil(2^63 - 1 ns)
+    // = 9223372037 s): nanoseconds::max() rounds up to that same count.
+    constexpr std::chrono::seconds kLongest =
+        std::chrono::ceil<std::chrono::seconds>(std::chrono::nanoseconds::max());
+    const std::chrono::seconds wait(retry_after_seconds(decision.retry_after));
+    t = wait < kLongest ? std::chrono::nanoseconds(wait) : std::chrono::nanoseconds::max();
   }
   return ServiceLimit{.name = name, .available = decision.remaining, .effective_window = t};
 }

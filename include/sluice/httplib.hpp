@@ -52,15 +52,16 @@
 //   address (never by the credential, so random keys do not buy fresh buckets). A lookup error:
 //   limited by address, then 503 `{"error":"credential store unavailable"}`.
 // - Route: the longest `path_prefix` that starts the normalized path (sluice/request_path.hpp:
-//   unreserved percent-encodings decoded, dot segments removed, repeated '/' merged), taken from
-//   the request target as sent, never from cpp-httplib's decoded `request.path`, in which an
-//   encoded '/' is no longer told apart. `LimitedRequest::path` is that path: a proxy forwards
-//   exactly it, so the upstream serves the path the request was limited on. A path that cannot be
-//   normalized without guessing (it climbs above the root, encodes '/', '\' or NUL, ...) is
-//   limited as unrouted (the listener and global rules apply) and then answered 400. A request
-//   handed on to the server's own routes (on_admitted absent or Unhandled) whose normalized path
-//   decodes to another path than the one cpp-httplib routes on (`/v1/./items`) is answered 400
-//   too: the server's routes would serve a path the request was not limited on.
+//   each character written one way whether sent raw or percent-encoded, dot segments removed,
+//   repeated '/' merged), taken from the request target as sent, never from cpp-httplib's decoded
+//   `request.path`, in which an encoded '/' is no longer told apart. `LimitedRequest::path` is
+//   that path: a proxy forwards exactly it, so the upstream serves the path the request was
+//   limited on. A path that cannot be normalized without guessing (it climbs above the root,
+//   encodes '/', '\' or NUL, ...) is limited as unrouted (the listener and global rules apply)
+//   and then answered 400. A request handed on to the server's own routes (on_admitted absent or
+//   Unhandled) whose normalized path decodes to another path than the one cpp-httplib routes on
+//   (`/v1/./items`) is answered 400 too: the server's routes would serve a path the request was
+//   not limited on.
 // - The body is never read here, so a denied or pre-answered request costs no body bytes.
 // - Backend errors: with `on_backend_error: fail_open` the request passes (the error is seen by
 //   `on_evaluated`); a request the engine denies for an error is answered 503, not 429.

@@ -12,17 +12,26 @@
 //   forward(*path);
 //
 // Normalization (RFC 3986 sections 6.2.2 and 5.2.4, applied to the path component as sent):
-// - percent-encodings of unreserved characters (letters, digits, '-', '.', '_', '~') are decoded,
-//   so `%2e` is '.'; every other percent-encoding is kept, with upper-case hex digits;
+// - each character is written one way, as upstreams read it after decoding the path: the
+//   characters a path may carry as they are (RFC 3986 pchar: unreserved characters, the
+//   sub-delims "!$&'()*+,=", ':' and '@') are decoded, so `%2e` is '.' and `%3A` is ':'; every
+//   other byte is percent-encoded with upper-case hex digits, whether it came encoded or raw
+//   (`%3b` is `%3B`; UTF-8 `/café` is `/caf%C3%A9`). ';' is the one pchar kept as it came: a raw
+//   one starts a segment's parameters for servlet containers, where `%3B` is a character;
 // - repeated '/' are merged, as nginx does by default;
 // - "." segments are removed and ".." removes the segment before it; a path that ends in a dot
 //   segment keeps its trailing '/'.
 // Refused (InvalidArgument), because upstreams disagree about what they mean: a path that does
 // not start with '/', climbs above the root, encodes '/', '\' or NUL (%2F, %5C, %00), contains
-// '\' or a control character, has a malformed percent-encoding, or has a dot segment with
-// parameters ("..;", which Java servlet containers read as "..").
+// '\' or a control character, has a malformed percent-encoding, has a dot segment with
+// parameters ("..;", which Java servlet containers read as ".."), or has a ';' in any segment but
+// the last: servlet containers drop each segment's ";parameters" and serve /api;v=1/login as
+// /api/login, which a route matched on the path as written would not limit. On the last segment
+// (/login;jsessionid=1) dropping them only shortens the path: a prefix that starts what is served
+// starts the path too.
 //
-// Thread-safety: a pure function. Complexity: linear in the path; the result is never longer.
+// Thread-safety: a pure function. Complexity: linear in the path; the result is at most three
+// times as long (a raw byte written as %XX).
 #ifndef SLUICE_REQUEST_PATH_HPP_
 #define SLUICE_REQUEST_PATH_HPP_
 
@@ -71,6 +80,10 @@ inline absl::StatusOr<std::string> normalize_request_path(std::string_view raw) 
     start = end + 1;
   }
   if (out.empty() || trailing_slash) out.push_back('/');
+  if (const std::size_t semicolon = out.find(';');
+      semicolon != std::string::npos && out.find('/', semicolon) != std::string::npos) {
+    return absl::InvalidArgumentError("the path has parameters (';') before its last segment");
+  }
   return out;
 }
 
@@ -88,10 +101,22 @@ inline bool is_unreserved(char c) {
          c == '.' || c == '_' || c == '~';
 }
 
-// Appends one raw segment (no '/') to `segment`: unreserved characters decoded, other
-// percent-encodings kept with upper-case hex digits.
-inline absl::Status append_path_segment(std::string_view raw, std::string& segment) {
+// The characters a normalized path holds decoded: RFC 3986 pchar but ';' (see the file comment).
+inline bool is_plain_path_char(char c) {
+  return is_unreserved(c) || std::string_view("!$&'()*+,=:@").find(c) != std::string_view::npos;
+}
+
+// Appends `byte` as %XX, upper-case hex digits.
+inline void append_percent_encoded(std::string& out, unsigned char byte) {
   constexpr std::string_view kHex = "0123456789ABCDEF";
+  out.push_back('%');
+  out.push_back(kHex[byte >> 4]);
+  out.push_back(kHex[byte & 0xf]);
+}
+
+// Appends one raw segment (no '/') to `segment`: plain path characters decoded, every other byte
+// percent-encoded with upper-case hex digits, ';' as it came.
+inline absl::Status append_path_segment(std::string_view raw, std::string& segment) {
   for (std::size_t i = 0; i < raw.size(); ++i) {
     const char c = raw[i];
     const auto byte = static_cast<unsigned char>(c);
@@ -100,7 +125,11 @@ inline absl::Status append_path_segment(std::string_view raw, std::string& segme
     }
     if (c == '\\') return absl::InvalidArgumentError("the path contains '\\'");
     if (c != '%') {
-      segment.push_back(c);
+      if (c == ';' || is_plain_path_char(c)) {
+        segment.push_back(c);
+      } else {
+        append_percent_encoded(segment, byte);
+      }
       continue;
     }
     const std::optional<int> high = i + 2 < raw.size() ? hex_value(raw[i + 1]) : std::nullopt;
@@ -112,12 +141,10 @@ inline absl::Status append_path_segment(std::string_view raw, std::string& segme
     if (decoded == '/' || decoded == '\\' || decoded == '\0') {
       return absl::InvalidArgumentError("the path encodes '/', '\\' or NUL (%2F, %5C, %00)");
     }
-    if (is_unreserved(decoded)) {
+    if (is_plain_path_char(decoded)) {
       segment.push_back(decoded);
     } else {
-      segment.push_back('%');
-      segment.push_back(kHex[static_cast<std::size_t>(*high)]);
-      segment.push_back(kHex[static_cast<std::size_t>(*low)]);
+      append_percent_encoded(segment, static_cast<unsigned char>(decoded));
     }
     i += 2;
   }

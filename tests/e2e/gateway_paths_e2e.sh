@@ -2,7 +2,8 @@
 # End-to-end test of request paths through the gateway's proxy: a path that climbs out of a route
 # with dot segments (sent as is by curl --path-as-is, plain or percent-encoded) is limited by the
 # route it resolves to and reaches the upstream as that route's path; an ambiguous path (above
-# the root, an encoded '/' or '\') is answered 400 and never reaches the upstream.
+# the root, an encoded '/' or '\') is answered 400 and never reaches the upstream; a query reaches
+# the upstream exactly as the client sent it, or not at all.
 # Usage: gateway_paths_e2e.sh <sluice_gateway binary> <sluice_test_upstream binary> <gateway.yaml>
 set -euo pipefail
 gateway=$1
@@ -55,6 +56,37 @@ expect "requests the upstream answered after the ambiguous ones" "$(upstream_req
 fetch items /v1/items/42
 expect "items status" "$(cat "$work/items.s")" 200
 expect "items upstream path" "$(cat "$work/items.b")" '{"upstream":"ok","path":"/v1/items/42"}'
+
+# --- [attack] a query reaches the upstream as the client sent it --------------------------------
+# The query key below decodes to CR LF and a second request line: written back decoded into the
+# upstream request, it ends the request to /v1/items and has an upstream that reads pipelined
+# requests serve a /login that the login route never limited.
+smuggle='a%20HTTP/1.1%0D%0AHost:%20x%0D%0A%0D%0AGET%20/login%20HTTP/1.1%0D%0AX-Pad:%20=1'
+fetch smuggle "/v1/items?$smuggle"
+expect "smuggling query: status" "$(cat "$work/smuggle.s")" 200
+expect "smuggling query: what the upstream received" "$(cat "$work/smuggle.b")" \
+  "{\"upstream\":\"ok\",\"path\":\"/v1/items\",\"query\":\"$smuggle\"}"
+fetch query "/v1/items?b=x%2By&a=1&a=2&c"
+expect "plain query: what the upstream received" "$(cat "$work/query.b")" \
+  '{"upstream":"ok","path":"/v1/items","query":"b=x%2By&a=1&a=2&c"}'
+
+# A query with a raw control character (a bare CR, which cpp-httplib lets into the target) is
+# refused: no upstream could read it as the client meant.
+before=$(upstream_requests)
+raw_status=$(exec 3<>"/dev/tcp/127.0.0.1/${base##*:}" &&
+  printf 'GET /v1/items?a\rb=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n' >&3 &&
+  head -c 12 <&3 | cut -c10-12)
+expect "a bare CR in the query: status" "$raw_status" 400
+expect "requests the upstream answered for a bare CR in the query" \
+  "$(($(upstream_requests) - before))" 0
+
+# --- [attack] an upstream answer is read up to a bound --------------------------------------------
+# 64 MiB from the upstream, held whole by every worker that proxies it, would take the gateway's
+# memory far past its bound; it is answered 502 once the bound is passed.
+fetch large /v1/items/large
+expect "a 64 MiB upstream answer: status" "$(cat "$work/large.s")" 502
+expect "a 64 MiB upstream answer: body" "$(head -c 100 "$work/large.b")" \
+  '{"error":"upstream answer too large"}'
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed; gateway log:" >&2

@@ -9,7 +9,9 @@
 //   GET /__stats                 "requests <n>": requests answered so far, controls excluded
 //   GET <…/unavailable>          always 503 with Retry-After: 300, whatever is set (a path the
 //                                upstream cannot serve, next to paths it serves well)
-//   GET <anything else>          answered as set, with a small JSON body naming the path
+//   GET <…/large>                answered as set, with a body of 64 MiB
+//   GET <anything else>          answered as set, with a small JSON body naming the path (and
+//                                the query, as the request target carried it)
 // SIGINT or SIGTERM stops it (the default action).
 #include <httplib.h>
 
@@ -17,6 +19,7 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -59,17 +62,31 @@ int main() {
   server.Get(".*", [](const httplib::Request& request, httplib::Response& response) {
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
     response.status = status.load();
+    if (std::string_view(request.path).ends_with("/large")) {
+      response.set_content(std::string(std::size_t{64} << 20, 'x'), "text/plain");
+      ++answered;
+      return;
+    }
     if (std::string_view(request.path).ends_with("/unavailable")) {
       response.status = 503;
       response.set_header("Retry-After", "300");
     } else if (const int seconds = retry_after.load(); seconds > 0) {
       response.set_header("Retry-After", std::to_string(seconds));
     }
-    std::string path;
-    for (char c : request.path) {  // the path as a JSON string: keep only plain characters
-      if (c >= 0x21 && c <= 0x7e && c != '"' && c != '\\') path.push_back(c);
+    // The path, and the query as it came in the request target (if any), as JSON strings: only
+    // plain characters are kept.
+    auto plain = [](std::string_view text) {
+      std::string out;
+      for (char c : text) {
+        if (c >= 0x21 && c <= 0x7e && c != '"' && c != '\\') out.push_back(c);
+      }
+      return out;
+    };
+    std::string body = "{\"upstream\":\"ok\",\"path\":\"" + plain(request.path) + "\"";
+    if (const std::size_t query = request.target.find('?'); query != std::string::npos) {
+      body += ",\"query\":\"" + plain(std::string_view(request.target).substr(query + 1)) + "\"";
     }
-    response.set_content("{\"upstream\":\"ok\",\"path\":\"" + path + "\"}\n", "application/json");
+    response.set_content(body + "}\n", "application/json");
     ++answered;
   });
   const int port = server.bind_to_any_port("127.0.0.1");

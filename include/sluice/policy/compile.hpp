@@ -79,8 +79,8 @@ inline absl::Status check_normalized(std::string_view path, std::string_view kin
   if (*normalized == probe) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "can match no request: request paths are normalized before routes are matched (repeated '/' "
-      "merged, dot segments removed, unreserved characters decoded, percent-encodings in upper "
-      "case); write ",
+      "merged, dot segments removed, unreserved characters, sub-delims but ';', ':' and '@' "
+      "decoded, other bytes percent-encoded in upper case); write ",
       quoted(std::string_view(*normalized).substr(0, normalized->size() - probe_suffix.size()))));
 }
 
