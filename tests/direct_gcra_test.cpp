@@ -355,3 +355,19 @@ TEST_CASE("direct: threads racing a moving clock admit no more than the rate all
   CHECK(admitted.load() >= 100);                   // the burst at least
   CHECK(admitted.load() <= 100 + span / 100'000);  // and then one per 100 µs at most
 }
+
+TEST_CASE("direct: reservations booked from before the epoch never wrap a check into admitting",
+          "[attack]") {
+  sluice::ManualClock clock;  // the epoch is 0
+  Direct limiter =
+      make({{.requests = 1, .period = std::chrono::nanoseconds(std::int64_t{1} << 55)}}, clock);
+  clock.set(std::chrono::nanoseconds(-(std::int64_t{1} << 62)));
+  int booked = 0;
+  while (limiter.reserve().ok() && booked < 1000) ++booked;
+  REQUIRE(booked > 0);
+  // Every reservation is still ahead: the word is deep in debt, so nothing may pass.
+  const Decision peek = check(limiter, 0);
+  CHECK(peek.reason == Reason::kQuotaExceeded);
+  CHECK(peek.retry_after > std::chrono::nanoseconds(0));
+  CHECK_FALSE(check(limiter).allowed());
+}
