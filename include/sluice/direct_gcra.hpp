@@ -248,8 +248,8 @@ class DirectGcraLimiter {
   // Books `cost` at the earliest instant at which it fits in every window (see
   // GcraLimiter::reserve). Errors, with nothing booked: InvalidArgument if `cost` is 0 or exceeds
   // a window's burst; DeadlineExceeded if the instant is more than `max_wait` away;
-  // ResourceExhausted if the booking would reach past the span one word holds (see the top of
-  // this file). Lock-free for one window.
+  // ResourceExhausted if the booking would reach past the span one word holds, or further than
+  // its horizon ahead of now (see the top of this file). Lock-free for one window.
   absl::StatusOr<Reservation> reserve(std::uint64_t cost = 1,
                                       std::chrono::nanoseconds max_wait = kNoMaxWait) {
     if (cost == 0) return absl::InvalidArgumentError("a reservation's cost must be at least 1");
@@ -377,7 +377,11 @@ class DirectGcraLimiter {
       const absl::int128 at = absl::int128(now) * p.units;
       const absl::int128 start = std::max(absl::int128(tat[i]), instant * p.units);
       const absl::int128 booked = start + absl::int128(cost) * p.step;
-      const absl::int128 limit = absl::int128(latest_allowed_ - epoch_) * p.units + p.tolerance;
+      // Within the span one word holds, and at most `horizon` ahead of now, so that a word's
+      // distance ahead of any later reading (and that plus a cost) fits 63 bits.
+      const absl::int128 limit =
+          std::min(absl::int128(latest_allowed_ - epoch_) * p.units + p.tolerance,
+                   at + absl::int128(p.horizon) * p.units);
       if (booked > limit) {
         return absl::ResourceExhaustedError(
             "the reservation would reach past the span of clock one word holds");
@@ -418,8 +422,10 @@ class DirectGcraLimiter {
     return detail::cost_error(cost, params_[window].burst, window);
   }
 
-  // Every word is at most (latest_allowed_ − epoch_)·units + tolerance (an admission leaves
-  // at most now + tolerance, a reservation is refused past it), so no sum below overflows.
+  // Every word is at most (latest_allowed_ − epoch_)·units + tolerance and at most
+  // horizon·units ahead of the latest reading (an admission leaves at most now + tolerance, a
+  // reservation is refused past either), so no sum below overflows, even for readings before the
+  // epoch.
   // A check leaves tat − now ≤ tolerance; only reservations leave more (the word is then in
   // debt: every check, peeks included, is denied until now catches up).
 
