@@ -168,6 +168,23 @@ TEST_CASE("a settlement outlives a reload and settles the rules it was evaluated
   CHECK(remaining(*next, "api/per-ip") == 4);
 }
 
+TEST_CASE("a charge settled after a reload that changed the rule's rate still lands", "[attack]") {
+  sluice::ManualClock clock;
+  Engine engine = make(clock);
+  sluice::Evaluation e;
+  Engine::Settlement s;
+  engine.evaluate(request(1), e, s);
+  REQUIRE(s.open());
+  sluice::PolicyConfig raised = config();
+  raised.policies[0].rate_limits[0].requests_per.s = 20;
+  auto next = engine.reload(raised);
+  REQUIRE(next.ok());
+  // The request turned out to cost 25, 15 beyond the per-ip bucket: the client owes it under the
+  // rule's new rate as it would had the charge come before the reload.
+  REQUIRE(next->settle(s, 25).ok());
+  CHECK_FALSE(next->evaluate(request(1)).allowed);
+}
+
 TEST_CASE("an adaptive rule settles at the factor it was evaluated with") {
   sluice::ManualClock clock;
   sluice::PolicyConfig c = config();
