@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -40,12 +41,39 @@ namespace sluice {
 
 namespace detail {
 
+// The GCRA limiters one rule identity has had across reloads: each reload that changes the
+// rule's windows carries its keys into a new limiter, so a charge settled on an older one must
+// land in the newer ones too. Members are weak: a generation nobody serves any more drops out.
+template <Clock ClockT>
+class RuleLineage {
+ public:
+  void add(const std::shared_ptr<GcraLimiter<ClockT>>& limiter) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase_if(members_, [](const auto& m) { return m.expired(); });
+    members_.push_back(limiter);
+  }
+  // Every member still alive but `self`.
+  std::vector<std::shared_ptr<GcraLimiter<ClockT>>> others(const GcraLimiter<ClockT>* self) const {
+    std::vector<std::shared_ptr<GcraLimiter<ClockT>>> out;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& m : members_) {
+      if (auto alive = m.lock(); alive != nullptr && alive.get() != self) out.push_back(alive);
+    }
+    return out;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::weak_ptr<GcraLimiter<ClockT>>> members_;
+};
+
 // One rule's limiter in the in-memory backend: a GcraLimiter, or a FixedWindowLimiter for a
 // fixed-window rule (exactly one is set). Each call forwards to it.
 template <Clock ClockT>
 struct EngineRuleLimiter {
   std::shared_ptr<GcraLimiter<ClockT>> gcra{};
   std::shared_ptr<FixedWindowLimiter<ClockT>> fixed{};
+  std::shared_ptr<RuleLineage<ClockT>> lineage{};  // with `gcra`
 
   template <class Fn>
   decltype(auto) visit(Fn&& fn) const {
@@ -76,8 +104,9 @@ class InMemoryBackend {
   // same spent share of its new bucket (GcraLimiter::carry_from: rounded toward less room, an
   // added window empty, a removed one dropped). That copy is O(keys + store capacity) of the
   // previous limiter, taking its shard locks one at a time; admissions the previous generation
-  // makes after its shard was copied are not carried. A fixed-window rule carries each key's
-  // count (FixedWindowLimiter::carry_from). Any other rule starts empty.
+  // makes after its shard was copied are not carried, but a charge settled on the previous
+  // limiter later also lands in the new one (settle_booking). A fixed-window rule carries each
+  // key's count (FixedWindowLimiter::carry_from). Any other rule starts empty.
   static absl::StatusOr<InMemoryBackend> create(std::span<const CompiledRule> rules,
                                                 const InMemoryBackend* previous,
                                                 const Options& options) {
@@ -95,7 +124,7 @@ class InMemoryBackend {
                                         : RuleLimiter{};
         auto created = rule.algorithm == Algorithm::kFixedWindow
                            ? new_fixed_limiter(rule, carried.fixed, options)
-                           : new_limiter(rule, carried.gcra, options);
+                           : new_limiter(rule, carried, options);
         if (!created.ok()) return created.status();
         limiter = *std::move(created);
       }
@@ -148,6 +177,7 @@ class InMemoryBackend {
   // (BasicRateLimitEngine::settle). It holds the rule's limiter, so it outlives reloads.
   struct Booking {
     std::shared_ptr<GcraLimiter<ClockT>> limiter{};
+    std::shared_ptr<detail::RuleLineage<ClockT>> lineage{};
     detail::GcraBooking booking{};
     std::uint64_t units = 0;  // the cost taken, in the rule's limiter units
   };
@@ -165,7 +195,9 @@ class InMemoryBackend {
     for (const RuleKey& k : keys) digests.push_back(limiters_[k.rule].gcra->digest(k.key));
     const std::int64_t now = detail::saturate_time(clock_.now().count());
     auto record = [&](const HeldShardLocks& held, std::size_t i) {
-      Booking b{.limiter = limiters_[keys[i].rule].gcra, .units = keys[i].cost};
+      Booking b{.limiter = limiters_[keys[i].rule].gcra,
+                .lineage = limiters_[keys[i].rule].lineage,
+                .units = keys[i].cost};
       b.limiter->record_locked(held, digests[i], now, keys[i].cost, b.booking);
       bookings.push_back(std::move(b));
     };
@@ -197,9 +229,17 @@ class InMemoryBackend {
   }
 
   // Settles one booking at `units` (charge or refund, as GcraLimiter::settle): the key's state
-  // after it.
+  // after it. A charge also lands in every limiter a reload carried the rule's keys into since
+  // (the same digest: a carried limiter keeps its predecessor's seed), so that a reload between
+  // a request and its settlement lets no charge escape; a refund stays in the booking's limiter.
   static absl::StatusOr<Decision> settle_booking(const Booking& b, std::uint64_t units) {
-    return b.limiter->settle_booking(b.booking, b.units, units);
+    absl::StatusOr<Decision> settled = b.limiter->settle_booking(b.booking, b.units, units);
+    if (units > b.units && b.lineage != nullptr) {
+      for (const auto& newer : b.lineage->others(b.limiter.get())) {
+        (void)newer->settle_booking(b.booking, b.units, units);
+      }
+    }
+    return settled;
   }
 
   // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset).
@@ -242,18 +282,23 @@ class InMemoryBackend {
   // A new limiter for `rule`. With `carried` (the previous generation's limiter of a rule with
   // the same identity but other windows): under its digest seed, holding each of its keys' spent
   // share (GcraLimiter::carry_from), copied eagerly here, O(carried's keys).
-  static absl::StatusOr<RuleLimiter> new_limiter(
-      const CompiledRule& rule, const std::shared_ptr<GcraLimiter<ClockT>>& carried,
-      const Options& options) {
+  static absl::StatusOr<RuleLimiter> new_limiter(const CompiledRule& rule,
+                                                 const RuleLimiter& carried,
+                                                 const Options& options) {
     StoreOptions store = options.store;
-    if (carried != nullptr) store.seed = carried->seed();
+    if (carried.gcra != nullptr) store.seed = carried.gcra->seed();
     auto created = GcraLimiter<ClockT>::create(limiter_windows(rule), store, options.clock);
     if (!created.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(rule.label, ": ", created.status().message()));
     }
     auto limiter = std::make_shared<GcraLimiter<ClockT>>(*std::move(created));
-    if (carried != nullptr) limiter->carry_from(*carried);
-    return RuleLimiter{.gcra = std::move(limiter)};
+    auto lineage = std::make_shared<detail::RuleLineage<ClockT>>();
+    if (carried.gcra != nullptr) {
+      limiter->carry_from(*carried.gcra);
+      if (carried.lineage != nullptr) lineage = carried.lineage;
+    }
+    lineage->add(limiter);
+    return RuleLimiter{.gcra = std::move(limiter), .lineage = std::move(lineage)};
   }
 
   // new_limiter for a fixed-window rule: each window admits its requests per period.
