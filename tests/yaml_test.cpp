@@ -200,7 +200,8 @@ TEST_CASE("an exempt path that no request path can equal is an error, not a path
   CHECK(error_of(head + "//healthz]\n") ==
         "2:18: gateway.exempt_paths[0]: \"//healthz\" can match no request: request paths are "
         "normalized before routes are matched (repeated '/' merged, dot segments removed, "
-        "unreserved characters decoded, percent-encodings in upper case); write \"/healthz\"");
+        "unreserved characters, sub-delims but ';', ':' and '@' decoded, other bytes "
+        "percent-encoded in upper case); write \"/healthz\"");
   CHECK(error_of(head + "'/healthz?full=1']\n") ==
         "2:18: gateway.exempt_paths[0]: \"/healthz?full=1\" can match no request: a request's "
         "path ends before '?' (the query) and '#' (the fragment), so a path holds neither");

@@ -68,6 +68,7 @@ class FileDescriptor {
 // that a FIFO, which would wait for a writer forever, or a device is refused at once.
 inline absl::StatusOr<std::string> read_config_file(const std::string& path) {
   errno = 0;
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-vararg): open(2) has no fixed-argument form
   const FileDescriptor file(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
   if (file.get() < 0) return file_error(path, "cannot open the config file");
   struct stat info {};
