@@ -1,9 +1,16 @@
 // Redis Cluster: routing by slot, all-or-nothing across nodes, a slot moved during traffic, a
 // failover. Against a real local cluster (three primaries, three replicas) that this process
 // starts once (tests/support/redis_cluster.hpp).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <random>
@@ -13,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "redis_cluster.hpp"
 #include "redis_fixture.hpp"
@@ -362,4 +370,202 @@ TEST_CASE("the attempt limiter over a Cluster throttles every subject, on every 
   CHECK(admitted_first == 60);
   CHECK(failed == 60);
   CHECK(backed_off == 60);
+}
+
+namespace {
+
+// A fake Cluster node on 127.0.0.1 for the attack tests: one thread polls the listener and every
+// accepted connection, reads whole commands (RESP arrays of bulk strings) and answers each with
+// `answer(args)`; with `close_after_reply`, closes the connection after each answer. Stops when
+// destroyed.
+class ScriptedNode {
+ public:
+  using Answer = std::function<std::string(const std::vector<std::string>&)>;
+
+  ScriptedNode(Answer answer, bool close_after_reply)
+      : answer_(std::move(answer)), close_after_reply_(close_after_reply) {}
+  ScriptedNode(const ScriptedNode&) = delete;
+  ScriptedNode& operator=(const ScriptedNode&) = delete;
+  ~ScriptedNode() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    for (const Conn& c : conns_) close(c.fd);
+    if (listener_ >= 0) close(listener_);
+  }
+
+  // "" once listening; else why not.
+  std::string start() {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    if (listener_ < 0) return "socket failed";
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        listen(listener_, 128) != 0 ||
+        getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return "bind/listen failed";
+    }
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { run(); });
+    return "";
+  }
+  int port() const { return port_; }
+
+ private:
+  struct Conn {
+    int fd;
+    std::string in;
+  };
+
+  void run() {
+    while (!stop_.load()) {
+      std::vector<pollfd> fds = {{.fd = listener_, .events = POLLIN, .revents = 0}};
+      for (const Conn& c : conns_) fds.push_back({.fd = c.fd, .events = POLLIN, .revents = 0});
+      if (poll(fds.data(), fds.size(), 20) <= 0) continue;
+      if ((fds[0].revents & POLLIN) != 0) {
+        const int fd = accept(listener_, nullptr, nullptr);
+        if (fd >= 0) conns_.push_back({fd, {}});
+      }
+      std::vector<int> closed;
+      for (std::size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        Conn& c = conns_[i - 1];
+        char buf[4096];
+        const ssize_t n = read(c.fd, buf, sizeof buf);
+        if (n <= 0) {
+          closed.push_back(c.fd);
+          continue;
+        }
+        c.in.append(buf, static_cast<std::size_t>(n));
+        std::vector<std::string> args;
+        bool answered = false;
+        while (take_command(c.in, args)) {
+          const std::string reply = answer_(args);
+          (void)send(c.fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+          answered = true;
+        }
+        if (answered && close_after_reply_) closed.push_back(c.fd);
+      }
+      for (int fd : closed) {
+        close(fd);
+        std::erase_if(conns_, [fd](const Conn& c) { return c.fd == fd; });
+      }
+    }
+  }
+
+  // Takes one whole command off the front of `in` into `args`; false if none is complete yet.
+  static bool take_command(std::string& in, std::vector<std::string>& args) {
+    args.clear();
+    std::size_t pos = 0;
+    const auto line = [&](char type, long& value) {
+      if (pos >= in.size() || in[pos] != type) return false;
+      const std::size_t end = in.find("\r\n", pos);
+      if (end == std::string::npos) return false;
+      value = std::stol(in.substr(pos + 1, end - pos - 1));
+      pos = end + 2;
+      return true;
+    };
+    long count = 0;
+    if (!line('*', count)) return false;
+    for (long i = 0; i < count; ++i) {
+      long len = 0;
+      if (!line('$', len) || in.size() < pos + static_cast<std::size_t>(len) + 2) return false;
+      args.push_back(in.substr(pos, static_cast<std::size_t>(len)));
+      pos += static_cast<std::size_t>(len) + 2;
+    }
+    in.erase(0, pos);
+    return true;
+  }
+
+  const Answer answer_;
+  const bool close_after_reply_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::vector<Conn> conns_;  // the serving thread's
+};
+
+// CLUSTER SLOTS naming one primary for every slot.
+std::string all_slots_at(const std::string& host, int port) {
+  return absl::StrCat("*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$", host.size(), "\r\n", host,
+                      "\r\n:", port, "\r\n");
+}
+
+// The `i`th spelling of 127.0.0.1 (hexadecimal octets padded with zeros): a distinct node address
+// to the client, the same peer to the kernel.
+std::string loopback_alias(int i) {
+  return absl::StrCat("0x", std::string(static_cast<std::size_t>(i % 40), '0'), "7f.0.0.0x",
+                      std::string(static_cast<std::size_t>(i / 40), '0'), "1");
+}
+
+std::size_t open_fds() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("node addresses a Cluster named once are forgotten: a later primary is still reached",
+          "[attack]") {
+  // A node that redirects every call to a new address (a hostile peer, or years of failovers on
+  // hosts whose addresses change) fills the client's node table; a primary named after that must
+  // still be reached, and the connections to the forgotten addresses closed.
+  std::atomic<int> next{0};
+  std::atomic<bool> redirecting{true};
+  ScriptedNode primary(
+      [](const std::vector<std::string>& args) -> std::string {
+        return args.empty() || args[0] != "EVALSHA" ? "+OK\r\n"
+                                                    : "-ERR reached the new primary\r\n";
+      },
+      /*close_after_reply=*/false);
+  REQUIRE(primary.start().empty());
+  int port = 0;
+  ScriptedNode node(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (args.size() >= 2 && args[0] == "CLUSTER" && args[1] == "SLOTS") {
+          return redirecting.load() ? all_slots_at("127.0.0.1", port)
+                                    : all_slots_at("127.0.0.1", primary.port());
+        }
+        if (!args.empty() && args[0] == "EVALSHA") {
+          if (!redirecting.load()) return "-CLUSTERDOWN the slots moved\r\n";
+          return absl::StrCat("-MOVED 0 ", loopback_alias(next.fetch_add(1)), ":", port, "\r\n");
+        }
+        return "+OK\r\n";
+      },
+      /*close_after_reply=*/true);
+  REQUIRE(node.start().empty());
+  port = node.port();
+
+  sluice::redis::ClientOptions o;
+  o.connection.host = "127.0.0.1";
+  o.connection.port = port;
+  o.connection.connect_timeout = 1s;
+  o.connection.command_timeout = 1s;
+  o.connection.memory_check = sluice::redis::MemoryCheck::kSkip;  // it answers no INFO
+  o.cluster = true;
+  o.key_seed = 42;
+  auto c = sluice::redis::Client::create(o);
+  REQUIRE(c.ok());
+  RedisGcraLimiter l = limiter(*c, {{.requests = 5, .period = 1h}});
+  const std::size_t fds_before = open_fds();
+
+  // Up to five redirections per check: more addresses than the table holds (1024).
+  for (int i = 0; i < 800 && next.load() < 1400; ++i) (void)l.check("k");
+  REQUIRE(next.load() >= 1400);
+
+  // The slots move to a primary at an address never seen before.
+  redirecting.store(false);
+  absl::Status last;
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  while (std::chrono::steady_clock::now() < until) {
+    last = l.check("k").status();
+    if (last.message().find("reached the new primary") != std::string_view::npos) break;
+    std::this_thread::sleep_for(10ms);  // polls for the recovery; measures no rate
+  }
+  INFO(last);
+  CHECK(last.message().find("reached the new primary") != std::string_view::npos);
+  CHECK(open_fds() < fds_before + 100);
 }

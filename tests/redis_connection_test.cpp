@@ -5,8 +5,10 @@
 // a reply one byte at a time, one floods; the restart tests run against a real redis-server the
 // test starts. Sleeps here only inject faults (a lease held for a while); no rate is measured by
 // sleeping.
+#include <algorithm>
 #include <chrono>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -55,6 +57,31 @@ sluice::redis::ClientOptions peer_options(int port, milliseconds timeout) {
   o.connection.memory_check = sluice::redis::MemoryCheck::kSkip;
   return o;
 }
+
+// A peer that answers each command on its connection after `delay`, as a server in the middle
+// of a key's carry would: the check's script call with CARRY, the read of the earlier key with
+// no state, then any further call with an error.
+class CarryPeer : public sluice_test::FakePeer {
+ public:
+  explicit CarryPeer(milliseconds delay) : delay_(delay) {}
+  ~CarryPeer() override { stop(); }
+
+ private:
+  void serve(int fd) override {
+    char command[4096];
+    while (wait(fd, POLLIN, 5'000) && read(fd, command, sizeof command) > 0) {
+      std::this_thread::sleep_for(delay_);
+      static constexpr std::string_view kReplies[] = {
+          "+CARRY\r\n", "*3\r\n$10\r\n1700000000\r\n$1\r\n0\r\n$-1\r\n",
+          "-ERR the check ran past its deadline\r\n"};
+      const std::string_view reply = kReplies[std::min<std::size_t>(answered_++, 2)];
+      if (send(fd, reply.data(), reply.size(), MSG_NOSIGNAL) <= 0) return;
+    }
+  }
+
+  const milliseconds delay_;
+  std::size_t answered_ = 0;
+};
 
 }  // namespace
 
@@ -172,4 +199,27 @@ TEST_CASE("a command written before its deadline passed is never sent again") {
   INFO(peek.status());
   REQUIRE(peek.ok());
   CHECK(peek->remaining == 9);
+}
+
+TEST_CASE("a check whose key is carried from an earlier limit ends by its one deadline",
+          "[attack]") {
+  // Each step of the carry (the check, the read of the earlier key, the check again) answered
+  // at 60% of the timeout: together well past it.
+  CarryPeer peer(milliseconds(180));
+  REQUIRE(peer.start().empty());
+  auto client = sluice::redis::Client::create(peer_options(peer.port(), milliseconds(300)));
+  REQUIRE(client.ok());
+  auto now = sluice::redis::Limit::create({{.requests = 10, .period = seconds(3600)}});
+  auto before = sluice::redis::Limit::create({{.requests = 20, .period = seconds(3600)}});
+  REQUIRE((now.ok() && before.ok()));
+  const sluice::redis::CarriedFrom from[] = {{.key = "k", .limit = &*before}};
+  const sluice::redis::CheckItem item{.key = "k", .limit = &*now, .cost = 1, .carried_from = from};
+
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<Decision> d = (*client)->check(item);
+  const milliseconds elapsed = since(start);
+
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(elapsed < milliseconds(300 + 100));
 }

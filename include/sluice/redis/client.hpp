@@ -117,13 +117,13 @@ class Client {
   // are given back when another slot denies (docs/redis.md, "Redis Cluster"). InvalidArgument
   // when a cost exceeds its limit's max_cost().
   absl::StatusOr<std::vector<Decision>> check_all(std::span<const CheckItem> items) {
-    return run(items, now());
+    return run(items, now(), deadline());
   }
 
   // Independent checks, pipelined on one connection: one write, one reply per item, not atomic
   // as a group. For callers with many unrelated keys at once.
   std::vector<absl::StatusOr<Decision>> check_pipelined(std::span<const CheckItem> items) {
-    return run_pipelined(items, now());
+    return run_pipelined(items, now(), deadline());
   }
 
   // One single-key check, decided exactly as check_all of the one item. With options().coalesce
@@ -146,12 +146,12 @@ class Client {
   absl::StatusOr<std::vector<Decision>> check_all_booking(
       std::span<const CheckItem> items, std::vector<detail::ItemBooking>& bookings) {
     bookings.clear();
-    return run(items, now(), &bookings);
+    return run(items, now(), deadline(), &bookings);
   }
   std::vector<absl::StatusOr<Decision>> check_pipelined_booking(
       std::span<const CheckItem> items, std::vector<detail::ItemBooking>& bookings) {
     bookings.assign(items.size(), {});
-    return run_pipelined(items, now(), &bookings);
+    return run_pipelined(items, now(), deadline(), &bookings);
   }
 
   // Deletes `key`'s state under `limit` (one script call, one round trip): its next check sees
@@ -297,23 +297,24 @@ class Client {
     return call;
   }
 
-  // One atomic check of `items`; when a key with `carried_from` holds no state, its state is
-  // carried over first (carry), then the check is made again: on such a miss only, a round trip
-  // for the reads, one for the writes (if any) and the second check.
+  // One atomic check of `items`, by `by`; when a key with `carried_from` holds no state, its
+  // state is carried over first (carry), then the check is made again: on such a miss only, a
+  // round trip for the reads, one for the writes (if any) and the second check, all by `by`.
   absl::StatusOr<std::vector<Decision>> run(std::span<const CheckItem> items,
                                             std::optional<std::chrono::nanoseconds> time,
+                                            detail::Deadline by,
                                             std::vector<detail::ItemBooking>* bookings = nullptr) {
-    absl::StatusOr<std::vector<Decision>> d = run_once(items, time, bookings, /*flag=*/true);
+    absl::StatusOr<std::vector<Decision>> d = run_once(items, time, bookings, /*flag=*/true, by);
     if (d.ok() || !detail::is_carry_needed(d.status())) return d;
-    if (absl::Status carried = carry(items, time); !carried.ok()) return carried;
-    return run_once(items, time, bookings, /*flag=*/false);
+    if (absl::Status carried = carry(items, time, by); !carried.ok()) return carried;
+    return run_once(items, time, bookings, /*flag=*/false, by);
   }
 
   // Carries the state of every item with `carried_from` whose key holds none (detail/carry.hpp):
   // reads each earlier key with its node's time (one round trip, nodes in parallel), then writes
   // the carried state with SET NX (one more), so a key written meanwhile keeps its state.
-  absl::Status carry(std::span<const CheckItem> items,
-                     std::optional<std::chrono::nanoseconds> time) {
+  absl::Status carry(std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
+                     detail::Deadline by) {
     std::vector<std::string> old_keys;
     std::vector<Call> reads;
     for (const CheckItem& item : items) {
@@ -330,7 +331,7 @@ class Client {
         reads[k].command.add(arg);
       }
     }
-    if (!reads.empty()) transport_.call(reads, deadline());
+    if (!reads.empty()) transport_.call(reads, by);
     std::vector<std::string> new_keys, values, ttls;
     std::size_t k = 0;
     for (const CheckItem& item : items) {
@@ -354,13 +355,13 @@ class Client {
       values.push_back(std::move((*state)->value));
       ttls.push_back(absl::StrCat((*state)->ttl_ms));
     }
-    return write_carried(new_keys, values, ttls);
+    return write_carried(new_keys, values, ttls, by);
   }
 
   // SET key value PX ttl NX for each carried state, one round trip; OK whether or not the key
   // was absent (a key written since the script's CARRY reply keeps its state).
   absl::Status write_carried(std::span<const std::string> keys, std::span<const std::string> values,
-                             std::span<const std::string> ttls) {
+                             std::span<const std::string> ttls, detail::Deadline by) {
     std::vector<Call> writes;
     for (std::size_t i = 0; i < keys.size(); ++i) {
       Call& w = writes.emplace_back();
@@ -372,7 +373,7 @@ class Client {
       }
     }
     if (writes.empty()) return absl::OkStatus();
-    transport_.call(writes, deadline());
+    transport_.call(writes, by);
     for (const Call& w : writes) {
       if (!w.reply.ok()) return w.reply.status();
       if ((*w.reply)->type == REDIS_REPLY_ERROR) {
@@ -385,14 +386,14 @@ class Client {
   absl::StatusOr<std::vector<Decision>> run_once(std::span<const CheckItem> items,
                                                  std::optional<std::chrono::nanoseconds> time,
                                                  std::vector<detail::ItemBooking>* bookings,
-                                                 bool flag) {
+                                                 bool flag, detail::Deadline by) {
     if (absl::Status status = validate(items); !status.ok()) {
       return status;
     }
-    if (transport_.cluster()) return run_cluster(items, time, bookings, flag);
+    if (transport_.cluster()) return run_cluster(items, time, bookings, flag, by);
     const detail::ScriptCall script = make_call(items, time, bookings != nullptr, flag);
     Call call{.command = script.evalsha(script_sha_), .script = script_, .sha = script_sha_};
-    transport_.call(std::span(&call, 1), deadline());
+    transport_.call(std::span(&call, 1), by);
     if (!call.reply.ok()) return call.reply.status();
     return detail::decode_reply(items, **call.reply, bookings);
   }
@@ -402,7 +403,7 @@ class Client {
     const detail::Deadline deadline =
         std::chrono::steady_clock::now() + options_.connection.command_timeout;
     if (!options_.coalesce || transport_.cluster() || !item.carried_from.empty()) {
-      absl::StatusOr<std::vector<Decision>> d = run(std::span(&item, 1), time);
+      absl::StatusOr<std::vector<Decision>> d = run(std::span(&item, 1), time, deadline);
       if (!d.ok()) return d.status();
       return (*d)[0];
     }
@@ -433,8 +434,9 @@ class Client {
   // state had to be carried first (see run) are carried, then checked again, pipelined.
   std::vector<absl::StatusOr<Decision>> run_pipelined(
       std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
-      std::vector<detail::ItemBooking>* bookings = nullptr) {
-    std::vector<absl::StatusOr<Decision>> results = run_pipelined_once(items, time, bookings, true);
+      detail::Deadline by, std::vector<detail::ItemBooking>* bookings = nullptr) {
+    std::vector<absl::StatusOr<Decision>> results =
+        run_pipelined_once(items, time, bookings, true, by);
     std::vector<CheckItem> again;
     std::vector<std::size_t> where;
     for (std::size_t i = 0; i < items.size(); ++i) {
@@ -443,10 +445,10 @@ class Client {
       where.push_back(i);
     }
     if (again.empty()) return results;
-    const absl::Status carried = carry(again, time);
+    const absl::Status carried = carry(again, time, by);
     std::vector<detail::ItemBooking> booked(again.size());
     std::vector<absl::StatusOr<Decision>> retried =
-        carried.ok() ? run_pipelined_once(again, time, bookings ? &booked : nullptr, false)
+        carried.ok() ? run_pipelined_once(again, time, bookings ? &booked : nullptr, false, by)
                      : std::vector<absl::StatusOr<Decision>>(again.size(), carried);
     for (std::size_t k = 0; k < where.size(); ++k) {
       results[where[k]] = std::move(retried[k]);
@@ -457,7 +459,7 @@ class Client {
 
   std::vector<absl::StatusOr<Decision>> run_pipelined_once(
       std::span<const CheckItem> items, std::optional<std::chrono::nanoseconds> time,
-      std::vector<detail::ItemBooking>* bookings, bool flag) {
+      std::vector<detail::ItemBooking>* bookings, bool flag, detail::Deadline by) {
     std::vector<absl::StatusOr<Decision>> results(items.size(),
                                                   absl::UnknownError("sluice::redis: not run"));
     std::vector<detail::ScriptCall> calls;
@@ -481,7 +483,7 @@ class Client {
                         .script = script_,
                         .sha = script_sha_});
     }
-    transport_.call(routed, deadline());
+    transport_.call(routed, by);
     for (std::size_t k = 0; k < sent.size(); ++k) {
       if (!routed[k].reply.ok()) {
         results[sent[k]] = routed[k].reply.status();
@@ -510,7 +512,7 @@ class Client {
   absl::StatusOr<std::vector<Decision>> run_cluster(std::span<const CheckItem> items,
                                                     std::optional<std::chrono::nanoseconds> time,
                                                     std::vector<detail::ItemBooking>* bookings,
-                                                    bool flag) {
+                                                    bool flag, detail::Deadline by) {
     std::vector<std::pair<std::size_t, std::vector<std::size_t>>> groups;  // slot, items
     for (std::size_t i = 0; i < items.size(); ++i) {
       const std::size_t slot = detail::key_slot(redis_key(items[i].key, *items[i].limit));
@@ -537,7 +539,7 @@ class Client {
                         .script = script_,
                         .sha = script_sha_});
     }
-    transport_.call(routed, deadline());
+    transport_.call(routed, by);
     std::vector<Decision> decisions(items.size());
     std::vector<detail::ItemBooking> booked(items.size());
     std::vector<bool> admitted(groups.size(), false);

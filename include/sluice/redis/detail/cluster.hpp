@@ -11,14 +11,18 @@
 // slot is unknown); a node that cannot be reached makes the next call refresh too, which is how
 // a failover is found.
 //
-// Bounds: at most kMaxNodes distinct node addresses (an address a reply names beyond that is
-// refused, never connected to), 16384 slot entries, a refresh reads at most one reply.
+// Bounds: at most kMaxNodes node addresses at once (an address a reply names beyond that is
+// refused, never connected to, and makes the next call refresh); each refresh forgets the nodes
+// the new map does not name (the seed stays), closing their idle connections, so addresses named
+// once — by a redirection, or by a map since replaced — never fill the table for good. 16384 slot
+// entries; a refresh reads at most one reply.
 //
 //   sluice::redis::detail::ClusterRouter router(connection_options);  // the seed node
-//   absl::StatusOr<sluice::redis::detail::ConnectionPool*> pool =
+//   absl::StatusOr<std::shared_ptr<sluice::redis::detail::ConnectionPool>> pool =
 //       router.pool_for_slot(sluice::redis::detail::key_slot(key), deadline);
 //
-// Thread-safety: thread-safe. Pools live as long as the router: a lease never outlives it.
+// Thread-safety: thread-safe. A pool lives while the router's table or a caller holds it: a
+// caller keeps the pointer it was given until its leases of that pool have ended.
 #ifndef SLUICE_REDIS_DETAIL_CLUSTER_HPP_
 #define SLUICE_REDIS_DETAIL_CLUSTER_HPP_
 
@@ -150,7 +154,8 @@ class ClusterRouter {
 
   // The pool of the node serving `slot`; refreshes the map first when it is stale or does not
   // know the slot. Unavailable when no node answers with a map that covers the slot.
-  absl::StatusOr<ConnectionPool*> pool_for_slot(std::size_t slot, Deadline deadline) {
+  absl::StatusOr<std::shared_ptr<ConnectionPool>> pool_for_slot(std::size_t slot,
+                                                                Deadline deadline) {
     bool known = false;
     bool stale = false;
     {
@@ -168,24 +173,29 @@ class ClusterRouter {
       return absl::UnavailableError(
           absl::StrCat("sluice::redis: no Cluster node serves slot ", slot));
     }
-    return nodes_[node].pool.get();
+    return nodes_[node].pool;
   }
 
-  // The pool of the node at host:port (created if new); nullptr past kMaxNodes.
-  ConnectionPool* pool_for_address(const std::string& host, int port) {
+  // The pool of the node at host:port (created if new); nullptr past kMaxNodes (the map is then
+  // stale: the next refresh forgets the nodes it does not name).
+  std::shared_ptr<ConnectionPool> pool_for_address(const std::string& host, int port) {
     sluice::detail::MutexLock lock(mu_);
     const std::optional<std::uint16_t> node = node_locked(host, port);
-    return node ? nodes_[*node].pool.get() : nullptr;
+    if (!node) {
+      stale_ = true;
+      return nullptr;
+    }
+    return nodes_[*node].pool;
   }
 
   // A MOVED reply: `slot` is now served at host:port. Repoints it and marks the map stale.
   // False if the address cannot be added (kMaxNodes).
   bool moved(const Redirect& r) {
     sluice::detail::MutexLock lock(mu_);
+    stale_ = true;
     const std::optional<std::uint16_t> node = node_locked(r.host, r.port);
     if (!node) return false;
     slot_node_[r.slot] = *node;
-    stale_ = true;
     return true;
   }
 
@@ -195,11 +205,12 @@ class ClusterRouter {
     stale_ = true;
   }
 
-  // Asks the known nodes, seed first, for CLUSTER SLOTS until one answers, and replaces the map.
-  // Unless `force`, does nothing within kMinRefreshInterval of the last refresh. One refresh at
-  // a time: a caller that finds one running returns at once and uses the current map.
+  // Asks the known nodes, seed first, for CLUSTER SLOTS until one answers, and replaces the map
+  // and the node table: the seed and the nodes the map names (their pools kept). Unless `force`,
+  // does nothing within kMinRefreshInterval of the last refresh. One refresh at a time: a caller
+  // that finds one running returns at once and uses the current map.
   absl::Status refresh(Deadline deadline, bool force) {
-    std::vector<ConnectionPool*> pools;
+    std::vector<std::shared_ptr<ConnectionPool>> pools;
     {
       sluice::detail::MutexLock lock(mu_);
       if (refreshing_) {
@@ -214,11 +225,11 @@ class ClusterRouter {
       if (!force && now - last_refresh_ < kMinRefreshInterval) return absl::OkStatus();
       refreshing_ = true;
       last_refresh_ = now;
-      for (const Node& n : nodes_) pools.push_back(n.pool.get());
+      for (const Node& n : nodes_) pools.push_back(n.pool);
     }
     absl::Status last = absl::UnavailableError("sluice::redis: no Cluster node to ask");
     bool done = false;
-    for (ConnectionPool* pool : pools) {
+    for (const std::shared_ptr<ConnectionPool>& pool : pools) {
       absl::StatusOr<std::vector<std::pair<std::size_t, std::pair<std::string, int>>>> ranges =
           ask_slots(*pool, deadline);
       if (!ranges.ok()) {
@@ -230,16 +241,19 @@ class ClusterRouter {
       std::array<std::uint16_t, kClusterSlots> map{};
       map.fill(kUnknown);
       bool complete = true;
+      std::vector<Node> table;
+      table.push_back(nodes_[0]);  // the seed
       for (const auto& [packed, address] : *ranges) {
         const std::size_t first = packed >> 16;
         const std::size_t last_slot = packed & 0xffff;
-        const std::optional<std::uint16_t> node = node_locked(address.first, address.second);
+        const std::optional<std::uint16_t> node = node_in(table, address.first, address.second);
         if (!node) {
           complete = false;
           continue;
         }
         for (std::size_t s = first; s <= last_slot; ++s) map[s] = *node;
       }
+      nodes_ = std::move(table);  // a pool no longer named closes when its last user is done
       slot_node_ = map;
       stale_ = !complete;
       done = true;
@@ -265,21 +279,33 @@ class ClusterRouter {
   struct Node {
     std::string host;
     int port = 0;
-    std::unique_ptr<ConnectionPool> pool;
+    std::shared_ptr<ConnectionPool> pool;
   };
 
+  // The index of host:port in the node table, added if new (with the pool it has in the current
+  // table, if any, else a new one); nullopt past kMaxNodes.
+  std::optional<std::uint16_t> node_in(std::vector<Node>& table, const std::string& host, int port)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (std::size_t i = 0; i < table.size(); ++i) {
+      if (table[i].port == port && table[i].host == host) return static_cast<std::uint16_t>(i);
+    }
+    if (table.size() >= kMaxNodes) return std::nullopt;
+    std::shared_ptr<ConnectionPool> pool;
+    for (const Node& n : nodes_) {
+      if (n.port == port && n.host == host) pool = n.pool;
+    }
+    if (pool == nullptr) {
+      ConnectionOptions options = seed_;
+      options.host = host;
+      options.port = port;
+      pool = std::make_shared<ConnectionPool>(std::move(options), /*cluster=*/true);
+    }
+    table.push_back({host, port, std::move(pool)});
+    return static_cast<std::uint16_t>(table.size() - 1);
+  }
   std::optional<std::uint16_t> node_locked(const std::string& host, int port)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (std::size_t i = 0; i < nodes_.size(); ++i) {
-      if (nodes_[i].port == port && nodes_[i].host == host) return static_cast<std::uint16_t>(i);
-    }
-    if (nodes_.size() >= kMaxNodes) return std::nullopt;
-    ConnectionOptions options = seed_;
-    options.host = host;
-    options.port = port;
-    nodes_.push_back(
-        {host, port, std::make_unique<ConnectionPool>(std::move(options), /*cluster=*/true)});
-    return static_cast<std::uint16_t>(nodes_.size() - 1);
+    return node_in(nodes_, host, port);
   }
 
   // CLUSTER SLOTS of one node: per range, (first << 16 | last) and its primary's address.

@@ -62,7 +62,8 @@ class Transport {
   static constexpr int kMaxRedirects = 5;
 
   Transport(const ConnectionOptions& options, bool cluster)
-      : pool_(options), cluster_(cluster ? std::make_unique<ClusterRouter>(options) : nullptr) {}
+      : pool_(std::make_shared<ConnectionPool>(options)),
+        cluster_(cluster ? std::make_unique<ClusterRouter>(options) : nullptr) {}
 
   bool cluster() const noexcept { return cluster_ != nullptr; }
 
@@ -72,7 +73,7 @@ class Transport {
   // Sends every call and fills in its reply, all by `deadline`.
   void call(std::span<Call> calls, Deadline deadline) {
     if (cluster_ == nullptr) {
-      NodeBatch all{.pool = &pool_};
+      NodeBatch all{.pool = pool_};
       for (std::size_t i = 0; i < calls.size(); ++i) all.which.push_back(i);
       write_batch(calls, all, deadline);
       read_batch(calls, all);
@@ -80,7 +81,8 @@ class Transport {
     }
     std::vector<NodeBatch> batches;
     for (std::size_t i = 0; i < calls.size(); ++i) {
-      absl::StatusOr<ConnectionPool*> pool = cluster_->pool_for_slot(calls[i].slot, deadline);
+      absl::StatusOr<std::shared_ptr<ConnectionPool>> pool =
+          cluster_->pool_for_slot(calls[i].slot, deadline);
       if (!pool.ok()) {
         calls[i].reply = pool.status();
         continue;
@@ -100,21 +102,21 @@ class Transport {
 
   // Checks the server the options name (ConnectionPool::verify_server), by `deadline`.
   absl::Status verify_server(const ConnectionOptions& options, Deadline deadline) {
-    ConnectionPool* pool =
-        cluster_ != nullptr ? cluster_->pool_for_address(options.host, options.port) : &pool_;
+    const std::shared_ptr<ConnectionPool> pool =
+        cluster_ != nullptr ? cluster_->pool_for_address(options.host, options.port) : pool_;
     if (pool == nullptr) return absl::OkStatus();  // never: the seed is the first node known
     return pool->verify_server(deadline);
   }
 
   // The lone server's pool (unused on a Cluster).
-  ConnectionPool& pool() noexcept { return pool_; }
+  ConnectionPool& pool() noexcept { return *pool_; }
 
  private:
   // Calls for one node: written together, then read together.
   struct NodeBatch {
-    ConnectionPool* pool = nullptr;
-    std::vector<std::size_t> which{};  // indices into the calls
-    bool asking = false;               // ASKING first (one call after an ASK redirection)
+    std::shared_ptr<ConnectionPool> pool{};  // held until its lease has ended
+    std::vector<std::size_t> which{};        // indices into the calls
+    bool asking = false;                     // ASKING first (one call after an ASK redirection)
     std::unique_ptr<ConnectionPool::Lease> lease{};  // set while its replies are due
     std::size_t reply_budget = 0;                    // of the commands sent (io.hpp)
   };
@@ -211,7 +213,7 @@ class Transport {
     for (int hop = 0; hop < kMaxRedirects && call.reply.ok() && is_redirect_or_retry(**call.reply);
          ++hop) {
       const std::optional<Redirect> to = parse_redirect(**call.reply);
-      ConnectionPool* pool = nullptr;
+      std::shared_ptr<ConnectionPool> pool;
       if (to) {
         if (!to->ask) cluster_->moved(*to);
         pool = cluster_->pool_for_address(to->host, to->port);
@@ -222,7 +224,8 @@ class Transport {
       } else {
         if (time_left(deadline) <= std::chrono::milliseconds(2)) return;
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        absl::StatusOr<ConnectionPool*> p = cluster_->pool_for_slot(call.slot, deadline);
+        absl::StatusOr<std::shared_ptr<ConnectionPool>> p =
+            cluster_->pool_for_slot(call.slot, deadline);
         if (!p.ok()) {
           call.reply = p.status();
           return;
@@ -262,7 +265,7 @@ class Transport {
     if (cluster_ != nullptr) cluster_->mark_stale();
   }
 
-  ConnectionPool pool_;                     // a lone server (unused on a Cluster)
+  std::shared_ptr<ConnectionPool> pool_;    // a lone server (unused on a Cluster)
   std::unique_ptr<ClusterRouter> cluster_;  // a Cluster: a pool per node
 };
 
