@@ -991,3 +991,31 @@ TEST_CASE("a change of algorithm starts a rule fresh; a fixed window's new limit
   Engine gcra = reloaded(raised, config(sluice::Algorithm::kGcra, 5));
   CHECK(admitted(gcra, on_route("10.0.0.1", "x"), 10) == 5);  // another identity: fresh
 }
+
+TEST_CASE(
+    "requests the live rules deny do not drain a dry-run rule, so enforcing it later denies no "
+    "one else",
+    "[attack]") {
+  sluice::ManualClock clock;
+  // Live: 1 per minute per address. On trial: 5 per minute for the whole route.
+  sluice::PolicyConfig config{
+      .policies = {{.name = "live",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 1})}},
+                   {.name = "trial",
+                    .rate_limits = {rule("route", {Selector::kRoute}, {.minute = 5})},
+                    .dry_run = true}},
+      .routes = {{.name = "api", .policies = {"live", "trial"}}}};
+  Engine engine = make_engine(config, clock);
+  // One client floods: its first request runs, the per-ip rule denies the other 19.
+  CHECK(admitted(engine, on_route("203.0.113.66", "api"), 20) == 1);
+  // Enforced together (all_or_nothing), the trial rule would have been charged once: another
+  // client's request is not a would-be denial.
+  sluice::Evaluation other = engine.evaluate(on_route("10.0.0.1", "api"));
+  REQUIRE(other.allowed);
+  CHECK_FALSE(other.dry_denied.has_value());
+  CHECK(engine.stats()[1].dry_denied == 0);
+  // Switched to enforcing (its state is kept), it has 3 of 5 left for everyone else.
+  config.policies[1].dry_run = false;
+  Engine enforcing = reloaded(engine, config);
+  CHECK(admitted(enforcing, on_route("10.0.0.2", "api"), 1) == 1);
+}
