@@ -21,8 +21,9 @@
 // request is denied if any denies. Retry-After is the longest wait over denying rules, the
 // X-RateLimit-* fields describe the first denying rule in precedence order, or for an admission
 // the live window with the least remaining (ties: precedence). Dry-run bundles are evaluated as
-// their own group, their buckets advance as if enforcing, and the first would-be denial is
-// reported in `dry_denied`; they never deny and never add fields.
+// their own group, their buckets advance as if enforcing (all or nothing, a request the live rules
+// deny is not charged to them), and the first would-be denial is reported in `dry_denied`; they
+// never deny and never add fields.
 //
 // Keys: a rule's key is its identity plus its selected attributes in the canonical order ip,
 // credential, route. `ip` is the client address's network under the rule's address prefixes
@@ -278,8 +279,13 @@ class BasicRateLimitEngine {
     if (!request.live.empty()) {
       decide_live_group(e, request, keys, decisions, settlement, live_outcome);
     }
-    const bool dry_decided = !request.dry.empty() && decide_dry_group(e, request, keys, decisions,
-                                                                      live_outcome, dry_outcome);
+    // All or nothing, a request the live rules deny would consume nothing in a dry-run rule
+    // enforced beside them: it is not charged to them either, so the dry run measures what
+    // enforcing would do and a flood of denied requests cannot drain its shared buckets.
+    const bool live_denied = !e.allowed && mode_ == ConsumptionMode::kAllOrNothing;
+    const bool dry_decided =
+        !request.dry.empty() && !live_denied &&
+        decide_dry_group(e, request, keys, decisions, live_outcome, dry_outcome);
     count(e, request, live_outcome, dry_outcome, dry_decided);
     if (settlement != nullptr && !live_outcome.degraded && e.allowed && e.backend_error.ok()) {
       settlement->open_for(request.live.size(), keys.factors, request.raw->cost);
@@ -391,9 +397,9 @@ class BasicRateLimitEngine {
     }
   }
 
-  // The dry-run rules, after the live ones: decided (and consuming) as their own group; they
-  // never deny and never add fields. True if they were decided. A backend failure is reported
-  // once per evaluation: here only if the live rules reported none.
+  // The dry-run rules, after the live ones (unless those denied all or nothing): decided (and
+  // consuming) as their own group; they never deny and never add fields. True if they were decided.
+  // A backend failure is reported once per evaluation: here only if the live rules reported none.
   bool decide_dry_group(Evaluation& e, const ScopedRequest& request, const RequestKeys& keys,
                         std::span<Decision> decisions, const GroupOutcome& live_outcome,
                         GroupOutcome& outcome) const {
