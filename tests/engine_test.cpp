@@ -1020,3 +1020,23 @@ TEST_CASE(
   Engine enforcing = reloaded(engine, config);
   CHECK(admitted(enforcing, on_route("10.0.0.2", "api"), 1) == 1);
 }
+
+TEST_CASE("inspecting or resetting a route rule for a route the config lacks is NotFound",
+          "[attack]") {
+  sluice::ManualClock clock;
+  // A route-wide rule that also limits all unrouted traffic together (404 floods).
+  sluice::PolicyConfig config{
+      .policies = {{.name = "b",
+                    .rate_limits = {rule("flood", {Selector::kRoute}, {.minute = 2})}}},
+      .routes = {{.name = "api"}},
+      .gateway = {.global_policies = {"b"}}};
+  Engine engine = make_engine(config, clock);
+  sluice::RequestContext unrouted{.client_ip = "203.0.113.66", .path = "/nope"};
+  REQUIRE(admitted(engine, unrouted, 5) == 2);  // the unrouted bucket is spent
+  // An operator names a route that is not (or no longer) in the config: that is an error, not
+  // the bucket every client's unrouted traffic shares.
+  const sluice::RequestContext typo = on_route("10.0.0.1", "apii");
+  CHECK(engine.inspect("b/flood", typo).status().code() == absl::StatusCode::kNotFound);
+  CHECK(engine.reset("b/flood", typo).code() == absl::StatusCode::kNotFound);
+  CHECK(admitted(engine, unrouted, 1) == 0);  // still limited
+}
