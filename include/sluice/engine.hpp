@@ -503,8 +503,10 @@ class BasicRateLimitEngine {
   // --- Operators: one rule's state for the key a request would use, by the rule's label
   // ("bundle/rule") and the request's attributes (address, credential and consumer, route, ...:
   // whatever the rule's selector reads). The rule need not apply to the request: the attributes
-  // only choose the key. NotFound for an unknown label; InvalidArgument for a request the engine
-  // would refuse (e.g. a service other than its route's).
+  // only choose the key. NotFound for an unknown label, and for a route the config lacks when
+  // the rule's selector reads the route (name none for the key unrouted requests share);
+  // InvalidArgument for a request the engine would refuse (e.g. a service other than its
+  // route's).
 
   // The rule's Decision for that key without consuming anything (a peek: see
   // GcraLimiter::inspect); an adaptive rule's limit and remaining are in requests at its current
