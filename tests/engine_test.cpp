@@ -1040,3 +1040,31 @@ TEST_CASE("inspecting or resetting a route rule for a route the config lacks is 
   CHECK(engine.reset("b/flood", typo).code() == absl::StatusCode::kNotFound);
   CHECK(admitted(engine, unrouted, 1) == 0);  // still limited
 }
+
+TEST_CASE("a settled cost is charged to a dry-run rule as to the live rules", "[attack]") {
+  sluice::ManualClock clock;
+  // Live: 1000 units per minute per address. On trial: 100 per minute.
+  sluice::PolicyConfig config{
+      .policies = {{.name = "live",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 1000})}},
+                   {.name = "trial",
+                    .rate_limits = {rule("tokens", {Selector::kIp}, {.minute = 100})},
+                    .dry_run = true}},
+      .routes = {{.name = "api", .policies = {"live", "trial"}}}};
+  Engine engine = make_engine(config, clock);
+  const sluice::RequestContext request = on_route("10.0.0.1", "api");  // estimated at 1
+  int would_deny = 0;
+  for (int i = 0; i < 5; ++i) {
+    sluice::Evaluation e;
+    Engine::Settlement settlement;
+    engine.evaluate(request, e, settlement);
+    REQUIRE(e.allowed);
+    would_deny += e.dry_denied ? 1 : 0;
+    REQUIRE(engine.settle(settlement, 90).ok());  // each request used 90
+  }
+  // Enforcing, the trial rule would admit two requests (each estimated at 1, the second when 90
+  // of 100 are spent), then hold the client in debt: it would deny the other three.
+  CHECK(would_deny == 3);
+  CHECK(engine.inspect("trial/tokens", request)->remaining == 0);
+  CHECK(engine.inspect("live/per-ip", request)->remaining == 550);
+}
