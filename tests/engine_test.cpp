@@ -1068,3 +1068,27 @@ TEST_CASE("a settled cost is charged to a dry-run rule as to the live rules", "[
   CHECK(engine.inspect("trial/tokens", request)->remaining == 0);
   CHECK(engine.inspect("live/per-ip", request)->remaining == 550);
 }
+
+TEST_CASE("a request refused for a cost beyond a live rule's burst charges no dry-run rule",
+          "[attack]") {
+  sluice::ManualClock clock;
+  // Live: a burst of 10 per address. On trial: 100 per minute for the whole route.
+  sluice::PolicyConfig config{
+      .policies = {{.name = "live",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 10})}},
+                   {.name = "trial",
+                    .rate_limits = {rule("route", {Selector::kRoute}, {.minute = 100})},
+                    .dry_run = true}},
+      .routes = {{.name = "api", .policies = {"live", "trial"}}},
+      .engine = {.consumption = sluice::ConsumptionMode::kEveryRule}};
+  Engine engine = make_engine(config, clock);
+  sluice::RequestContext huge = on_route("203.0.113.66", "api");
+  huge.cost = 50;  // no live rule can ever admit it: refused as invalid
+  for (int i = 0; i < 2; ++i) {
+    sluice::Evaluation e = engine.evaluate(huge);
+    REQUIRE_FALSE(e.allowed);
+    REQUIRE(e.backend_error.code() == absl::StatusCode::kInvalidArgument);
+  }
+  // Enforced, the trial rule would have been refused with the request: nothing spent.
+  CHECK(engine.inspect("trial/route", on_route("10.0.0.1", "api"))->remaining == 100);
+}
