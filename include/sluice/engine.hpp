@@ -281,9 +281,11 @@ class BasicRateLimitEngine {
       decide_live_group(e, request, keys, decisions, settlement, live_outcome);
     }
     // All or nothing, a request the live rules deny would consume nothing in a dry-run rule
-    // enforced beside them: it is not charged to them either, so the dry run measures what
-    // enforcing would do and a flood of denied requests cannot drain its shared buckets.
-    const bool live_denied = !e.allowed && mode_ == ConsumptionMode::kAllOrNothing;
+    // enforced beside them; in either mode, nor would a request they refused undecided (a cost
+    // beyond a burst, fail_closed). It is not charged to the dry-run rules either, so the dry run
+    // measures what enforcing would do and a flood of denied requests cannot drain its buckets.
+    const bool live_denied =
+        !e.allowed && (mode_ == ConsumptionMode::kAllOrNothing || !e.backend_error.ok());
     const bool dry_decided =
         !request.dry.empty() && !live_denied &&
         decide_dry_group(e, request, keys, decisions, settlement, live_outcome, dry_outcome);
