@@ -164,7 +164,8 @@ TEST_CASE("a dry-run bundle reports its would-be denial without enforcing or add
     sluice::Evaluation r = reference.evaluate(on_route("10.0.0.1", "api"));
     REQUIRE(e.allowed == r.allowed);  // live rules decide exactly as without the dry-run bundle
     REQUIRE(e.fields == r.fields);    // and the dry-run bundle adds no fields
-    REQUIRE(e.dry_denied.has_value() == (i >= 1));
+    // From the 11th request on the live rule denies: all or nothing, the trial rule is not asked.
+    REQUIRE(e.dry_denied.has_value() == (i >= 1 && i < 10));
     if (e.dry_denied) {
       CHECK(engine.rule(e.dry_denied->rule).compiled.label == "trial/trial");
       CHECK(e.dry_denied->decision.retry_after == 1min);  // its bucket advanced only on admission
@@ -175,7 +176,7 @@ TEST_CASE("a dry-run bundle reports its would-be denial without enforcing or add
   CHECK_FALSE(engine.evaluate(on_route("10.0.0.1", "api")).dry_denied.has_value());
   const auto stats = engine.stats();
   CHECK(stats[1].label == "trial/trial");
-  CHECK(stats[1].dry_denied == 11);
+  CHECK(stats[1].dry_denied == 9);
   CHECK(stats[1].admitted == 11);  // the requests admitted while it applied
   CHECK(stats[0].admitted == 11);
   CHECK(stats[0].denied == 2);
@@ -614,7 +615,7 @@ TEST_CASE("counters add up: admissions while a rule applied, its own denials, no
   CHECK(stats[1].admitted == 1);  // loose admitted all three, but only one request got through
   CHECK(stats[1].denied == 0);
   CHECK(stats[2].admitted == 1);
-  CHECK(stats[2].dry_denied == 1);  // its own group: it admitted two requests, would deny the 3rd
+  CHECK(stats[2].dry_denied == 0);  // charged only for the admitted request, as if enforced
 }
 
 TEST_CASE("whatever validates compiles: the largest supported rule runs in the engine") {
@@ -990,4 +991,104 @@ TEST_CASE("a change of algorithm starts a rule fresh; a fixed window's new limit
   CHECK(denied.binding->decision.retry_after == 30s);  // the same window's end
   Engine gcra = reloaded(raised, config(sluice::Algorithm::kGcra, 5));
   CHECK(admitted(gcra, on_route("10.0.0.1", "x"), 10) == 5);  // another identity: fresh
+}
+
+TEST_CASE(
+    "requests the live rules deny do not drain a dry-run rule, so enforcing it later denies no "
+    "one else",
+    "[attack]") {
+  sluice::ManualClock clock;
+  // Live: 1 per minute per address. On trial: 5 per minute for the whole route.
+  sluice::PolicyConfig config{
+      .policies = {{.name = "live",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 1})}},
+                   {.name = "trial",
+                    .rate_limits = {rule("route", {Selector::kRoute}, {.minute = 5})},
+                    .dry_run = true}},
+      .routes = {{.name = "api", .policies = {"live", "trial"}}}};
+  Engine engine = make_engine(config, clock);
+  // One client floods: its first request runs, the per-ip rule denies the other 19.
+  CHECK(admitted(engine, on_route("203.0.113.66", "api"), 20) == 1);
+  // Enforced together (all_or_nothing), the trial rule would have been charged once: another
+  // client's request is not a would-be denial.
+  sluice::Evaluation other = engine.evaluate(on_route("10.0.0.1", "api"));
+  REQUIRE(other.allowed);
+  CHECK_FALSE(other.dry_denied.has_value());
+  CHECK(engine.stats()[1].dry_denied == 0);
+  // Switched to enforcing (its state is kept), it has 3 of 5 left for everyone else.
+  config.policies[1].dry_run = false;
+  Engine enforcing = reloaded(engine, config);
+  CHECK(admitted(enforcing, on_route("10.0.0.2", "api"), 1) == 1);
+}
+
+TEST_CASE("inspecting or resetting a route rule for a route the config lacks is NotFound",
+          "[attack]") {
+  sluice::ManualClock clock;
+  // A route-wide rule that also limits all unrouted traffic together (404 floods).
+  sluice::PolicyConfig config{
+      .policies = {{.name = "b",
+                    .rate_limits = {rule("flood", {Selector::kRoute}, {.minute = 2})}}},
+      .routes = {{.name = "api"}},
+      .gateway = {.global_policies = {"b"}}};
+  Engine engine = make_engine(config, clock);
+  sluice::RequestContext unrouted{.client_ip = "203.0.113.66", .path = "/nope"};
+  REQUIRE(admitted(engine, unrouted, 5) == 2);  // the unrouted bucket is spent
+  // An operator names a route that is not (or no longer) in the config: that is an error, not
+  // the bucket every client's unrouted traffic shares.
+  const sluice::RequestContext typo = on_route("10.0.0.1", "apii");
+  CHECK(engine.inspect("b/flood", typo).status().code() == absl::StatusCode::kNotFound);
+  CHECK(engine.reset("b/flood", typo).code() == absl::StatusCode::kNotFound);
+  CHECK(admitted(engine, unrouted, 1) == 0);  // still limited
+}
+
+TEST_CASE("a settled cost is charged to a dry-run rule as to the live rules", "[attack]") {
+  sluice::ManualClock clock;
+  // Live: 1000 units per minute per address. On trial: 100 per minute.
+  sluice::PolicyConfig config{
+      .policies = {{.name = "live",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 1000})}},
+                   {.name = "trial",
+                    .rate_limits = {rule("tokens", {Selector::kIp}, {.minute = 100})},
+                    .dry_run = true}},
+      .routes = {{.name = "api", .policies = {"live", "trial"}}}};
+  Engine engine = make_engine(config, clock);
+  const sluice::RequestContext request = on_route("10.0.0.1", "api");  // estimated at 1
+  int would_deny = 0;
+  for (int i = 0; i < 5; ++i) {
+    sluice::Evaluation e;
+    Engine::Settlement settlement;
+    engine.evaluate(request, e, settlement);
+    REQUIRE(e.allowed);
+    would_deny += e.dry_denied ? 1 : 0;
+    REQUIRE(engine.settle(settlement, 90).ok());  // each request used 90
+  }
+  // Enforcing, the trial rule would admit two requests (each estimated at 1, the second when 90
+  // of 100 are spent), then hold the client in debt: it would deny the other three.
+  CHECK(would_deny == 3);
+  CHECK(engine.inspect("trial/tokens", request)->remaining == 0);
+  CHECK(engine.inspect("live/per-ip", request)->remaining == 550);
+}
+
+TEST_CASE("a request refused for a cost beyond a live rule's burst charges no dry-run rule",
+          "[attack]") {
+  sluice::ManualClock clock;
+  // Live: a burst of 10 per address. On trial: 100 per minute for the whole route.
+  sluice::PolicyConfig config{
+      .policies = {{.name = "live",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 10})}},
+                   {.name = "trial",
+                    .rate_limits = {rule("route", {Selector::kRoute}, {.minute = 100})},
+                    .dry_run = true}},
+      .routes = {{.name = "api", .policies = {"live", "trial"}}},
+      .engine = {.consumption = sluice::ConsumptionMode::kEveryRule}};
+  Engine engine = make_engine(config, clock);
+  sluice::RequestContext huge = on_route("203.0.113.66", "api");
+  huge.cost = 50;  // no live rule can ever admit it: refused as invalid
+  for (int i = 0; i < 2; ++i) {
+    sluice::Evaluation e = engine.evaluate(huge);
+    REQUIRE_FALSE(e.allowed);
+    REQUIRE(e.backend_error.code() == absl::StatusCode::kInvalidArgument);
+  }
+  // Enforced, the trial rule would have been refused with the request: nothing spent.
+  CHECK(engine.inspect("trial/route", on_route("10.0.0.1", "api"))->remaining == 100);
 }

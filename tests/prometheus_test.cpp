@@ -35,7 +35,7 @@ sluice::PolicyConfig small_config(std::string api = "api", std::string shadow = 
 Engine make(const sluice::PolicyConfig& config) { return sluice::testing::make_engine(config); }
 
 // Three requests from one address: admitted, admitted (the dry-run rule would deny), denied
-// (both deny); and one request to an exempt path.
+// (by the live rule: not charged to the dry-run one); and one request to an exempt path.
 void drive(const Engine& engine) {
   for (int i = 0; i < 3; ++i) engine.evaluate(on_route("203.0.113.7", "r"));
   engine.evaluate({.client_ip = "203.0.113.7", .path = "/healthz"});
@@ -107,7 +107,7 @@ TEST_CASE("the exposition of a small engine is exactly the documented families a
         "rules).\n"
         "# TYPE sluice_rule_dry_denied_total counter\n"
         "sluice_rule_dry_denied_total{rule=\"api/per-ip\",dry_run=\"false\"} 0\n"
-        "sluice_rule_dry_denied_total{rule=\"shadow/strict\",dry_run=\"true\"} 2\n"
+        "sluice_rule_dry_denied_total{rule=\"shadow/strict\",dry_run=\"true\"} 1\n"
         "# HELP sluice_rule_evictions_total Live keys evicted from the rule's full store (each "
         "got a fresh bucket).\n"
         "# TYPE sluice_rule_evictions_total counter\n"

@@ -21,8 +21,9 @@
 // request is denied if any denies. Retry-After is the longest wait over denying rules, the
 // X-RateLimit-* fields describe the first denying rule in precedence order, or for an admission
 // the live window with the least remaining (ties: precedence). Dry-run bundles are evaluated as
-// their own group, their buckets advance as if enforcing, and the first would-be denial is
-// reported in `dry_denied`; they never deny and never add fields.
+// their own group, their buckets advance as if enforcing (all or nothing, a request the live rules
+// deny is not charged to them), and the first would-be denial is reported in `dry_denied`; they
+// never deny and never add fields.
 //
 // Keys: a rule's key is its identity plus its selected attributes in the canonical order ip,
 // credential, route. `ip` is the client address's network under the rule's address prefixes
@@ -117,6 +118,7 @@ class BasicRateLimitEngine {
   using Observer = std::function<void(const Evaluation&)>;
   using RuleInfo = sluice::RuleInfo;
   using Settlement = BasicSettlement<Backend>;
+  using Booking = typename Settlement::Booking;
 
   // Validates and compiles `config` (InvalidArgument naming the path of a bad value).
   // `on_event` receives dry-run denials, backend errors, evictions and reloads
@@ -197,10 +199,10 @@ class BasicRateLimitEngine {
                           info.limit_prefixes[d.binding_window]);
   }
 
-  // Settles every live rule of the request at `actual` units (≤ 2^32; an adaptive rule at the
-  // factor it was evaluated with). FailedPrecondition if the settlement is not open; the first
-  // error of a rule otherwise (the other rules are still settled). Unimplemented for a backend
-  // without bookings.
+  // Settles every live rule of the request (and each dry-run rule that admitted it) at `actual`
+  // units (≤ 2^32; an adaptive rule at the factor it was evaluated with). FailedPrecondition if the
+  // settlement is not open; the first error of a rule otherwise (the other rules are still
+  // settled). Unimplemented for a backend without bookings.
   absl::Status settle(Settlement& settlement, std::uint64_t actual) const {
     if constexpr (BookingBackend<Backend>) {
       return settlement.settle(actual);
@@ -278,11 +280,19 @@ class BasicRateLimitEngine {
     if (!request.live.empty()) {
       decide_live_group(e, request, keys, decisions, settlement, live_outcome);
     }
-    const bool dry_decided = !request.dry.empty() && decide_dry_group(e, request, keys, decisions,
-                                                                      live_outcome, dry_outcome);
+    // All or nothing, a request the live rules deny would consume nothing in a dry-run rule
+    // enforced beside them; in either mode, nor would a request they refused undecided (a cost
+    // beyond a burst, fail_closed). It is not charged to the dry-run rules either, so the dry run
+    // measures what enforcing would do and a flood of denied requests cannot drain its buckets.
+    const bool live_denied =
+        !e.allowed && (mode_ == ConsumptionMode::kAllOrNothing || !e.backend_error.ok());
+    const bool dry_decided =
+        !request.dry.empty() && !live_denied &&
+        decide_dry_group(e, request, keys, decisions, settlement, live_outcome, dry_outcome);
     count(e, request, live_outcome, dry_outcome, dry_decided);
     if (settlement != nullptr && !live_outcome.degraded && e.allowed && e.backend_error.ok()) {
-      settlement->open_for(request.live.size(), keys.factors, request.raw->cost);
+      settlement->open_for(request.live.size(), request.dry.size(), keys.factors,
+                           request.raw->cost);
     }
   }
 
@@ -304,7 +314,8 @@ class BasicRateLimitEngine {
                          GroupOutcome& outcome) const {
     const std::span<Decision> out = decisions.first(request.live.size());
     absl::Status status =
-        check_group(std::span(keys.keys).first(request.live.size()), out, settlement, outcome);
+        check_group(std::span(keys.keys).first(request.live.size()), out,
+                    settlement != nullptr ? &settlement->bookings_ : nullptr, outcome);
     if (!outcome.failure.ok()) report_backend_error(outcome.failure);
     if (!status.ok()) {
       fail_live(e, std::move(status));
@@ -326,34 +337,35 @@ class BasicRateLimitEngine {
   // Decides one group of rules (live or dry-run) into `out`: on the backend, or in local mode on
   // the local share when the probe says the backend is failing or when the call fails (`outcome`
   // says which, with the failure). A bad cost is InvalidArgument from either; in the other modes
-  // the backend's error is returned as it is.
+  // the backend's error is returned as it is. With `bookings` (a settlement wanted), the backend
+  // records the group's bookings there if it admits it.
   absl::Status check_group(std::span<const RuleKey> keys, std::span<Decision> out,
-                           Settlement* settlement, GroupOutcome& outcome) const {
+                           std::vector<Booking>* bookings, GroupOutcome& outcome) const {
     if (local_ != nullptr && !local_->should_call()) {
       outcome.degraded = true;
       return check_local(keys, out);
     }
-    absl::Status status = settlement != nullptr ? check_booking(keys, out, *settlement)
-                                                : backend_->check_rules(keys, mode_, out);
+    absl::Status status = bookings != nullptr ? check_booking(keys, out, *bookings)
+                                              : backend_->check_rules(keys, mode_, out);
     if (local_ == nullptr || status.code() == absl::StatusCode::kInvalidArgument) return status;
     if (status.ok()) {
       local_->record_success();
       return status;
     }
     local_->record_failure();
-    if (settlement != nullptr) settlement->bookings_.clear();
+    if (bookings != nullptr) bookings->clear();
     outcome.failure = std::move(status);
     outcome.degraded = true;
     return check_local(keys, out);
   }
 
-  // The live rules' check when a settlement is wanted: the backend's bookings, if it books.
+  // A group's check when a settlement is wanted: the backend's bookings, if it books.
   absl::Status check_booking(std::span<const RuleKey> keys, std::span<Decision> out,
-                             Settlement& settlement) const {
+                             std::vector<Booking>& bookings) const {
     if constexpr (BookingBackend<Backend>) {
-      return backend_->check_rules_booking(keys, mode_, out, settlement.bookings_);
+      return backend_->check_rules_booking(keys, mode_, out, bookings);
     } else {
-      (void)settlement;  // stays closed: `settle` answers Unimplemented
+      (void)bookings;  // stays closed: `settle` answers Unimplemented
       return backend_->check_rules(keys, mode_, out);
     }
   }
@@ -391,16 +403,17 @@ class BasicRateLimitEngine {
     }
   }
 
-  // The dry-run rules, after the live ones: decided (and consuming) as their own group; they
-  // never deny and never add fields. True if they were decided. A backend failure is reported
-  // once per evaluation: here only if the live rules reported none.
+  // The dry-run rules, after the live ones (unless those denied all or nothing): decided (and
+  // consuming) as their own group; they never deny and never add fields. True if they were decided.
+  // A backend failure is reported once per evaluation: here only if the live rules reported none.
   bool decide_dry_group(Evaluation& e, const ScopedRequest& request, const RequestKeys& keys,
-                        std::span<Decision> decisions, const GroupOutcome& live_outcome,
-                        GroupOutcome& outcome) const {
+                        std::span<Decision> decisions, Settlement* settlement,
+                        const GroupOutcome& live_outcome, GroupOutcome& outcome) const {
     const std::size_t first = request.live.size();
     const std::span<Decision> out = decisions.subspan(first, request.dry.size());
     const absl::Status status =
-        check_group(std::span(keys.keys).subspan(first, request.dry.size()), out, nullptr, outcome);
+        check_group(std::span(keys.keys).subspan(first, request.dry.size()), out,
+                    settlement != nullptr ? &settlement->dry_bookings_ : nullptr, outcome);
     const absl::Status& failed = status.ok() ? outcome.failure : status;
     if (!failed.ok() && e.backend_error.ok() && live_outcome.failure.ok()) {
       report_backend_error(failed);
@@ -497,8 +510,10 @@ class BasicRateLimitEngine {
   // --- Operators: one rule's state for the key a request would use, by the rule's label
   // ("bundle/rule") and the request's attributes (address, credential and consumer, route, ...:
   // whatever the rule's selector reads). The rule need not apply to the request: the attributes
-  // only choose the key. NotFound for an unknown label; InvalidArgument for a request the engine
-  // would refuse (e.g. a service other than its route's).
+  // only choose the key. NotFound for an unknown label, and for a route the config lacks when
+  // the rule's selector reads the route (name none for the key unrouted requests share);
+  // InvalidArgument for a request the engine would refuse (e.g. a service other than its
+  // route's).
 
   // The rule's Decision for that key without consuming anything (a peek: see
   // GcraLimiter::inspect); an adaptive rule's limit and remaining are in requests at its current

@@ -268,7 +268,8 @@ class RuleSet {
     std::string key;
   };
   // The rule labelled `label` and its key for `raw` (whether or not the rule applies to `raw`):
-  // NotFound for an unknown label; scope's error for a request it refuses.
+  // NotFound for an unknown label, or for a route the config lacks if the rule keys routes;
+  // scope's error for a request it refuses.
   absl::StatusOr<RuleKeyFor> key_for(std::string_view label, const RequestContext& raw) const {
     const std::optional<std::size_t> r = find_label(label);
     if (!r) {
@@ -278,6 +279,15 @@ class RuleSet {
     Scratch scratch;
     ScopedRequest request(raw);
     if (absl::Status s = scope(raw, request, scratch); !s.ok()) return s;
+    // A request keys a route the config lacks as unrouted; a route an operator names that is not
+    // (or no longer) in the config would choose the key that every unrouted request shares.
+    const std::vector<Selector>& selector = rules_[*r].compiled.selector;
+    if (raw.route && !raw.route->empty() && !request.route &&
+        std::find(selector.begin(), selector.end(), Selector::kRoute) != selector.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("no route is named ", detail::quoted(*raw.route),
+                       "; name no route for the key unrouted requests share"));
+    }
     return RuleKeyFor{.rule = *r, .key = key(static_cast<std::uint32_t>(*r), request)};
   }
 

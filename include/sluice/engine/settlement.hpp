@@ -1,18 +1,21 @@
-// sluice/engine/settlement.hpp — what a request's live rules booked, to settle at the actual cost.
+// sluice/engine/settlement.hpp — what a request's rules booked, to settle at the actual cost.
 //
 // A request admitted on an estimated cost (`RequestContext::cost`) opens a settlement
 // (BasicRateLimitEngine::evaluate(request, e, settlement)); once the actual cost is known,
-// `engine.settle(settlement, actual)` charges or refunds every live rule the difference
-// (GcraLimiter::settle's rules: a charge may put a key in debt, a refund gives back only what is
-// still booked ahead). Backends with bookings (BookingBackend): in memory and Redis.
+// `engine.settle(settlement, actual)` charges or refunds every live rule the difference, and
+// every dry-run rule that admitted the request, as if it were enforcing (GcraLimiter::settle's
+// rules: a charge may put a key in debt, a refund gives back only what is still booked ahead).
+// Backends with bookings (BookingBackend): in memory and Redis.
 //
 // Thread-safety: a settlement is settled at most once; `open()` may be read from any thread.
 #ifndef SLUICE_ENGINE_SETTLEMENT_HPP_
 #define SLUICE_ENGINE_SETTLEMENT_HPP_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,15 +45,25 @@ class BasicSettlement {
   friend class BasicRateLimitEngine<Backend>;
 
   // Opens the settlement of an admitted request of `cost` once every one of its `live_rules`
-  // booked; `factors` are the keys' factors (adaptive rules; empty if none is adaptive).
-  void open_for(std::size_t live_rules, std::span<const std::uint32_t> factors,
-                std::uint64_t cost) {
+  // booked; `factors` are the keys' factors, live rules then `dry_rules` dry-run ones (adaptive
+  // rules; empty if none is adaptive). The dry-run rules' bookings, there if their group admitted
+  // the request, are settled with the live ones: a dry run is charged as the rule enforced is.
+  void open_for(std::size_t live_rules, std::size_t dry_rules,
+                std::span<const std::uint32_t> factors, std::uint64_t cost) {
     if (cost == 0 || bookings_.size() != live_rules) return;
+    if (dry_bookings_.size() != dry_rules) dry_bookings_.clear();
     estimate_ = cost;
-    factors_.assign(factors.begin(), factors.begin() + static_cast<std::ptrdiff_t>(
-                                                           factors.empty() ? 0 : live_rules));
-    factors_.resize(live_rules, 0);
+    factors_of(factors, 0, live_rules, factors_);
+    factors_of(factors, live_rules, dry_bookings_.size(), dry_factors_);
     open_.open();
+  }
+
+  // `count` factors of `factors` from `first` into `out` (0s if no rule is adaptive).
+  static void factors_of(std::span<const std::uint32_t> factors, std::size_t first,
+                         std::size_t count, std::vector<std::uint32_t>& out) {
+    out.assign(count, 0);
+    if (!factors.empty())
+      std::copy_n(factors.begin() + static_cast<std::ptrdiff_t>(first), count, out.begin());
   }
 
   // Settles every booking at `actual` units (an adaptive rule at the factor it was evaluated
@@ -66,16 +79,25 @@ class BasicSettlement {
     }
     absl::Status first;
     for (std::size_t i = 0; i < bookings_.size(); ++i) {
-      const std::uint32_t factor = factors_[i];
-      const std::uint64_t units = factor == 0 ? actual : adaptive_units(actual, factor);
-      absl::StatusOr<Decision> d = Backend::settle_booking(bookings_[i], units);
-      if (!d.ok() && first.ok()) first = d.status();
+      absl::Status s = settle_one(bookings_[i], factors_[i], actual);
+      if (first.ok()) first = std::move(s);
+    }
+    for (std::size_t i = 0; i < dry_bookings_.size(); ++i) {
+      (void)settle_one(dry_bookings_[i], dry_factors_[i], actual);  // a dry run fails nothing
     }
     return first;
   }
 
-  std::vector<Booking> bookings_;
+  static absl::Status settle_one(const Booking& booking, std::uint32_t factor,
+                                 std::uint64_t actual) requires BookingBackend<Backend> {
+    const std::uint64_t units = factor == 0 ? actual : adaptive_units(actual, factor);
+    return Backend::settle_booking(booking, units).status();
+  }
+
+  std::vector<Booking> bookings_;       // the live rules'
   std::vector<std::uint32_t> factors_;  // per booking: an adaptive rule's factor, else 0
+  std::vector<Booking> dry_bookings_;   // the dry-run rules', if their group admitted the request
+  std::vector<std::uint32_t> dry_factors_;
   std::uint64_t estimate_ = 0;
   detail::OpenFlag open_;
 };
