@@ -62,8 +62,9 @@ class BasicSettlement {
   static void factors_of(std::span<const std::uint32_t> factors, std::size_t first,
                          std::size_t count, std::vector<std::uint32_t>& out) {
     out.assign(count, 0);
-    if (!factors.empty())
+    if (!factors.empty()) {
       std::copy_n(factors.begin() + static_cast<std::ptrdiff_t>(first), count, out.begin());
+    }
   }
 
   // Settles every booking at `actual` units (an adaptive rule at the factor it was evaluated
