@@ -31,6 +31,7 @@
 #include "sluice/redis/attempt_limiter.hpp"
 #include "sluice/redis/detail/cluster.hpp"
 #include "sluice/redis/engine_backend.hpp"
+#include "trickle_peer.hpp"
 
 namespace {
 
@@ -395,18 +396,8 @@ class ScriptedNode {
 
   // "" once listening; else why not.
   std::string start() {
-    listener_ = socket(AF_INET, SOCK_STREAM, 0);
-    if (listener_ < 0) return "socket failed";
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    if (bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        listen(listener_, 128) != 0 ||
-        getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      return "bind/listen failed";
-    }
-    port_ = ntohs(addr.sin_port);
+    listener_ = sluice_test::listen_on_loopback(128, port_);
+    if (listener_ < 0) return "cannot listen on 127.0.0.1";
     thread_ = std::thread([this] { run(); });
     return "";
   }

@@ -36,6 +36,24 @@
 
 namespace sluice_test {
 
+// A socket listening on a free port of 127.0.0.1 with `backlog`, its port in `port`; -1 if it
+// cannot listen (then nothing is left open).
+inline int listen_on_loopback(int backlog, int& port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, backlog) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  port = ntohs(addr.sin_port);
+  return fd;
+}
+
 // The listener and the serving thread of a fake peer; a derived peer answers each accepted
 // connection in serve(fd), and its destructor calls stop() before its members go.
 class FakePeer {
@@ -49,18 +67,8 @@ class FakePeer {
 
   // Listens on a free port; returns "" on success, else why not.
   std::string start() {
-    listener_ = socket(AF_INET, SOCK_STREAM, 0);
-    if (listener_ < 0) return "socket failed";
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    if (bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        listen(listener_, 8) != 0 ||
-        getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      return "bind/listen failed";
-    }
-    port_ = ntohs(addr.sin_port);
+    listener_ = listen_on_loopback(8, port_);
+    if (listener_ < 0) return "cannot listen on 127.0.0.1";
     thread_ = std::thread([this] { run(); });
     return "";
   }
