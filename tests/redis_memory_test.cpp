@@ -157,6 +157,23 @@ TEST_CASE("a replica is refused at creation: it would refuse every check's write
   CHECK(contains(refused.status(), "point the client at the primary"));
 }
 
+TEST_CASE("a server that refuses scripts is refused at creation: every check would fail") {
+  sluice_test::RedisFixture s;
+  const bool renamed = GENERATE(false, true);
+  if (renamed) {
+    s.redis.set_extra_args({"--rename-command", "EVALSHA", ""});
+    REQUIRE(s.redis.restart().empty());
+  } else {
+    REQUIRE(s.redis.command({"ACL", "SETUSER", "default", "-evalsha"}));
+  }
+  auto refused = sluice::redis::RedisGcraLimiter::create(
+      {{.requests = kPerHour, .period = seconds(3600)}}, s.options(kSprayTimeout));
+  INFO(refused.status());
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(contains(refused.status(), "the server refuses to run scripts"));
+  CHECK(contains(refused.status(), renamed ? "unknown command" : "NOPERM"));
+}
+
 TEST_CASE("an eviction policy other than volatile-ttl is refused at creation saying what it does") {
   sluice_test::RedisFixture s;
   const auto [policy, effect] = GENERATE(table<std::string, std::string>(

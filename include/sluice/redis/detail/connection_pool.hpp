@@ -208,7 +208,11 @@ class ConnectionPool {
       redisFree(context);
       return status;
     }
-    if (absl::Status status = check_server(context, deadline, required_); !status.ok()) {
+    // Scripts are tried on the first connection only: later ones reach the same server, and
+    // their script calls would show in its statistics as the limiter's own.
+    if (absl::Status status =
+            check_server(context, deadline, required_, !verified_.load(std::memory_order_acquire));
+        !status.ok()) {
       redisFree(context);
       return status;
     }

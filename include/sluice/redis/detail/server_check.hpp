@@ -10,7 +10,9 @@
 //   // FailedPrecondition naming the fix: "... run CONFIG SET maxmemory-policy volatile-ttl ..."
 //
 // One round trip: INFO server, INFO cluster, CONFIG GET maxmemory and maxmemory-policy, INFO
-// replication (outside a Cluster, a replica is refused), pipelined. MemoryCheck::kSkip sends
+// replication (outside a Cluster, a replica is refused), and, with `probe_scripts` (a pool's
+// first connection), a one-line script loaded and run by its hash (a server whose ACL denies
+// scripts, or with EVALSHA renamed, would fail every check), pipelined. MemoryCheck::kSkip sends
 // nothing and accepts the server.
 // Thread-safety: uses one connection, which one thread holds at a time; the rest are pure.
 #ifndef SLUICE_REDIS_DETAIL_SERVER_CHECK_HPP_
@@ -114,17 +116,49 @@ inline absl::StatusOr<std::string_view> info_text(const redisReply& reply) {
   return std::string_view(reply.str, reply.len);
 }
 
+// The script the check runs by its hash, and that hash (SHA-1 of the text).
+inline constexpr std::string_view kProbeScript = "return 1";
+inline constexpr std::string_view kProbeScriptSha1 = "e0e1f9fabfc9d4800c877a703b823ac0578ff8db";
+
+// The verdict on SCRIPT LOAD of kProbeScript and EVALSHA of its hash: every check runs its script
+// that way, so a server that refuses either (an ACL, a renamed command) would fail them all.
+inline absl::Status scripting_status(const redisReply& load, const redisReply& run) {
+  for (const redisReply* reply : {&load, &run}) {
+    if (reply->type == REDIS_REPLY_ERROR) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sluice::redis: the server refuses to run scripts (",
+          absl::string_view(reply->str, reply->len).substr(0, 200),
+          "), so every check would fail; allow SCRIPT and EVALSHA (ACL: +@scripting) for this "
+          "client"));
+    }
+  }
+  if (run.type != REDIS_REPLY_INTEGER || run.integer != 1) {
+    return absl::InternalError("sluice::redis: a test script returned an unexpected reply");
+  }
+  return absl::OkStatus();
+}
+
 // Reads the settings (one round trip, by `end`) and judges them: version, then Cluster mode,
-// then memory.
+// then scripting (with `probe_scripts`), then memory.
 inline absl::Status check_server(redisContext* context, Deadline end,
-                                 const ServerRequirements& required) {
+                                 const ServerRequirements& required, bool probe_scripts = true) {
   if (required.memory == MemoryCheck::kSkip) return absl::OkStatus();
-  std::vector<Command> commands(5);
+  std::vector<Command> commands(probe_scripts ? 7 : 5);
   for (std::string_view arg : {"INFO", "server"}) commands[0].add(arg);
   for (std::string_view arg : {"INFO", "cluster"}) commands[1].add(arg);
   for (std::string_view arg : {"CONFIG", "GET", "maxmemory"}) commands[2].add(arg);
   for (std::string_view arg : {"CONFIG", "GET", "maxmemory-policy"}) commands[3].add(arg);
   for (std::string_view arg : {"INFO", "replication"}) commands[4].add(arg);
+  if (probe_scripts) {
+    for (std::string_view arg :
+         {std::string_view("SCRIPT"), std::string_view("LOAD"), kProbeScript}) {
+      commands[5].add(arg);
+    }
+    for (std::string_view arg :
+         {std::string_view("EVALSHA"), kProbeScriptSha1, std::string_view("0")}) {
+      commands[6].add(arg);
+    }
+  }
   absl::StatusOr<std::vector<ReplyPtr>> replies = exchange_on(context, end, commands);
   if (!replies.ok()) return replies.status();
   absl::StatusOr<std::string_view> server = info_text(*(*replies)[0]);
@@ -147,6 +181,9 @@ inline absl::Status check_server(redisContext* context, Deadline end,
           "sluice::redis: the server is a replica (INFO replication: role:slave), which refuses "
           "writes or loses them; point the client at the primary");
     }
+  }
+  if (probe_scripts) {
+    if (absl::Status s = scripting_status(*(*replies)[5], *(*replies)[6]); !s.ok()) return s;
   }
   absl::StatusOr<std::string_view> bytes = config_value(*(*replies)[2]);
   if (!bytes.ok()) return bytes.status();
