@@ -1214,6 +1214,45 @@ TEST_CASE("TCP connections on 127.0.0.1 work like unix socket ones") {
   CHECK(at(limiter, "k", kT0) == Decision{.limit = 2, .remaining = 1, .reset_after = 500ms});
 }
 
+TEST_CASE("host names are resolved within the connect timeout and each address is tried") {
+  client();  // the schema is installed
+  const std::string port = std::to_string(server().port());
+  // localhost (127.0.0.1, and ::1 where it is listed), a URI, and a list whose first host has no
+  // server at its port: libpq goes on to the next, with its own port.
+  for (const std::string& conninfo :
+       {"host=localhost port=" + port + " user=postgres dbname=postgres",
+        "postgresql://postgres@localhost:" + port + "/postgres",
+        "host=127.0.0.1,localhost port=1," + port + " user=postgres dbname=postgres"}) {
+    INFO(conninfo);
+    auto c = Client::create({.connection = {.conninfo = conninfo, .max_connections = 1}});
+    REQUIRE(c.ok());
+    auto lease = (*c)->pool().acquire();
+    INFO(lease.status());
+    CHECK(lease.ok());
+  }
+  auto none = sluice::postgres::ConnectionPool::create(
+      {.conninfo = "host=no-such-host.invalid port=" + port + " user=postgres dbname=postgres",
+       .connect_timeout = 300ms});
+  REQUIRE(none.ok());
+  const auto start = std::chrono::steady_clock::now();
+  auto lease = (*none)->acquire();
+  const auto took = std::chrono::steady_clock::now() - start;
+  INFO(lease.status());
+  CHECK((lease.status().code() == absl::StatusCode::kUnavailable ||
+         lease.status().code() == absl::StatusCode::kDeadlineExceeded));
+  CHECK(took < 800ms);
+}
+
+TEST_CASE("a connection string libpq cannot parse is refused when the pool is created") {
+  for (const std::string& conninfo :
+       {std::string("host=localhost port"), std::string("postgresql://[::1"),
+        std::string("nonsense_option=1"), std::string("host=a,b,c port=1,2")}) {
+    INFO(conninfo);
+    auto pool = sluice::postgres::ConnectionPool::create({.conninfo = conninfo});
+    CHECK(pool.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_CASE("the pool never opens more than max connections and a wait for one is bounded") {
   auto pool = sluice::postgres::ConnectionPool::create(
       {.conninfo = server().conninfo(), .acquire_timeout = 100ms, .max_connections = 2});

@@ -182,6 +182,31 @@ TEST_CASE("a server restarted while connections sat idle in the pool fails no ch
   CHECK(limiter.client()->pool_for_testing().open_connections() == 1);
 }
 
+TEST_CASE("a host name is resolved, and a name that does not resolve fails within the timeout") {
+  sluice_test::RedisFixture s;
+  sluice::redis::ClientOptions options = tcp_options(s.redis.port(), milliseconds(1000));
+  options.connection.host = "localhost";  // 127.0.0.1, and ::1 where it is listed first
+  auto limiter = make_limiter(options);
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<Decision> d = limiter.check("k");
+    INFO(d.status());
+    CHECK((d.ok() && d->allowed()));
+  }
+
+  options.connection.host = "no-such-host.invalid";
+  options.connection.connect_timeout = milliseconds(300);
+  options.connection.command_timeout = milliseconds(300);
+  auto unresolved = make_limiter(options);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<Decision> d = unresolved.check("k");
+  const milliseconds elapsed = since(start);
+  INFO(d.status());
+  // Unavailable where a name server says so at once, DeadlineExceeded where none answers.
+  CHECK((d.status().code() == absl::StatusCode::kUnavailable ||
+         d.status().code() == absl::StatusCode::kDeadlineExceeded));
+  CHECK(elapsed < milliseconds(300 + 200));
+}
+
 TEST_CASE("a command written before its deadline passed is never sent again") {
   sluice_test::RedisFixture s;
   sluice::redis::ClientOptions options = s.options(milliseconds(300));

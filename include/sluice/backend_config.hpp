@@ -67,7 +67,7 @@ constexpr std::optional<BackendKind> parse_backend_kind(std::string_view text) n
 // refused, so a half-edited section cannot pass.
 struct BackendConfig {
   std::optional<BackendKind> type{};  // none: the engine type's own backend
-  std::string address{};  // "host:port", an IP address (no name lookup bounds a timeout)
+  std::string address{};  // "host:port": a host name (resolved within the connect timeout) or IP
   std::string unix_socket{};
   std::optional<std::string> key_prefix{};  // Redis key namespace; default "sluice:"
   std::string conninfo{};                   // libpq connection string or URI

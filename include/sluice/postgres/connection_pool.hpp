@@ -11,8 +11,9 @@
 //        .statement_timeout = std::chrono::milliseconds(100)});
 //   if (!pool.ok()) return pool.status();  // InvalidArgument: bad options; nothing connects yet
 //
-// `conninfo` is a libpq connection string or URI. Use a socket directory or an IP address: host
-// names are resolved by getaddrinfo, which no timeout bounds.
+// `conninfo` is a libpq connection string or URI, parsed at creation (InvalidArgument with libpq's
+// message if it cannot be). Host names in it are resolved at each new connection within
+// connect_timeout, and every address found is tried in turn.
 // Thread-safety: thread-safe; leases must not outlive the pool. Share one pool (through
 // std::shared_ptr) between the limiters, the engine backend and the maintenance calls.
 #ifndef SLUICE_POSTGRES_CONNECTION_POOL_HPP_
@@ -37,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/postgres/detail/connect_target.hpp"
 #include "sluice/postgres/detail/libpq.hpp"
 
 namespace sluice::postgres {
@@ -133,7 +135,11 @@ class ConnectionPool {
     if (options.reply_grace.count() < 0) {
       return absl::InvalidArgumentError("sluice::postgres: reply_grace must be >= 0");
     }
-    return std::shared_ptr<ConnectionPool>(new ConnectionPool(std::move(options)));
+    absl::StatusOr<std::unique_ptr<detail::ConnectTarget>> target =
+        detail::ConnectTarget::parse(options.conninfo);
+    if (!target.ok()) return target.status();
+    return std::shared_ptr<ConnectionPool>(
+        new ConnectionPool(std::move(options), *std::move(target)));
   }
 
   ConnectionPool(const ConnectionPool&) = delete;
@@ -198,7 +204,8 @@ class ConnectionPool {
   }
 
  private:
-  explicit ConnectionPool(ConnectionOptions options) : options_(std::move(options)) {}
+  ConnectionPool(ConnectionOptions options, std::unique_ptr<detail::ConnectTarget> target)
+      : options_(std::move(options)), target_(std::move(target)) {}
 
   // Reads whatever the server sent while the connection was idle, without blocking: a closed
   // socket or a termination notice (e.g. after pg_terminate_backend or a server shutdown) shows
@@ -246,10 +253,17 @@ class ConnectionPool {
   // statement_timeout in the same budget.
   absl::StatusOr<Connection*> connect() const {
     const detail::Deadline deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
-    const char* keys[] = {"dbname", "application_name", nullptr};
-    const char* values[] = {options_.conninfo.c_str(), "sluice", nullptr};
+    absl::StatusOr<detail::ConnectParams> params = target_->resolve(deadline);
+    if (!params.ok()) return params.status();
+    std::vector<const char*> keys, values;
+    for (const auto& [keyword, value] : *params) {
+      keys.push_back(keyword.c_str());
+      values.push_back(value.c_str());
+    }
+    keys.push_back(nullptr);
+    values.push_back(nullptr);
     auto c = std::make_unique<Connection>();
-    c->conn = PQconnectStartParams(keys, values, /*expand_dbname=*/1);
+    c->conn = PQconnectStartParams(keys.data(), values.data(), /*expand_dbname=*/0);
     if (c->conn == nullptr) {
       return absl::ResourceExhaustedError("sluice::postgres: cannot allocate a connection");
     }
@@ -297,6 +311,7 @@ class ConnectionPool {
   }
 
   const ConnectionOptions options_;
+  const std::unique_ptr<detail::ConnectTarget> target_;  // the parsed conninfo
   mutable std::mutex mu_;
   std::condition_variable available_;  // signalled when a connection or a slot is released
   // Guarded by mu_. std::mutex, not absl::Mutex: Debian's libabsl is not built with TSan, which

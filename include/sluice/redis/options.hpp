@@ -1,7 +1,7 @@
 // sluice/redis/options.hpp — where the Redis client connects and how it names its keys.
 //
-// Plain values, validated by `Client::create` (sluice/redis/client.hpp). Use an IP address or a
-// unix socket: host names are resolved by getaddrinfo, which no timeout bounds.
+// Plain values, validated by `Client::create` (sluice/redis/client.hpp). A host name is resolved
+// when a connection opens, within that connect's deadline; each of its addresses is tried in turn.
 //
 //   sluice::redis::ClientOptions options{
 //       .connection = {.host = "10.0.0.5", .port = 6379,
@@ -43,10 +43,11 @@ enum class MemoryCheck {
 
 // Where and how to connect.
 struct ConnectionOptions {
-  std::string host = "127.0.0.1";
+  std::string host = "127.0.0.1";  // an IP address, or a name resolved as a connection opens
   int port = 6379;
-  std::string unix_socket{};                       // non-empty: connect here, not to host:port
-  std::chrono::milliseconds connect_timeout{200};  // caps each new connection's connect
+  std::string unix_socket{};  // non-empty: connect here, not to host:port
+  // Caps each new connection's name lookup, and its connect to each address.
+  std::chrono::milliseconds connect_timeout{200};
   // One deadline per check, from its start: the wait for a free connection, a connect, the write
   // and every read all end by it, however slowly a peer trickles bytes.
   std::chrono::milliseconds command_timeout{200};

@@ -30,12 +30,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "sluice/detail/host_resolver.hpp"
 #include "sluice/detail/mutex.hpp"
 #include "sluice/redis/detail/io.hpp"
 #include "sluice/redis/detail/server_check.hpp"
@@ -85,7 +88,8 @@ class ConnectionPool {
   // `cluster`: the server must be a Redis Cluster node (else a standalone server).
   explicit ConnectionPool(ConnectionOptions options, bool cluster = false)
       : options_(std::move(options)),
-        required_{.memory = options_.memory_check, .cluster = cluster} {}
+        required_{.memory = options_.memory_check, .cluster = cluster},
+        resolver_(options_.host) {}
   ConnectionPool(const ConnectionPool&) = delete;
   ConnectionPool& operator=(const ConnectionPool&) = delete;
   ~ConnectionPool() {
@@ -189,6 +193,44 @@ class ConnectionPool {
   }
 
   absl::StatusOr<redisContext*> connect(Deadline deadline) {
+    absl::StatusOr<redisContext*> context = open_socket(deadline);
+    if (!context.ok()) return context.status();
+    // Scripts are tried on the first connection only: later ones reach the same server, and
+    // their script calls would show in its statistics as the limiter's own.
+    if (absl::Status status =
+            check_server(*context, deadline, required_, !verified_.load(std::memory_order_acquire));
+        !status.ok()) {
+      redisFree(*context);
+      return status;
+    }
+    verified_.store(true, std::memory_order_release);
+    return context;
+  }
+
+  // A connected socket: the unix socket, or the host's addresses (resolved within
+  // connect_timeout) tried in order until one accepts, each for at most connect_timeout, all by
+  // `deadline`.
+  absl::StatusOr<redisContext*> open_socket(Deadline deadline) {
+    if (!options_.unix_socket.empty()) return open_one(options_.unix_socket, deadline);
+    absl::StatusOr<sluice::detail::HostAddresses> addresses = resolver_.resolve(
+        std::min(deadline, std::chrono::steady_clock::now() + options_.connect_timeout));
+    if (!addresses.ok()) {
+      return absl::Status(addresses.status().code(),
+                          absl::StrCat("sluice::redis: ", addresses.status().message()));
+    }
+    absl::StatusOr<redisContext*> context;
+    for (const std::string& address : *addresses) {
+      context = open_one(address, deadline);
+      const absl::StatusCode code = context.status().code();
+      if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded) {
+        break;  // connected, or out of memory
+      }
+    }
+    return context;
+  }
+
+  // One connection to `address` (a numeric address, or the unix socket's path).
+  absl::StatusOr<redisContext*> open_one(const std::string& address, Deadline deadline) {
     const std::chrono::microseconds left = time_left(deadline);
     if (left <= std::chrono::microseconds::zero()) {
       return absl::DeadlineExceededError("sluice::redis: no time left to connect");
@@ -197,8 +239,8 @@ class ConnectionPool {
         left, std::chrono::duration_cast<std::chrono::microseconds>(options_.connect_timeout)));
     redisContext* context =
         options_.unix_socket.empty()
-            ? redisConnectWithTimeout(options_.host.c_str(), options_.port, connect_timeout)
-            : redisConnectUnixWithTimeout(options_.unix_socket.c_str(), connect_timeout);
+            ? redisConnectWithTimeout(address.c_str(), options_.port, connect_timeout)
+            : redisConnectUnixWithTimeout(address.c_str(), connect_timeout);
     const int saved_errno = errno;
     if (context == nullptr) {
       return absl::ResourceExhaustedError("sluice::redis: cannot allocate a connection");
@@ -208,21 +250,13 @@ class ConnectionPool {
       redisFree(context);
       return status;
     }
-    // Scripts are tried on the first connection only: later ones reach the same server, and
-    // their script calls would show in its statistics as the limiter's own.
-    if (absl::Status status =
-            check_server(context, deadline, required_, !verified_.load(std::memory_order_acquire));
-        !status.ok()) {
-      redisFree(context);
-      return status;
-    }
-    verified_.store(true, std::memory_order_release);
     return context;
   }
 
   const ConnectionOptions options_;
   const ServerRequirements required_;
-  std::atomic<bool> verified_{false};  // a connection passed check_server
+  sluice::detail::HostResolver resolver_;  // the host's addresses (unused with a unix socket)
+  std::atomic<bool> verified_{false};      // a connection passed check_server
   mutable sluice::detail::Mutex mu_;
   std::vector<redisContext*> idle_ ABSL_GUARDED_BY(mu_);
   std::size_t open_ ABSL_GUARDED_BY(mu_) = 0;  // idle + leased

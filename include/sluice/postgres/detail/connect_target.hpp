@@ -1,0 +1,149 @@
+// Internal: where sluice::postgres::ConnectionPool connects — the connection string, parsed once,
+// with the host names in it resolved at each connect within the connect deadline.
+//
+// libpq resolves a `host` name with getaddrinfo inside PQconnectPoll, which blocks with no
+// timeout (libpq's own documentation says to give `hostaddr` to avoid it). So each named host
+// is resolved here (sluice/detail/host_resolver.hpp) and passed to libpq as `hostaddr`, one
+// entry per address, beside its name (still used for authentication and TLS verification); libpq
+// then tries them in order. A string that gives `hostaddr` itself is left as it is. Hosts named
+// only by the environment (PGHOST) are resolved by libpq.
+//
+// Thread-safety: thread-safe.
+#ifndef SLUICE_POSTGRES_DETAIL_CONNECT_TARGET_HPP_
+#define SLUICE_POSTGRES_DETAIL_CONNECT_TARGET_HPP_
+
+#include <libpq-fe.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "sluice/detail/host_resolver.hpp"
+#include "sluice/postgres/detail/libpq.hpp"
+
+namespace sluice::postgres::detail {
+
+// Keyword and value pairs for PQconnectStartParams (with expand_dbname 0).
+using ConnectParams = std::vector<std::pair<std::string, std::string>>;
+
+class ConnectTarget {
+ public:
+  // InvalidArgument if libpq cannot parse `conninfo` (its message), or if it names a number of
+  // ports that matches neither one nor its number of hosts.
+  static absl::StatusOr<std::unique_ptr<ConnectTarget>> parse(const std::string& conninfo) {
+    char* error = nullptr;
+    PQconninfoOption* options = PQconninfoParse(conninfo.c_str(), &error);
+    if (options == nullptr) {
+      std::string message = error != nullptr ? error : "out of memory";
+      PQfreemem(error);
+      return absl::InvalidArgumentError(
+          absl::StrCat("sluice::postgres: the connection string: ", message));
+    }
+    auto target = std::unique_ptr<ConnectTarget>(new ConnectTarget());
+    std::string host, port, hostaddr;
+    for (const PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
+      if (o->val == nullptr) continue;
+      const std::string_view keyword = o->keyword;
+      if (keyword == "host") {
+        host = o->val;
+      } else if (keyword == "port") {
+        port = o->val;
+      } else if (keyword == "hostaddr") {
+        hostaddr = o->val;
+      } else if (keyword != "application_name") {
+        target->params_.emplace_back(o->keyword, o->val);
+      }
+    }
+    PQconninfoFree(options);
+    if (absl::Status s = target->set_hosts(host, port, hostaddr); !s.ok()) return s;
+    return target;
+  }
+
+  // The parameters to connect with: every named host resolved by `deadline` (its lookups run at
+  // once). A host that cannot be resolved is left out while another remains; with none left, the
+  // first host's error (Unavailable, or DeadlineExceeded when no answer came in time).
+  absl::StatusOr<ConnectParams> resolve(Deadline deadline) const {
+    ConnectParams out = params_;
+    out.emplace_back("application_name", "sluice");
+    if (!named_) {
+      for (const auto& [keyword, value] : given_) out.emplace_back(keyword, value);
+      return out;
+    }
+    for (const auto& resolver : resolvers_) {
+      if (resolver != nullptr) (void)resolver->resolve(Deadline{});  // starts its lookup
+    }
+    std::vector<std::string> hosts, hostaddrs, ports;
+    absl::Status first_error;
+    for (std::size_t i = 0; i < hosts_.size(); ++i) {
+      const std::string port = ports_.size() > 1 ? ports_[i] : "";
+      sluice::detail::HostAddresses addresses{""};  // a socket directory: nothing to resolve
+      if (resolvers_[i] != nullptr) {
+        absl::StatusOr<sluice::detail::HostAddresses> found = resolvers_[i]->resolve(deadline);
+        if (!found.ok()) {
+          if (first_error.ok()) first_error = found.status();
+          continue;
+        }
+        addresses = *std::move(found);
+      }
+      for (std::string& address : addresses) {
+        hosts.push_back(hosts_[i]);
+        hostaddrs.push_back(std::move(address));
+        ports.push_back(port);
+      }
+    }
+    if (hosts.empty()) {
+      return absl::Status(first_error.code(),
+                          absl::StrCat("sluice::postgres: connect: ", first_error.message()));
+    }
+    out.emplace_back("host", absl::StrJoin(hosts, ","));
+    out.emplace_back("hostaddr", absl::StrJoin(hostaddrs, ","));
+    if (ports_.size() == 1) out.emplace_back("port", ports_[0]);
+    if (ports_.size() > 1) out.emplace_back("port", absl::StrJoin(ports, ","));
+    return out;
+  }
+
+ private:
+  ConnectTarget() = default;
+
+  absl::Status set_hosts(const std::string& host, const std::string& port,
+                         const std::string& hostaddr) {
+    for (const auto& [keyword, value] :
+         {std::pair{"host", &host}, {"port", &port}, {"hostaddr", &hostaddr}}) {
+      if (!value->empty()) given_.emplace_back(keyword, *value);
+    }
+    if (host.empty() || !hostaddr.empty()) return absl::OkStatus();  // libpq's to decide
+    hosts_ = std::vector<std::string>(absl::StrSplit(host, ','));
+    if (!port.empty()) ports_ = std::vector<std::string>(absl::StrSplit(port, ','));
+    if (ports_.size() > 1 && ports_.size() != hosts_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sluice::postgres: the connection string names ", ports_.size(),
+                       " ports for ", hosts_.size(), " hosts: give one port, or one per host"));
+    }
+    for (const std::string& h : hosts_) {
+      // A socket directory (an absolute path, or an abstract socket's @name) is not looked up.
+      const bool socket = !h.empty() && (h.front() == '/' || h.front() == '@');
+      named_ = named_ || (!socket && !h.empty());
+      resolvers_.push_back(socket || h.empty() ? nullptr
+                                               : std::make_unique<sluice::detail::HostResolver>(h));
+    }
+    return absl::OkStatus();
+  }
+
+  ConnectParams params_;  // everything set but the host, hostaddr, port and application_name
+  ConnectParams given_;   // the host, hostaddr and port as written
+  bool named_ = false;    // some host is a name (or a numeric address) to resolve here
+  std::vector<std::string> hosts_, ports_;
+  std::vector<std::unique_ptr<sluice::detail::HostResolver>> resolvers_;  // null: a socket
+};
+
+}  // namespace sluice::postgres::detail
+
+#endif  // SLUICE_POSTGRES_DETAIL_CONNECT_TARGET_HPP_
