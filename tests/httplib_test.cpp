@@ -261,21 +261,36 @@ sluice::PolicyConfig items_and_login_config() {
   return config;
 }
 
+// Answers every admitted request 200 "ok", recording "<route> <path>" of each as handed on.
+class HandedOn {
+ public:
+  void install(Limiter::Options& options) {
+    options.on_admitted = [this](const httplib::Request&, httplib::Response& response,
+                                 const Limiter::LimitedRequest& limited) {
+      std::lock_guard lock(mutex_);
+      seen_.push_back(absl::StrCat(std::string(limited.route ? limited.route->route : "(none)"),
+                                   " ", limited.path));
+      response.set_content("ok", "text/plain");
+      return Limiter::HandlerResponse::Handled;
+    };
+  }
+  std::vector<std::string> seen() const {
+    std::lock_guard lock(mutex_);
+    return seen_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> seen_;
+};
+
 }  // namespace
 
 TEST_CASE("a path with dot segments is limited by the route it resolves to and handed on so") {
   sluice::ManualClock clock;
   Limiter::Options options = options_with();
-  std::mutex mutex;
-  std::vector<std::string> handed_on;
-  options.on_admitted = [&](const httplib::Request&, httplib::Response& response,
-                            const Limiter::LimitedRequest& limited) {
-    std::lock_guard lock(mutex);
-    handed_on.push_back(absl::StrCat(std::string(limited.route ? limited.route->route : "(none)"),
-                                     " ", limited.path));
-    response.set_content("ok", "text/plain");
-    return Limiter::HandlerResponse::Handled;
-  };
+  HandedOn handed_on;
+  handed_on.install(options);
   const TestServer server(
       Limiter(make_engine(items_and_login_config(), clock), std::move(options)));
 
@@ -284,8 +299,7 @@ TEST_CASE("a path with dot segments is limited by the route it resolves to and h
   CHECK(encoded.status == 429);  // the login route's one request per minute is spent
   CHECK(header(encoded, "RateLimit-Policy") == R"("login-throttle/per-route/minute";q=1;w=60)");
   CHECK(server.get("/v1/items/.%2e/.%2E/login").status == 429);
-  std::lock_guard lock(mutex);
-  CHECK(handed_on == std::vector<std::string>{"login /login"});
+  CHECK(handed_on.seen() == std::vector<std::string>{"login /login"});
 }
 
 TEST_CASE("a path parameter before the last segment cannot move a request to a shorter route",
@@ -300,16 +314,8 @@ TEST_CASE("a path parameter before the last segment cannot move a request to a s
           {.name = "api", .path_prefix = "/api"},
           {.name = "api-login", .path_prefix = "/api/login", .policies = {"login-throttle"}}}};
   Limiter::Options options = options_with();
-  std::mutex mutex;
-  std::vector<std::string> handed_on;
-  options.on_admitted = [&](const httplib::Request&, httplib::Response& response,
-                            const Limiter::LimitedRequest& limited) {
-    std::lock_guard lock(mutex);
-    handed_on.push_back(absl::StrCat(std::string(limited.route ? limited.route->route : "(none)"),
-                                     " ", limited.path));
-    response.set_content("ok", "text/plain");
-    return Limiter::HandlerResponse::Handled;
-  };
+  HandedOn handed_on;
+  handed_on.install(options);
   const TestServer server(Limiter(make_engine(config, clock), std::move(options)));
 
   CHECK(server.get("/api/login").status == 200);  // the route's one request per minute
@@ -321,8 +327,7 @@ TEST_CASE("a path parameter before the last segment cannot move a request to a s
   }
   // A parameter of the last segment leaves the route as it is (;jsessionid=...).
   CHECK(server.get("/api/login;jsessionid=1").status == 429);
-  std::lock_guard lock(mutex);
-  CHECK(handed_on == std::vector<std::string>{"api-login /api/login"});
+  CHECK(handed_on.seen() == std::vector<std::string>{"api-login /api/login"});
 }
 
 TEST_CASE("a character sent raw or percent-encoded is limited by the same route", "[attack]") {
@@ -336,16 +341,8 @@ TEST_CASE("a character sent raw or percent-encoded is limited by the same route"
                  {.name = "batch", .path_prefix = "/v1/items:batch", .policies = {"throttle"}},
                  {.name = "cafe", .path_prefix = "/caf%C3%A9", .policies = {"throttle"}}}};
   Limiter::Options options = options_with();
-  std::mutex mutex;
-  std::vector<std::string> handed_on;
-  options.on_admitted = [&](const httplib::Request&, httplib::Response& response,
-                            const Limiter::LimitedRequest& limited) {
-    std::lock_guard lock(mutex);
-    handed_on.push_back(absl::StrCat(std::string(limited.route ? limited.route->route : "(none)"),
-                                     " ", limited.path));
-    response.set_content("ok", "text/plain");
-    return Limiter::HandlerResponse::Handled;
-  };
+  HandedOn handed_on;
+  handed_on.install(options);
   const TestServer server(Limiter(make_engine(config, clock), std::move(options)));
 
   CHECK(server.get("/v1/items:batch").status == 200);  // the route's one request per minute
@@ -355,8 +352,7 @@ TEST_CASE("a character sent raw or percent-encoded is limited by the same route"
   }
   CHECK(server.get("/caf%c3%a9").status == 200);
   CHECK(server.get("/caf\xC3\xA9").status == 429);  // the raw UTF-8 bytes
-  std::lock_guard lock(mutex);
-  CHECK(handed_on == std::vector<std::string>{"batch /v1/items:batch", "cafe /caf%C3%A9"});
+  CHECK(handed_on.seen() == std::vector<std::string>{"batch /v1/items:batch", "cafe /caf%C3%A9"});
 }
 
 TEST_CASE("an ambiguous path is answered 400, and counts against the global limits") {
