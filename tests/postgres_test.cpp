@@ -1251,6 +1251,9 @@ TEST_CASE("a connection string libpq cannot parse is refused when the pool is cr
     auto pool = sluice::postgres::ConnectionPool::create({.conninfo = conninfo});
     CHECK(pool.status().code() == absl::StatusCode::kInvalidArgument);
   }
+  // A database's name alone, as libpq reads it, and a string that names nothing (the defaults).
+  CHECK(sluice::postgres::ConnectionPool::create({.conninfo = "app"}).ok());
+  CHECK(sluice::postgres::ConnectionPool::create({.conninfo = ""}).ok());
 }
 
 TEST_CASE("the pool never opens more than max connections and a wait for one is bounded") {

@@ -6,7 +6,7 @@
 // is resolved here (sluice/detail/host_resolver.hpp) and passed to libpq as `hostaddr`, one
 // entry per address, beside its name (still used for authentication and TLS verification); libpq
 // then tries them in order. A string that gives `hostaddr` itself is left as it is. Hosts named
-// only by the environment (PGHOST) are resolved by libpq.
+// only by the environment (PGHOST) or a service file are resolved by libpq.
 //
 // Thread-safety: thread-safe.
 #ifndef SLUICE_POSTGRES_DETAIL_CONNECT_TARGET_HPP_
@@ -39,6 +39,13 @@ class ConnectTarget {
   // InvalidArgument if libpq cannot parse `conninfo` (its message), or if it names a number of
   // ports that matches neither one nor its number of hosts.
   static absl::StatusOr<std::unique_ptr<ConnectTarget>> parse(const std::string& conninfo) {
+    const bool uri = conninfo.starts_with("postgresql://") || conninfo.starts_with("postgres://");
+    if (!uri && conninfo.find('=') == std::string::npos && !conninfo.empty()) {
+      // As libpq reads a dbname that is neither: the database's name alone.
+      auto target = std::unique_ptr<ConnectTarget>(new ConnectTarget());
+      target->params_.emplace_back("dbname", conninfo);
+      return target;
+    }
     char* error = nullptr;
     PQconninfoOption* options = PQconninfoParse(conninfo.c_str(), &error);
     if (options == nullptr) {
