@@ -1041,6 +1041,36 @@ TEST_CASE("inspecting or resetting a route rule for a route the config lacks is 
   CHECK(admitted(engine, unrouted, 1) == 0);  // still limited
 }
 
+TEST_CASE(
+    "inspecting or resetting an address rule for a request without an address is "
+    "InvalidArgument, not the key every unparsable address shares",
+    "[attack]") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "b",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 2}),
+                                    rule("per-caller", {Selector::kCredential}, {.minute = 2})}}},
+      .routes = {{.name = "api", .policies = {"b"}}}};
+  Engine engine = make_engine(config, clock);
+  const sluice::RequestContext garbled = on_route("not an address", "api");
+  REQUIRE(admitted(engine, garbled, 5) == 2);  // the shared "invalid" bucket is spent
+  // An operator's request that names no address (a forgotten field) is an error for a rule
+  // keyed by address, directly or as the anonymous caller's credential.
+  const sluice::RequestContext no_address{.route = "api"};
+  for (const char* label : {"b/per-ip", "b/per-caller"}) {
+    INFO(label);
+    CHECK(engine.inspect(label, no_address).status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(engine.reset(label, no_address).code() == absl::StatusCode::kInvalidArgument);
+  }
+  CHECK(admitted(engine, garbled, 1) == 0);  // still limited
+  // The shared bucket is reached by naming an unparsable address on purpose.
+  const sluice::RequestContext invalid = on_route("invalid", "api");
+  CHECK(engine.inspect("b/per-ip", invalid)->remaining == 0);
+  REQUIRE(engine.reset("b/per-ip", invalid).ok());
+  REQUIRE(engine.reset("b/per-caller", invalid).ok());
+  CHECK(admitted(engine, garbled, 1) == 1);
+}
+
 TEST_CASE("a settled cost is charged to a dry-run rule as to the live rules", "[attack]") {
   sluice::ManualClock clock;
   // Live: 1000 units per minute per address. On trial: 100 per minute.
