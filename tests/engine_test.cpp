@@ -1071,6 +1071,44 @@ TEST_CASE(
   CHECK(admitted(engine, garbled, 1) == 1);
 }
 
+TEST_CASE("a peek at a key in debt counts as no denial", "[attack]") {
+  sluice::ManualClock clock;
+  // Live: 10 per second per address. On trial: 10 per second per address.
+  sluice::PolicyConfig config{
+      .policies = {{.name = "live", .rate_limits = {rule("per-ip", {Selector::kIp}, {.s = 10})}},
+                   {.name = "wide", .rate_limits = {rule("per-ip", {Selector::kIp}, {.s = 1000})}},
+                   {.name = "trial",
+                    .rate_limits = {rule("tokens", {Selector::kIp}, {.s = 10})},
+                    .dry_run = true}},
+      .routes = {{.name = "api", .policies = {"live"}},
+                 {.name = "tried", .policies = {"wide", "trial"}}}};
+  Engine engine = make_engine(config, clock);
+  for (const char* route : {"api", "tried"}) {
+    sluice::Evaluation e;
+    Engine::Settlement settlement;
+    engine.evaluate(on_route("10.0.0.1", route), e, settlement);
+    REQUIRE(e.allowed);
+    REQUIRE(engine.settle(settlement, 25).ok());  // 15 beyond the bucket: in debt
+  }
+  sluice::RequestContext peek = on_route("10.0.0.1", "api");
+  peek.cost = 0;
+  const sluice::Evaluation live = engine.evaluate(peek);
+  CHECK_FALSE(live.allowed);  // a peek reports the debt
+  peek.route = "tried";
+  const sluice::Evaluation dry = engine.evaluate(peek);
+  CHECK(dry.allowed);
+  CHECK(dry.dry_denied.has_value());
+  // Neither is a request this rule refused: the counters count requests of cost 1 or more.
+  const std::vector<sluice::RuleStats> stats = engine.stats();
+  REQUIRE(stats.size() == 3);
+  CHECK(stats[0].label == "live/per-ip");
+  CHECK(stats[0].admitted == 1);
+  CHECK(stats[0].denied == 0);
+  CHECK(stats[2].label == "trial/tokens");
+  CHECK(stats[2].admitted == 1);
+  CHECK(stats[2].dry_denied == 0);
+}
+
 TEST_CASE("a settled cost is charged to a dry-run rule as to the live rules", "[attack]") {
   sluice::ManualClock clock;
   // Live: 1000 units per minute per address. On trial: 100 per minute.
