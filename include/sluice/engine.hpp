@@ -513,7 +513,8 @@ class BasicRateLimitEngine {
   // only choose the key. NotFound for an unknown label, and for a route the config lacks when
   // the rule's selector reads the route (name none for the key unrouted requests share);
   // InvalidArgument for a request the engine would refuse (e.g. a service other than its
-  // route's).
+  // route's), and for one with no client address when the rule keys the address (name an
+  // unparsable one, e.g. "invalid", for the key every unparsable address shares).
 
   // The rule's Decision for that key without consuming anything (a peek: see
   // GcraLimiter::inspect); an adaptive rule's limit and remaining are in requests at its current
