@@ -1041,6 +1041,74 @@ TEST_CASE("inspecting or resetting a route rule for a route the config lacks is 
   CHECK(admitted(engine, unrouted, 1) == 0);  // still limited
 }
 
+TEST_CASE(
+    "inspecting or resetting an address rule for a request without an address is "
+    "InvalidArgument, not the key every unparsable address shares",
+    "[attack]") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "b",
+                    .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 2}),
+                                    rule("per-caller", {Selector::kCredential}, {.minute = 2})}}},
+      .routes = {{.name = "api", .policies = {"b"}}}};
+  Engine engine = make_engine(config, clock);
+  const sluice::RequestContext garbled = on_route("not an address", "api");
+  REQUIRE(admitted(engine, garbled, 5) == 2);  // the shared "invalid" bucket is spent
+  // An operator's request that names no address (a forgotten field) is an error for a rule
+  // keyed by address, directly or as the anonymous caller's credential.
+  const sluice::RequestContext no_address{.route = "api"};
+  for (const char* label : {"b/per-ip", "b/per-caller"}) {
+    INFO(label);
+    CHECK(engine.inspect(label, no_address).status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(engine.reset(label, no_address).code() == absl::StatusCode::kInvalidArgument);
+  }
+  CHECK(admitted(engine, garbled, 1) == 0);  // still limited
+  // The shared bucket is reached by naming an unparsable address on purpose.
+  const sluice::RequestContext invalid = on_route("invalid", "api");
+  CHECK(engine.inspect("b/per-ip", invalid)->remaining == 0);
+  REQUIRE(engine.reset("b/per-ip", invalid).ok());
+  REQUIRE(engine.reset("b/per-caller", invalid).ok());
+  CHECK(admitted(engine, garbled, 1) == 1);
+}
+
+TEST_CASE("a peek at a key in debt counts as no denial", "[attack]") {
+  sluice::ManualClock clock;
+  // Live: 10 per second per address. On trial: 10 per second per address.
+  sluice::PolicyConfig config{
+      .policies = {{.name = "live", .rate_limits = {rule("per-ip", {Selector::kIp}, {.s = 10})}},
+                   {.name = "wide", .rate_limits = {rule("per-ip", {Selector::kIp}, {.s = 1000})}},
+                   {.name = "trial",
+                    .rate_limits = {rule("tokens", {Selector::kIp}, {.s = 10})},
+                    .dry_run = true}},
+      .routes = {{.name = "api", .policies = {"live"}},
+                 {.name = "tried", .policies = {"wide", "trial"}}}};
+  Engine engine = make_engine(config, clock);
+  for (const char* route : {"api", "tried"}) {
+    sluice::Evaluation e;
+    Engine::Settlement settlement;
+    engine.evaluate(on_route("10.0.0.1", route), e, settlement);
+    REQUIRE(e.allowed);
+    REQUIRE(engine.settle(settlement, 25).ok());  // 15 beyond the bucket: in debt
+  }
+  sluice::RequestContext peek = on_route("10.0.0.1", "api");
+  peek.cost = 0;
+  const sluice::Evaluation live = engine.evaluate(peek);
+  CHECK_FALSE(live.allowed);  // a peek reports the debt
+  peek.route = "tried";
+  const sluice::Evaluation dry = engine.evaluate(peek);
+  CHECK(dry.allowed);
+  CHECK(dry.dry_denied.has_value());
+  // Neither is a request this rule refused: the counters count requests of cost 1 or more.
+  const std::vector<sluice::RuleStats> stats = engine.stats();
+  REQUIRE(stats.size() == 3);
+  CHECK(stats[0].label == "live/per-ip");
+  CHECK(stats[0].admitted == 1);
+  CHECK(stats[0].denied == 0);
+  CHECK(stats[2].label == "trial/tokens");
+  CHECK(stats[2].admitted == 1);
+  CHECK(stats[2].dry_denied == 0);
+}
+
 TEST_CASE("a settled cost is charged to a dry-run rule as to the live rules", "[attack]") {
   sluice::ManualClock clock;
   // Live: 1000 units per minute per address. On trial: 100 per minute.

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "catch.hpp"
@@ -82,6 +83,33 @@ TEST_CASE("X-RateLimit-Reset is the epoch second of full replenishment rounded u
                   << " ns, reset_after = " << c.reset_after.count() << " ns");
     CHECK(sluice::reset_epoch_seconds(c.now, c.reset_after) == c.expected);
   }
+}
+
+// Whether reset_epoch_seconds(now, reset_after) is a constant expression: it is not when its
+// evaluation has undefined behaviour (a signed overflow, say), which the compiler then reports.
+template <std::int64_t Now, std::int64_t ResetAfter>
+concept ConstantReset = requires {
+  typename std::integral_constant<std::int64_t, sluice::reset_epoch_seconds(
+                                                    sluice::WallTime{std::chrono::nanoseconds{Now}},
+                                                    std::chrono::nanoseconds{ResetAfter})>;
+};
+
+TEST_CASE("X-RateLimit-Reset is exact and free of overflow for instants before 1677", "[attack]") {
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  // The earliest WallTime lies 0.854775808 s into its second: its whole second, in ns, is below
+  // the int64 range.
+  constexpr std::int64_t kLastSecond = -9'223'372'036'000'000'001;
+  CHECK(ConstantReset<kMin, 0>);
+  CHECK(ConstantReset<kMin, kMax>);
+  CHECK(ConstantReset<kLastSecond, kMax>);
+  CHECK(ConstantReset<kMax, kMax>);
+  using std::chrono::nanoseconds;
+  CHECK(sluice::reset_epoch_seconds(sluice::WallTime{nanoseconds{kMin}}, nanoseconds{0}) == 0);
+  CHECK(sluice::reset_epoch_seconds(sluice::WallTime{nanoseconds{kMin}}, nanoseconds{kMax}) == 0);
+  CHECK(sluice::reset_epoch_seconds(sluice::WallTime{nanoseconds{kLastSecond}},
+                                    nanoseconds{kMax}) == 1);  // 0.854775806 s after the epoch
+  CHECK(sluice::reset_epoch_seconds(sluice::WallTime{nanoseconds{kMin}}, nanoseconds{kMin}) == 0);
 }
 
 TEST_CASE("a system_clock time point is accepted as now") {

@@ -749,6 +749,32 @@ TEST_CASE("a failing key store: the request is limited by address, then answered
   CHECK(server.get("/v1/items", api_key("key-1")).status == 429);
 }
 
+TEST_CASE(
+    "a key the store gives a consumer the config does not define is limited by address, then "
+    "answered 503",
+    "[attack]") {
+  sluice::ManualClock clock;
+  std::vector<sluice::CredentialStatus> statuses;
+  std::vector<std::string> consumers;
+  Limiter::Options options = options_with();
+  options.credential = Limiter::header_credential("X-Api-Key");
+  options.consumer_of = [](std::string_view) -> absl::StatusOr<std::optional<std::string>> {
+    return std::optional<std::string>("gold");  // a class the loaded config lacks
+  };
+  options.on_evaluated = [&](const httplib::Request&, const Limiter::LimitedRequest& limited) {
+    statuses.push_back(limited.credential_status);
+    consumers.push_back(std::string(limited.consumer.value_or("<none>")));
+  };
+  const TestServer server(Limiter(make_engine(api_key_config(1), clock), std::move(options)));
+  const httplib::Response failed = server.get("/v1/items", api_key("key-1"));
+  CHECK(failed.status == 503);
+  CHECK(failed.body == "{\"error\":\"credential store unavailable\"}\n");
+  CHECK(server.get("/v1/items", api_key("key-2")).status == 429);  // the address's 1 per minute
+  CHECK(statuses ==
+        std::vector<sluice::CredentialStatus>(2, sluice::CredentialStatus::kLookupFailed));
+  CHECK(consumers == std::vector<std::string>{"<none>", "<none>"});
+}
+
 TEST_CASE("a header the operator trusts keys each value on its own bucket") {
   sluice::ManualClock clock;
   Limiter::Options options = options_with();

@@ -17,9 +17,11 @@
 //
 // The consumer a key resolves to names one of the config's `consumers` (a consumer class such as
 // `customer` or `gold`, whose bundles then apply); its `credential` rules key each API key on its
-// own. What an unknown key gets is the adapter's choice (`unknown_consumer`): a refusal, or a
-// consumer class of its own; never the anonymous caller's buckets, and never a bucket of the
-// key's own, so a client that sprays random keys cannot pick where it is counted.
+// own. A name the loaded config does not define is treated as a failed lookup (limited by
+// address, then refused as the store being unavailable): its bundles are nowhere to apply. What an
+// unknown key gets is the adapter's choice (`unknown_consumer`): a refusal, or a consumer class of
+// its own; never the anonymous caller's buckets, and never a bucket of the key's own, so a client
+// that sprays random keys cannot pick where it is counted.
 //
 // Keys are compared byte for byte: a store whose lookup ignores case (or trims) answers for every
 // spelling of a key, and each spelling is then a key, and a bucket, of its own in `credential`
@@ -80,7 +82,8 @@ enum class CredentialStatus {
   kNone,          // the request presented none: limited as an anonymous caller (by address)
   kKnown,         // it belongs to a consumer, and keys that consumer's `credential` rules
   kUnknown,       // no one owns it: the adapter's unknown consumer, or refused (HTTP 401)
-  kLookupFailed,  // the lookup returned an error: limited by address, then answered 503
+  kLookupFailed,  // the lookup failed, or named a consumer the config lacks: limited by address,
+                  // then answered 503
 };
 
 template <Clock C = SteadyClock>

@@ -380,10 +380,11 @@ class BasicRateLimitEngine {
   void decide_live(Evaluation& e, const ScopedRequest& request,
                    std::span<const Decision> decisions) const {
     const std::span<const std::uint32_t> live = request.live;
-    std::optional<std::size_t> binding;  // index into live
+    const bool peek = request.raw->cost == 0;  // reports, and counts as no request
+    std::optional<std::size_t> binding;        // index into live
     for (std::size_t i = 0; i < live.size(); ++i) {
       if (decisions[i].allowed()) continue;
-      counters_[live[i]]->add(&detail::RuleCounters::Stripe::denied);
+      if (!peek) counters_[live[i]]->add(&detail::RuleCounters::Stripe::denied);
       e.allowed = false;
       e.retry_after = std::max(e.retry_after, decisions[i].retry_after);
       if (!binding) binding = i;
@@ -423,7 +424,7 @@ class BasicRateLimitEngine {
     for (std::size_t i = 0; i < request.dry.size(); ++i) {
       if (out[i].allowed()) continue;
       const std::uint32_t r = request.dry[i];
-      counters_[r]->add(&detail::RuleCounters::Stripe::dry_denied);
+      if (request.raw->cost != 0) counters_[r]->add(&detail::RuleCounters::Stripe::dry_denied);
       if (!e.dry_denied) e.dry_denied = RuleDecision{r, out[i]};
       if (on_event_) {
         on_event_(
@@ -513,7 +514,8 @@ class BasicRateLimitEngine {
   // only choose the key. NotFound for an unknown label, and for a route the config lacks when
   // the rule's selector reads the route (name none for the key unrouted requests share);
   // InvalidArgument for a request the engine would refuse (e.g. a service other than its
-  // route's).
+  // route's), and for one with no client address when the rule keys the address (name an
+  // unparsable one, e.g. "invalid", for the key every unparsable address shares).
 
   // The rule's Decision for that key without consuming anything (a peek: see
   // GcraLimiter::inspect); an adaptive rule's limit and remaining are in requests at its current

@@ -40,7 +40,8 @@
 //   one, never as none, so that a known key sent twice does not escape its limits. An unknown
 //   credential is limited by address and ended with UNAUTHENTICATED ("unknown credential"), or
 //   gets the bundles of the config consumer `unknown_consumer`, keyed by address: a client cannot
-//   mint a fresh bucket per call. A lookup error: limited by address, then UNAVAILABLE.
+//   mint a fresh bucket per call. A lookup error, or a consumer the config does not define:
+//   limited by address, then UNAVAILABLE.
 //
 // What the client receives:
 // - denied: status RESOURCE_EXHAUSTED ("rate limited; retry after <n> s") and trailing metadata

@@ -109,9 +109,13 @@ constexpr std::int64_t retry_after_seconds(std::chrono::nanoseconds retry_after)
 constexpr std::int64_t reset_epoch_seconds(WallTime now,
                                            std::chrono::nanoseconds reset_after) noexcept {
   constexpr std::int64_t kNanosPerSecond = 1'000'000'000;
-  const auto now_floor = std::chrono::floor<std::chrono::seconds>(now);  // also before the epoch
-  const std::int64_t now_s = now_floor.time_since_epoch().count();
-  const std::int64_t now_frac = (now - now_floor).count();  // in [0, 1 s)
+  // now as whole seconds (floored, also before the epoch) and the ns past them, in [0, 1 s),
+  // without ever forming the floored second in ns: before 1677-09-21 00:12:44 it is below the
+  // int64 range.
+  const std::int64_t now_ns = now.time_since_epoch().count();
+  const bool past_second = now_ns % kNanosPerSecond < 0;
+  const std::int64_t now_s = now_ns / kNanosPerSecond - (past_second ? 1 : 0);
+  const std::int64_t now_frac = now_ns % kNanosPerSecond + (past_second ? kNanosPerSecond : 0);
   std::int64_t reset_ns = std::max<std::int64_t>(0, reset_after.count());
   std::int64_t frac = now_frac + reset_ns % kNanosPerSecond;  // < 2 s: no overflow
   // |now_s| and reset_ns / 1e9 are each below 9.3e9, so the sum cannot overflow.

@@ -49,8 +49,9 @@
 //   when it belongs to a consumer. An unknown credential never gets the anonymous caller's
 //   treatment silently: it is limited by address and refused with 401 `{"error":"unknown
 //   credential"}`, or, with `Options::unknown_consumer`, gets that consumer's bundles, keyed by
-//   address (never by the credential, so random keys do not buy fresh buckets). A lookup error:
-//   limited by address, then 503 `{"error":"credential store unavailable"}`.
+//   address (never by the credential, so random keys do not buy fresh buckets). A lookup error,
+//   or a consumer the config does not define: limited by address, then 503
+//   `{"error":"credential store unavailable"}`.
 // - Route: the longest `path_prefix` that starts the normalized path (sluice/request_path.hpp:
 //   each character written one way whether sent raw or percent-encoded, dot segments removed,
 //   repeated '/' merged), taken from the request target as sent, never from cpp-httplib's decoded

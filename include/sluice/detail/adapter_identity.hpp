@@ -81,12 +81,14 @@ struct CredentialIdentity {
   CredentialStatus status = CredentialStatus::kNone;
 };
 
-// Who a request's credential says it is, as both adapters decide it. `storage` keeps a consumer
-// name the lookup answered, so `consumer` may view it; it must outlive the evaluation.
+// Who a request's credential says it is, as both adapters decide it. `storage` receives the
+// consumer name the lookup answered; `consumer` views a name the engine holds, valid while the
+// caller holds the engine.
 // - no credential: kNone, nothing set;
 // - no lookup: the config's consumers[].credentials (`engine.consumer_for`);
 // - a lookup (`consumer_of`, e.g. a CredentialResolver): the consumer it names; its credential
-//   keys `credential` rules; an error: kLookupFailed, nothing set;
+//   keys `credential` rules; an error, or a consumer the config does not define: kLookupFailed,
+//   nothing set;
 // - unknown: kUnknown, and `consumer` is the config's consumer `unknown_consumer` when it is
 //   non-empty and the config has one, without the credential (its rules key the address, so a
 //   client cannot pick a bucket per key); otherwise nothing set, and the adapter refuses it.
@@ -109,7 +111,16 @@ CredentialIdentity identify_credential(const Engine& engine,
       return out;
     }
     storage = *std::move(answer);
-    if (storage && !storage->empty()) out.consumer = *storage;
+    if (storage && !storage->empty()) {
+      // A consumer the config does not define has no bundles here: keyed by its credential,
+      // the request would escape every limit of its class. The store and the config disagree,
+      // so the answer cannot be used: as if the store had failed.
+      out.consumer = engine.consumer_named(*storage);
+      if (!out.consumer) {
+        out.status = CredentialStatus::kLookupFailed;
+        return out;
+      }
+    }
   }
   if (out.consumer) {
     out.credential = credential;

@@ -87,7 +87,8 @@ struct Evaluation {
 // grows by 1; if it was denied, `denied` of each live rule that denied it grows by 1 (several
 // rules may deny one request); a dry-run rule's would-be denial adds 1 to its `dry_denied`. So for
 // a live rule, admitted + denied ≤ requests it applied to (the rest were denied by other rules).
-// Peeks (cost 0), exempt paths and backend errors change no counter.
+// Peeks (cost 0; one at a key in debt is denied), exempt paths and backend errors change no
+// counter.
 struct RuleStats {
   std::string label{};
   bool dry_run = false;

@@ -269,7 +269,8 @@ class RuleSet {
   };
   // The rule labelled `label` and its key for `raw` (whether or not the rule applies to `raw`):
   // NotFound for an unknown label, or for a route the config lacks if the rule keys routes;
-  // scope's error for a request it refuses.
+  // InvalidArgument for no client address if it keys the address; scope's error for a request
+  // it refuses.
   absl::StatusOr<RuleKeyFor> key_for(std::string_view label, const RequestContext& raw) const {
     const std::optional<std::size_t> r = find_label(label);
     if (!r) {
@@ -279,16 +280,35 @@ class RuleSet {
     Scratch scratch;
     ScopedRequest request(raw);
     if (absl::Status s = scope(raw, request, scratch); !s.ok()) return s;
-    // A request keys a route the config lacks as unrouted; a route an operator names that is not
-    // (or no longer) in the config would choose the key that every unrouted request shares.
-    const std::vector<Selector>& selector = rules_[*r].compiled.selector;
-    if (raw.route && !raw.route->empty() && !request.route &&
-        std::find(selector.begin(), selector.end(), Selector::kRoute) != selector.end()) {
+    if (absl::Status s = shared_by_mistake(*r, raw, request); !s.ok()) return s;
+    return RuleKeyFor{.rule = *r, .key = key(static_cast<std::uint32_t>(*r), request)};
+  }
+
+  // An error when an operator's `raw` would name, by omission or by a typo, a key that many
+  // clients share: a route the config lacks (NotFound) for a rule that keys routes (requests key
+  // it as unrouted), or no client address (InvalidArgument) for a rule that keys the address
+  // (every unparsable address shares that key). Naming those keys on purpose stays possible: no
+  // route for the unrouted key, an unparsable address (e.g. "invalid") for the invalid one.
+  absl::Status shared_by_mistake(std::size_t r, const RequestContext& raw,
+                                 const ScopedRequest& request) const {
+    const std::vector<Selector>& selector = rules_[r].compiled.selector;
+    const auto keys = [&](Selector s) {
+      return std::find(selector.begin(), selector.end(), s) != selector.end();
+    };
+    if (raw.route && !raw.route->empty() && !request.route && keys(Selector::kRoute)) {
       return absl::NotFoundError(
           absl::StrCat("no route is named ", detail::quoted(*raw.route),
                        "; name no route for the key unrouted requests share"));
     }
-    return RuleKeyFor{.rule = *r, .key = key(static_cast<std::uint32_t>(*r), request)};
+    const bool keys_address =
+        keys(Selector::kIp) || (keys(Selector::kCredential) && !authenticated(request));
+    if (!raw.client && raw.client_ip.empty() && keys_address) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rule ", detail::quoted(rules_[r].compiled.label),
+          " keys the client address and the request names none; name an address (an "
+          "unparsable one, e.g. \"invalid\", for the key every unparsable address shares)"));
+    }
+    return absl::OkStatus();
   }
 
   // Rule `r`'s key for `request` as a string (inspect and reset).

@@ -69,7 +69,10 @@ struct MigrationOptions {
 };
 
 // Installs every schema version up to kSchemaVersion not yet installed and sets the capacity.
-// Returns the installed version. Running it again changes nothing but the capacity.
+// Returns the installed version. Running it again changes nothing but the capacity. On a database
+// a newer sluice migrated it installs nothing and returns that newer version: a replica of the
+// older release (mid-deploy, or rolled back) still starts, and the functions it calls are kept
+// by every later version, as verify_database assumes.
 inline absl::StatusOr<int> migrate(ConnectionPool& pool, const MigrationOptions& options = {}) {
   if (options.rows_per_shard < 1 || options.rows_per_shard > 0x7fffffffU) {
     return absl::InvalidArgumentError("sluice::postgres: rows_per_shard must be in [1, 2^31-1]");
