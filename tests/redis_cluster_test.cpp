@@ -560,3 +560,129 @@ TEST_CASE("node addresses a Cluster named once are forgotten: a later primary is
   CHECK(last.message().find("reached the new primary") != std::string_view::npos);
   CHECK(open_fds() < fds_before + 100);
 }
+
+namespace {
+
+// A Cluster client whose seed is the scripted node at `port` (it answers no INFO: no memory
+// check), deciding at kT0, every call bounded by `timeout`.
+std::shared_ptr<sluice::redis::Client> scripted_client(int port,
+                                                       std::chrono::milliseconds timeout = 1s) {
+  sluice::redis::ClientOptions o;
+  o.connection.host = "127.0.0.1";
+  o.connection.port = port;
+  o.connection.connect_timeout = timeout;
+  o.connection.command_timeout = timeout;
+  o.connection.memory_check = sluice::redis::MemoryCheck::kSkip;
+  o.cluster = true;
+  o.key_seed = 42;
+  o.time_source = [] { return kT0; };
+  auto c = sluice::redis::Client::create(o);
+  INFO(c.status());
+  REQUIRE(c.ok());
+  return *std::move(c);
+}
+
+}  // namespace
+
+TEST_CASE("a redirection to an unknown endpoint goes to the answering node's host, at its port",
+          "[attack]") {
+  // Redis 7 with cluster-preferred-endpoint-type unknown-endpoint answers "-MOVED <slot> :<port>"
+  // and "-ASK <slot> :<port>": the target is on the host of the node that answered. Read as no
+  // redirection at all, such a reply was sent again to the same node, like TRYAGAIN, until the
+  // redirections ran out, and the check failed.
+  std::atomic<int> asking{0};
+  ScriptedNode primary(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (!args.empty() && args[0] == "ASKING") ++asking;
+        return args.empty() || args[0] != "EVALSHA" ? "+OK\r\n"
+                                                    : "-ERR reached the new primary\r\n";
+      },
+      /*close_after_reply=*/false);
+  REQUIRE(primary.start().empty());
+  int port = 0;
+  std::atomic<int> evals{0};
+  std::atomic<bool> ask{false};
+  std::atomic<std::size_t> slot{0};
+  ScriptedNode node(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (args.size() >= 2 && args[0] == "CLUSTER" && args[1] == "SLOTS") {
+          return all_slots_at("127.0.0.1", port);
+        }
+        if (args.empty() || args[0] != "EVALSHA") return "+OK\r\n";
+        ++evals;
+        return absl::StrCat(ask.load() ? "-ASK " : "-MOVED ", slot.load(), " :", primary.port(),
+                            "\r\n");
+      },
+      /*close_after_reply=*/false);
+  REQUIRE(node.start().empty());
+  port = node.port();
+
+  for (const bool use_ask : {false, true}) {
+    INFO((use_ask ? "ASK" : "MOVED"));
+    ask.store(use_ask);
+    evals.store(0);
+    RedisGcraLimiter l = limiter(scripted_client(port), {{.requests = 5, .period = 1h}});
+    slot.store(sluice::redis::detail::key_slot(l.redis_key("k")));
+    const absl::Status status = l.check("k").status();
+    INFO(status);
+    CHECK(status.message().find("reached the new primary") != std::string_view::npos);
+    CHECK(evals.load() == 1);  // followed at once, not sent again to the node that redirected
+  }
+  CHECK(asking.load() == 1);
+}
+
+TEST_CASE("a malformed redirection is an error at once, neither sent again nor followed",
+          "[attack]") {
+  // A redirection naming no usable address (no port, port 0 or above 65535, a slot out of range,
+  // a host that is no host) is a reply of the wrong shape: the check fails with Internal after
+  // one call, and no node is asked again or connected to because of it.
+  std::atomic<int> primary_evals{0};
+  ScriptedNode primary(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (args.empty() || args[0] != "EVALSHA") return "+OK\r\n";
+        ++primary_evals;
+        return "-ERR reached the new primary\r\n";
+      },
+      /*close_after_reply=*/false);
+  REQUIRE(primary.start().empty());
+  int port = 0;
+  std::atomic<int> evals{0};
+  std::atomic<std::size_t> which{0};
+  std::vector<std::string> replies;  // written before the node starts; read by its thread
+  ScriptedNode node(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (args.size() >= 2 && args[0] == "CLUSTER" && args[1] == "SLOTS") {
+          return all_slots_at("127.0.0.1", port);
+        }
+        if (args.empty() || args[0] != "EVALSHA") return "+OK\r\n";
+        ++evals;
+        return replies[which.load()];
+      },
+      /*close_after_reply=*/false);
+  const std::string p = std::to_string(primary.port());
+  for (std::string_view text :
+       {"MOVED 0 127.0.0.1", "MOVED 0 127.0.0.1:", "MOVED 0 :0", "MOVED 0 127.0.0.1:65536",
+        "MOVED 0 :-1", "MOVED 0 :99999999999999999999", "MOVED 0 127.0.0.1:12ab", "MOVED  :P",
+        "MOVED 16384 :P", "MOVED -1 :P", "MOVED 0 ?:P", "ASK 0 a b:P",
+        "ASK 0 ::P:", "MOVED garbage", "MOVED", "ASK"}) {
+    std::string reply = "-" + std::string(text) + "\r\n";
+    for (std::size_t at = reply.find(":P"); at != std::string::npos; at = reply.find(":P")) {
+      reply.replace(at + 1, 1, p);
+    }
+    replies.push_back(std::move(reply));
+  }
+  REQUIRE(node.start().empty());
+  port = node.port();
+  RedisGcraLimiter l = limiter(scripted_client(port), {{.requests = 5, .period = 1h}});
+
+  for (std::size_t i = 0; i < replies.size(); ++i) {
+    INFO(replies[i]);
+    which.store(i);
+    evals.store(0);
+    const absl::Status status = l.check("k").status();
+    INFO(status);
+    CHECK(status.code() == absl::StatusCode::kInternal);
+    CHECK(evals.load() == 1);
+  }
+  CHECK(primary_evals.load() == 0);
+}
