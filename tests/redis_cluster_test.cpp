@@ -686,3 +686,105 @@ TEST_CASE("a malformed redirection is an error at once, neither sent again nor f
   }
   CHECK(primary_evals.load() == 0);
 }
+
+namespace {
+
+// A script reply as RESP: one bulk string of `doubles` (little-endian, as the script packs them)
+// with `middle` written after the first three.
+std::string script_reply(std::initializer_list<std::uint64_t> head, std::string_view middle,
+                         std::initializer_list<std::uint64_t> tail) {
+  std::string body;
+  for (std::uint64_t v : head) sluice::redis::detail::append_double(body, v);
+  body.append(middle);
+  for (std::uint64_t v : tail) sluice::redis::detail::append_double(body, v);
+  return absl::StrCat("$", body.size(), "\r\n", body, "\r\n");
+}
+
+// CLUSTER SLOTS: slots 0..8191 at 127.0.0.1:`low`, the rest at 127.0.0.1:`high`.
+std::string halves_at(int low, int high) {
+  return absl::StrCat("*2\r\n*3\r\n:0\r\n:8191\r\n*2\r\n$9\r\n127.0.0.1\r\n:", low,
+                      "\r\n*3\r\n:8192\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:", high, "\r\n");
+}
+
+}  // namespace
+
+TEST_CASE("a check over two nodes gives back by its one deadline when the other node is slow",
+          "[attack]") {
+  // The first node admits its item at once and then never answers the give-back; the second
+  // node answers its item late (a denial at 80 % of the timeout) or never. The give-back had a
+  // fresh command_timeout of its own, so the call took the second node's time plus a whole
+  // timeout more: up to twice the one timeout the docs promise per call.
+  constexpr auto kTimeout = 300ms;
+  const std::uint64_t now_s = static_cast<std::uint64_t>(kT0.count()) / 1'000'000'000;
+  const std::string check_sha = sluice::redis::detail::sha1_hex(sluice::redis::kGcraScript);
+  // Admitted, decided at kT0: a key with no state ('0'), then its reset count.
+  const std::string admitted = script_reply({1, now_s, 0}, "0", {0});
+  // Denied: a key of 1 request per hour written at kT0 with a whole period of debt left.
+  std::string spent = "1";
+  for (std::uint64_t v :
+       {now_s, std::uint64_t{0}, std::uint64_t{3'600'000'000'000}, std::uint64_t{0}}) {
+    sluice::redis::detail::append_double(spent, v);
+  }
+  const std::string denied = script_reply({0, now_s, 0}, spent, {0});
+
+  std::atomic<int> low_port{0}, high_port{0};
+  std::atomic<int> give_backs{0};
+  ScriptedNode low(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (args.size() >= 2 && args[0] == "CLUSTER" && args[1] == "SLOTS") {
+          return halves_at(low_port.load(), high_port.load());
+        }
+        if (args.empty() || args[0] != "EVALSHA") return "+OK\r\n";
+        if (args.size() > 1 && args[1] == check_sha) return admitted;
+        ++give_backs;
+        return "";  // the give-back: never answered
+      },
+      /*close_after_reply=*/false);
+  std::atomic<bool> answer_late{false};
+  ScriptedNode high(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (args.size() >= 2 && args[0] == "CLUSTER" && args[1] == "SLOTS") {
+          return halves_at(low_port.load(), high_port.load());
+        }
+        if (args.empty() || args[0] != "EVALSHA") return "+OK\r\n";
+        if (!answer_late.load()) return "";              // never answered
+        std::this_thread::sleep_for(kTimeout * 8 / 10);  // a slow peer, not a rate
+        return denied;
+      },
+      /*close_after_reply=*/false);
+  REQUIRE(low.start().empty());
+  REQUIRE(high.start().empty());
+  low_port.store(low.port());
+  high_port.store(high.port());
+
+  auto c = scripted_client(low.port(), kTimeout);
+  auto limit = sluice::redis::Limit::create({{.requests = 1, .period = 1h}});
+  REQUIRE(limit.ok());
+  std::string a, b;
+  for (int i = 0; a.empty() || b.empty(); ++i) {
+    const std::string key = "k" + std::to_string(i);
+    (sluice::redis::detail::key_slot(c->redis_key(key, *limit)) < 8192 ? a : b) = key;
+  }
+  const sluice::redis::CheckItem items[] = {{.key = a, .limit = &*limit, .cost = 1},
+                                            {.key = b, .limit = &*limit, .cost = 1}};
+
+  for (const bool late : {false, true}) {
+    INFO((late ? "the second node denies late" : "the second node never answers"));
+    answer_late.store(late);
+    give_backs.store(0);
+    const auto start = std::chrono::steady_clock::now();
+    const absl::StatusOr<std::vector<sluice::Decision>> d = c->check_all(items);
+    const auto took = std::chrono::steady_clock::now() - start;
+    INFO(d.status());
+    INFO(std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+    CHECK(took < kTimeout * 16 / 10);
+    if (late) {
+      REQUIRE(d.ok());
+      CHECK((*d)[0].allowed());
+      CHECK((*d)[1].reason == sluice::Reason::kQuotaExceeded);
+      CHECK(give_backs.load() == 1);  // sent, with the time that was left
+    } else {
+      CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+    }
+  }
+}
