@@ -790,3 +790,50 @@ TEST_CASE("a check over two nodes gives back by its one deadline when the other 
   // Neither give-back ended by the deadline: each item's cost stays taken, counted.
   CHECK(c->give_backs_lost() == 2);
 }
+
+TEST_CASE("a Cluster announcing unknown endpoints is served: null map endpoints, ':port' redirects",
+          "[attack]") {
+  // With cluster-preferred-endpoint-type unknown-endpoint (Redis 7, nodes behind an address they
+  // do not know), CLUSTER SLOTS names each node by a null endpoint and its port, and redirections
+  // read "MOVED <slot> :<port>": both mean the host the client asked. The client refused such a
+  // map as malformed, so no check reached any node.
+  RedisCluster& rc = cluster();
+  const auto announce = [&rc](std::string_view type) {
+    for (int node = 0; node < RedisCluster::kNodes; ++node) {
+      sluice_test::Reply r =
+          rc.command(node, {"CONFIG", "SET", "cluster-preferred-endpoint-type", type});
+      if (!r || r->type != REDIS_REPLY_STATUS) return false;
+    }
+    return true;
+  };
+  struct Restore {
+    std::function<bool(std::string_view)> announce;
+    ~Restore() { (void)announce("ip"); }
+  } restore{announce};
+  REQUIRE(announce("unknown-endpoint"));
+  sluice_test::Reply slots = rc.command(0, {"CLUSTER", "SLOTS"});
+  REQUIRE(slots);
+  REQUIRE(slots->type == REDIS_REPLY_ARRAY);
+  REQUIRE(slots->elements > 0);
+  CHECK(slots->element[0]->element[2]->element[0]->type == REDIS_REPLY_NIL);
+
+  RedisGcraLimiter l = limiter(client("unknown-endpoint:"), {{.requests = 20, .period = 1h}});
+  const std::string key = "moving";
+  const std::size_t slot = sluice::redis::detail::key_slot(l.redis_key(key));
+  const int from = rc.primary_of(slot);
+  const int to = rc.primary_of((slot + 5461) % 16384) != from
+                     ? rc.primary_of((slot + 5461) % 16384)
+                     : rc.primary_of((slot + 10922) % 16384);
+  REQUIRE(from >= 0);
+  REQUIRE(to >= 0);
+  REQUIRE(from != to);
+  int total = admitted(l, key, 4);  // routed by the map
+  REQUIRE(rc.begin_move(slot, to).empty());
+  REQUIRE(rc.migrate_keys(slot, from, to).empty());
+  total += admitted(l, key, 4);  // "ASK <slot> :<port>", then ASKING there
+  REQUIRE(rc.finish_move(slot, from, to).empty());
+  total += admitted(l, key, 4);  // "MOVED <slot> :<port>", then the target directly
+  CHECK(total == 12);
+  CHECK(admitted(l, key, 10) == 8);
+  CHECK(rc.primary_of(slot) == to);
+}
