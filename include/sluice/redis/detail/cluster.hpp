@@ -6,10 +6,11 @@
 // The slot map comes from CLUSTER SLOTS, asked of any node this router knows (the seed first);
 // each node that owns slots gets a ConnectionPool of its own, opened lazily, with the seed's
 // options (timeouts, max_connections, server check, which requires a Cluster node) and the
-// node's address. A MOVED reply repoints that one slot at once and makes the next call refresh
-// the whole map (at most one refresh at a time, and at most one per kMinRefreshInterval unless a
-// slot is unknown); a node that cannot be reached makes the next call refresh too, which is how
-// a failover is found.
+// node's address (a null, empty or "?" endpoint: the host of the node that answered, which is
+// also what an empty host in a redirection means). A MOVED reply repoints that one slot at once
+// and makes the next call refresh the whole map (at most one refresh at a time, and at most one
+// per kMinRefreshInterval unless a slot is unknown); a node that cannot be reached makes the next
+// call refresh too, which is how a failover is found.
 //
 // Bounds: at most kMaxNodes node addresses at once (an address a reply names beyond that is
 // refused, never connected to, and makes the next call refresh); each refresh forgets the nodes
@@ -358,13 +359,17 @@ class ClusterRouter {
           first.integer < 0 || last.integer < first.integer ||
           last.integer >= static_cast<long long>(kClusterSlots) ||
           primary.type != REDIS_REPLY_ARRAY || primary.elements < 2 ||
-          primary.element[0]->type != REDIS_REPLY_STRING ||
+          (primary.element[0]->type != REDIS_REPLY_STRING &&
+           primary.element[0]->type != REDIS_REPLY_NIL) ||
           primary.element[1]->type != REDIS_REPLY_INTEGER || primary.element[1]->integer <= 0 ||
           primary.element[1]->integer > 65535) {
         return malformed();
       }
-      std::string host(primary.element[0]->str, primary.element[0]->len);
-      // An empty or "?" endpoint means: the address this reply came from.
+      // A null endpoint (cluster-preferred-endpoint-type unknown-endpoint), an empty one or "?"
+      // means: the address this reply came from.
+      std::string host = primary.element[0]->type == REDIS_REPLY_NIL
+                             ? std::string()
+                             : std::string(primary.element[0]->str, primary.element[0]->len);
       if (host.empty() || host == "?") host = pool.options().host;
       out.push_back(
           {static_cast<std::size_t>(first.integer) << 16 | static_cast<std::size_t>(last.integer),
