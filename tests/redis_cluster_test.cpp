@@ -560,3 +560,280 @@ TEST_CASE("node addresses a Cluster named once are forgotten: a later primary is
   CHECK(last.message().find("reached the new primary") != std::string_view::npos);
   CHECK(open_fds() < fds_before + 100);
 }
+
+namespace {
+
+// A Cluster client whose seed is the scripted node at `port` (it answers no INFO: no memory
+// check), deciding at kT0, every call bounded by `timeout`.
+std::shared_ptr<sluice::redis::Client> scripted_client(int port,
+                                                       std::chrono::milliseconds timeout = 1s) {
+  sluice::redis::ClientOptions o;
+  o.connection.host = "127.0.0.1";
+  o.connection.port = port;
+  o.connection.connect_timeout = timeout;
+  o.connection.command_timeout = timeout;
+  o.connection.memory_check = sluice::redis::MemoryCheck::kSkip;
+  o.cluster = true;
+  o.key_seed = 42;
+  o.time_source = [] { return kT0; };
+  auto c = sluice::redis::Client::create(o);
+  INFO(c.status());
+  REQUIRE(c.ok());
+  return *std::move(c);
+}
+
+}  // namespace
+
+TEST_CASE("a redirection to an unknown endpoint goes to the answering node's host, at its port",
+          "[attack]") {
+  // Redis 7 with cluster-preferred-endpoint-type unknown-endpoint answers "-MOVED <slot> :<port>"
+  // and "-ASK <slot> :<port>": the target is on the host of the node that answered. Read as no
+  // redirection at all, such a reply was sent again to the same node, like TRYAGAIN, until the
+  // redirections ran out, and the check failed.
+  std::atomic<int> asking{0};
+  ScriptedNode primary(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (!args.empty() && args[0] == "ASKING") ++asking;
+        return args.empty() || args[0] != "EVALSHA" ? "+OK\r\n"
+                                                    : "-ERR reached the new primary\r\n";
+      },
+      /*close_after_reply=*/false);
+  REQUIRE(primary.start().empty());
+  int port = 0;
+  std::atomic<int> evals{0};
+  std::atomic<bool> ask{false};
+  std::atomic<std::size_t> slot{0};
+  ScriptedNode node(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (args.size() >= 2 && args[0] == "CLUSTER" && args[1] == "SLOTS") {
+          return all_slots_at("127.0.0.1", port);
+        }
+        if (args.empty() || args[0] != "EVALSHA") return "+OK\r\n";
+        ++evals;
+        return absl::StrCat(ask.load() ? "-ASK " : "-MOVED ", slot.load(), " :", primary.port(),
+                            "\r\n");
+      },
+      /*close_after_reply=*/false);
+  REQUIRE(node.start().empty());
+  port = node.port();
+
+  for (const bool use_ask : {false, true}) {
+    INFO((use_ask ? "ASK" : "MOVED"));
+    ask.store(use_ask);
+    evals.store(0);
+    RedisGcraLimiter l = limiter(scripted_client(port), {{.requests = 5, .period = 1h}});
+    slot.store(sluice::redis::detail::key_slot(l.redis_key("k")));
+    const absl::Status status = l.check("k").status();
+    INFO(status);
+    CHECK(status.message().find("reached the new primary") != std::string_view::npos);
+    CHECK(evals.load() == 1);  // followed at once, not sent again to the node that redirected
+  }
+  CHECK(asking.load() == 1);
+}
+
+TEST_CASE("a malformed redirection is an error at once, neither sent again nor followed",
+          "[attack]") {
+  // A redirection naming no usable address (no port, port 0 or above 65535, a slot out of range,
+  // a host that is no host) is a reply of the wrong shape: the check fails with Internal after
+  // one call, and no node is asked again or connected to because of it.
+  std::atomic<int> primary_evals{0};
+  ScriptedNode primary(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (args.empty() || args[0] != "EVALSHA") return "+OK\r\n";
+        ++primary_evals;
+        return "-ERR reached the new primary\r\n";
+      },
+      /*close_after_reply=*/false);
+  REQUIRE(primary.start().empty());
+  int port = 0;
+  std::atomic<int> evals{0};
+  std::atomic<std::size_t> which{0};
+  std::vector<std::string> replies;  // written before the node starts; read by its thread
+  ScriptedNode node(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (args.size() >= 2 && args[0] == "CLUSTER" && args[1] == "SLOTS") {
+          return all_slots_at("127.0.0.1", port);
+        }
+        if (args.empty() || args[0] != "EVALSHA") return "+OK\r\n";
+        ++evals;
+        return replies[which.load()];
+      },
+      /*close_after_reply=*/false);
+  const std::string p = std::to_string(primary.port());
+  for (std::string_view text :
+       {"MOVED 0 127.0.0.1", "MOVED 0 127.0.0.1:", "MOVED 0 :0", "MOVED 0 127.0.0.1:65536",
+        "MOVED 0 :-1", "MOVED 0 :99999999999999999999", "MOVED 0 127.0.0.1:12ab", "MOVED  :P",
+        "MOVED 16384 :P", "MOVED -1 :P", "MOVED 0 ?:P", "ASK 0 a b:P",
+        "ASK 0 ::P:", "MOVED garbage", "MOVED", "ASK"}) {
+    std::string reply = "-" + std::string(text) + "\r\n";
+    for (std::size_t at = reply.find(":P"); at != std::string::npos; at = reply.find(":P")) {
+      reply.replace(at + 1, 1, p);
+    }
+    replies.push_back(std::move(reply));
+  }
+  REQUIRE(node.start().empty());
+  port = node.port();
+  RedisGcraLimiter l = limiter(scripted_client(port), {{.requests = 5, .period = 1h}});
+
+  for (std::size_t i = 0; i < replies.size(); ++i) {
+    INFO(replies[i]);
+    which.store(i);
+    evals.store(0);
+    const absl::Status status = l.check("k").status();
+    INFO(status);
+    CHECK(status.code() == absl::StatusCode::kInternal);
+    CHECK(evals.load() == 1);
+  }
+  CHECK(primary_evals.load() == 0);
+}
+
+namespace {
+
+// A script reply as RESP: one bulk string of `doubles` (little-endian, as the script packs them)
+// with `middle` written after the first three.
+std::string script_reply(std::initializer_list<std::uint64_t> head, std::string_view middle,
+                         std::initializer_list<std::uint64_t> tail) {
+  std::string body;
+  for (std::uint64_t v : head) sluice::redis::detail::append_double(body, v);
+  body.append(middle);
+  for (std::uint64_t v : tail) sluice::redis::detail::append_double(body, v);
+  return absl::StrCat("$", body.size(), "\r\n", body, "\r\n");
+}
+
+// CLUSTER SLOTS: slots 0..8191 at 127.0.0.1:`low`, the rest at 127.0.0.1:`high`.
+std::string halves_at(int low, int high) {
+  return absl::StrCat("*2\r\n*3\r\n:0\r\n:8191\r\n*2\r\n$9\r\n127.0.0.1\r\n:", low,
+                      "\r\n*3\r\n:8192\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:", high, "\r\n");
+}
+
+}  // namespace
+
+TEST_CASE("a check over two nodes gives back by its one deadline when the other node is slow",
+          "[attack]") {
+  // The first node admits its item at once and then never answers the give-back; the second
+  // node answers its item late (a denial at 80 % of the timeout) or never. The give-back had a
+  // fresh command_timeout of its own, so the call took the second node's time plus a whole
+  // timeout more: up to twice the one timeout the docs promise per call.
+  constexpr auto kTimeout = 300ms;
+  const std::uint64_t now_s = static_cast<std::uint64_t>(kT0.count()) / 1'000'000'000;
+  const std::string check_sha = sluice::redis::detail::sha1_hex(sluice::redis::kGcraScript);
+  // Admitted, decided at kT0: a key with no state ('0'), then its reset count.
+  const std::string admitted = script_reply({1, now_s, 0}, "0", {0});
+  // Denied: a key of 1 request per hour written at kT0 with a whole period of debt left.
+  std::string spent = "1";
+  for (std::uint64_t v :
+       {now_s, std::uint64_t{0}, std::uint64_t{3'600'000'000'000}, std::uint64_t{0}}) {
+    sluice::redis::detail::append_double(spent, v);
+  }
+  const std::string denied = script_reply({0, now_s, 0}, spent, {0});
+
+  std::atomic<int> low_port{0}, high_port{0};
+  std::atomic<int> give_backs{0};
+  ScriptedNode low(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (args.size() >= 2 && args[0] == "CLUSTER" && args[1] == "SLOTS") {
+          return halves_at(low_port.load(), high_port.load());
+        }
+        if (args.empty() || args[0] != "EVALSHA") return "+OK\r\n";
+        if (args.size() > 1 && args[1] == check_sha) return admitted;
+        ++give_backs;
+        return "";  // the give-back: never answered
+      },
+      /*close_after_reply=*/false);
+  std::atomic<bool> answer_late{false};
+  ScriptedNode high(
+      [&](const std::vector<std::string>& args) -> std::string {
+        if (args.size() >= 2 && args[0] == "CLUSTER" && args[1] == "SLOTS") {
+          return halves_at(low_port.load(), high_port.load());
+        }
+        if (args.empty() || args[0] != "EVALSHA") return "+OK\r\n";
+        if (!answer_late.load()) return "";              // never answered
+        std::this_thread::sleep_for(kTimeout * 8 / 10);  // a slow peer, not a rate
+        return denied;
+      },
+      /*close_after_reply=*/false);
+  REQUIRE(low.start().empty());
+  REQUIRE(high.start().empty());
+  low_port.store(low.port());
+  high_port.store(high.port());
+
+  auto c = scripted_client(low.port(), kTimeout);
+  auto limit = sluice::redis::Limit::create({{.requests = 1, .period = 1h}});
+  REQUIRE(limit.ok());
+  std::string a, b;
+  for (int i = 0; a.empty() || b.empty(); ++i) {
+    const std::string key = "k" + std::to_string(i);
+    (sluice::redis::detail::key_slot(c->redis_key(key, *limit)) < 8192 ? a : b) = key;
+  }
+  const sluice::redis::CheckItem items[] = {{.key = a, .limit = &*limit, .cost = 1},
+                                            {.key = b, .limit = &*limit, .cost = 1}};
+
+  for (const bool late : {false, true}) {
+    INFO((late ? "the second node denies late" : "the second node never answers"));
+    answer_late.store(late);
+    give_backs.store(0);
+    const auto start = std::chrono::steady_clock::now();
+    const absl::StatusOr<std::vector<sluice::Decision>> d = c->check_all(items);
+    const auto took = std::chrono::steady_clock::now() - start;
+    INFO(d.status());
+    INFO(std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+    CHECK(took < kTimeout * 16 / 10);
+    if (late) {
+      REQUIRE(d.ok());
+      CHECK((*d)[0].allowed());
+      CHECK((*d)[1].reason == sluice::Reason::kQuotaExceeded);
+      CHECK(give_backs.load() == 1);  // sent, with the time that was left
+    } else {
+      CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+    }
+  }
+  // Neither give-back ended by the deadline: each item's cost stays taken, counted.
+  CHECK(c->give_backs_lost() == 2);
+}
+
+TEST_CASE("a Cluster announcing unknown endpoints is served: null map endpoints, ':port' redirects",
+          "[attack]") {
+  // With cluster-preferred-endpoint-type unknown-endpoint (Redis 7, nodes behind an address they
+  // do not know), CLUSTER SLOTS names each node by a null endpoint and its port, and redirections
+  // read "MOVED <slot> :<port>": both mean the host the client asked. The client refused such a
+  // map as malformed, so no check reached any node.
+  RedisCluster& rc = cluster();
+  const auto announce = [&rc](std::string_view type) {
+    for (int node = 0; node < RedisCluster::kNodes; ++node) {
+      sluice_test::Reply r =
+          rc.command(node, {"CONFIG", "SET", "cluster-preferred-endpoint-type", type});
+      if (!r || r->type != REDIS_REPLY_STATUS) return false;
+    }
+    return true;
+  };
+  struct Restore {
+    std::function<bool(std::string_view)> announce;
+    ~Restore() { (void)announce("ip"); }
+  } restore{announce};
+  REQUIRE(announce("unknown-endpoint"));
+  sluice_test::Reply slots = rc.command(0, {"CLUSTER", "SLOTS"});
+  REQUIRE(slots);
+  REQUIRE(slots->type == REDIS_REPLY_ARRAY);
+  REQUIRE(slots->elements > 0);
+  CHECK(slots->element[0]->element[2]->element[0]->type == REDIS_REPLY_NIL);
+
+  RedisGcraLimiter l = limiter(client("unknown-endpoint:"), {{.requests = 20, .period = 1h}});
+  const std::string key = "moving";
+  const std::size_t slot = sluice::redis::detail::key_slot(l.redis_key(key));
+  const int from = rc.primary_of(slot);
+  const int to = rc.primary_of((slot + 5461) % 16384) != from
+                     ? rc.primary_of((slot + 5461) % 16384)
+                     : rc.primary_of((slot + 10922) % 16384);
+  REQUIRE(from >= 0);
+  REQUIRE(to >= 0);
+  REQUIRE(from != to);
+  int total = admitted(l, key, 4);  // routed by the map
+  REQUIRE(rc.begin_move(slot, to).empty());
+  REQUIRE(rc.migrate_keys(slot, from, to).empty());
+  total += admitted(l, key, 4);  // "ASK <slot> :<port>", then ASKING there
+  REQUIRE(rc.finish_move(slot, from, to).empty());
+  total += admitted(l, key, 4);  // "MOVED <slot> :<port>", then the target directly
+  CHECK(total == 12);
+  CHECK(admitted(l, key, 10) == 8);
+  CHECK(rc.primary_of(slot) == to);
+}

@@ -33,6 +33,7 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -114,8 +115,9 @@ class Client {
   // lone check of that item would have answered (an item repeated in the batch sees the
   // earlier occurrences' reservation). In a Cluster (ClientOptions::cluster), items of several
   // slots are decided per slot, the nodes in parallel, and the costs the admitting slots booked
-  // are given back when another slot denies (docs/redis.md, "Redis Cluster"). InvalidArgument
-  // when a cost exceeds its limit's max_cost().
+  // are given back when another slot denies, by the same one deadline (docs/redis.md, "Redis
+  // Cluster"; a give-back it leaves no time for keeps its cost: give_backs_lost()).
+  // InvalidArgument when a cost exceeds its limit's max_cost().
   absl::StatusOr<std::vector<Decision>> check_all(std::span<const CheckItem> items) {
     return run(items, now(), deadline());
   }
@@ -138,6 +140,10 @@ class Client {
   std::uint64_t coalesced_checks() const { return coalescer_.coalesced_checks(); }
   // The most coalescing script calls that were in flight at once (≤ max_coalesced_calls).
   std::size_t peak_coalesced_calls() const { return coalescer_.peak_in_flight(); }
+  // Cluster: items whose cost an admitting slot booked and check_all could not give back when
+  // another slot denied or failed — the check's deadline passed first, or the give-back failed.
+  // Each stays taken until its windows drain (the limit is never exceeded for it).
+  std::uint64_t give_backs_lost() const { return give_backs_lost_.load(std::memory_order_relaxed); }
 
   // Booking checks (for settling a cost later, as RedisRateLimitEngine's settlements do): as
   // check_all and check_pipelined, and each also fills `bookings` with one entry per item: the
@@ -566,19 +572,21 @@ class Client {
     const bool all =
         error.ok() && std::all_of(admitted.begin(), admitted.end(), [](bool a) { return a; });
     if (several && !all) {
-      give_back(items, groups, admitted, booked, time);
+      give_back(items, groups, admitted, booked, time, by);
     }
     if (!error.ok()) return error;
     if (bookings != nullptr) *bookings = std::move(booked);
     return decisions;
   }
 
-  // Gives back, with the booking script, every cost the admitted groups booked. Best effort: a
-  // give-back that fails leaves its cost taken (never more admitted than the limit).
+  // Gives back, with the booking script, every cost the admitted groups booked, by the check's
+  // own deadline `by` (the call then ends by it, as it promises). Best effort: a give-back that
+  // fails, or that the deadline leaves no time to send, leaves its cost taken (never more
+  // admitted than the limit) and counts in give_backs_lost().
   void give_back(std::span<const CheckItem> items,
                  std::span<const std::pair<std::size_t, std::vector<std::size_t>>> groups,
                  const std::vector<bool>& admitted, std::span<const detail::ItemBooking> booked,
-                 std::optional<std::chrono::nanoseconds> time) {
+                 std::optional<std::chrono::nanoseconds> time, detail::Deadline by) {
     std::vector<std::vector<std::string>> args;
     std::vector<std::size_t> slots;
     std::vector<bool> fixed;  // per call: a fixed-window key (kFixedGiveBackScript)
@@ -618,7 +626,13 @@ class Client {
       calls.push_back(
           {.slot = slots[k], .command = std::move(command), .script = script, .sha = sha});
     }
-    if (!calls.empty()) transport_.call(calls, deadline());
+    if (calls.empty()) return;
+    if (detail::time_left(by) > std::chrono::microseconds::zero()) transport_.call(calls, by);
+    for (const Call& call : calls) {  // one not sent keeps its "not sent" error
+      if (!call.reply.ok() || (*call.reply)->type == REDIS_REPLY_ERROR) {
+        give_backs_lost_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
   }
 
   // kFixedGiveBackScript's arguments after its key count: the key, the time, the cost, then
@@ -645,6 +659,7 @@ class Client {
   std::string fixed_give_back_sha_;                            // of kFixedGiveBackScript
   detail::Coalescer coalescer_{options_.max_coalesced_checks,  // single-key checks, one node
                                options_.max_coalesced_calls};
+  std::atomic<std::uint64_t> give_backs_lost_{0};
 };
 
 }  // namespace sluice::redis

@@ -6,10 +6,11 @@
 // The slot map comes from CLUSTER SLOTS, asked of any node this router knows (the seed first);
 // each node that owns slots gets a ConnectionPool of its own, opened lazily, with the seed's
 // options (timeouts, max_connections, server check, which requires a Cluster node) and the
-// node's address. A MOVED reply repoints that one slot at once and makes the next call refresh
-// the whole map (at most one refresh at a time, and at most one per kMinRefreshInterval unless a
-// slot is unknown); a node that cannot be reached makes the next call refresh too, which is how
-// a failover is found.
+// node's address (a null, empty or "?" endpoint: the host of the node that answered, which is
+// also what an empty host in a redirection means). A MOVED reply repoints that one slot at once
+// and makes the next call refresh the whole map (at most one refresh at a time, and at most one
+// per kMinRefreshInterval unless a slot is unknown); a node that cannot be reached makes the next
+// call refresh too, which is how a failover is found.
 //
 // Bounds: at most kMaxNodes node addresses at once (an address a reply names beyond that is
 // refused, never connected to, and makes the next call refresh); each refresh forgets the nodes
@@ -28,6 +29,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <chrono>
@@ -37,12 +39,14 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "sluice/detail/mutex.hpp"
@@ -96,35 +100,51 @@ struct Redirect {
   int port = 0;
 };
 
-// The redirection an error reply names, if it is a well-formed one.
-inline std::optional<Redirect> parse_redirect(const redisReply& reply) {
-  if (reply.type != REDIS_REPLY_ERROR) return std::nullopt;
-  std::string_view text(reply.str, reply.len);
+// True for a MOVED or ASK reply, well-formed or not.
+inline bool is_redirect(const redisReply& reply) {
+  if (reply.type != REDIS_REPLY_ERROR || reply.str == nullptr) return false;
+  const std::string_view text(reply.str, reply.len);
+  const std::string_view code = text.substr(0, text.find(' '));
+  return code == "MOVED" || code == "ASK";
+}
+
+// The redirection a MOVED or ASK reply names. An empty host (Redis 7's unknown endpoint,
+// cluster-preferred-endpoint-type unknown-endpoint: "MOVED 3999 :6381") means the host of the
+// node that answered, `answered_by`. Internal for one that names no usable address — a slot
+// outside 0..16383, a port outside 1..65535 or none, the host "?" (a node told to announce a
+// hostname it lacks), a host with spaces or control bytes or longer than a DNS name — so that
+// it is neither sent again nor followed anywhere.
+inline absl::StatusOr<Redirect> parse_redirect(const redisReply& reply,
+                                               std::string_view answered_by) {
+  const std::string_view text(reply.str, reply.len);
+  const auto malformed = [&] {
+    return absl::InternalError(absl::StrCat(
+        "sluice::redis: a Cluster redirection that names no usable address: ",
+        absl::CHexEscape(absl::string_view(text.data(), std::min<std::size_t>(text.size(), 100)))));
+  };
+  const auto number = [](std::string_view digits, auto& out) {
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), out);
+    return ec == std::errc() && end == digits.data() + digits.size();
+  };
+  const std::size_t code_end = text.find(' ');
+  if (code_end == std::string_view::npos) return malformed();
   Redirect r;
-  if (text.starts_with("MOVED ")) {
-    text.remove_prefix(6);
-  } else if (text.starts_with("ASK ")) {
-    r.ask = true;
-    text.remove_prefix(4);
-  } else {
-    return std::nullopt;
-  }
-  const std::size_t space = text.find(' ');
-  if (space == std::string_view::npos) return std::nullopt;
-  const std::string_view slot = text.substr(0, space);
-  const std::string_view address = text.substr(space + 1);
+  r.ask = text.substr(0, code_end) == "ASK";
+  const std::string_view rest = text.substr(code_end + 1);
+  const std::size_t space = rest.find(' ');
+  if (space == std::string_view::npos) return malformed();
+  const std::string_view slot = rest.substr(0, space);
+  const std::string_view address = rest.substr(space + 1);
   const std::size_t colon = address.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) return std::nullopt;
-  const std::string_view port = address.substr(colon + 1);
-  if (std::from_chars(slot.data(), slot.data() + slot.size(), r.slot).ptr !=
-          slot.data() + slot.size() ||
-      r.slot >= kClusterSlots ||
-      std::from_chars(port.data(), port.data() + port.size(), r.port).ptr !=
-          port.data() + port.size() ||
-      r.port <= 0 || r.port > 65535) {
-    return std::nullopt;
+  if (colon == std::string_view::npos) return malformed();
+  const std::string_view host = colon == 0 ? answered_by : address.substr(0, colon);
+  if (!number(slot, r.slot) || r.slot >= kClusterSlots ||
+      !number(address.substr(colon + 1), r.port) || r.port <= 0 || r.port > 65535 || host.empty() ||
+      host == "?" || host.size() > 255 ||
+      !std::all_of(host.begin(), host.end(), [](char c) { return c > ' ' && c < 0x7f; })) {
+    return malformed();
   }
-  r.host = std::string(address.substr(0, colon));
+  r.host = std::string(host);
   return r;
 }
 
@@ -133,7 +153,7 @@ inline std::optional<Redirect> parse_redirect(const redisReply& reply) {
 inline bool is_redirect_or_retry(const redisReply& reply) {
   if (reply.type != REDIS_REPLY_ERROR) return false;
   const std::string_view text(reply.str, reply.len);
-  return text.starts_with("MOVED ") || text.starts_with("ASK ") || text.starts_with("TRYAGAIN");
+  return is_redirect(reply) || text.starts_with("TRYAGAIN");
 }
 
 class ClusterRouter {
@@ -339,13 +359,17 @@ class ClusterRouter {
           first.integer < 0 || last.integer < first.integer ||
           last.integer >= static_cast<long long>(kClusterSlots) ||
           primary.type != REDIS_REPLY_ARRAY || primary.elements < 2 ||
-          primary.element[0]->type != REDIS_REPLY_STRING ||
+          (primary.element[0]->type != REDIS_REPLY_STRING &&
+           primary.element[0]->type != REDIS_REPLY_NIL) ||
           primary.element[1]->type != REDIS_REPLY_INTEGER || primary.element[1]->integer <= 0 ||
           primary.element[1]->integer > 65535) {
         return malformed();
       }
-      std::string host(primary.element[0]->str, primary.element[0]->len);
-      // An empty or "?" endpoint means: the address this reply came from.
+      // A null endpoint (cluster-preferred-endpoint-type unknown-endpoint), an empty one or "?"
+      // means: the address this reply came from.
+      std::string host = primary.element[0]->type == REDIS_REPLY_NIL
+                             ? std::string()
+                             : std::string(primary.element[0]->str, primary.element[0]->len);
       if (host.empty() || host == "?") host = pool.options().host;
       out.push_back(
           {static_cast<std::size_t>(first.integer) << 16 | static_cast<std::size_t>(last.integer),

@@ -7,7 +7,8 @@
 //     written before any is read, so they work in parallel;
 //   - NOSCRIPT: the script is loaded and the call sent again on the same connection;
 //   - MOVED, ASK, TRYAGAIN (replies after which the call did not run): the call is sent again
-//     where the reply says, by the same deadline, at most kMaxRedirects times;
+//     where the reply says (an empty host: the answering node's), by the same deadline, at most
+//     kMaxRedirects times; a redirection that names no usable address is Internal at once;
 //   - connection health: a connection whose reply says it reaches the wrong server (READONLY,
 //     MASTERDOWN, LOADING, CLUSTERDOWN, a redirection on a lone server) is closed, and on a
 //     Cluster the slot map is read again.
@@ -28,7 +29,6 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string_view>
 #include <thread>  // TRYAGAIN's pause
@@ -97,7 +97,9 @@ class Transport {
     }
     for (NodeBatch& b : batches) write_batch(calls, b, deadline);
     for (NodeBatch& b : batches) read_batch(calls, b);
-    for (Call& call : calls) follow_redirects(call, deadline);
+    for (const NodeBatch& b : batches) {
+      for (std::size_t i : b.which) follow_redirects(calls[i], b.pool, deadline);
+    }
   }
 
   // Checks the server the options name (ConnectionPool::verify_server), by `deadline`.
@@ -208,19 +210,28 @@ class Transport {
 
   // While `call`'s reply is MOVED, ASK or TRYAGAIN: sends it again where the reply says (MOVED
   // also repoints the slot; TRYAGAIN, a multi-key command meeting a slot in migration, waits a
-  // millisecond), by the same deadline, at most kMaxRedirects times.
-  void follow_redirects(Call& call, Deadline deadline) {
+  // millisecond), by the same deadline, at most kMaxRedirects times. `from`: the node whose reply
+  // it is (a redirection to an unknown endpoint names its host). A redirection that names no
+  // usable address ends it with Internal.
+  void follow_redirects(Call& call, std::shared_ptr<ConnectionPool> from, Deadline deadline) {
     for (int hop = 0; hop < kMaxRedirects && call.reply.ok() && is_redirect_or_retry(**call.reply);
          ++hop) {
-      const std::optional<Redirect> to = parse_redirect(**call.reply);
       std::shared_ptr<ConnectionPool> pool;
-      if (to) {
+      bool asking = false;
+      if (is_redirect(**call.reply)) {
+        absl::StatusOr<Redirect> to = parse_redirect(**call.reply, from->options().host);
+        if (!to.ok()) {
+          call.reply = to.status();
+          mark_stale();
+          return;
+        }
         if (!to->ask) cluster_->moved(*to);
         pool = cluster_->pool_for_address(to->host, to->port);
         if (pool == nullptr) {
           call.reply = absl::UnavailableError("sluice::redis: too many Cluster node addresses");
           return;
         }
+        asking = to->ask;
       } else {
         if (time_left(deadline) <= std::chrono::milliseconds(2)) return;
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -232,9 +243,10 @@ class Transport {
         }
         pool = *p;
       }
-      NodeBatch b{.pool = pool, .which = {0}, .asking = to.has_value() && to->ask};
+      NodeBatch b{.pool = pool, .which = {0}, .asking = asking};
       write_batch(std::span(&call, 1), b, deadline);
       read_batch(std::span(&call, 1), b);
+      from = std::move(pool);
     }
   }
 
