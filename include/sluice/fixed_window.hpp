@@ -68,9 +68,13 @@ struct FixedWindowCell {
     }
     return true;
   }
+  // Windows that ended (a fresh one ends at INT64_MIN, as does a window a reload added to a
+  // carried key) count 0: their end - now could overflow.
   std::int64_t time_until_fresh(std::int64_t now) const noexcept {
     std::int64_t longest = 0;
-    for (const WindowCount& w : windows) longest = std::max(longest, w.end - now);
+    for (const WindowCount& w : windows) {
+      if (w.end > now) longest = std::max(longest, w.end - now);
+    }
     return longest;
   }
 };
