@@ -158,3 +158,24 @@ TEST_CASE("a key carried into an added window is reclaimed once its carried wind
   CHECK(third->reason == Reason::kAllowed);  // takes the idle key's room
   CHECK(after->stats().capacity_denials == 0);
 }
+
+TEST_CASE("a key carried into a lower limit reports no room left and no wrapped count") {
+  sluice::ManualClock clock(100s);
+  auto before = Limiter::create({{.limit = 100, .window = 1min}}, {.seed = 1}, clock);
+  auto after = Limiter::create({{.limit = 50, .window = 1min}}, {.seed = 1}, clock);
+  REQUIRE(before.ok());
+  REQUIRE(after.ok());
+  REQUIRE(before->check("k", 80)->allowed());
+  after->carry_from(*before);  // 80 counted, against a limit of 50 now
+  clock.advance(10s);
+  const absl::StatusOr<sluice::Decision> denied = after->check("k");
+  REQUIRE(denied.ok());
+  CHECK(*denied == sluice::Decision{.reason = Reason::kQuotaExceeded,
+                                    .limit = 50,
+                                    .remaining = 0,
+                                    .retry_after = 50s,
+                                    .reset_after = 50s});
+  CHECK(after->inspect("k") ==
+        sluice::Decision{
+            .reason = Reason::kAllowed, .limit = 50, .remaining = 0, .reset_after = 50s});
+}
