@@ -688,6 +688,27 @@ TEST_CASE("envoy: invalid files are refused with file:line:column", "[envoy]") {
         "requests_per_unit (3), or be absent");
 }
 
+TEST_CASE("envoy: a bucket the limiter cannot hold is refused at load with its position",
+          "[envoy]") {
+  // A bucket of 2^32 - 1 that refills at 1 per second takes 136 years, beyond 2^60 ns.
+  const sluice::envoy::ServiceConfig config{
+      .domains = {
+          {.domain = "d",
+           .descriptors = {
+               {.key = "k",
+                .rate_limit = sluice::envoy::Limit{
+                    .windows = {{.requests = 1, .period = 1s, .burst = 4'294'967'295}}}}}}}};
+  CHECK_FALSE(sluice::envoy::Limiter::create(config).ok());
+  const absl::StatusOr<sluice::envoy::DomainConfig> loaded = sluice::envoy::load_domain_config(
+      "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, "
+      "burst: 4294967295}\n",
+      "f.yaml");
+  REQUIRE_FALSE(loaded.ok());
+  CHECK(loaded.status().message() ==
+        "f.yaml:4:17: descriptors[0].rate_limit: burst × period / requests_per_unit (the time an "
+        "empty bucket takes to refill) must be at most 2^60 ns, about 36 years");
+}
+
 #ifdef SLUICE_ENVOY_RLS_BINARY
 namespace {
 
