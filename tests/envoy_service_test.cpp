@@ -1111,6 +1111,28 @@ TEST_CASE("envoy: two replicas over one Redis share a fixed window, all or nothi
   CHECK(a.ok(request("sluice_fixed", {{{"user", "u"}}})).statuses(0).limit_remaining() == 1);
 }
 
+TEST_CASE("envoy: an override Redis cannot hold is decided as absent, never an error",
+          "[envoy][redis]") {
+  // A yearly window refills beyond what the Redis scripts hold exactly (2^52 ns): the override
+  // gets no counter, and the call is decided by the configured limits, as past max_overrides.
+  // An error would fail the whole call, which a proxy that fails open admits.
+  sluice_test::RedisFixture redis;
+  BasicEnvoyServer<sluice::redis::RedisEngineBackend> server(
+      fixtures(), {.backend = {.client = redis.client()}});
+  rls::RateLimitRequest r = request("messaging", {});
+  auto& d = add(r, {{"to_number", "1"}});
+  d.mutable_limit()->set_requests_per_unit(1000);
+  d.mutable_limit()->set_unit(envoy::type::v3::YEAR);
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    rls::RateLimitResponse response;
+    const grpc::Status status = server.call(r, response);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    CHECK(response.statuses(0).limit_remaining() == 99 - i);  // the configured 100 per day
+  }
+  CHECK(server.limiter().ignored_overrides() == 2);
+}
+
 TEST_CASE("envoy: a Redis failure is decided by the failure mode", "[envoy][redis]") {
   sluice_test::RedisFixture redis;
   using RedisServer = BasicEnvoyServer<sluice::redis::RedisEngineBackend>;
