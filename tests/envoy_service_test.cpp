@@ -688,6 +688,27 @@ TEST_CASE("envoy: invalid files are refused with file:line:column", "[envoy]") {
         "requests_per_unit (3), or be absent");
 }
 
+TEST_CASE("envoy: a bucket the limiter cannot hold is refused at load with its position",
+          "[envoy]") {
+  // A bucket of 2^32 - 1 that refills at 1 per second takes 136 years, beyond 2^60 ns.
+  const sluice::envoy::ServiceConfig config{
+      .domains = {
+          {.domain = "d",
+           .descriptors = {
+               {.key = "k",
+                .rate_limit = sluice::envoy::Limit{
+                    .windows = {{.requests = 1, .period = 1s, .burst = 4'294'967'295}}}}}}}};
+  CHECK_FALSE(sluice::envoy::Limiter::create(config).ok());
+  const absl::StatusOr<sluice::envoy::DomainConfig> loaded = sluice::envoy::load_domain_config(
+      "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, "
+      "burst: 4294967295}\n",
+      "f.yaml");
+  REQUIRE_FALSE(loaded.ok());
+  CHECK(loaded.status().message() ==
+        "f.yaml:4:17: descriptors[0].rate_limit: burst × period / requests_per_unit (the time an "
+        "empty bucket takes to refill) must be at most 2^60 ns, about 36 years");
+}
+
 #ifdef SLUICE_ENVOY_RLS_BINARY
 namespace {
 
@@ -1088,6 +1109,28 @@ TEST_CASE("envoy: two replicas over one Redis share a fixed window, all or nothi
   CHECK(over.statuses(1).code() == kOk);
   CHECK(over.statuses(1).limit_remaining() == 2);
   CHECK(a.ok(request("sluice_fixed", {{{"user", "u"}}})).statuses(0).limit_remaining() == 1);
+}
+
+TEST_CASE("envoy: an override Redis cannot hold is decided as absent, never an error",
+          "[envoy][redis]") {
+  // A yearly window refills beyond what the Redis scripts hold exactly (2^52 ns): the override
+  // gets no counter, and the call is decided by the configured limits, as past max_overrides.
+  // An error would fail the whole call, which a proxy that fails open admits.
+  sluice_test::RedisFixture redis;
+  BasicEnvoyServer<sluice::redis::RedisEngineBackend> server(
+      fixtures(), {.backend = {.client = redis.client()}});
+  rls::RateLimitRequest r = request("messaging", {});
+  auto& d = add(r, {{"to_number", "1"}});
+  d.mutable_limit()->set_requests_per_unit(1000);
+  d.mutable_limit()->set_unit(envoy::type::v3::YEAR);
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    rls::RateLimitResponse response;
+    const grpc::Status status = server.call(r, response);
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    CHECK(response.statuses(0).limit_remaining() == 99 - i);  // the configured 100 per day
+  }
+  CHECK(server.limiter().ignored_overrides() == 2);
 }
 
 TEST_CASE("envoy: a Redis failure is decided by the failure mode", "[envoy][redis]") {

@@ -128,3 +128,54 @@ TEST_CASE("fixed-window create rejects a store cap that could wrap") {
   CHECK(limiter.status().message() ==
         "max_keys_per_shard must be in [2, 2^32], got " + std::to_string(std::size_t{1} << 62));
 }
+
+TEST_CASE("a key carried into an added window is reclaimed once its carried window ends") {
+  // A reload that adds a window carries each key with the added window empty. That key must go
+  // idle (and give its room to a new key of a full shard) when its carried window ends.
+  sluice::ManualClock clock(100s);
+  const sluice::StoreOptions options{
+      .max_keys_per_shard = 2, .overflow = sluice::Overflow::kRejectNewKeys, .seed = 1};
+  auto before = Limiter::create({{.limit = 10, .window = 1s}}, options, clock);
+  auto after =
+      Limiter::create({{.limit = 10, .window = 1s}, {.limit = 10, .window = 1h}}, options, clock);
+  REQUIRE(before.ok());
+  REQUIRE(after.ok());
+  const sluice::ShardedStore<sluice::detail::FixedWindowCell<1>> probe({.seed = 1});
+  std::vector<std::string> keys;  // three keys of one shard
+  for (int i = 0; keys.size() < 3; ++i) {
+    const std::string key = "key-" + std::to_string(i);
+    if (keys.empty() ||
+        probe.shard_index(probe.digest(key)) == probe.shard_index(probe.digest(keys[0]))) {
+      keys.push_back(key);
+    }
+  }
+  REQUIRE(before->check(keys[0]).ok());
+  after->carry_from(*before);  // keys[0]: 1 of 10 in its 1 s window, until 101 s
+  clock.advance(2s);           // keys[0] is idle: its only counted window ended at 101 s
+  REQUIRE(after->check(keys[1])->allowed());
+  const absl::StatusOr<sluice::Decision> third = after->check(keys[2]);
+  REQUIRE(third.ok());
+  CHECK(third->reason == Reason::kAllowed);  // takes the idle key's room
+  CHECK(after->stats().capacity_denials == 0);
+}
+
+TEST_CASE("a key carried into a lower limit reports no room left and no wrapped count") {
+  sluice::ManualClock clock(100s);
+  auto before = Limiter::create({{.limit = 100, .window = 1min}}, {.seed = 1}, clock);
+  auto after = Limiter::create({{.limit = 50, .window = 1min}}, {.seed = 1}, clock);
+  REQUIRE(before.ok());
+  REQUIRE(after.ok());
+  REQUIRE(before->check("k", 80)->allowed());
+  after->carry_from(*before);  // 80 counted, against a limit of 50 now
+  clock.advance(10s);
+  const absl::StatusOr<sluice::Decision> denied = after->check("k");
+  REQUIRE(denied.ok());
+  CHECK(*denied == sluice::Decision{.reason = Reason::kQuotaExceeded,
+                                    .limit = 50,
+                                    .remaining = 0,
+                                    .retry_after = 50s,
+                                    .reset_after = 50s});
+  CHECK(after->inspect("k") ==
+        sluice::Decision{
+            .reason = Reason::kAllowed, .limit = 50, .remaining = 0, .reset_after = 50s});
+}

@@ -68,9 +68,13 @@ struct FixedWindowCell {
     }
     return true;
   }
+  // Windows that ended (a fresh one ends at INT64_MIN, as does a window a reload added to a
+  // carried key) count 0: their end - now could overflow.
   std::int64_t time_until_fresh(std::int64_t now) const noexcept {
     std::int64_t longest = 0;
-    for (const WindowCount& w : windows) longest = std::max(longest, w.end - now);
+    for (const WindowCount& w : windows) {
+      if (w.end > now) longest = std::max(longest, w.end - now);
+    }
     return longest;
   }
 };
@@ -174,7 +178,8 @@ class FixedWindowLimiter {
 
   // Carries every live key of `from` into this limiter, which nobody else uses yet. Each window
   // here takes the key's window of `from` with the same length (or, when both have one window,
-  // the only one): its count, and its end, brought forward to at most one new window from now.
+  // the only one): its count, at most the new limit, and its end, brought forward to at most one
+  // new window from now.
   // A key then has no more room than before in any carried window; an added window starts
   // empty. O(from's keys + its store capacity); takes `from`'s shard locks one at a time.
   void carry_from(const FixedWindowLimiter& from) {
@@ -188,7 +193,9 @@ class FixedWindowLimiter {
       for (std::size_t i = 0; i < windows_.size(); ++i) {
         if (source[i] == kNone || old_cell.windows[source[i]].end <= clamped) continue;
         const detail::WindowCount& old = old_cell.windows[source[i]];
-        cell.windows[i] = {std::min(old.end, clamped + windows_[i].window.count()), old.count};
+        // At most the new limit: a count above it would leave limit - count negative.
+        cell.windows[i] = {std::min(old.end, clamped + windows_[i].window.count()),
+                           std::min(old.count, windows_[i].limit)};
       }
       return true;
     };

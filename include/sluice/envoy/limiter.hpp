@@ -14,7 +14,8 @@
 //   own (per domain, entries and override), whether or not a configured limit matches; an
 //   override never runs in shadow mode. Overrides need a known domain, like every limit. Once
 //   RequestBounds::max_overrides have counters, a descriptor with another one is decided by the
-//   configured limits, as without an override (counted in ignored_overrides()).
+//   configured limits, as without an override (counted in ignored_overrides()); so is one the
+//   backend cannot hold (over Redis, a window that refills in over 2^52 ns: a yearly one).
 // - A matched limit whose name another matched limit of the same request `replaces` does not
 //   apply. An `unlimited` limit applies and never limits (remaining 2^32-1).
 // - All or nothing: the enforcing limits of a request are decided together under all their
@@ -85,8 +86,9 @@ struct RequestBounds {
   std::size_t max_descriptors = 64;
   std::size_t max_entries = 32;  // per descriptor
   std::size_t max_key_bytes = 256;
-  // Distinct (requests_per_unit, unit) overrides with counters, over the limiter's life; a
-  // descriptor with a new override beyond them is decided as if it had none (configured limits).
+  // Distinct (requests_per_unit, unit) overrides with counters or refused by the backend, over
+  // the limiter's life; a descriptor with a new override beyond them is decided as if it had
+  // none (configured limits).
   std::size_t max_overrides = 64;
 };
 
@@ -186,7 +188,8 @@ class BasicLimiter {
     }
     auto limits = std::make_shared<const detail::CompiledLimits>(*std::move(compiled));
     absl::StatusOr<std::shared_ptr<const Generation>> next =
-        build(limits, now ? now->overrides : std::vector<detail::LimitRule>{}, now.get());
+        build(limits, now ? now->overrides : std::vector<detail::LimitRule>{},
+              now ? now->refused_overrides : absl::flat_hash_set<std::uint64_t>{}, now.get());
     if (!next.ok()) return next.status();
     publish(*std::move(next));
     return absl::OkStatus();
@@ -236,8 +239,17 @@ class BasicLimiter {
     std::vector<std::shared_ptr<Counters>> counters;  // limits' rules, then overrides
     std::unique_ptr<const sluice::detail::LocalShare<LocalClock>> local;  // kLocal only
 
+    // Overrides the backend refused (decided as absent), by override_id.
+    absl::flat_hash_set<std::uint64_t> refused_overrides{};
+
     const detail::LimitRule& rule(std::size_t i) const {
       return i < limits->rule_count() ? limits->rule(i) : overrides[i - limits->rule_count()];
+    }
+    // Whether override `id` needs no new generation: it has a counter, was refused, or the
+    // bound is reached (make_plan then decides it as absent).
+    bool settled(std::uint64_t id, std::size_t max_overrides) const {
+      return override_index.contains(id) || refused_overrides.contains(id) ||
+             overrides.size() + refused_overrides.size() >= max_overrides;
     }
   };
 
@@ -304,22 +316,28 @@ class BasicLimiter {
 
   static absl::Status invalid(const std::string& what) { return absl::InvalidArgumentError(what); }
 
-  // The current generation, after publishing one with every override of `request` it lacks.
+  // The current generation, after publishing one with every override of `request` it lacks (or,
+  // for one the backend refuses, one that remembers the refusal: decided as absent from then on,
+  // without building again). Settled overrides take no lock.
   absl::StatusOr<std::shared_ptr<const Generation>> generation_for(const Request& request) const {
     std::shared_ptr<const Generation> gen = current();
     if (!gen->limits->has_domain(request.domain)) return gen;
+    const std::size_t max = options_.bounds.max_overrides;
     for (const Descriptor& d : request.descriptors) {
-      if (!d.limit || gen->override_index.contains(override_id(*d.limit))) continue;
-      // Full: decided as absent (make_plan), without taking the lock reloads take.
-      if (gen->overrides.size() >= options_.bounds.max_overrides) continue;
+      if (!d.limit || gen->settled(override_id(*d.limit), max)) continue;
       sluice::detail::MutexLock lock(reload_mutex_);
       gen = current();
-      if (gen->override_index.contains(override_id(*d.limit))) continue;
-      if (gen->overrides.size() >= options_.bounds.max_overrides) continue;  // make_plan: none
+      const std::uint64_t id = override_id(*d.limit);
+      if (gen->settled(id, max)) continue;
       std::vector<detail::LimitRule> overrides = gen->overrides;
       overrides.push_back(detail::CompiledLimits::override_rule(*d.limit).first);
       absl::StatusOr<std::shared_ptr<const Generation>> next =
-          build(gen->limits, std::move(overrides), gen.get());
+          build(gen->limits, std::move(overrides), gen->refused_overrides, gen.get());
+      if (!next.ok()) {  // the backend cannot hold it: the same generation, remembering that
+        absl::flat_hash_set<std::uint64_t> refused = gen->refused_overrides;
+        refused.insert(id);
+        next = build(gen->limits, gen->overrides, std::move(refused), gen.get());
+      }
       if (!next.ok()) return next.status();
       gen = *next;
       publish(gen);
@@ -330,7 +348,8 @@ class BasicLimiter {
   // A generation over `limits` and `overrides`, sharing `previous`'s state where it can.
   absl::StatusOr<std::shared_ptr<const Generation>> build(
       std::shared_ptr<const detail::CompiledLimits> limits,
-      std::vector<detail::LimitRule> overrides, const Generation* previous) const {
+      std::vector<detail::LimitRule> overrides, absl::flat_hash_set<std::uint64_t> refused,
+      const Generation* previous) const {
     std::vector<CompiledRule> rules = limits->backend_rules();
     absl::flat_hash_map<std::uint64_t, std::size_t> index;
     for (std::size_t i = 0; i < overrides.size(); ++i) {
@@ -351,7 +370,8 @@ class BasicLimiter {
                                                        std::move(rules),
                                                        *std::move(backend),
                                                        {},
-                                                       {}});
+                                                       {},
+                                                       std::move(refused)});
     absl::flat_hash_map<absl::string_view, std::shared_ptr<Counters>> kept;
     if (previous != nullptr) {
       for (std::size_t i = 0; i < previous->counters.size(); ++i) {

@@ -50,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/detail/text.hpp"
+#include "sluice/detail/window_ranges.hpp"
 #include "sluice/envoy/config.hpp"
 #include "sluice/envoy/detail/compiled_limits.hpp"
 #include "sluice/yaml/detail/config_file.hpp"
@@ -177,6 +178,15 @@ class DomainReader : public yaml::detail::NodeReader {
     if (w.burst != 0 && w.requests == 0) {
       fail(node.Mark(), path + ".burst", "a limit of 0 requests admits nothing; drop its burst");
     }
+    // The other bounds hold by construction (counts below 2^32, periods up to 400 days).
+    if (w.requests != 0 &&
+        !sluice::detail::check_gcra_window(w, sluice::detail::kGcraRange, path).ok()) {
+      fail(node.Mark(), path,
+           absl::StrCat("burst × period / requests_per_unit (the time an empty bucket takes to "
+                        "refill) must be at most ",
+                        sluice::detail::bound_text(sluice::detail::kGcraRange.max_refill),
+                        " ns, about 36 years"));
+    }
     return w;
   }
 
@@ -280,7 +290,8 @@ inline absl::StatusOr<DomainConfig> load_domain_config(std::string_view text,
 }
 
 // Every `.yaml` / `.yml` file of `directory`, in name order; the result also compiles (a
-// configuration that loads here is accepted by the limiter).
+// configuration that loads here is accepted by the in-memory limiter; over Redis a limit must
+// also refill within 2^52 ns, sluice/redis/limit.hpp).
 inline absl::StatusOr<ServiceConfig> load_config_directory(const std::string& directory) {
   std::error_code error;
   std::vector<std::string> paths;
