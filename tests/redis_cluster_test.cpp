@@ -80,6 +80,13 @@ int primary_of_key(const RedisGcraLimiter& l, std::string_view key) {
   return cluster().primary_of(sluice::redis::detail::key_slot(l.redis_key(key)));
 }
 
+// A primary other than the one serving `slot` (the cluster splits the slots in thirds).
+int other_primary(RedisCluster& rc, std::size_t slot) {
+  const int from = rc.primary_of(slot);
+  const int next = rc.primary_of((slot + 5461) % 16384);
+  return next != from ? next : rc.primary_of((slot + 10922) % 16384);
+}
+
 int admitted(RedisGcraLimiter& l, std::string_view key, int n) {
   int count = 0;
   for (int i = 0; i < n; ++i) {
@@ -277,9 +284,7 @@ TEST_CASE("a slot moved between primaries keeps every budget, step by step and u
   const std::string key = "moving";
   const std::size_t slot = sluice::redis::detail::key_slot(l.redis_key(key));
   const int from = rc.primary_of(slot);
-  const int to = rc.primary_of((slot + 5461) % 16384) != from
-                     ? rc.primary_of((slot + 5461) % 16384)
-                     : rc.primary_of((slot + 10922) % 16384);
+  const int to = other_primary(rc, slot);
   REQUIRE(from >= 0);
   REQUIRE(to >= 0);
   REQUIRE(from != to);
@@ -821,9 +826,7 @@ TEST_CASE("a Cluster announcing unknown endpoints is served: null map endpoints,
   const std::string key = "moving";
   const std::size_t slot = sluice::redis::detail::key_slot(l.redis_key(key));
   const int from = rc.primary_of(slot);
-  const int to = rc.primary_of((slot + 5461) % 16384) != from
-                     ? rc.primary_of((slot + 5461) % 16384)
-                     : rc.primary_of((slot + 10922) % 16384);
+  const int to = other_primary(rc, slot);
   REQUIRE(from >= 0);
   REQUIRE(to >= 0);
   REQUIRE(from != to);
