@@ -54,6 +54,7 @@ TEST_CASE("a lookup that does not answer ends each call at its deadline, and run
   std::promise<void> answer;
   BlockedLookup lookup{.go = answer.get_future().share()};
   HostResolver resolver("db.internal", lookup);
+  resolver.start();  // the calls below wait for this lookup
 
   for (int call = 0; call < 3; ++call) {
     const steady_clock::time_point start = steady_clock::now();
@@ -63,7 +64,7 @@ TEST_CASE("a lookup that does not answer ends each call at its deadline, and run
     CHECK(elapsed >= milliseconds(50));
     CHECK(elapsed < milliseconds(1000));
   }
-  // The later calls waited for the lookup the first one started: one thread per host at most.
+  // Every call waited for the lookup start() began: one thread per host at most.
   CHECK(lookup.started->load() == 1);
 
   answer.set_value();

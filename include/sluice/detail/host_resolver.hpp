@@ -99,6 +99,13 @@ class HostResolver {
     return *f.answer;
   }
 
+  // Starts a lookup unless one is in flight (nothing for a numeric address), for a later
+  // `resolve` to wait on: lookups of several hosts then run at the same time. A lookup that
+  // cannot start is reported by that `resolve`.
+  void start() {
+    if (!numeric_) (void)join_or_start();
+  }
+
  private:
   // One lookup and its answer, shared by its waiters and its thread.
   struct Flight {

@@ -85,7 +85,7 @@ class ConnectTarget {
       return out;
     }
     for (const auto& resolver : resolvers_) {
-      if (resolver != nullptr) (void)resolver->resolve(Deadline{});  // starts its lookup
+      if (resolver != nullptr) resolver->start();
     }
     std::vector<std::string> hosts, hostaddrs, ports;
     absl::Status first_error;
