@@ -11,12 +11,16 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/config.h"
@@ -1241,6 +1245,90 @@ TEST_CASE("host names are resolved within the connect timeout and each address i
   CHECK((lease.status().code() == absl::StatusCode::kUnavailable ||
          lease.status().code() == absl::StatusCode::kDeadlineExceeded));
   CHECK(took < 800ms);
+}
+
+// Sets environment variables for one scope and puts back what was there (tests only: nothing else
+// in the test process writes the environment).
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(std::initializer_list<std::pair<const char*, std::string>> values) {
+    for (const auto& [name, value] : values) {
+      const char* old = std::getenv(name);
+      saved_.push_back({name, old == nullptr ? std::nullopt : std::optional<std::string>(old)});
+      setenv(name, value.c_str(), 1);
+    }
+  }
+  ~ScopedEnvironment() {
+    for (const auto& [name, value] : saved_) {
+      if (value) {
+        setenv(name, value->c_str(), 1);
+      } else {
+        unsetenv(name);
+      }
+    }
+  }
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
+};
+
+// The value of `keyword` in connect parameters, or "" when absent.
+std::string param_value(const sluice::postgres::detail::ConnectParams& params,
+                        std::string_view keyword) {
+  for (const auto& [k, v] : params) {
+    if (k == keyword) return v;
+  }
+  return "";
+}
+
+TEST_CASE("a host named by PGHOST is resolved within the connect timeout as well") {
+  client();  // the schema is installed
+  const std::string port = std::to_string(server().port());
+  {
+    ScopedEnvironment env({{"PGHOST", "localhost"}, {"PGPORT", port}});
+    auto target = sluice::postgres::detail::ConnectTarget::parse("user=postgres dbname=postgres");
+    REQUIRE(target.ok());
+    auto params = (*target)->resolve(std::chrono::steady_clock::now() + 2s);
+    REQUIRE(params.ok());
+    // Resolved here and handed to libpq as an address, beside the name it came as.
+    CHECK(param_value(*params, "host").starts_with("localhost"));
+    CHECK(!param_value(*params, "hostaddr").empty());
+    CHECK(param_value(*params, "port") == port);
+    auto c = Client::create(
+        {.connection = {.conninfo = "user=postgres dbname=postgres", .max_connections = 1}});
+    REQUIRE(c.ok());
+    auto lease = (*c)->pool().acquire();
+    INFO(lease.status());
+    CHECK(lease.ok());
+  }
+  {
+    ScopedEnvironment env({{"PGHOST", "no-such-host.invalid"}, {"PGPORT", port}});
+    auto none = sluice::postgres::ConnectionPool::create(
+        {.conninfo = "user=postgres dbname=postgres", .connect_timeout = 300ms});
+    REQUIRE(none.ok());
+    const auto start = std::chrono::steady_clock::now();
+    auto lease = (*none)->acquire();
+    const auto took = std::chrono::steady_clock::now() - start;
+    INFO(lease.status());
+    CHECK((lease.status().code() == absl::StatusCode::kUnavailable ||
+           lease.status().code() == absl::StatusCode::kDeadlineExceeded));
+    CHECK(took < 800ms);
+  }
+  {
+    // An address given as PGHOSTADDR needs no lookup: left to libpq as it is.
+    ScopedEnvironment env({{"PGHOST", "localhost"}, {"PGHOSTADDR", "127.0.0.1"}, {"PGPORT", port}});
+    auto target = sluice::postgres::detail::ConnectTarget::parse("user=postgres dbname=postgres");
+    REQUIRE(target.ok());
+    auto params = (*target)->resolve(std::chrono::steady_clock::now() + 2s);
+    REQUIRE(params.ok());
+    CHECK(param_value(*params, "hostaddr") == "127.0.0.1");
+    auto c = Client::create(
+        {.connection = {.conninfo = "user=postgres dbname=postgres", .max_connections = 1}});
+    REQUIRE(c.ok());
+    CHECK((*c)->pool().acquire().ok());
+  }
 }
 
 TEST_CASE("a connection string libpq cannot parse is refused when the pool is created") {
