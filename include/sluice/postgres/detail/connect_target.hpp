@@ -5,8 +5,10 @@
 // timeout (libpq's own documentation says to give `hostaddr` to avoid it). So each named host
 // is resolved here (sluice/detail/host_resolver.hpp) and passed to libpq as `hostaddr`, one
 // entry per address, beside its name (still used for authentication and TLS verification); libpq
-// then tries them in order. A string that gives `hostaddr` itself is left as it is. Hosts named
-// only by the environment (PGHOST) or a service file are resolved by libpq.
+// then tries them in order. A string that gives `hostaddr` itself is left as it is. A string
+// that names no host takes libpq's defaults for it (PGHOST, PGHOSTADDR and PGPORT, or the service
+// file PGSERVICE names), read once when the target is parsed; only a host named by a service file
+// that the string itself names (`service=...`) is resolved by libpq.
 //
 // Thread-safety: thread-safe.
 #ifndef SLUICE_POSTGRES_DETAIL_CONNECT_TARGET_HPP_
@@ -56,6 +58,7 @@ class ConnectTarget {
     }
     auto target = std::unique_ptr<ConnectTarget>(new ConnectTarget());
     std::string host, port, hostaddr;
+    bool service = false;
     for (const PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
       if (o->val == nullptr) continue;
       const std::string_view keyword = o->keyword;
@@ -66,10 +69,12 @@ class ConnectTarget {
       } else if (keyword == "hostaddr") {
         hostaddr = o->val;
       } else if (keyword != "application_name") {
+        service = service || keyword == "service";
         target->params_.emplace_back(o->keyword, o->val);
       }
     }
     PQconninfoFree(options);
+    if (host.empty() && hostaddr.empty() && !service) take_default_host(host, port, hostaddr);
     if (absl::Status s = target->set_hosts(host, port, hostaddr); !s.ok()) return s;
     return target;
   }
@@ -119,6 +124,27 @@ class ConnectTarget {
 
  private:
   ConnectTarget() = default;
+
+  // The host, host address and (unless given) port libpq would take for a string that names no
+  // host: the environment's, or those of the service file PGSERVICE names.
+  static void take_default_host(std::string& host, std::string& port, std::string& hostaddr) {
+    PQconninfoOption* defaults = PQconndefaults();
+    if (defaults == nullptr) return;  // out of memory: libpq's to decide
+    std::string default_port;
+    for (const PQconninfoOption* o = defaults; o->keyword != nullptr; ++o) {
+      if (o->val == nullptr) continue;
+      const std::string_view keyword = o->keyword;
+      if (keyword == "host") {
+        host = o->val;
+      } else if (keyword == "hostaddr") {
+        hostaddr = o->val;
+      } else if (keyword == "port") {
+        default_port = o->val;
+      }
+    }
+    PQconninfoFree(defaults);
+    if (port.empty() && (!host.empty() || !hostaddr.empty())) port = default_port;
+  }
 
   absl::Status set_hosts(const std::string& host, const std::string& port,
                          const std::string& hostaddr) {
