@@ -59,21 +59,12 @@ class ConnectTarget {
     auto target = std::unique_ptr<ConnectTarget>(new ConnectTarget());
     std::string host, port, hostaddr;
     bool service = false;
-    for (const PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
-      if (o->val == nullptr) continue;
-      const std::string_view keyword = o->keyword;
-      if (keyword == "host") {
-        host = o->val;
-      } else if (keyword == "port") {
-        port = o->val;
-      } else if (keyword == "hostaddr") {
-        hostaddr = o->val;
-      } else if (keyword != "application_name") {
+    consume(options, host, port, hostaddr, [&](std::string_view keyword, const char* value) {
+      if (keyword != "application_name") {
         service = service || keyword == "service";
-        target->params_.emplace_back(o->keyword, o->val);
+        target->params_.emplace_back(keyword, value);
       }
-    }
-    PQconninfoFree(options);
+    });
     if (host.empty() && hostaddr.empty() && !service) take_default_host(host, port, hostaddr);
     if (absl::Status s = target->set_hosts(host, port, hostaddr); !s.ok()) return s;
     return target;
@@ -131,19 +122,29 @@ class ConnectTarget {
     PQconninfoOption* defaults = PQconndefaults();
     if (defaults == nullptr) return;  // out of memory: libpq's to decide
     std::string default_port;
-    for (const PQconninfoOption* o = defaults; o->keyword != nullptr; ++o) {
+    consume(defaults, host, default_port, hostaddr, [](std::string_view, const char*) {});
+    if (port.empty() && (!host.empty() || !hostaddr.empty())) port = default_port;
+  }
+
+  // Reads the host, port and hostaddr of `options` into those strings and passes every other
+  // option that has a value to `other(keyword, value)`; then frees `options`.
+  template <class Other>
+  static void consume(PQconninfoOption* options, std::string& host, std::string& port,
+                      std::string& hostaddr, Other other) {
+    for (const PQconninfoOption* o = options; o->keyword != nullptr; ++o) {
       if (o->val == nullptr) continue;
       const std::string_view keyword = o->keyword;
       if (keyword == "host") {
         host = o->val;
+      } else if (keyword == "port") {
+        port = o->val;
       } else if (keyword == "hostaddr") {
         hostaddr = o->val;
-      } else if (keyword == "port") {
-        default_port = o->val;
+      } else {
+        other(keyword, o->val);
       }
     }
-    PQconninfoFree(defaults);
-    if (port.empty() && (!host.empty() || !hostaddr.empty())) port = default_port;
+    PQconninfoFree(options);
   }
 
   absl::Status set_hosts(const std::string& host, const std::string& port,
