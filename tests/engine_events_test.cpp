@@ -319,3 +319,35 @@ TEST_CASE("an engine without a hook counts but reports nothing") {
   CHECK(engine->engine_stats() == sluice::EngineStats{.evaluations = 3});
   CHECK(engine->stats()[1].dry_denied == 1);  // the 3rd, denied live, is not charged to it
 }
+
+TEST_CASE("a dry-run rule's peek at a key in debt answers the would-be denial and raises no event",
+          "[attack]") {
+  sluice::ManualClock clock;
+  Recorder events;
+  // Live: 1000 per second per address. On trial: 10 per second per address.
+  const sluice::PolicyConfig config{
+      .policies = {{.name = "wide", .rate_limits = {rule("per-ip", {Selector::kIp}, {.s = 1000})}},
+                   {.name = "trial",
+                    .rate_limits = {rule("tokens", {Selector::kIp}, {.s = 10})},
+                    .dry_run = true}},
+      .gateway = {.global_policies = {"wide", "trial"}}};
+  Engine engine = make(config, clock, events);
+  sluice::Evaluation e;
+  Engine::Settlement settlement;
+  engine.evaluate(on_route("10.0.0.1", "r"), e, settlement);
+  REQUIRE(e.allowed);
+  REQUIRE(engine.settle(settlement, 25).ok());  // `trial` is 15 beyond its bucket: in debt
+  REQUIRE(events.take().empty());
+
+  sluice::RequestContext peek = on_route("10.0.0.1", "r");
+  peek.cost = 0;
+  const sluice::Evaluation peeked = engine.evaluate(peek);
+  CHECK(peeked.allowed);
+  REQUIRE(peeked.dry_denied.has_value());  // the caller that peeks sees the would-be denial
+  CHECK(peeked.dry_denied->decision.retry_after == 1500ms);
+  CHECK(events.take().empty());  // but it is no request the rule would have refused
+
+  CHECK(engine.evaluate(on_route("10.0.0.1", "r")).allowed);  // a request of cost 1 is one
+  CHECK(events.take() ==
+        std::vector<std::string>{"dry-run trial/tokens rule=1 retry_after_ms=1600"});
+}
