@@ -406,6 +406,8 @@ class BasicRateLimitEngine {
 
   // The dry-run rules, after the live ones (unless those denied all or nothing): decided (and
   // consuming) as their own group; they never deny and never add fields. True if they were decided.
+  // A would-be denial is answered in `e.dry_denied`; it is counted and raises a DryRunDenialEvent
+  // only for a request of cost ≥ 1 (a peek at a key in debt is denied, yet is no request).
   // A backend failure is reported once per evaluation: here only if the live rules reported none.
   bool decide_dry_group(Evaluation& e, const ScopedRequest& request, const RequestKeys& keys,
                         std::span<Decision> decisions, Settlement* settlement,
@@ -421,11 +423,13 @@ class BasicRateLimitEngine {
     }
     if (!status.ok()) return false;
     if (!keys.factors.empty()) detail::AdaptiveRules::in_requests(keys.factors, first, out);
+    const bool peek = request.raw->cost == 0;
     for (std::size_t i = 0; i < request.dry.size(); ++i) {
       if (out[i].allowed()) continue;
       const std::uint32_t r = request.dry[i];
-      if (request.raw->cost != 0) counters_[r]->add(&detail::RuleCounters::Stripe::dry_denied);
       if (!e.dry_denied) e.dry_denied = RuleDecision{r, out[i]};
+      if (peek) continue;
+      counters_[r]->add(&detail::RuleCounters::Stripe::dry_denied);
       if (on_event_) {
         on_event_(
             DryRunDenialEvent{.rule_label = rule(r).compiled.label, .rule = r, .decision = out[i]});

@@ -42,7 +42,9 @@
 
 namespace sluice {
 
-// A dry-run rule would have denied a request (one event per denying dry-run rule).
+// A dry-run rule would have denied a request of cost ≥ 1 (one event per denying dry-run rule).
+// A peek (cost 0) raises none, even at a key in debt: its would-be denial is answered in
+// Evaluation::dry_denied and, like every peek, counts nowhere.
 struct DryRunDenialEvent {
   std::string_view rule_label{};  // the rule's label ("<bundle>/<rule>")
   std::size_t rule = 0;           // index into the engine's rules
