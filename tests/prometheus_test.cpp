@@ -13,6 +13,10 @@
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
+#ifdef SLUICE_TEST_REDIS
+#include "redis_fixture.hpp"
+#include "sluice/redis/prometheus.hpp"
+#endif
 
 using Engine = sluice::testing::TestEngine;
 using sluice::Selector;
@@ -216,3 +220,33 @@ TEST_CASE("adaptive rules add their limit factor and decreases, and promtool acc
   CHECK(result.status == 0);
   CHECK(result.output.empty());
 }
+
+#ifdef SLUICE_TEST_REDIS
+TEST_CASE(
+    "a Redis client's lost give-backs are a counter beside the engine's, which promtool accepts",
+    "[attack]") {
+  sluice_test::RedisFixture s;
+  const std::shared_ptr<sluice::redis::Client> client = s.client();
+  Engine engine = make(small_config());
+  drive(engine);
+  std::string body;  // what a service over Redis serves: its engine's families, then its client's
+  sluice::append_prometheus_text(body, engine);
+  const std::size_t engine_end = body.size();
+  sluice::redis::append_prometheus_text(body, *client);
+  CHECK(body.substr(engine_end) ==
+        "# HELP sluice_redis_give_backs_lost_total Checked items whose cost a Redis Cluster slot "
+        "booked and could not give back when another slot denied or failed (each stays taken "
+        "until its windows drain).\n"
+        "# TYPE sluice_redis_give_backs_lost_total counter\n"
+        "sluice_redis_give_backs_lost_total 0\n");
+  const std::string promtool = find_promtool();
+  if (promtool.empty()) {
+    WARN("SKIPPED: promtool not found (Debian package `prometheus`); the exposition is unchecked");
+    return;
+  }
+  const PromtoolResult result = promtool_check(promtool, body);
+  INFO(result.output);
+  CHECK(result.status == 0);
+  CHECK(result.output.empty());
+}
+#endif

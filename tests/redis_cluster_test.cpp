@@ -31,6 +31,7 @@
 #include "sluice/redis/attempt_limiter.hpp"
 #include "sluice/redis/detail/cluster.hpp"
 #include "sluice/redis/engine_backend.hpp"
+#include "sluice/redis/prometheus.hpp"
 #include "trickle_peer.hpp"
 
 namespace {
@@ -792,8 +793,11 @@ TEST_CASE("a check over two nodes gives back by its one deadline when the other 
       CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
     }
   }
-  // Neither give-back ended by the deadline: each item's cost stays taken, counted.
+  // Neither give-back ended by the deadline: each item's cost stays taken, counted and exported.
   CHECK(c->give_backs_lost() == 2);
+  std::string metrics;
+  sluice::redis::append_prometheus_text(metrics, *c);
+  CHECK(metrics.ends_with("\nsluice_redis_give_backs_lost_total 2\n"));
 }
 
 TEST_CASE("a Cluster announcing unknown endpoints is served: null map endpoints, ':port' redirects",
