@@ -406,7 +406,9 @@ std::string literal(const sp::Param& p) {
 // p AS <statement>`, then n `EXECUTE p(...)` over the 16 keys, one command per line, for
 // `postgres --single`, and <subject>_args_<n>.sql, the same lines executing `SELECT 1`. Subjects:
 // the reference upsert, the numeric one-key statement, the bigint one (this limit's interval is a
-// whole 1 ms).
+// whole 1 ms), and batch<k> for k = 1, 4, 8, 16: one call of sluice.check_v2 deciding the first
+// k keys each on its own (BatchMode::kEachItem), the call a coalescer of concurrent checks would
+// make with the server's one function for several keys.
 int instruction_inputs(const std::string& dir, const std::string& conninfo) {
   auto client = sp::Client::create({.connection = {.conninfo = conninfo}, .key_seed = 7});
   if (!client.ok()) fail(client.status().ToString());
@@ -422,11 +424,17 @@ int instruction_inputs(const std::string& dir, const std::string& conninfo) {
   const std::string clock = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint * 1000";
   ref_sql_at.replace(ref_sql_at.find(clock), clock.size(), "$4::bigint");
   struct Subject {
-    const char* name;
+    std::string name;
     std::string sql;
     std::function<std::vector<sp::Param>(const sluice::KeyDigest&)> params;
   };
-  const Subject subjects[] = {
+  std::vector<sluice::KeyDigest> digests;
+  for (int i = 0; i < kKeysPerThread; ++i) {
+    digests.push_back((*client)->digest(absl::StrCat("bench:0:", i), *limit));
+  }
+  const std::vector<const sp::Limit*> limits(digests.size(), &*limit);
+  const std::vector<std::uint64_t> costs(digests.size(), 1);
+  std::vector<Subject> subjects = {
       {"reference", ref_sql_at, [&](const sluice::KeyDigest& d) { return ref_params(d, at); }},
       {"numeric", sp::detail::kCheckOneSql,
        [&](const sluice::KeyDigest& d) { return sp::detail::check_one_params(d, *limit, 1, at); }},
@@ -438,19 +446,23 @@ int instruction_inputs(const std::string& dir, const std::string& conninfo) {
          return *std::move(p);
        }},
   };
+  for (const std::size_t k : {1, 4, 8, 16}) {
+    subjects.push_back(
+        {absl::StrCat("batch", k), sp::detail::kCheckSql, [&, k](const sluice::KeyDigest&) {
+           return sp::detail::check_params(sp::Algorithm::kGcra, std::span(digests).first(k),
+                                           std::span(limits).first(k), std::span(costs).first(k),
+                                           /*all_or_nothing=*/false, at);
+         }});
+  }
   auto lease = (*client)->pool().acquire();
   if (!lease.ok()) fail(lease.status().ToString());
   if (auto r = lease->run_simple(kRefCreate, std::chrono::seconds(5), sp::detail::Effect::kWrites);
       !r.ok()) {
     fail(r.status().ToString());
   }
-  std::vector<sluice::KeyDigest> digests;
-  for (int i = 0; i < kKeysPerThread; ++i) {
-    digests.push_back((*client)->digest(absl::StrCat("bench:0:", i), *limit));
-  }
   for (const Subject& subject : subjects) {
     for (const sluice::KeyDigest& d : digests) {  // every key has its row before counting
-      auto r = lease->run(subject.name, subject.sql.c_str(), subject.params(d),
+      auto r = lease->run(subject.name.c_str(), subject.sql.c_str(), subject.params(d),
                           sp::detail::Effect::kWrites);
       if (!r.ok()) fail(r.status().ToString());
     }
