@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +18,7 @@
 #include <initializer_list>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -796,6 +799,8 @@ class RlsProcess {
   }
 
   void signal(int sig) { REQUIRE(kill(pid_, sig) == 0); }
+  pid_t pid() const { return pid_; }
+  rls::RateLimitService::Stub& stub() { return *stub_; }
 
   // The exit status after SIGTERM (the drain), or -1 if it did not exit within 20 s.
   int terminate() {
@@ -1061,6 +1066,110 @@ TEST_CASE("envoy: a call in flight when SIGTERM arrives completes; new calls are
   const auto start = std::chrono::steady_clock::now();
   CHECK(rls_process.wait_exit() == 0);
   CHECK(std::chrono::steady_clock::now() - start < 10s);
+}
+
+namespace {
+
+// The threads of process `pid` now (the Threads: line of /proc/<pid>/status), or -1.
+int threads_of(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.starts_with("Threads:")) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// `n` calls of `request` started at once through the callback API, each answered on a gRPC
+// thread of this process: its status and the time it took. No assertion runs on those threads.
+class CallFlood {
+ public:
+  struct Call {
+    grpc::ClientContext context;
+    rls::RateLimitResponse response;
+    grpc::Status status;
+    std::chrono::steady_clock::duration took{};
+  };
+
+  CallFlood(rls::RateLimitService::Stub& stub, const rls::RateLimitRequest& request, int n)
+      : request_(request), left_(n) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) calls_.push_back(std::make_unique<Call>());
+    for (std::unique_ptr<Call>& call : calls_) {
+      Call* c = call.get();
+      c->context.set_deadline(std::chrono::system_clock::now() + 20s);
+      stub.async()->ShouldRateLimit(&c->context, &request_, &c->response,
+                                    [this, c, start](grpc::Status s) {
+                                      std::lock_guard lock(mutex_);
+                                      c->status = std::move(s);
+                                      c->took = std::chrono::steady_clock::now() - start;
+                                      if (--left_ == 0) all_done_.notify_all();
+                                    });
+    }
+  }
+  CallFlood(const CallFlood&) = delete;
+  CallFlood& operator=(const CallFlood&) = delete;
+  ~CallFlood() { wait_for(30s); }  // the callbacks use this object
+
+  // Whether every call was answered within `timeout`.
+  bool wait_for(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    return all_done_.wait_for(lock, timeout, [&] { return left_ == 0; });
+  }
+  // Once every call was answered.
+  const std::vector<std::unique_ptr<Call>>& calls() const { return calls_; }
+
+ private:
+  const rls::RateLimitRequest request_;
+  std::vector<std::unique_ptr<Call>> calls_;
+  std::mutex mutex_;
+  std::condition_variable all_done_;
+  int left_;
+};
+
+}  // namespace
+
+TEST_CASE("envoy: a flood of calls against a stalled Redis holds a bounded number of threads",
+          "[envoy][e2e][redis]") {
+  constexpr int kMaxThreads = 64;    // the service's default --max-threads
+  constexpr int kOtherThreads = 16;  // gRPC's own (timers, executor, polling) and the service's
+  constexpr int kCalls = 160;
+  constexpr auto kRedisTimeout = 1000ms;
+  sluice_test::RedisFixture redis;
+  const ConfigDir dir("sluice_envoy_rls_flood",
+                      "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, "
+                      "requests_per_unit: 100}\n");
+  RlsProcess rls_process(
+      dir.path(), {"--redis-socket", redis.redis.unix_socket(), "--redis-timeout-ms", "1000"});
+  CHECK(rls_process.call(request("d", {{{"k", "v"}}})).statuses(0).limit_remaining() == 99);
+  redis.redis.stop();  // every call that reaches Redis now waits out its timeout
+  int peak = 0;
+  CallFlood flood(rls_process.stub(), request("d", {{{"k", "flood"}}}), kCalls);
+  for (int i = 0; i < 4000 && !flood.wait_for(2ms); ++i) {  // sampling, not timing a rate
+    peak = std::max(peak, threads_of(rls_process.pid()));
+  }
+  REQUIRE(flood.wait_for(0ms));
+  redis.redis.resume();
+  int prompt = 0;        // answered well before the Redis timeout
+  int exhausted = 0;     // RESOURCE_EXHAUSTED
+  int other_errors = 0;  // any other error
+  for (const auto& call : flood.calls()) {
+    if (call->took < kRedisTimeout / 2) ++prompt;
+    if (call->status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++exhausted;
+    } else if (!call->status.ok()) {
+      ++other_errors;
+    }
+  }
+  INFO("peak threads " << peak << ", prompt " << prompt << ", exhausted " << exhausted);
+  CHECK(peak <= kMaxThreads + kOtherThreads);
+  // The calls beyond the bound (one thread answers them) come back at once.
+  CHECK(prompt >= kCalls - (kMaxThreads - 1));
+  CHECK(exhausted == prompt);
+  CHECK(other_errors == 0);
+  // Redis answers again: so does the service, as ever.
+  CHECK(rls_process.call(request("d", {{{"k", "after"}}})).statuses(0).limit_remaining() == 99);
+  CHECK(rls_process.terminate() == 0);
 }
 #endif  // SLUICE_TEST_REDIS
 #endif  // SLUICE_ENVOY_RLS_BINARY
