@@ -1127,6 +1127,57 @@ class CallFlood {
   int left_;
 };
 
+// What a flood of calls did to a service whose Redis was stopped throughout.
+struct FloodOutcome {
+  int peak_threads = 0;               // the service's, sampled while the calls were in flight
+  int prompt = 0;                     // calls answered in under half the Redis timeout
+  int exhausted = 0;                  // calls answered RESOURCE_EXHAUSTED
+  int other_errors = 0;               // calls answered any other error
+  bool health_served = false;         // a health check during the flood answered SERVING promptly
+  std::uint32_t remaining_after = 0;  // a fresh key's limit_remaining once Redis resumed
+};
+
+constexpr auto kFloodRedisTimeout = 1000ms;
+
+// `calls` calls at once against sluice_envoy_rls started with `flags` over a Redis stopped
+// (SIGSTOP) just before them, and resumed once every call was answered. The limit is 100 a day.
+FloodOutcome flood_stalled_redis(const std::vector<std::string>& flags, int calls) {
+  sluice_test::RedisFixture redis;
+  const ConfigDir dir("sluice_envoy_rls_flood",
+                      "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, "
+                      "requests_per_unit: 100}\n");
+  std::vector<std::string> args = {"--redis-socket", redis.redis.unix_socket(),
+                                   "--redis-timeout-ms", absl::StrCat(kFloodRedisTimeout.count())};
+  args.insert(args.end(), flags.begin(), flags.end());
+  RlsProcess rls_process(dir.path(), args);
+  REQUIRE(rls_process.call(request("d", {{{"k", "v"}}})).statuses(0).limit_remaining() == 99);
+  redis.redis.stop();  // every call that reaches Redis now waits out its timeout
+  FloodOutcome out;
+  CallFlood flood(rls_process.stub(), request("d", {{{"k", "flood"}}}), calls);
+  std::string health;
+  const auto asked = std::chrono::steady_clock::now();
+  out.health_served = rls_process.try_health(health, 2s).ok() &&
+                      health == std::string("\x08\x01", 2) &&
+                      std::chrono::steady_clock::now() - asked < kFloodRedisTimeout / 2;
+  for (int i = 0; i < 4000 && !flood.wait_for(2ms); ++i) {  // sampling, not timing a rate
+    out.peak_threads = std::max(out.peak_threads, threads_of(rls_process.pid()));
+  }
+  REQUIRE(flood.wait_for(0ms));
+  redis.redis.resume();
+  for (const auto& call : flood.calls()) {
+    if (call->took < kFloodRedisTimeout / 2) ++out.prompt;
+    if (call->status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++out.exhausted;
+    } else if (!call->status.ok()) {
+      ++out.other_errors;
+    }
+  }
+  out.remaining_after =
+      rls_process.call(request("d", {{{"k", "after"}}})).statuses(0).limit_remaining();
+  CHECK(rls_process.terminate() == 0);
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("envoy: a flood of calls against a stalled Redis holds a bounded number of threads",
@@ -1134,42 +1185,30 @@ TEST_CASE("envoy: a flood of calls against a stalled Redis holds a bounded numbe
   constexpr int kMaxThreads = 64;    // the service's default --max-threads
   constexpr int kOtherThreads = 16;  // gRPC's own (timers, executor, polling) and the service's
   constexpr int kCalls = 160;
-  constexpr auto kRedisTimeout = 1000ms;
-  sluice_test::RedisFixture redis;
-  const ConfigDir dir("sluice_envoy_rls_flood",
-                      "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, "
-                      "requests_per_unit: 100}\n");
-  RlsProcess rls_process(
-      dir.path(), {"--redis-socket", redis.redis.unix_socket(), "--redis-timeout-ms", "1000"});
-  CHECK(rls_process.call(request("d", {{{"k", "v"}}})).statuses(0).limit_remaining() == 99);
-  redis.redis.stop();  // every call that reaches Redis now waits out its timeout
-  int peak = 0;
-  CallFlood flood(rls_process.stub(), request("d", {{{"k", "flood"}}}), kCalls);
-  for (int i = 0; i < 4000 && !flood.wait_for(2ms); ++i) {  // sampling, not timing a rate
-    peak = std::max(peak, threads_of(rls_process.pid()));
-  }
-  REQUIRE(flood.wait_for(0ms));
-  redis.redis.resume();
-  int prompt = 0;        // answered well before the Redis timeout
-  int exhausted = 0;     // RESOURCE_EXHAUSTED
-  int other_errors = 0;  // any other error
-  for (const auto& call : flood.calls()) {
-    if (call->took < kRedisTimeout / 2) ++prompt;
-    if (call->status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      ++exhausted;
-    } else if (!call->status.ok()) {
-      ++other_errors;
-    }
-  }
-  INFO("peak threads " << peak << ", prompt " << prompt << ", exhausted " << exhausted);
-  CHECK(peak <= kMaxThreads + kOtherThreads);
+  const FloodOutcome flood = flood_stalled_redis({}, kCalls);
+  INFO("peak threads " << flood.peak_threads << ", prompt " << flood.prompt << ", exhausted "
+                       << flood.exhausted);
+  CHECK(flood.peak_threads <= kMaxThreads + kOtherThreads);
   // The calls beyond the bound (one thread answers them) come back at once.
-  CHECK(prompt >= kCalls - (kMaxThreads - 1));
-  CHECK(exhausted == prompt);
-  CHECK(other_errors == 0);
-  // Redis answers again: so does the service, as ever.
-  CHECK(rls_process.call(request("d", {{{"k", "after"}}})).statuses(0).limit_remaining() == 99);
-  CHECK(rls_process.terminate() == 0);
+  CHECK(flood.prompt >= kCalls - (kMaxThreads - 1));
+  CHECK(flood.exhausted == flood.prompt);
+  CHECK(flood.other_errors == 0);
+  CHECK(flood.remaining_after == 99);  // Redis answers again: so does the service, as ever
+}
+
+TEST_CASE("envoy: --max-threads N decides N - 1 calls at once and refuses the rest at once",
+          "[envoy][e2e][redis]") {
+  constexpr int kOtherThreads = 16;
+  constexpr int kCalls = 64;
+  const FloodOutcome flood = flood_stalled_redis({"--max-threads", "8"}, kCalls);
+  INFO("peak threads " << flood.peak_threads << ", prompt " << flood.prompt << ", exhausted "
+                       << flood.exhausted);
+  CHECK(flood.peak_threads <= 8 + kOtherThreads);
+  CHECK(flood.exhausted == kCalls - 7);  // 7 waited out Redis's timeout (fail_open: OK)
+  CHECK(flood.prompt == flood.exhausted);
+  CHECK(flood.other_errors == 0);
+  CHECK(flood.health_served);  // probes are not starved: health is not served on those threads
+  CHECK(flood.remaining_after == 99);
 }
 #endif  // SLUICE_TEST_REDIS
 #endif  // SLUICE_ENVOY_RLS_BINARY
