@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -656,6 +658,121 @@ TEST_CASE("envoy: a reload keeps every unchanged limit's counters", "[envoy]") {
   config.domains.front().descriptors.front().key.clear();
   CHECK_FALSE(server.limiter().reload(config).ok());  // refused: the running config stays
   CHECK(server.ok(ip).statuses(0).limit_remaining() == 7);
+}
+
+namespace {
+
+// A backend whose calls wait at a gate while it is shut, and which records which thread destroys
+// each of its generations (by its first rule's label): the thread that frees a configuration.
+class GateBackend {
+ public:
+  struct Shared {
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool open = true;
+    int waiting = 0;  // calls at the shut gate
+    std::vector<std::pair<std::string, std::thread::id>> destroyed;
+  };
+  struct Options {
+    std::shared_ptr<Shared> shared;
+  };
+
+  static absl::StatusOr<GateBackend> create(std::span<const sluice::CompiledRule> rules,
+                                            const GateBackend* /*previous*/,
+                                            const Options& options) {
+    GateBackend b;
+    b.shared_ = options.shared;
+    b.label_ = rules.empty() ? "" : rules.front().label;
+    return b;
+  }
+  GateBackend() = default;
+  GateBackend(GateBackend&&) = default;  // the moved-from one records nothing
+  GateBackend& operator=(GateBackend&&) = default;
+  ~GateBackend() {
+    if (shared_ == nullptr) return;
+    std::lock_guard lock(shared_->mutex);
+    shared_->destroyed.emplace_back(label_, std::this_thread::get_id());
+  }
+
+  absl::Status check_rules(std::span<const sluice::RuleKey> /*keys*/,
+                           sluice::ConsumptionMode /*mode*/, std::span<sluice::Decision> out) {
+    std::unique_lock lock(shared_->mutex);
+    ++shared_->waiting;
+    shared_->changed.notify_all();
+    shared_->changed.wait(lock, [&] { return shared_->open; });
+    --shared_->waiting;
+    for (sluice::Decision& d : out) d = sluice::Decision{.limit = 10, .remaining = 9};
+    return absl::OkStatus();
+  }
+  sluice::StoreStats rule_store_stats(std::size_t /*rule*/) const { return {}; }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  std::string label_;
+};
+
+sluice::envoy::ServiceConfig one_limit(const std::string& key) {
+  return {.domains = {{.domain = "d",
+                       .descriptors = {{.key = key,
+                                        .rate_limit = sluice::envoy::Limit{
+                                            .windows = {{.requests = 10, .period = 1s}}}}}}}};
+}
+
+}  // namespace
+
+TEST_CASE("envoy: a reload frees the configuration it replaced on its own thread, never a call's",
+          "[envoy]") {
+  auto shared = std::make_shared<GateBackend::Shared>();
+  auto limiter =
+      sluice::envoy::BasicLimiter<GateBackend>::create(one_limit("k"), {.backend = {shared}});
+  REQUIRE(limiter.ok());
+  shared->open = false;
+  const sluice::envoy::Entry entry{.key = "k", .value = "v"};
+  const sluice::envoy::Descriptor descriptor{.entries = {&entry, 1}};
+  sluice::envoy::Response response;
+  absl::Status decided;
+  std::thread::id caller;
+  std::thread call([&] {  // decides on the first configuration, held at the gate
+    caller = std::this_thread::get_id();
+    decided =
+        (*limiter)->should_rate_limit({.domain = "d", .descriptors = {&descriptor, 1}}, response);
+  });
+  {
+    std::unique_lock lock(shared->mutex);
+    REQUIRE(shared->changed.wait_for(lock, 20s, [&] { return shared->waiting == 1; }));
+  }
+  std::atomic<bool> reloaded{false};
+  absl::Status reload_status;
+  std::thread::id reloader;
+  std::thread reload([&] {
+    reloader = std::this_thread::get_id();
+    reload_status = (*limiter)->reload(one_limit("j"));
+    reloaded.store(true);
+  });
+  // Until the second configuration is published, and the reload returned if it does not wait.
+  bool published = false;
+  for (int i = 0; i < 20000 && !published; ++i) {
+    published = (*limiter)->stats().front().label == "d.j";
+    if (!published) std::this_thread::sleep_for(1ms);  // waiting for an event, not a rate
+  }
+  for (int i = 0; i < 100 && !reloaded.load(); ++i) std::this_thread::sleep_for(1ms);
+  {
+    std::lock_guard lock(shared->mutex);
+    shared->open = true;
+  }
+  shared->changed.notify_all();
+  call.join();
+  reload.join();
+  REQUIRE(published);
+  CHECK(decided.ok());
+  CHECK(reload_status.ok());
+  std::optional<std::thread::id> freed_by;
+  for (const auto& [label, thread] : shared->destroyed) {
+    if (label == "d.k") freed_by = thread;
+  }
+  REQUIRE(freed_by.has_value());
+  CHECK(*freed_by == reloader);
+  CHECK(*freed_by != caller);
 }
 
 TEST_CASE("envoy: invalid files are refused with file:line:column", "[envoy]") {
