@@ -611,6 +611,48 @@ descriptors:
   CHECK(stats[1].label == "d.a_b_c#2");
 }
 
+TEST_CASE("envoy: a configured limit and an override never share a label or counters", "[envoy]") {
+  // Domain "override", key "5/second": the path reads as the label of an override of 5/second.
+  auto domain = sluice::envoy::load_domain_config(R"(domain: override
+descriptors:
+  - key: 5/second
+    rate_limit: {unit: minute, requests_per_unit: 100}
+)",
+                                                  "o.yaml");
+  REQUIRE(domain.ok());
+  const sluice::envoy::ServiceConfig config{.domains = {*domain}};
+  auto limiter = sluice::envoy::Limiter::create(config);
+  REQUIRE(limiter.ok());
+  const sluice::envoy::Entry configured_entry{.key = "5/second", .value = "x"};
+  const sluice::envoy::Entry other_entry{.key = "k", .value = "x"};
+  const sluice::envoy::Descriptor configured{.entries = {&configured_entry, 1}};
+  const sluice::envoy::Descriptor overridden{
+      .entries = {&other_entry, 1},
+      .limit = sluice::envoy::LimitOverride{.requests_per_unit = 5,
+                                            .unit = sluice::envoy::Unit::kSecond}};
+  sluice::envoy::Response response;
+  REQUIRE((*limiter)
+              ->should_rate_limit({.domain = "override", .descriptors = {&configured, 1}}, response)
+              .ok());
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(
+        (*limiter)
+            ->should_rate_limit({.domain = "override", .descriptors = {&overridden, 1}}, response)
+            .ok());
+  }
+  const auto check_apart = [&] {
+    const std::vector<sluice::envoy::LimitStats> stats = (*limiter)->stats();
+    REQUIRE(stats.size() == 2);
+    CHECK(stats[0].label == "override.5/second");  // the configured limit's path
+    CHECK(stats[1].label != stats[0].label);       // a metric series of its own
+    CHECK(stats[0].total_hits == 1);
+    CHECK(stats[1].total_hits == 2);
+  };
+  check_apart();
+  REQUIRE((*limiter)->reload(config).ok());  // counters are kept across reloads, still apart
+  check_apart();
+}
+
 TEST_CASE("envoy: a reload that drops every enforcing limit is refused unless it says so",
           "[envoy]") {
   sluice::envoy::ServiceConfig config = fixtures();
