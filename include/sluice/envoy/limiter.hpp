@@ -94,8 +94,9 @@ struct RequestBounds {
   std::size_t max_overrides = 64;
 };
 
-// One limit's counters over the limiter's life (kept across reloads by label): hits counted
-// once per request that reached the limit, as in the reference service.
+// One limit's counters over the limiter's life (kept across reloads: a configured limit's by
+// label, an override's by its rate): hits counted once per request that reached the limit, as in
+// the reference service. Every limit's label is its own.
 struct LimitStats {
   std::string label{};
   std::uint64_t total_hits = 0;
@@ -379,9 +380,11 @@ class BasicLimiter {
       const LimitOverride o{.requests_per_unit = static_cast<std::uint32_t>(w.requests),
                             .unit = override_unit(w.period)};
       index.emplace(override_id(o), i);
+      overrides[i].label = overrides[i].name = limits->override_label(o);
       if (overrides[i].admits_nothing) continue;
       overrides[i].backend_rule = rules.size();
       rules.push_back(detail::CompiledLimits::override_rule(o).second);
+      rules.back().label = overrides[i].label;
     }
     absl::StatusOr<Backend> backend =
         Backend::create(rules, previous ? &previous->backend : nullptr, options_.backend);
@@ -394,16 +397,7 @@ class BasicLimiter {
                                                        {},
                                                        {},
                                                        std::move(refused)});
-    absl::flat_hash_map<absl::string_view, std::shared_ptr<Counters>> kept;
-    if (previous != nullptr) {
-      for (std::size_t i = 0; i < previous->counters.size(); ++i) {
-        kept.emplace(previous->rule(i).label, previous->counters[i]);
-      }
-    }
-    for (std::size_t i = 0; i < gen->limits->rule_count() + gen->overrides.size(); ++i) {
-      auto it = kept.find(gen->rule(i).label);
-      gen->counters.push_back(it != kept.end() ? it->second : std::make_shared<Counters>());
-    }
+    carry_counters(*gen, previous);
     if (options_.on_backend_error == FailureMode::kLocal) {
       auto local = sluice::detail::LocalShare<LocalClock>::create(
           gen->backend_rules, options_.local_share_permille,
@@ -413,6 +407,34 @@ class BasicLimiter {
       gen->local = *std::move(local);
     }
     return sluice::detail::make_retirable(std::move(gen));
+  }
+
+  // Each rule's counters: a configured limit keeps those of `previous`'s limit of the same
+  // label, an override those of the same rate. An override's label depends on the configured
+  // limits (CompiledLimits::override_label), so matching overrides by label could hand one's
+  // counters to the other after a reload.
+  static void carry_counters(Generation& gen, const Generation* previous) {
+    absl::flat_hash_map<absl::string_view, std::shared_ptr<Counters>> by_label;
+    absl::flat_hash_map<std::uint64_t, std::shared_ptr<Counters>> by_override;
+    if (previous != nullptr) {
+      const std::size_t n = previous->limits->rule_count();
+      for (std::size_t i = 0; i < n; ++i) {
+        by_label.emplace(previous->limits->rule(i).label, previous->counters[i]);
+      }
+      for (const auto& [id, j] : previous->override_index) {
+        by_override.emplace(id, previous->counters[n + j]);
+      }
+    }
+    const std::size_t n = gen.limits->rule_count();
+    gen.counters.resize(n + gen.overrides.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      auto it = by_label.find(gen.limits->rule(i).label);
+      gen.counters[i] = it != by_label.end() ? it->second : std::make_shared<Counters>();
+    }
+    for (const auto& [id, j] : gen.override_index) {
+      auto it = by_override.find(id);
+      gen.counters[n + j] = it != by_override.end() ? it->second : std::make_shared<Counters>();
+    }
   }
 
   static Unit override_unit(std::chrono::nanoseconds period) {
