@@ -7,7 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -16,7 +19,9 @@
 #include <initializer_list>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -606,6 +611,48 @@ descriptors:
   CHECK(stats[1].label == "d.a_b_c#2");
 }
 
+TEST_CASE("envoy: a configured limit and an override never share a label or counters", "[envoy]") {
+  // Domain "override", key "5/second": the path reads as the label of an override of 5/second.
+  auto domain = sluice::envoy::load_domain_config(R"(domain: override
+descriptors:
+  - key: 5/second
+    rate_limit: {unit: minute, requests_per_unit: 100}
+)",
+                                                  "o.yaml");
+  REQUIRE(domain.ok());
+  const sluice::envoy::ServiceConfig config{.domains = {*domain}};
+  auto limiter = sluice::envoy::Limiter::create(config);
+  REQUIRE(limiter.ok());
+  const sluice::envoy::Entry configured_entry{.key = "5/second", .value = "x"};
+  const sluice::envoy::Entry other_entry{.key = "k", .value = "x"};
+  const sluice::envoy::Descriptor configured{.entries = {&configured_entry, 1}};
+  const sluice::envoy::Descriptor overridden{
+      .entries = {&other_entry, 1},
+      .limit = sluice::envoy::LimitOverride{.requests_per_unit = 5,
+                                            .unit = sluice::envoy::Unit::kSecond}};
+  sluice::envoy::Response response;
+  REQUIRE((*limiter)
+              ->should_rate_limit({.domain = "override", .descriptors = {&configured, 1}}, response)
+              .ok());
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(
+        (*limiter)
+            ->should_rate_limit({.domain = "override", .descriptors = {&overridden, 1}}, response)
+            .ok());
+  }
+  const auto check_apart = [&] {
+    const std::vector<sluice::envoy::LimitStats> stats = (*limiter)->stats();
+    REQUIRE(stats.size() == 2);
+    CHECK(stats[0].label == "override.5/second");    // the configured limit's path
+    CHECK(stats[1].label == "override.5/second#2");  // a metric series of its own
+    CHECK(stats[0].total_hits == 1);
+    CHECK(stats[1].total_hits == 2);
+  };
+  check_apart();
+  REQUIRE((*limiter)->reload(config).ok());  // counters are kept across reloads, still apart
+  check_apart();
+}
+
 TEST_CASE("envoy: a reload that drops every enforcing limit is refused unless it says so",
           "[envoy]") {
   sluice::envoy::ServiceConfig config = fixtures();
@@ -653,6 +700,121 @@ TEST_CASE("envoy: a reload keeps every unchanged limit's counters", "[envoy]") {
   config.domains.front().descriptors.front().key.clear();
   CHECK_FALSE(server.limiter().reload(config).ok());  // refused: the running config stays
   CHECK(server.ok(ip).statuses(0).limit_remaining() == 7);
+}
+
+namespace {
+
+// A backend whose calls wait at a gate while it is shut, and which records which thread destroys
+// each of its generations (by its first rule's label): the thread that frees a configuration.
+class GateBackend {
+ public:
+  struct Shared {
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool open = true;
+    int waiting = 0;  // calls at the shut gate
+    std::vector<std::pair<std::string, std::thread::id>> destroyed;
+  };
+  struct Options {
+    std::shared_ptr<Shared> shared;
+  };
+
+  static absl::StatusOr<GateBackend> create(std::span<const sluice::CompiledRule> rules,
+                                            const GateBackend* /*previous*/,
+                                            const Options& options) {
+    GateBackend b;
+    b.shared_ = options.shared;
+    b.label_ = rules.empty() ? "" : rules.front().label;
+    return b;
+  }
+  GateBackend() = default;
+  GateBackend(GateBackend&&) = default;  // the moved-from one records nothing
+  GateBackend& operator=(GateBackend&&) = default;
+  ~GateBackend() {
+    if (shared_ == nullptr) return;
+    std::lock_guard lock(shared_->mutex);
+    shared_->destroyed.emplace_back(label_, std::this_thread::get_id());
+  }
+
+  absl::Status check_rules(std::span<const sluice::RuleKey> /*keys*/,
+                           sluice::ConsumptionMode /*mode*/, std::span<sluice::Decision> out) {
+    std::unique_lock lock(shared_->mutex);
+    ++shared_->waiting;
+    shared_->changed.notify_all();
+    shared_->changed.wait(lock, [&] { return shared_->open; });
+    --shared_->waiting;
+    for (sluice::Decision& d : out) d = sluice::Decision{.limit = 10, .remaining = 9};
+    return absl::OkStatus();
+  }
+  sluice::StoreStats rule_store_stats(std::size_t /*rule*/) const { return {}; }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  std::string label_;
+};
+
+sluice::envoy::ServiceConfig one_limit(const std::string& key) {
+  return {.domains = {{.domain = "d",
+                       .descriptors = {{.key = key,
+                                        .rate_limit = sluice::envoy::Limit{
+                                            .windows = {{.requests = 10, .period = 1s}}}}}}}};
+}
+
+}  // namespace
+
+TEST_CASE("envoy: a reload frees the configuration it replaced on its own thread, never a call's",
+          "[envoy]") {
+  auto shared = std::make_shared<GateBackend::Shared>();
+  auto limiter =
+      sluice::envoy::BasicLimiter<GateBackend>::create(one_limit("k"), {.backend = {shared}});
+  REQUIRE(limiter.ok());
+  shared->open = false;
+  const sluice::envoy::Entry entry{.key = "k", .value = "v"};
+  const sluice::envoy::Descriptor descriptor{.entries = {&entry, 1}};
+  sluice::envoy::Response response;
+  absl::Status decided;
+  std::thread::id caller;
+  std::thread call([&] {  // decides on the first configuration, held at the gate
+    caller = std::this_thread::get_id();
+    decided =
+        (*limiter)->should_rate_limit({.domain = "d", .descriptors = {&descriptor, 1}}, response);
+  });
+  {
+    std::unique_lock lock(shared->mutex);
+    REQUIRE(shared->changed.wait_for(lock, 20s, [&] { return shared->waiting == 1; }));
+  }
+  std::atomic<bool> reloaded{false};
+  absl::Status reload_status;
+  std::thread::id reloader;
+  std::thread reload([&] {
+    reloader = std::this_thread::get_id();
+    reload_status = (*limiter)->reload(one_limit("j"));
+    reloaded.store(true);
+  });
+  // Until the second configuration is published, and the reload returned if it does not wait.
+  bool published = false;
+  for (int i = 0; i < 20000 && !published; ++i) {
+    published = (*limiter)->stats().front().label == "d.j";
+    if (!published) std::this_thread::sleep_for(1ms);  // waiting for an event, not a rate
+  }
+  for (int i = 0; i < 100 && !reloaded.load(); ++i) std::this_thread::sleep_for(1ms);
+  {
+    std::lock_guard lock(shared->mutex);
+    shared->open = true;
+  }
+  shared->changed.notify_all();
+  call.join();
+  reload.join();
+  REQUIRE(published);
+  CHECK(decided.ok());
+  CHECK(reload_status.ok());
+  std::optional<std::thread::id> freed_by;
+  for (const auto& [label, thread] : shared->destroyed) {
+    if (label == "d.k") freed_by = thread;
+  }
+  REQUIRE(freed_by.has_value());
+  CHECK(*freed_by == reloader);
+  CHECK(*freed_by != caller);
 }
 
 TEST_CASE("envoy: invalid files are refused with file:line:column", "[envoy]") {
@@ -796,6 +958,8 @@ class RlsProcess {
   }
 
   void signal(int sig) { REQUIRE(kill(pid_, sig) == 0); }
+  pid_t pid() const { return pid_; }
+  rls::RateLimitService::Stub& stub() { return *stub_; }
 
   // The exit status after SIGTERM (the drain), or -1 if it did not exit within 20 s.
   int terminate() {
@@ -1061,6 +1225,170 @@ TEST_CASE("envoy: a call in flight when SIGTERM arrives completes; new calls are
   const auto start = std::chrono::steady_clock::now();
   CHECK(rls_process.wait_exit() == 0);
   CHECK(std::chrono::steady_clock::now() - start < 10s);
+}
+
+namespace {
+
+// The threads of process `pid` now (the Threads: line of /proc/<pid>/status), or -1.
+int threads_of(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.starts_with("Threads:")) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// The threads of process `pid` that serve calls now: gRPC's synchronous server names them
+// "grpcpp_sync_server" (cut to 15 bytes by the kernel).
+int serving_threads_of(pid_t pid) {
+  int n = 0;
+  std::error_code error;
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
+    std::string name;
+    std::getline(std::ifstream(task.path() / "comm"), name);
+    if (name.starts_with("grpcpp_sync")) ++n;
+  }
+  return n;
+}
+
+// `n` calls of `request` started at once through the callback API, each answered on a gRPC
+// thread of this process: its status and the time it took. No assertion runs on those threads.
+class CallFlood {
+ public:
+  struct Call {
+    grpc::ClientContext context;
+    rls::RateLimitResponse response;
+    grpc::Status status;
+    std::chrono::steady_clock::duration took{};
+  };
+
+  CallFlood(rls::RateLimitService::Stub& stub, const rls::RateLimitRequest& request, int n)
+      : request_(request), left_(n) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) calls_.push_back(std::make_unique<Call>());
+    for (std::unique_ptr<Call>& call : calls_) {
+      Call* c = call.get();
+      c->context.set_deadline(std::chrono::system_clock::now() + 20s);
+      stub.async()->ShouldRateLimit(&c->context, &request_, &c->response,
+                                    [this, c, start](grpc::Status s) {
+                                      std::lock_guard lock(mutex_);
+                                      c->status = std::move(s);
+                                      c->took = std::chrono::steady_clock::now() - start;
+                                      if (--left_ == 0) all_done_.notify_all();
+                                    });
+    }
+  }
+  CallFlood(const CallFlood&) = delete;
+  CallFlood& operator=(const CallFlood&) = delete;
+  ~CallFlood() { wait_for(30s); }  // the callbacks use this object
+
+  // Whether every call was answered within `timeout`.
+  bool wait_for(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    return all_done_.wait_for(lock, timeout, [&] { return left_ == 0; });
+  }
+  // Once every call was answered.
+  const std::vector<std::unique_ptr<Call>>& calls() const { return calls_; }
+
+ private:
+  const rls::RateLimitRequest request_;
+  std::vector<std::unique_ptr<Call>> calls_;
+  std::mutex mutex_;
+  std::condition_variable all_done_;
+  int left_;
+};
+
+// What a flood of calls did to a service whose Redis was stopped throughout.
+struct FloodOutcome {
+  int peak_threads = 0;               // the service's, sampled while the calls were in flight
+  int peak_serving = 0;               // those of them serving calls (gRPC's synchronous server)
+  int prompt = 0;                     // calls answered in under half the Redis timeout
+  int exhausted = 0;                  // calls answered RESOURCE_EXHAUSTED
+  int other_errors = 0;               // calls answered any other error
+  bool health_served = false;         // a health check during the flood answered SERVING promptly
+  std::uint32_t remaining_after = 0;  // a fresh key's limit_remaining once Redis resumed
+};
+
+constexpr auto kFloodRedisTimeout = 1000ms;
+
+// The service's threads that never serve calls: measured 10 or 11 on 2 cores (the main and
+// reload threads; gRPC's timers, resolver, event engine and executor), some of gRPC's growing
+// with the cores under load.
+int other_threads_bound() { return 12 + 4 * static_cast<int>(std::thread::hardware_concurrency()); }
+
+// `calls` calls at once against sluice_envoy_rls started with `flags` over a Redis stopped
+// (SIGSTOP) just before them, and resumed once every call was answered. The limit is 100 a day.
+FloodOutcome flood_stalled_redis(const std::vector<std::string>& flags, int calls) {
+  sluice_test::RedisFixture redis;
+  const ConfigDir dir("sluice_envoy_rls_flood",
+                      "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, "
+                      "requests_per_unit: 100}\n");
+  std::vector<std::string> args = {"--redis-socket", redis.redis.unix_socket(),
+                                   "--redis-timeout-ms", absl::StrCat(kFloodRedisTimeout.count())};
+  args.insert(args.end(), flags.begin(), flags.end());
+  RlsProcess rls_process(dir.path(), args);
+  REQUIRE(rls_process.call(request("d", {{{"k", "v"}}})).statuses(0).limit_remaining() == 99);
+  redis.redis.stop();  // every call that reaches Redis now waits out its timeout
+  FloodOutcome out;
+  CallFlood flood(rls_process.stub(), request("d", {{{"k", "flood"}}}), calls);
+  std::string health;
+  const auto asked = std::chrono::steady_clock::now();
+  out.health_served = rls_process.try_health(health, 2s).ok() &&
+                      health == std::string("\x08\x01", 2) &&
+                      std::chrono::steady_clock::now() - asked < kFloodRedisTimeout / 2;
+  for (int i = 0; i < 4000 && !flood.wait_for(2ms); ++i) {  // sampling, not timing a rate
+    out.peak_threads = std::max(out.peak_threads, threads_of(rls_process.pid()));
+    out.peak_serving = std::max(out.peak_serving, serving_threads_of(rls_process.pid()));
+  }
+  REQUIRE(flood.wait_for(0ms));
+  redis.redis.resume();
+  for (const auto& call : flood.calls()) {
+    if (call->took < kFloodRedisTimeout / 2) ++out.prompt;
+    if (call->status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++out.exhausted;
+    } else if (!call->status.ok()) {
+      ++out.other_errors;
+    }
+  }
+  out.remaining_after =
+      rls_process.call(request("d", {{{"k", "after"}}})).statuses(0).limit_remaining();
+  CHECK(rls_process.terminate() == 0);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("envoy: a flood of calls against a stalled Redis holds a bounded number of threads",
+          "[envoy][e2e][redis]") {
+  constexpr int kMaxThreads = 64;  // the service's default --max-threads
+  constexpr int kCalls = 160;
+  const FloodOutcome flood = flood_stalled_redis({}, kCalls);
+  INFO("peak threads " << flood.peak_threads << " (serving " << flood.peak_serving << "), prompt "
+                       << flood.prompt << ", exhausted " << flood.exhausted);
+  CHECK(flood.peak_serving <= kMaxThreads);
+  CHECK(flood.peak_threads <= kMaxThreads + other_threads_bound());
+  // The calls beyond the bound (one thread answers them) come back at once.
+  CHECK(flood.prompt >= kCalls - (kMaxThreads - 1));
+  CHECK(flood.exhausted == flood.prompt);
+  CHECK(flood.other_errors == 0);
+  CHECK(flood.remaining_after == 99);  // Redis answers again: so does the service, as ever
+}
+
+TEST_CASE("envoy: --max-threads N decides N - 1 calls at once and refuses the rest at once",
+          "[envoy][e2e][redis]") {
+  constexpr int kCalls = 64;
+  const FloodOutcome flood = flood_stalled_redis({"--max-threads", "8"}, kCalls);
+  INFO("peak threads " << flood.peak_threads << " (serving " << flood.peak_serving << "), prompt "
+                       << flood.prompt << ", exhausted " << flood.exhausted);
+  CHECK(flood.peak_serving <= 8);
+  CHECK(flood.peak_threads <= 8 + other_threads_bound());
+  CHECK(flood.exhausted == kCalls - 7);  // 7 waited out Redis's timeout (fail_open: OK)
+  CHECK(flood.prompt == flood.exhausted);
+  CHECK(flood.other_errors == 0);
+  CHECK(flood.health_served);  // probes are not starved: health is not served on those threads
+  CHECK(flood.remaining_after == 99);
 }
 #endif  // SLUICE_TEST_REDIS
 #endif  // SLUICE_ENVOY_RLS_BINARY

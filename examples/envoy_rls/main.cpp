@@ -3,7 +3,7 @@
 //
 //   sluice_envoy_rls --config-dir DIR [--listen 127.0.0.1:8081] [--response-headers]
 //                    [--drain-seconds 5] [--reload-poll-ms 1000] [--max-descriptors 64]
-//                    [--max-entries 32]
+//                    [--max-entries 32] [--max-threads 64]
 //
 // The first line on stdout is "sluice_envoy_rls: listening on <host>:<port>" (`--listen
 // 127.0.0.1:0` picks a free port). Limits are kept in memory (one replica), or with
@@ -23,8 +23,13 @@
 // - Drain: on SIGTERM or SIGINT the health service turns NOT_SERVING, the server stops accepting
 //   calls and waits up to --drain-seconds for the calls in flight, then exits 0.
 // - Errors in requests (bounds, empty domain, ...) answer INVALID_ARGUMENT (sluice/envoy.hpp).
+// - Threads: gRPC serves each call on a thread of its own, at most --max-threads of them (at
+//   least 2, default 64): N - 1 calls are decided at once, and while they all run the last
+//   thread answers every further call RESOURCE_EXHAUSTED at once (Envoy's failure_mode_deny then
+//   decides). Without a bound, every call waiting on a slow Redis would hold a new thread.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -57,13 +62,16 @@ namespace {
 constexpr std::string_view kUsage =
     "usage: sluice_envoy_rls --config-dir DIR [--listen HOST:PORT] [--response-headers]\n"
     "                        [--drain-seconds N] [--reload-poll-ms N] [--max-descriptors N]\n"
-    "                        [--max-entries N]\n"
+    "                        [--max-entries N] [--max-threads N]\n"
     "                        [--redis-socket PATH | --redis-address HOST:PORT [--redis-cluster]]\n"
     "                        [--redis-key-prefix P] [--redis-key-seed N]\n"
     "                        [--redis-timeout-ms N]\n"
     "                        [--redis-failure-mode fail_open|fail_closed|local]\n"
     "                        [--local-share-permille N] [--local-retry-ms N]\n"
-    "                        [--metrics-listen HOST:PORT]\n";
+    "                        [--metrics-listen HOST:PORT]\n"
+    "--max-threads N (>= 2, default 64): threads that serve calls; N - 1 calls are decided at\n"
+    "once and the rest answered RESOURCE_EXHAUSTED until one ends (Envoy's failure_mode_deny\n"
+    "then decides)\n";
 
 struct Options {
   std::string config_dir;
@@ -71,6 +79,10 @@ struct Options {
   bool response_headers = false;
   std::uint64_t drain_seconds = 5;
   std::uint64_t reload_poll_ms = 1000;
+  // Threads serving calls, the last of them only refusing: 4 x the Redis client's 16 pooled
+  // connections (calls beyond those wait for one), so that a burst queues briefly for a
+  // connection, while a stalled Redis holds at most this many threads.
+  std::uint64_t max_threads = 64;
   sluice::envoy::RequestBounds bounds{};
   // Redis: empty socket and address keep the limits in memory.
   std::string redis_socket;
@@ -115,6 +127,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.bounds.max_descriptors = n;
     } else if (flag == "--max-entries" && count && n > 0) {
       o.bounds.max_entries = n;
+    } else if (flag == "--max-threads" && count && n >= 2 && n <= 65536) {
+      o.max_threads = n;
     } else if (flag == "--metrics-listen") {
       o.metrics_listen = value;
     } else if (flag == "--redis-socket") {
@@ -240,6 +254,22 @@ void serve_until_signal(grpc::Server& server, ConfigFollower& follower, const Op
   if (poller.joinable()) poller.join();
 }
 
+// The server of `service` and the health service on --listen (its port in `port`), serving
+// calls on at most --max-threads threads; nullptr if it cannot listen.
+std::unique_ptr<grpc::Server> start_server(const Options& options, grpc::Service& service,
+                                           int& port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  // The synchronous server takes a thread per call from this quota; when none is left, the
+  // thread that found the call answers it RESOURCE_EXHAUSTED.
+  grpc::ResourceQuota quota("sluice_envoy_rls");
+  quota.SetMaxThreads(static_cast<int>(options.max_threads));
+  builder.SetResourceQuota(quota);
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  return builder.BuildAndStart();
+}
+
 // Serves `config` over `Backend` until a signal stops it; the exit code.
 template <class Backend>
 int serve(const Options& options, sluice::envoy::ServiceConfig config,
@@ -251,12 +281,8 @@ int serve(const Options& options, sluice::envoy::ServiceConfig config,
     return 2;
   }
   sluice::envoy::BasicRateLimitService<Backend> service(**limiter);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = start_server(options, service, port);
   if (server == nullptr || port == 0) {
     log(absl::StrCat("cannot listen on ", options.listen));
     return 1;

@@ -37,8 +37,9 @@
 //
 // Thread-safety: should_rate_limit and stats may be called concurrently from any threads, and
 // concurrently with reload (which readers never wait for: a generation is published by swapping
-// one pointer). Complexity: O(descriptors × entries) lookups plus one backend call (two when the
-// request is over limit, one more when it has shadow mode limits).
+// one pointer; reload then waits for the calls still on the generation it replaced, and frees it
+// on its own thread). Complexity: O(descriptors × entries) lookups plus one backend call (two when
+// the request is over limit, one more when it has shadow mode limits).
 #ifndef SLUICE_ENVOY_LIMITER_HPP_
 #define SLUICE_ENVOY_LIMITER_HPP_
 
@@ -63,6 +64,7 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/decision.hpp"
 #include "sluice/detail/mutex.hpp"
+#include "sluice/detail/retirement.hpp"
 #include "sluice/detail/spin_lock.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/engine/backend.hpp"
@@ -92,8 +94,9 @@ struct RequestBounds {
   std::size_t max_overrides = 64;
 };
 
-// One limit's counters over the limiter's life (kept across reloads by label): hits counted
-// once per request that reached the limit, as in the reference service.
+// One limit's counters over the limiter's life (kept across reloads: a configured limit's by
+// label, an override's by its rate): hits counted once per request that reached the limit, as in
+// the reference service. Every limit's label is its own.
 struct LimitStats {
   std::string label{};
   std::uint64_t total_hits = 0;
@@ -170,28 +173,19 @@ class BasicLimiter {
   // FailedPrecondition when `config` has no limit that can deny (none, or only shadow mode and
   // unlimited ones) while the running one has, unless a domain says `limits_nothing`: a file
   // read while it is being written often looks like that.
+  //
+  // Returns once no call decides on the configuration it replaced any more, and frees that one on
+  // this thread, so that no call pays for freeing it (its tables, and the counters of every
+  // limit the reload removed): the wait lasts as long as the slowest call that started before the
+  // new configuration was published (with a remote backend, bounded by the backend's timeout on
+  // each of its up to three backend calls).
   absl::Status reload(const ServiceConfig& config) {
     absl::StatusOr<detail::CompiledLimits> compiled = detail::CompiledLimits::compile(config);
     if (!compiled.ok()) return compiled.status();
-    sluice::detail::MutexLock lock(reload_mutex_);
-    std::shared_ptr<const Generation> now = current();
-    const bool on_purpose = std::any_of(config.domains.begin(), config.domains.end(),
-                                        [](const DomainConfig& d) { return d.limits_nothing; });
-    if (now != nullptr && !on_purpose && compiled->enforcing_rule_count() == 0 &&
-        now->limits->enforcing_rule_count() > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the new configuration has no limit that can deny a request, where the running one has ",
-          now->limits->enforcing_rule_count(),
-          ", so it would limit nothing; if a file is still being written, replace it atomically "
-          "instead (write a temporary file, then rename it over this one); to remove every limit "
-          "on purpose, add `limits_nothing: true` to a domain file"));
-    }
-    auto limits = std::make_shared<const detail::CompiledLimits>(*std::move(compiled));
-    absl::StatusOr<std::shared_ptr<const Generation>> next =
-        build(limits, now ? now->overrides : std::vector<detail::LimitRule>{},
-              now ? now->refused_overrides : absl::flat_hash_set<std::uint64_t>{}, now.get());
-    if (!next.ok()) return next.status();
-    publish(*std::move(next));
+    absl::StatusOr<std::shared_ptr<const Generation>> replaced =
+        replace(config, *std::move(compiled));
+    if (!replaced.ok()) return replaced.status();
+    sluice::detail::retire(*std::move(replaced));
     return absl::OkStatus();
   }
 
@@ -276,11 +270,38 @@ class BasicLimiter {
     return current_;
   }
 
-  void publish(std::shared_ptr<const Generation> next) const {
-    {
-      sluice::detail::SpinLockHolder hold(current_lock_);
-      std::swap(current_, next);
-    }  // the old generation is released here, outside the spin lock
+  // Publishes `next`; the generation it replaced, for the caller to let go of outside the spin
+  // lock (or to retire).
+  std::shared_ptr<const Generation> publish(std::shared_ptr<const Generation> next) const {
+    sluice::detail::SpinLockHolder hold(current_lock_);
+    std::swap(current_, next);
+    return next;
+  }
+
+  // reload() under the reload mutex: publishes `compiled`; the generation it replaced (nullptr
+  // for the first).
+  absl::StatusOr<std::shared_ptr<const Generation>> replace(const ServiceConfig& config,
+                                                            detail::CompiledLimits compiled) {
+    sluice::detail::MutexLock lock(reload_mutex_);
+    std::shared_ptr<const Generation> now = current();
+    const bool on_purpose = std::any_of(config.domains.begin(), config.domains.end(),
+                                        [](const DomainConfig& d) { return d.limits_nothing; });
+    if (now != nullptr && !on_purpose && compiled.enforcing_rule_count() == 0 &&
+        now->limits->enforcing_rule_count() > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the new configuration has no limit that can deny a request, where the running one has ",
+          now->limits->enforcing_rule_count(),
+          ", so it would limit nothing; if a file is still being written, replace it atomically "
+          "instead (write a temporary file, then rename it over this one); to remove every limit "
+          "on purpose, add `limits_nothing: true` to a domain file"));
+    }
+    auto limits = std::make_shared<const detail::CompiledLimits>(std::move(compiled));
+    absl::StatusOr<std::shared_ptr<const Generation>> next =
+        build(limits, now ? now->overrides : std::vector<detail::LimitRule>{},
+              now ? now->refused_overrides : absl::flat_hash_set<std::uint64_t>{}, now.get());
+    if (!next.ok()) return next.status();
+    now.reset();  // publish() returns the only other reference reload() keeps
+    return publish(*std::move(next));
   }
 
   absl::Status validate(const Request& request) const {
@@ -340,6 +361,8 @@ class BasicLimiter {
       }
       if (!next.ok()) return next.status();
       gen = *next;
+      // The generation replaced shares its limits and every counter state with `gen`: what the
+      // last holder frees is a few tables the size of the rule count.
       publish(gen);
     }
     return gen;
@@ -357,14 +380,16 @@ class BasicLimiter {
       const LimitOverride o{.requests_per_unit = static_cast<std::uint32_t>(w.requests),
                             .unit = override_unit(w.period)};
       index.emplace(override_id(o), i);
+      overrides[i].label = overrides[i].name = limits->override_label(o);
       if (overrides[i].admits_nothing) continue;
       overrides[i].backend_rule = rules.size();
       rules.push_back(detail::CompiledLimits::override_rule(o).second);
+      rules.back().label = overrides[i].label;
     }
     absl::StatusOr<Backend> backend =
         Backend::create(rules, previous ? &previous->backend : nullptr, options_.backend);
     if (!backend.ok()) return backend.status();
-    auto gen = std::make_shared<Generation>(Generation{std::move(limits),
+    auto gen = std::make_unique<Generation>(Generation{std::move(limits),
                                                        std::move(overrides),
                                                        std::move(index),
                                                        std::move(rules),
@@ -372,16 +397,7 @@ class BasicLimiter {
                                                        {},
                                                        {},
                                                        std::move(refused)});
-    absl::flat_hash_map<absl::string_view, std::shared_ptr<Counters>> kept;
-    if (previous != nullptr) {
-      for (std::size_t i = 0; i < previous->counters.size(); ++i) {
-        kept.emplace(previous->rule(i).label, previous->counters[i]);
-      }
-    }
-    for (std::size_t i = 0; i < gen->limits->rule_count() + gen->overrides.size(); ++i) {
-      auto it = kept.find(gen->rule(i).label);
-      gen->counters.push_back(it != kept.end() ? it->second : std::make_shared<Counters>());
-    }
+    carry_counters(*gen, previous);
     if (options_.on_backend_error == FailureMode::kLocal) {
       auto local = sluice::detail::LocalShare<LocalClock>::create(
           gen->backend_rules, options_.local_share_permille,
@@ -390,7 +406,35 @@ class BasicLimiter {
       if (!local.ok()) return local.status();
       gen->local = *std::move(local);
     }
-    return std::shared_ptr<const Generation>(std::move(gen));
+    return sluice::detail::make_retirable(std::move(gen));
+  }
+
+  // Each rule's counters: a configured limit keeps those of `previous`'s limit of the same
+  // label, an override those of the same rate. An override's label depends on the configured
+  // limits (CompiledLimits::override_label), so matching overrides by label could hand one's
+  // counters to the other after a reload.
+  static void carry_counters(Generation& gen, const Generation* previous) {
+    absl::flat_hash_map<absl::string_view, std::shared_ptr<Counters>> by_label;
+    absl::flat_hash_map<std::uint64_t, std::shared_ptr<Counters>> by_override;
+    if (previous != nullptr) {
+      const std::size_t n = previous->limits->rule_count();
+      for (std::size_t i = 0; i < n; ++i) {
+        by_label.emplace(previous->limits->rule(i).label, previous->counters[i]);
+      }
+      for (const auto& [id, j] : previous->override_index) {
+        by_override.emplace(id, previous->counters[n + j]);
+      }
+    }
+    const std::size_t n = gen.limits->rule_count();
+    gen.counters.resize(n + gen.overrides.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      auto it = by_label.find(gen.limits->rule(i).label);
+      gen.counters[i] = it != by_label.end() ? it->second : std::make_shared<Counters>();
+    }
+    for (const auto& [id, j] : gen.override_index) {
+      auto it = by_override.find(id);
+      gen.counters[n + j] = it != by_override.end() ? it->second : std::make_shared<Counters>();
+    }
   }
 
   static Unit override_unit(std::chrono::nanoseconds period) {

@@ -7,7 +7,8 @@
 // Families (counters): sluice_envoy_hits_total, sluice_envoy_over_limit_total,
 // sluice_envoy_near_limit_total, sluice_envoy_within_limit_total and sluice_envoy_shadow_mode_total
 // with the label `limit` (the limit's descriptor path, e.g. "edge.remote_address", or
-// "override.<n>/<unit>"), their meaning that of sluice::envoy::LimitStats; and
+// "override.<n>/<unit>", "#2" appended if a path reads the same; every limit's label is its
+// own), their meaning that of sluice::envoy::LimitStats; and
 // sluice_envoy_backend_errors_total with the label `failure_mode` (fail_open, fail_closed, local);
 // in the local failure mode also sluice_envoy_local_decisions_total (backend calls decided on the
 // replica's local share). Label values are escaped; no descriptor value a client sent is written.

@@ -143,9 +143,20 @@ class CompiledLimits {
   // The rules that count hits, in backend order (LimitRule::backend_rule indexes it).
   const std::vector<CompiledRule>& backend_rules() const { return backend_rules_; }
 
+  // The label of override `o` beside these limits: "override.<n>/<unit>", with "#2", "#3", ...
+  // appended while a configured limit's path reads the same (domain "override", key
+  // "5/second"), so that the two never share a metric series.
+  std::string override_label(const LimitOverride& o) const {
+    const std::string label = override_rule(o).first.label;
+    std::string unique = label;
+    for (std::size_t k = 2; labels_.contains(unique); ++k) unique = absl::StrCat(label, "#", k);
+    return unique;
+  }
+
   // A rule for a descriptor's limit override, counted apart from every configured limit and
   // every other override: its identity names its rate, so that no state is carried between two
-  // overrides (one hit under 1 per second is not a day spent under 1,000 per day).
+  // overrides (one hit under 1 per second is not a day spent under 1,000 per day). Its label
+  // ignores the configured limits (override_label does not).
   static std::pair<LimitRule, CompiledRule> override_rule(const LimitOverride& o) {
     LimitRule r{
         .label = absl::StrCat("override.", o.requests_per_unit, "/", view(to_string(o.unit))),
@@ -237,6 +248,7 @@ class CompiledLimits {
       if (r.backend_rule != kNone) backend_rules_[r.backend_rule].label = label;
       r.label = std::move(label);
     }
+    for (const LimitRule& r : rules_) labels_.insert(r.label);
   }
 
   static void place(KeyNodes& nodes, const std::string& value, const Node& node) {
@@ -315,6 +327,7 @@ class CompiledLimits {
   std::vector<Level> levels_;
   std::vector<LimitRule> rules_;
   std::vector<CompiledRule> backend_rules_;
+  absl::flat_hash_set<std::string> labels_;  // every rule's, once unique
 };
 
 }  // namespace sluice::envoy::detail
