@@ -12,6 +12,7 @@ source "$(dirname "$0")/common.sh"
 start upstream "$2"
 upstream="http://127.0.0.1:$started_port"
 start gateway "$gateway" "$3" --port 0 --upstream "$upstream"
+gateway_pid=$started_pid
 base="http://127.0.0.1:$started_port"
 
 # --- [attack] an upstream that trickles its answer is cut off at one deadline -------------------
@@ -100,6 +101,18 @@ fetch large /v1/items/large
 expect "a 64 MiB upstream answer: status" "$(cat "$work/large.s")" 502
 expect "a 64 MiB upstream answer: body" "$(head -c 100 "$work/large.b")" \
   '{"error":"upstream answer too large"}'
+
+# --- [attack] an upstream's headers are read up to a bound -----------------------------------------
+# cpp-httplib's client reads header lines until the blank one, however many: 20 MiB of them took
+# the gateway's memory far past its bound (some 100 MiB per answer, held by every worker that
+# proxied one). They are answered 502 once 64 KiB of status line and headers were read.
+fetch headers /v1/items/headers
+expect "20 MiB of upstream headers: status" "$(cat "$work/headers.s")" 502
+peak_kib=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$gateway_pid/status")
+echo "gateway_paths_e2e: gateway VmHWM after large upstream answers: ${peak_kib} kB"
+if ! [[ "$peak_kib" =~ ^[0-9]+$ ]] || [ "$peak_kib" -gt $((64 * 1024)) ]; then
+  fail "gateway VmHWM: expected under 65536 kB, got '$peak_kib' kB"
+fi
 
 wait "$trickle_pid"
 trickle_ms=$((($(cat "$work/trickle.t") - trickle_start) / 1000000))
