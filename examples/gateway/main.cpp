@@ -54,7 +54,9 @@
 //   within 10 s as a whole (upstream_client.hpp), so a slow upstream cannot hold them either;
 // - large requests: a body over 64 KiB is refused with 413 before it is read into memory; at
 //   most 64 KiB of request line and headers are read; an upstream answer whose body passes 1 MiB
-//   is answered 502 (`{"error":"upstream answer too large"}`) without reading the rest. Memory
+//   is answered 502 (`{"error":"upstream answer too large"}`) without reading the rest, and one
+//   whose status line and headers pass 64 KiB (or its body with its chunk framing 2 MiB) is
+//   answered 502 (`{"error":"upstream unavailable"}`) without reading further. Memory
 //   stays bounded: the end-to-end test (tests/e2e/gateway_e2e.sh) checks that the resident size
 //   stays under 64 MiB after large bodies and slow clients.
 #include <httplib.h>
@@ -116,6 +118,10 @@ constexpr gateway::ServerLimits kLimits{.workers = 64,
 
 // The most of an upstream answer's body the gateway holds: a larger answer is answered 502.
 constexpr std::size_t kMaxUpstreamBodyBytes = 1024 * 1024;
+// The most of an upstream answer read: its status line and headers, then its body with its chunk
+// framing. More is answered 502.
+constexpr gateway::ReadBudget kUpstreamReadBudget{.head = 64 * 1024,
+                                                  .body = 2 * kMaxUpstreamBodyBytes};
 // The longest an exchange with the upstream takes (connect, request, whole answer): 502 after.
 constexpr std::chrono::seconds kUpstreamTimeout{10};
 
@@ -318,12 +324,12 @@ class Gateway {
     bool too_large = false;      // its body passed the bound and was not read further
   };
   UpstreamAnswer fetch(const std::string& target) const {
-    gateway::UpstreamClient client(*upstream_,
-                                   gateway::UpstreamClient::Clock::now() + kUpstreamTimeout);
+    gateway::UpstreamClient client(
+        *upstream_, gateway::UpstreamClient::Clock::now() + kUpstreamTimeout, kUpstreamReadBudget);
     client.set_url_encode(false);  // the normalized path and the query go out byte for byte
     UpstreamAnswer out;
-    const httplib::Result result = client.Get(
-        target, httplib::Headers{},
+    const httplib::Result result = client.get(
+        target,
         [&out](const httplib::Response& head) {
           out.response.status = head.status;
           out.response.headers = head.headers;

@@ -1,15 +1,19 @@
 // UpstreamClient — one exchange with the gateway's upstream (cpp-httplib 0.11), ended by one
-// deadline.
+// deadline, its answer read up to a byte budget.
 //
 // httplib::Client's timeouts bound the connect and each read or write on its own, so an upstream
 // that sends its answer a byte at a time held the request, and the gateway worker serving it, for
 // as long as it kept sending. UpstreamClient ends the whole exchange (connecting, sending the
 // request, reading the status line, the headers and the body) at its deadline: a read that would
-// wait past it fails, and the request's Result is then an error.
+// wait past it fails, and the request's Result is then an error. Nor does httplib::Client bound
+// how many header lines it reads, or how long a chunk-size line is: UpstreamClient reads at most
+// `head` bytes up to the end of the headers and `body` bytes after them (the body with its chunk
+// framing); a read past either fails the same way.
 //
 //   std::optional<gateway::UpstreamAddress> upstream = gateway::parse_upstream("http://h:8080");
-//   gateway::UpstreamClient client(*upstream, gateway::UpstreamClient::Clock::now() + 10s);
-//   httplib::Result result = client.Get("/v1/items");
+//   gateway::UpstreamClient client(*upstream, gateway::UpstreamClient::Clock::now() + 10s,
+//                                  {.head = 64 * 1024, .body = 2 * 1024 * 1024});
+//   httplib::Result result = client.get("/v1/items", on_head, on_body);
 //
 // Thread-safety: one exchange at a time; the gateway makes a client per exchange. Linux/POSIX.
 #ifndef SLUICE_EXAMPLES_GATEWAY_UPSTREAM_CLIENT_HPP_
@@ -22,11 +26,11 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
-#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 
 #include "deadline_stream.hpp"
 
@@ -70,6 +74,12 @@ inline std::optional<UpstreamAddress> parse_upstream(std::string_view url) {
   return out;
 }
 
+// The most bytes of an answer read: up to the end of its headers, and after them.
+struct ReadBudget {
+  std::size_t head = 0;
+  std::size_t body = 0;
+};
+
 class UpstreamClient final : public httplib::ClientImpl {
  public:
   using Clock = DeadlineStream::Clock;
@@ -77,11 +87,24 @@ class UpstreamClient final : public httplib::ClientImpl {
   // The longest one connect may take, within the deadline.
   static constexpr std::chrono::milliseconds kConnectTimeout{2000};
 
-  UpstreamClient(const UpstreamAddress& upstream, Clock::time_point deadline)
-      : httplib::ClientImpl(upstream.host, upstream.port), deadline_(deadline) {
+  UpstreamClient(const UpstreamAddress& upstream, Clock::time_point deadline, ReadBudget budget)
+      : httplib::ClientImpl(upstream.host, upstream.port), deadline_(deadline), budget_(budget) {
     set_connection_timeout(
         std::clamp(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
                    std::chrono::milliseconds(1), kConnectTimeout));
+  }
+
+  // GET `target`: `on_head` sees the status and headers once they came within budget.head bytes,
+  // then `on_body` the body, read within budget.body bytes.
+  httplib::Result get(const std::string& target, const httplib::ResponseHandler& on_head,
+                      httplib::ContentReceiver on_body) {
+    return Get(
+        target, httplib::Headers{},
+        [this, &on_head](const httplib::Response& head) {
+          if (stream_ != nullptr) stream_->start(deadline_, budget_.body);
+          return on_head(head);
+        },
+        std::move(on_body));
   }
 
  private:
@@ -89,12 +112,17 @@ class UpstreamClient final : public httplib::ClientImpl {
   bool process_socket(const Socket& socket,
                       std::function<bool(httplib::Stream&)> callback) override {
     DeadlineStream stream(socket.sock, kConnectTimeout);
-    stream.start(deadline_, std::numeric_limits<std::size_t>::max());
+    stream.start(deadline_, budget_.head);
     stream.set_write_deadline(deadline_);
-    return callback(stream);
+    stream_ = &stream;
+    const bool ok = callback(stream);
+    stream_ = nullptr;
+    return ok;
   }
 
   Clock::time_point deadline_;
+  ReadBudget budget_;
+  DeadlineStream* stream_ = nullptr;  // the exchange's stream, while process_socket runs
 };
 
 }  // namespace gateway
