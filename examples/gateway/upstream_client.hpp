@@ -84,8 +84,9 @@ class UpstreamClient final : public httplib::ClientImpl {
  public:
   using Clock = DeadlineStream::Clock;
 
-  // The longest one connect may take, within the deadline.
+  // The longest one connect may take, and one write may wait, within the deadline.
   static constexpr std::chrono::milliseconds kConnectTimeout{2000};
+  static constexpr std::chrono::milliseconds kWriteTimeout{2000};
 
   UpstreamClient(const UpstreamAddress& upstream, Clock::time_point deadline, ReadBudget budget)
       : httplib::ClientImpl(upstream.host, upstream.port), deadline_(deadline), budget_(budget) {
@@ -111,7 +112,7 @@ class UpstreamClient final : public httplib::ClientImpl {
   // Every read and write of the exchange goes through a DeadlineStream that ends at deadline_.
   bool process_socket(const Socket& socket,
                       std::function<bool(httplib::Stream&)> callback) override {
-    DeadlineStream stream(socket.sock, kConnectTimeout);
+    DeadlineStream stream(socket.sock, kWriteTimeout);
     stream.start(deadline_, budget_.head);
     stream.set_write_deadline(deadline_);
     stream_ = &stream;
