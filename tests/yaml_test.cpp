@@ -515,6 +515,17 @@ TEST_CASE("an alias bomb is stopped by the node budget") {
         std::string::npos);
 }
 
+TEST_CASE("an alias that repeats a long scalar is stopped by the text budget", "[attack]") {
+  // Five uses of a 1 MiB credential read 5 MiB from a config of 1 MiB: a few hundred thousand
+  // uses (within the node budget, in a config under 2 MiB) would copy hundreds of GB.
+  const std::string text = "consumers:\n  - name: c\n    credentials: [&t " +
+                           std::string(std::size_t{1} << 20, 'x') + ", *t, *t, *t, *t]\n";
+  // The fourth use passes 4 MiB; an alias has the position of the scalar it repeats.
+  CHECK(error_of(text) ==
+        "3:19: consumers[0].credentials[3]: the config's scalars hold more than 4194304 bytes "
+        "(each use of an alias counts)");
+}
+
 TEST_CASE("a config of more nodes than the budget is refused before they are built", "[attack]") {
   // 2 MiB of one-letter list items would make about a million yaml-cpp nodes (some 500 MB)
   // before the reader counted its first one.

@@ -23,24 +23,20 @@
 #ifndef SLUICE_EXAMPLES_GATEWAY_BOUNDED_SERVER_HPP_
 #define SLUICE_EXAMPLES_GATEWAY_BOUNDED_SERVER_HPP_
 
-#include <arpa/inet.h>
 #include <httplib.h>
-#include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <array>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <system_error>
+
+#include "deadline_stream.hpp"
 
 namespace gateway {
 
@@ -73,94 +69,7 @@ class BoundedServer : public httplib::Server {
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
-
-  // A connection's socket with the per-request deadline and byte budget. Reads are buffered:
-  // cpp-httplib reads request lines one byte at a time.
-  class DeadlineStream final : public httplib::Stream {
-   public:
-    DeadlineStream(socket_t sock, std::chrono::milliseconds write_timeout)
-        : sock_(sock), write_timeout_(write_timeout) {}
-
-    void start_request(Clock::time_point deadline, std::size_t budget) {
-      deadline_ = deadline;
-      budget_ = budget;
-    }
-    // True once a read was refused (deadline or budget): cpp-httplib may still answer 400 or
-    // 413, but the connection must close, or the rest of the request would be read as the next.
-    bool cut_off() const { return cut_off_; }
-
-    bool is_readable() const override { return begin_ < end_ || wait(POLLIN, remaining()); }
-    bool is_writable() const override { return wait(POLLOUT, write_timeout_); }
-
-    ssize_t read(char* ptr, std::size_t size) override {
-      if (begin_ == end_) {
-        const std::size_t want = std::min(buffer_.size(), budget_);
-        if (want == 0 || !wait(POLLIN, remaining())) {
-          cut_off_ = true;
-          return -1;
-        }
-        const ssize_t n = ::recv(sock_, buffer_.data(), want, 0);
-        if (n <= 0) return n;
-        begin_ = 0;
-        end_ = static_cast<std::size_t>(n);
-        budget_ -= end_;
-      }
-      const std::size_t n = std::min(size, end_ - begin_);
-      std::memcpy(ptr, buffer_.data() + begin_, n);
-      begin_ += n;
-      return static_cast<ssize_t>(n);
-    }
-
-    ssize_t write(const char* ptr, std::size_t size) override {
-      if (!is_writable()) return -1;
-      return ::send(sock_, ptr, size, MSG_NOSIGNAL);
-    }
-
-    void get_remote_ip_and_port(std::string& ip, int& port) const override {
-      address(&::getpeername, ip, port);
-    }
-    void get_local_ip_and_port(std::string& ip, int& port) const override {
-      address(&::getsockname, ip, port);
-    }
-    socket_t socket() const override { return sock_; }
-
-   private:
-    std::chrono::milliseconds remaining() const {
-      return std::max(std::chrono::milliseconds(0),
-                      std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now()));
-    }
-    bool wait(short events, std::chrono::milliseconds timeout) const {
-      pollfd fd{.fd = sock_, .events = events, .revents = 0};
-      int ready = 0;
-      do {
-        ready = ::poll(&fd, 1, static_cast<int>(timeout.count()));
-      } while (ready < 0 && errno == EINTR);
-      return ready > 0;
-    }
-    void address(int (*get)(int, sockaddr*, socklen_t*), std::string& ip, int& port) const {
-      sockaddr_storage storage{};
-      socklen_t length = sizeof(storage);
-      std::array<char, NI_MAXHOST> host{};
-      std::array<char, NI_MAXSERV> service{};
-      if (get(sock_, reinterpret_cast<sockaddr*>(&storage), &length) != 0 ||
-          ::getnameinfo(reinterpret_cast<sockaddr*>(&storage), length, host.data(), host.size(),
-                        service.data(), service.size(), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
-        return;
-      }
-      ip = host.data();
-      port = std::atoi(service.data());
-    }
-
-    socket_t sock_;
-    std::chrono::milliseconds write_timeout_;
-    Clock::time_point deadline_{};
-    std::size_t budget_ = 0;
-    std::array<char, 4096> buffer_{};
-    std::size_t begin_ = 0;
-    std::size_t end_ = 0;
-    bool cut_off_ = false;
-  };
+  using Clock = DeadlineStream::Clock;
 
   // Replaces cpp-httplib's connection loop (same keep-alive rules) to use DeadlineStream.
   bool process_and_close_socket(socket_t sock) override {
@@ -169,8 +78,8 @@ class BoundedServer : public httplib::Server {
                                     std::chrono::microseconds(write_timeout_usec_)));
     bool ok = true;
     for (std::size_t left = keep_alive_max_count_; left > 0 && wait_for_request(sock); --left) {
-      stream.start_request(Clock::now() + limits_.request_read_timeout,
-                           limits_.max_header_bytes + payload_max_length_);
+      stream.start(Clock::now() + limits_.request_read_timeout,
+                   limits_.max_header_bytes + payload_max_length_);
       bool connection_closed = false;
       ok = process_request(stream, left == 1, connection_closed, nullptr);
       if (!ok || connection_closed || stream.cut_off()) break;

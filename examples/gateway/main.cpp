@@ -36,8 +36,9 @@
 //
 // Upstream (--upstream http://HOST:PORT): admitted requests on a route are proxied there (GET,
 // the normalized path the route was matched on, and the query byte for byte as the client sent
-// it; 2 s to connect, 10 s to answer) and the upstream's answer is passed back, with the
-// rate-limit fields. A path that cannot be normalized without guessing is answered 400
+// it; the whole exchange, connecting included, ends within 10 s, however slowly the upstream
+// answers, and a connect takes at most 2 s of it) and the upstream's answer is passed back, with
+// the rate-limit fields. A path that cannot be normalized without guessing is answered 400
 // (sluice/request_path.hpp), and so is a query with a space or a control character (cpp-httplib
 // lets a bare CR into the request target), which no upstream would read as sent. Every answer (its
 // latency, status and Retry-After; no answer counts as status 0 and is answered 502) is fed to
@@ -49,10 +50,13 @@
 // - slow clients: a request's line, headers and body must arrive within 10 s of the first byte
 //   being awaited, whatever the pace (a slowloris client is cut off then), idle keep-alive
 //   connections are closed after 5 s, and 64 workers serve connections, so that a few slow
-//   clients cannot take every worker from the health checks;
+//   clients cannot take every worker from the health checks; an exchange with the upstream ends
+//   within 10 s as a whole (upstream_client.hpp), so a slow upstream cannot hold them either;
 // - large requests: a body over 64 KiB is refused with 413 before it is read into memory; at
 //   most 64 KiB of request line and headers are read; an upstream answer whose body passes 1 MiB
-//   is answered 502 (`{"error":"upstream answer too large"}`) without reading the rest. Memory
+//   is answered 502 (`{"error":"upstream answer too large"}`) without reading the rest, and one
+//   whose status line and headers pass 64 KiB (or its body with its chunk framing 2 MiB) is
+//   answered 502 (`{"error":"upstream unavailable"}`) without reading further. Memory
 //   stays bounded: the end-to-end test (tests/e2e/gateway_e2e.sh) checks that the resident size
 //   stays under 64 MiB after large bodies and slow clients.
 #include <httplib.h>
@@ -87,6 +91,7 @@
 #include "sluice/prometheus.hpp"
 #include "sluice/yaml.hpp"
 #include "sluice/yaml/reloading_engine.hpp"
+#include "upstream_client.hpp"
 
 namespace {
 
@@ -97,7 +102,7 @@ struct Options {
   std::vector<std::string> trusted_proxies;       // CIDRs that must be the config's
   std::chrono::milliseconds reload_poll{1000};    // 0: reload on SIGHUP only
   std::chrono::milliseconds reload_settle{1000};  // a change must stay this long to be loaded
-  std::optional<std::string> upstream;            // "http://host:port"
+  std::optional<gateway::UpstreamAddress> upstream;
 };
 
 constexpr std::string_view kUsage =
@@ -113,6 +118,12 @@ constexpr gateway::ServerLimits kLimits{.workers = 64,
 
 // The most of an upstream answer's body the gateway holds: a larger answer is answered 502.
 constexpr std::size_t kMaxUpstreamBodyBytes = 1024 * 1024;
+// The most of an upstream answer read: its status line and headers, then its body with its chunk
+// framing. More is answered 502.
+constexpr gateway::ReadBudget kUpstreamReadBudget{.head = 64 * 1024,
+                                                  .body = 2 * kMaxUpstreamBodyBytes};
+// The longest an exchange with the upstream takes (connect, request, whole answer): 502 after.
+constexpr std::chrono::seconds kUpstreamTimeout{10};
 
 // A whole number in [0, max], and nothing else.
 std::optional<int> parse_int(std::string_view text, int max) {
@@ -140,9 +151,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
       if (!ms) return std::nullopt;
       options.reload_settle = std::chrono::milliseconds(*ms);
     } else if (arg == "--upstream" && i + 1 < argc) {
-      std::string_view url = argv[++i];
-      if (!url.starts_with("http://") || url.size() == 7) return std::nullopt;
-      options.upstream = std::string(url);
+      options.upstream = gateway::parse_upstream(argv[++i]);
+      if (!options.upstream) return std::nullopt;
     } else if (arg == "--listener" && i + 1 < argc) {
       options.listener = argv[++i];
     } else if (arg == "--trusted-proxy" && i + 1 < argc) {
@@ -193,7 +203,8 @@ using Holder = sluice::yaml::ReloadingEngine<sluice::RateLimitEngine>;
 // What the gateway adds to the adapter: the log lines, and the answers to admitted requests.
 class Gateway {
  public:
-  explicit Gateway(std::optional<std::string> upstream) : upstream_(std::move(upstream)) {}
+  explicit Gateway(std::optional<gateway::UpstreamAddress> upstream)
+      : upstream_(std::move(upstream)) {}
 
   // Logs a dry-run rule's would-be denial (with the rule's label, never a credential) and a
   // request that the limiter refused as invalid. Backend failures, which repeat on every request
@@ -305,21 +316,20 @@ class Gateway {
   }
 
   // An upstream's answer to GET `target`: its status, headers and at most kMaxUpstreamBodyBytes
-  // of body, so that a large (or endless) answer cannot take the gateway's memory with it.
+  // of body, so that a large (or endless) answer cannot take the gateway's memory with it, all
+  // within kUpstreamTimeout, so that a slow one cannot hold the worker.
   struct UpstreamAnswer {
     httplib::Response response;  // status and headers once they came; the body if `whole`
     bool whole = false;          // the whole answer came, its body within the bound
     bool too_large = false;      // its body passed the bound and was not read further
   };
   UpstreamAnswer fetch(const std::string& target) const {
-    httplib::Client client(*upstream_);
-    client.set_connection_timeout(std::chrono::seconds(2));
-    client.set_read_timeout(std::chrono::seconds(10));
-    client.set_write_timeout(std::chrono::seconds(2));
+    gateway::UpstreamClient client(
+        *upstream_, gateway::UpstreamClient::Clock::now() + kUpstreamTimeout, kUpstreamReadBudget);
     client.set_url_encode(false);  // the normalized path and the query go out byte for byte
     UpstreamAnswer out;
-    const httplib::Result result = client.Get(
-        target, httplib::Headers{},
+    const httplib::Result result = client.get(
+        target,
         [&out](const httplib::Response& head) {
           out.response.status = head.status;
           out.response.headers = head.headers;
@@ -352,7 +362,7 @@ class Gateway {
     return query;
   }
 
-  std::optional<std::string> upstream_;
+  std::optional<gateway::UpstreamAddress> upstream_;
 };
 
 // Prints `status` as the gateway's error.

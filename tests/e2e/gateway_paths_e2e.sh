@@ -12,7 +12,21 @@ source "$(dirname "$0")/common.sh"
 start upstream "$2"
 upstream="http://127.0.0.1:$started_port"
 start gateway "$gateway" "$3" --port 0 --upstream "$upstream"
+gateway_pid=$started_pid
 base="http://127.0.0.1:$started_port"
+
+# --- [attack] an upstream that trickles its answer is cut off at one deadline -------------------
+# cpp-httplib's read timeout applies to each read on its own: an upstream that sends a byte every
+# 500 ms held a gateway worker for as long as it kept sending (here 30 s; forever for one that
+# never stops). The whole exchange must end within the gateway's 10 s. Started first, in the
+# background, and checked last, so that the other checks run while it waits.
+trickle_start=$(date +%s%N)
+(
+  curl -s --max-time 25 -o "$work/trickle.b" -w '%{http_code}' "$base/v1/items/trickle" \
+    >"$work/trickle.s" || true
+  date +%s%N >"$work/trickle.t"
+) &
+trickle_pid=$!
 
 # fetch NAME PATH: GET PATH as written (no dot-segment removal by curl); status in $work/NAME.s,
 # headers in $work/NAME.h, body in $work/NAME.b.
@@ -87,6 +101,25 @@ fetch large /v1/items/large
 expect "a 64 MiB upstream answer: status" "$(cat "$work/large.s")" 502
 expect "a 64 MiB upstream answer: body" "$(head -c 100 "$work/large.b")" \
   '{"error":"upstream answer too large"}'
+
+# --- [attack] an upstream's headers are read up to a bound -----------------------------------------
+# cpp-httplib's client reads header lines until the blank one, however many: 20 MiB of them took
+# the gateway's memory far past its bound (some 100 MiB per answer, held by every worker that
+# proxied one). They are answered 502 once 64 KiB of status line and headers were read.
+fetch headers /v1/items/headers
+expect "20 MiB of upstream headers: status" "$(cat "$work/headers.s")" 502
+peak_kib=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$gateway_pid/status")
+echo "gateway_paths_e2e: gateway VmHWM after large upstream answers: ${peak_kib} kB"
+if ! [[ "$peak_kib" =~ ^[0-9]+$ ]] || [ "$peak_kib" -gt $((64 * 1024)) ]; then
+  fail "gateway VmHWM: expected under 65536 kB, got '$peak_kib' kB"
+fi
+
+wait "$trickle_pid"
+trickle_ms=$((($(cat "$work/trickle.t") - trickle_start) / 1000000))
+expect "a trickling upstream: status" "$(cat "$work/trickle.s")" 502
+expect "a trickling upstream: body" "$(cat "$work/trickle.b")" '{"error":"upstream unavailable"}'
+[ "$trickle_ms" -le 13000 ] ||
+  fail "a trickling upstream held the request for $trickle_ms ms (the deadline is 10000 ms)"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed; gateway log:" >&2

@@ -10,6 +10,9 @@
 //   GET <…/unavailable>          always 503 with Retry-After: 300, whatever is set (a path the
 //                                upstream cannot serve, next to paths it serves well)
 //   GET <…/large>                answered as set, with a body of 64 MiB
+//   GET <…/headers>              200 with 300000 headers (some 20 MiB of them) and a small body
+//   GET <…/trickle>              200 with a chunked body of 60 bytes, one byte every 500 ms (not
+//                                counted in /__stats: it ends after the test's other checks)
 //   GET <anything else>          answered as set, with a small JSON body naming the path (and
 //                                the query, as the request target carried it)
 // SIGINT or SIGTERM stops it (the default action).
@@ -58,6 +61,22 @@ int main() {
   });
   server.Get("/__stats", [](const httplib::Request&, httplib::Response& response) {
     response.set_content("requests " + std::to_string(answered.load()) + "\n", "text/plain");
+  });
+  server.Get(".*/headers", [](const httplib::Request&, httplib::Response& response) {
+    const std::string filler(48, 'x');
+    for (int i = 0; i < 300'000; ++i) response.set_header("X-Filler-" + std::to_string(i), filler);
+    response.set_content("{}\n", "application/json");
+  });
+  server.Get(".*/trickle", [](const httplib::Request&, httplib::Response& response) {
+    response.set_chunked_content_provider(
+        "text/plain", [](std::size_t offset, httplib::DataSink& sink) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          if (offset >= 60) {
+            sink.done();
+            return true;
+          }
+          return sink.write("x", 1);
+        });
   });
   server.Get(".*", [](const httplib::Request& request, httplib::Response& response) {
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));

@@ -52,6 +52,12 @@ inline std::string too_many_nodes_message() {
                       " nodes (each use of an alias counts)");
 }
 
+// The error for a config whose scalars, each use of an alias counted, pass kMaxScalarBytes.
+inline std::string too_much_text_message() {
+  return absl::StrCat("the config's scalars hold more than ", kMaxScalarBytes,
+                      " bytes (each use of an alias counts)");
+}
+
 // The error for a config that nests deeper than kMaxNestingDepth, whether the text check or the
 // parser found it.
 inline std::string nests_too_deep_message() {

@@ -33,9 +33,11 @@ struct Field {
   YAML::Node value;
 };
 
-// Every node read goes through visit(): it is counted against kMaxConfigNodes and its position is
-// remembered under its value path, so that relocate() can put a line and column in front of
-// validate()'s messages. Each read_* fails with LoadError at the offending node.
+// Every node read goes through visit(): it is counted against kMaxConfigNodes, a scalar's text
+// against kMaxScalarBytes (an alias shares its anchor's node, so each use counts again, and each
+// read_* copies or scans the text once), and its position is remembered under its value path, so
+// that relocate() can put a line and column in front of validate()'s messages. Each read_* fails
+// with LoadError at the offending node.
 class NodeReader {
  public:
   // validate()'s message ("<path> must ..." or "<path>: ...") with the position of the deepest
@@ -53,6 +55,11 @@ class NodeReader {
   void visit(const YAML::Node& node, const std::string& path) {
     if (++nodes_ > kMaxConfigNodes) {
       fail(node.Mark(), path, too_many_nodes_message());
+    }
+    if (node.IsScalar()) {
+      // Each addition is at most one config's text, so the sum cannot wrap before it fails.
+      scalar_bytes_ += node.Scalar().size();
+      if (scalar_bytes_ > kMaxScalarBytes) fail(node.Mark(), path, too_much_text_message());
     }
     marks_.emplace(path, node.Mark());
   }
@@ -209,6 +216,7 @@ class NodeReader {
   }
 
   std::size_t nodes_ = 0;
+  std::size_t scalar_bytes_ = 0;  // text of the scalars visited, each use of an alias again
   std::unordered_map<std::string, YAML::Mark> marks_;  // value path -> where it starts
 };
 
