@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "catch.hpp"
+#include "engine_fixture.hpp"
 
 using sluice::Selector;
 
@@ -149,6 +150,35 @@ TEST_CASE("engine modes and an empty exempt list load as spelled") {
   CHECK(config->engine.consumption == sluice::ConsumptionMode::kEveryRule);
   CHECK(config->engine.on_backend_error == sluice::FailureMode::kFailClosed);
   CHECK(config->gateway.exempt_paths.empty());
+}
+
+// Behind an upstream that routes without regard to case (Express by default, ASP.NET, IIS),
+// `/LOGIN` is served by the login handler. A route matched byte for byte leaves it unrouted, so
+// the login throttle never applies to it: a client picks its own bucket by picking a spelling.
+TEST_CASE("a route declared case-insensitive throttles every spelling its upstream serves",
+          "[attack]") {
+  auto config = sluice::yaml::load_config(R"(policies:
+  - name: login-throttle
+    rate_limit: { requests: 1, window_seconds: 60 }
+routes:
+  - name: login
+    path_prefix: /login
+    case_sensitive: false
+    policies: [login-throttle]
+)");
+  REQUIRE(config.status().ToString() == "OK");
+  sluice::testing::TestEngine engine = sluice::testing::make_engine(*config);
+  int admitted = 0;
+  for (std::string_view path : {"/login", "/LOGIN", "/Login/x", "/lOgIn"}) {
+    const auto route = engine.match_route("", path);
+    REQUIRE(route.has_value());  // the upstream serves every one of them from its login handler
+    CHECK(route->route == "login");
+    admitted +=
+        engine.evaluate({.client_ip = "203.0.113.7", .route = route->route, .path = path}).allowed
+            ? 1
+            : 0;
+  }
+  CHECK(admitted == 1);
 }
 
 // --- invalid configs: each asserts the exact message
