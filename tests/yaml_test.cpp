@@ -253,7 +253,7 @@ TEST_CASE("a typo in a rule key is an error rather than a dropped burst") {
 TEST_CASE("an unknown key far from every known one lists the keys allowed there") {
   CHECK(error_of("routes:\n  - name: r\n    upstream: http://x\n") ==
         "3:5: routes[0]: unknown key \"upstream\" (expected one of name, service, listener, "
-        "path_prefix, match, policies)");
+        "path_prefix, match, case_sensitive, policies)");
 }
 
 TEST_CASE("a scalar where a sequence belongs is a type error") {
@@ -449,6 +449,34 @@ TEST_CASE("a rule without requests_per is an error at the rule") {
 TEST_CASE("a bundle without any limit is an error at the bundle") {
   CHECK(error_of("policies:\n  - name: a\n    dry_run: true\n") ==
         "2:5: policies[0]: must set rate_limits or rate_limit");
+}
+
+TEST_CASE("case_sensitive loads as spelled and defaults to true") {
+  auto config = sluice::yaml::load_config(
+      "routes:\n  - { name: a, path_prefix: /a, case_sensitive: false }\n"
+      "  - { name: b, path_prefix: /b, case_sensitive: true }\n  - { name: c, path_prefix: /c }\n");
+  REQUIRE(config.status().ToString() == "OK");
+  CHECK_FALSE(config->routes[0].case_sensitive);
+  CHECK(config->routes[1].case_sensitive);
+  CHECK(config->routes[2].case_sensitive);
+}
+
+TEST_CASE("case_sensitive takes only true or false") {
+  CHECK(error_of("routes:\n  - name: a\n    path_prefix: /a\n    case_sensitive: no\n") ==
+        "4:21: routes[0].case_sensitive: expected true or false, got \"no\"");
+  CHECK(error_of("routes:\n  - name: a\n    path_prefix: /a\n    case_sensitive: \"false\"\n") ==
+        "4:21: routes[0].case_sensitive: expected true or false, got the string \"false\"");
+}
+
+TEST_CASE("a case-insensitive route whose prefix another route spells differently is an error") {
+  CHECK(error_of(R"(routes:
+  - { name: login, path_prefix: /login }
+  - { name: shouting, path_prefix: /LOGIN, case_sensitive: false }
+)") == "3:36: routes[1].path_prefix: \"/LOGIN\" is already matched by routes[0] on the same "
+       "listener (the prefixes differ only in case, and routes[1] sets case_sensitive: false)");
+  CHECK(error_of("routes:\n  - { name: r, case_sensitive: false }\n") ==
+        "2:32: routes[0].case_sensitive: is false, but the route has no path_prefix to match; "
+        "remove case_sensitive or set a path_prefix");
 }
 
 TEST_CASE("dry_run takes only true or false") {
