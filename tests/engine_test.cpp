@@ -276,6 +276,17 @@ TEST_CASE("exempt paths get no rule and no fields") {
   CHECK(engine.evaluate({.client_ip = "10.0.0.1", .path = "/"}).allowed);
 }
 
+TEST_CASE("an exempt path is matched byte for byte: another spelling of it is limited") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "g", .rate_limits = {rule("g", {Selector::kIp}, {.minute = 1})}}},
+      .gateway = {.global_policies = {"g"}}};
+  Engine engine = make_engine(config, clock);
+  const sluice::RequestContext upper{.client_ip = "10.0.0.1", .path = "/HEALTHZ"};
+  CHECK_FALSE(engine.evaluate(upper).exempt);
+  CHECK(admitted(engine, upper, 2) == 0);  // the first evaluation spent the one request
+}
+
 TEST_CASE("a reload keeps the state of unchanged rules and a changed rule's spent share") {
   sluice::ManualClock clock;
   sluice::PolicyConfig config{
@@ -587,6 +598,71 @@ TEST_CASE("the longest prefix wins and on an equal prefix a listener's own route
     CHECK(engine.match_route("internal", "/api/x")->route == "everywhere");
     CHECK(engine.match_route("public", "/api/v2/x")->route == "longer");
   }
+}
+
+TEST_CASE("a route that is not case_sensitive matches its prefix in any ASCII case, and only it") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .routes = {{.name = "login", .path_prefix = "/login", .case_sensitive = false},
+                 {.name = "api", .path_prefix = "/Api"},
+                 {.name = "cafe", .path_prefix = "/caf%C3%A9", .case_sensitive = false}}};
+  Engine engine = make_engine(config, clock);
+  const auto route_of = [&](std::string_view raw) {
+    const absl::StatusOr<std::string> path = sluice::normalize_request_path(raw);
+    REQUIRE(path.ok());
+    const auto match = engine.match_route("", *path);
+    return match ? std::string(match->route) : std::string("<unrouted>");
+  };
+  CHECK(route_of("/login") == "login");
+  CHECK(route_of("/LOGIN") == "login");
+  CHECK(route_of("/LoGiN/reset") == "login");
+  CHECK(route_of("/%4cogin") == "login");  // %4c decodes to L before the match
+  CHECK(route_of("/logi") == "<unrouted>");
+  CHECK(route_of("/Api/x") == "api");
+  CHECK(route_of("/api/x") == "<unrouted>");  // a case_sensitive route matches byte for byte
+  CHECK(route_of("/API/x") == "<unrouted>");
+  CHECK(route_of("/CAF%c3%a9") == "cafe");        // hex digits are upper case on both sides
+  CHECK(route_of("/caf%C3%89") == "<unrouted>");  // not an ASCII letter: compared as it is
+}
+
+TEST_CASE("a route that ignores case keeps the precedence: longest prefix, then the listener's") {
+  sluice::ManualClock clock;
+  for (bool listener_route_first : {true, false}) {
+    sluice::Route everywhere{.name = "everywhere", .path_prefix = "/api", .case_sensitive = false};
+    sluice::Route on_public{
+        .name = "on-public", .listener = "public", .path_prefix = "/API", .case_sensitive = false};
+    sluice::Route longer{.name = "longer", .path_prefix = "/api/v2"};
+    sluice::PolicyConfig config{.listeners = {{.name = "public"}, {.name = "internal"}}};
+    config.routes = listener_route_first
+                        ? std::vector<sluice::Route>{on_public, everywhere, longer}
+                        : std::vector<sluice::Route>{longer, everywhere, on_public};
+    Engine engine = make_engine(config, clock);
+    CHECK(engine.match_route("public", "/api/x")->route == "on-public");
+    CHECK(engine.match_route("internal", "/Api/x")->route == "everywhere");
+    CHECK(engine.match_route("internal", "/api/v2/x")->route == "longer");
+    CHECK(engine.match_route("internal", "/API/V2/x")->route == "everywhere");  // longer: bytes
+  }
+}
+
+TEST_CASE("turning case_sensitive off keeps every route's keys across a reload") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "b",
+                    .rate_limits = {rule("r", {Selector::kIp, Selector::kRoute}, {.minute = 2})}}},
+      .routes = {{.name = "login", .path_prefix = "/login", .policies = {"b"}},
+                 {.name = "api", .path_prefix = "/api", .policies = {"b"}}}};
+  Engine first = make_engine(config, clock);
+  REQUIRE(admitted(first, on_route("10.0.0.1", "login"), 3) == 2);
+  REQUIRE(admitted(first, on_route("10.0.0.1", "api"), 3) == 2);
+
+  config.routes[0].case_sensitive = false;
+  Engine second = reloaded(first, config);
+  CHECK(admitted(second, on_route("10.0.0.1", "login"), 1) == 0);  // its key is its name
+  CHECK(admitted(second, on_route("10.0.0.1", "api"), 1) == 0);    // an unchanged route's too
+  CHECK(second.stats()[0].admitted == 4);                          // the rule kept its state
+  const auto upper = second.match_route("", "/LOGIN");
+  REQUIRE(upper.has_value());
+  CHECK(admitted(second, on_route("10.0.0.1", upper->route), 1) == 0);  // the spent login bucket
 }
 
 TEST_CASE("counters add up: admissions while a rule applied, its own denials, no peeks") {

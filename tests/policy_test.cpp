@@ -102,6 +102,15 @@ sluice::CompiledRule only_rule(const sluice::Bundle& bundle) {
 
 TEST_CASE("a complete gateway layout is valid") { CHECK(sluice::validate(valid_config()).ok()); }
 
+TEST_CASE("prefixes that differ only in case coexist while both routes are case_sensitive") {
+  sluice::PolicyConfig config = valid_config();
+  config.routes[2].path_prefix = "/V1";  // routes[0] is /v1 on every listener
+  CHECK(sluice::validate(config).ok());
+  // routes[1] is /login on the https listener only: another listener, another prefix space.
+  config.routes[2] = {.name = "admin", .path_prefix = "/LOGIN", .case_sensitive = false};
+  CHECK(sluice::validate(config).ok());
+}
+
 TEST_CASE("model defaults match the documentation") {
   sluice::PolicyConfig config;
   CHECK(config.gateway.exempt_paths == std::vector<std::string>{"/healthz", "/readyz", "/metrics"});
@@ -111,6 +120,7 @@ TEST_CASE("model defaults match the documentation") {
   CHECK_FALSE(config.engine.local_share_permille.has_value());
   CHECK(config.engine.local_retry_interval_ms == 1000);
   CHECK_FALSE(sluice::Bundle{}.dry_run);
+  CHECK(sluice::Route{}.case_sensitive);
   CHECK(sluice::validate(config).ok());  // nothing configured is a valid (empty) config
 }
 
@@ -208,6 +218,27 @@ TEST_CASE("invalid scopes and references are rejected with the path of the bad v
        "characters"},
       {[](auto& c) { c.routes[2].path_prefix = "/v1"; },
        "routes[2].path_prefix: \"/v1\" is already matched by routes[0] on the same listener"},
+      // A route that ignores case matches every spelling of its prefix.
+      {[](auto& c) {
+         c.routes[2].path_prefix = "/V1";
+         c.routes[2].case_sensitive = false;
+       },
+       "routes[2].path_prefix: \"/V1\" is already matched by routes[0] on the same listener (the "
+       "prefixes differ only in case, and routes[2] sets case_sensitive: false)"},
+      {[](auto& c) {
+         c.routes[0].case_sensitive = false;
+         c.routes[2].path_prefix = "/V1";
+       },
+       "routes[2].path_prefix: \"/V1\" is already matched by routes[0] on the same listener (the "
+       "prefixes differ only in case, and routes[0] sets case_sensitive: false)"},
+      {[](auto& c) {
+         c.routes[2].path_prefix = "/v1";
+         c.routes[2].case_sensitive = false;
+       },
+       "routes[2].path_prefix: \"/v1\" is already matched by routes[0] on the same listener"},
+      {[](auto& c) { c.routes.push_back({.name = "by-name", .case_sensitive = false}); },
+       "routes[3].case_sensitive: is false, but the route has no path_prefix to match; remove "
+       "case_sensitive or set a path_prefix"},
       // Routes match normalized paths: a prefix that normalization changes matches nothing.
       {[](auto& c) { c.routes[2].path_prefix = "/v1//login"; },
        "routes[2].path_prefix: \"/v1//login\" can match no request: request paths are normalized "

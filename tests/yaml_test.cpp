@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "catch.hpp"
+#include "engine_fixture.hpp"
 
 using sluice::Selector;
 
@@ -151,6 +152,35 @@ TEST_CASE("engine modes and an empty exempt list load as spelled") {
   CHECK(config->gateway.exempt_paths.empty());
 }
 
+// Behind an upstream that routes without regard to case (Express by default, ASP.NET, IIS),
+// `/LOGIN` is served by the login handler. A route matched byte for byte leaves it unrouted, so
+// the login throttle never applies to it: a client picks its own bucket by picking a spelling.
+TEST_CASE("a route declared case-insensitive throttles every spelling its upstream serves",
+          "[attack]") {
+  auto config = sluice::yaml::load_config(R"(policies:
+  - name: login-throttle
+    rate_limit: { requests: 1, window_seconds: 60 }
+routes:
+  - name: login
+    path_prefix: /login
+    case_sensitive: false
+    policies: [login-throttle]
+)");
+  REQUIRE(config.status().ToString() == "OK");
+  sluice::testing::TestEngine engine = sluice::testing::make_engine(*config);
+  int admitted = 0;
+  for (std::string_view path : {"/login", "/LOGIN", "/Login/x", "/lOgIn"}) {
+    const auto route = engine.match_route("", path);
+    REQUIRE(route.has_value());  // the upstream serves every one of them from its login handler
+    CHECK(route->route == "login");
+    admitted +=
+        engine.evaluate({.client_ip = "203.0.113.7", .route = route->route, .path = path}).allowed
+            ? 1
+            : 0;
+  }
+  CHECK(admitted == 1);
+}
+
 // --- invalid configs: each asserts the exact message
 // ----------------------------------------------
 
@@ -223,7 +253,7 @@ TEST_CASE("a typo in a rule key is an error rather than a dropped burst") {
 TEST_CASE("an unknown key far from every known one lists the keys allowed there") {
   CHECK(error_of("routes:\n  - name: r\n    upstream: http://x\n") ==
         "3:5: routes[0]: unknown key \"upstream\" (expected one of name, service, listener, "
-        "path_prefix, match, policies)");
+        "path_prefix, match, case_sensitive, policies)");
 }
 
 TEST_CASE("a scalar where a sequence belongs is a type error") {
@@ -419,6 +449,34 @@ TEST_CASE("a rule without requests_per is an error at the rule") {
 TEST_CASE("a bundle without any limit is an error at the bundle") {
   CHECK(error_of("policies:\n  - name: a\n    dry_run: true\n") ==
         "2:5: policies[0]: must set rate_limits or rate_limit");
+}
+
+TEST_CASE("case_sensitive loads as spelled and defaults to true") {
+  auto config = sluice::yaml::load_config(
+      "routes:\n  - { name: a, path_prefix: /a, case_sensitive: false }\n"
+      "  - { name: b, path_prefix: /b, case_sensitive: true }\n  - { name: c, path_prefix: /c }\n");
+  REQUIRE(config.status().ToString() == "OK");
+  CHECK_FALSE(config->routes[0].case_sensitive);
+  CHECK(config->routes[1].case_sensitive);
+  CHECK(config->routes[2].case_sensitive);
+}
+
+TEST_CASE("case_sensitive takes only true or false") {
+  CHECK(error_of("routes:\n  - name: a\n    path_prefix: /a\n    case_sensitive: no\n") ==
+        "4:21: routes[0].case_sensitive: expected true or false, got \"no\"");
+  CHECK(error_of("routes:\n  - name: a\n    path_prefix: /a\n    case_sensitive: \"false\"\n") ==
+        "4:21: routes[0].case_sensitive: expected true or false, got the string \"false\"");
+}
+
+TEST_CASE("a case-insensitive route whose prefix another route spells differently is an error") {
+  CHECK(error_of(R"(routes:
+  - { name: login, path_prefix: /login }
+  - { name: shouting, path_prefix: /LOGIN, case_sensitive: false }
+)") == "3:36: routes[1].path_prefix: \"/LOGIN\" is already matched by routes[0] on the same "
+       "listener (the prefixes differ only in case, and routes[1] sets case_sensitive: false)");
+  CHECK(error_of("routes:\n  - { name: r, case_sensitive: false }\n") ==
+        "2:32: routes[0].case_sensitive: is false, but the route has no path_prefix to match; "
+        "remove case_sensitive or set a path_prefix");
 }
 
 TEST_CASE("dry_run takes only true or false") {

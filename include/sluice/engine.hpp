@@ -556,8 +556,9 @@ class BasicRateLimitEngine {
     std::optional<std::string_view> service{};
   };
   // The route with the longest path_prefix that starts `path`, among routes on `listener` (or
-  // on every listener). `path` must be normalized (sluice/request_path.hpp), and the request
-  // must be served on that same path: a raw path climbs out of a prefix with dot segments.
+  // on every listener); in any ASCII case for a route that is not case_sensitive. `path` must be
+  // normalized (sluice/request_path.hpp), and the request must be served on that same path: a
+  // raw path climbs out of a prefix with dot segments.
   std::optional<RouteMatch> match_route(std::string_view listener, std::string_view path) const {
     const Route* route = rules_.match_route(listener, path);
     if (route == nullptr) return std::nullopt;

@@ -31,6 +31,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/adaptive.hpp"
 #include "sluice/client_address.hpp"
@@ -323,10 +324,19 @@ class RuleSet {
   const Route* match_route(std::string_view listener, std::string_view path) const {
     for (const Route& route : routes_) {  // sorted longest prefix first
       if (!route.listener.empty() && route.listener != listener) continue;
-      if (route.path_prefix.empty() || !path.starts_with(route.path_prefix)) continue;
+      if (route.path_prefix.empty() || !prefix_starts(route, path)) continue;
       return &route;
     }
     return nullptr;
+  }
+  // Whether `route`'s path_prefix starts `path`: byte for byte, or with ASCII letters in either
+  // case when the route is not case_sensitive. Both are normalized, so a percent-encoding's hex
+  // digits are upper case in both and fold alike; a non-ASCII byte (always percent-encoded) is
+  // compared as it is. In place: no allocation.
+  static bool prefix_starts(const Route& route, std::string_view path) {
+    if (route.case_sensitive) return path.starts_with(route.path_prefix);
+    return absl::StartsWithIgnoreCase(absl::string_view(path.data(), path.size()),
+                                      route.path_prefix);
   }
   // The consumer that owns `credential`.
   std::optional<std::string_view> consumer_for(std::string_view credential) const {

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/adaptive.hpp"
 #include "sluice/client_address.hpp"
@@ -483,10 +484,24 @@ inline absl::Status check_sizes(const PolicyConfig& config) {
   return s;
 }
 
+// The path prefixes of the routes validated so far, per listener, to find a route whose paths
+// an earlier route on its listener matches already. Listener names are printable ASCII, so '\0'
+// separates a key's two parts unambiguously.
+struct RoutePrefixes {
+  struct Folded {
+    std::size_t first = 0;                     // the first route with this prefix in any case
+    std::optional<std::size_t> insensitive{};  // the first of those that is not case_sensitive
+  };
+  std::unordered_map<std::string, std::size_t> exact;  // listener '\0' path_prefix -> route
+  std::unordered_map<std::string, Folded> folded;      // listener '\0' lower-case path_prefix
+};
+
+absl::Status check_path_prefix(const Route& route, std::size_t i, const std::string& base,
+                               RoutePrefixes& prefixes);
+
 inline absl::Status validate_route(const Route& route, std::size_t i, const NameIndex& services,
                                    const NameIndex& listeners, const NameIndex& bundles,
-                                   const std::vector<Bundle>& policies,
-                                   std::unordered_map<std::string, std::size_t>& prefixes) {
+                                   const std::vector<Bundle>& policies, RoutePrefixes& prefixes) {
   const std::string base = detail::element("", "routes", i);
   if (!route.service.empty() && !services.contains(route.service)) {
     return detail::invalid(base, ".service: unknown service ", detail::quoted(route.service));
@@ -495,29 +510,53 @@ inline absl::Status validate_route(const Route& route, std::size_t i, const Name
     return detail::invalid(base, ".listener: unknown listener ", detail::quoted(route.listener));
   }
   if (!route.path_prefix.empty()) {
-    if (route.path_prefix.size() > kMaxPathBytes) {
-      return detail::invalid(base, ".path_prefix must be at most ", kMaxPathBytes, " bytes, got ",
-                             route.path_prefix.size());
-    }
-    if (route.path_prefix.front() != '/' || !detail::printable(route.path_prefix)) {
-      return detail::invalid(base, ".path_prefix: ", detail::quoted(route.path_prefix),
-                             " must start with '/' and contain only printable ASCII characters");
-    }
-    if (absl::Status s = detail::check_normalized_prefix(route.path_prefix); !s.ok()) {
-      return detail::invalid(base, ".path_prefix: ", detail::quoted(route.path_prefix), " ",
-                             s.message());
-    }
-    // Listener names are printable ASCII, so '\0' separates the two parts unambiguously.
-    auto [it, inserted] =
-        prefixes.emplace(absl::StrCat(route.listener, std::string(1, '\0'), route.path_prefix), i);
-    if (!inserted) {
-      return detail::invalid(base, ".path_prefix: ", detail::quoted(route.path_prefix),
-                             " is already matched by ", detail::element("", "routes", it->second),
-                             " on the same listener");
-    }
+    if (absl::Status s = check_path_prefix(route, i, base, prefixes); !s.ok()) return s;
+  } else if (!route.case_sensitive) {
+    return detail::invalid(base,
+                           ".case_sensitive: is false, but the route has no path_prefix to "
+                           "match; remove case_sensitive or set a path_prefix");
   }
   return detail::check_attachments(route.policies, absl::StrCat(base, ".policies"), bundles,
                                    policies);
+}
+
+// Route `i`'s path_prefix: within bounds, normalized, and matching paths that no earlier route on
+// its listener matches at the same length: not the same prefix, nor one that differs only in case
+// when either route is not case_sensitive (the two would match the same paths).
+inline absl::Status check_path_prefix(const Route& route, std::size_t i, const std::string& base,
+                                      RoutePrefixes& prefixes) {
+  const std::string& prefix = route.path_prefix;
+  if (prefix.size() > kMaxPathBytes) {
+    return detail::invalid(base, ".path_prefix must be at most ", kMaxPathBytes, " bytes, got ",
+                           prefix.size());
+  }
+  if (prefix.front() != '/' || !detail::printable(prefix)) {
+    return detail::invalid(base, ".path_prefix: ", detail::quoted(prefix),
+                           " must start with '/' and contain only printable ASCII characters");
+  }
+  if (absl::Status s = detail::check_normalized_prefix(prefix); !s.ok()) {
+    return detail::invalid(base, ".path_prefix: ", detail::quoted(prefix), " ", s.message());
+  }
+  const std::string listener = absl::StrCat(route.listener, std::string(1, '\0'));
+  if (auto [it, inserted] = prefixes.exact.emplace(listener + prefix, i); !inserted) {
+    return detail::invalid(base, ".path_prefix: ", detail::quoted(prefix),
+                           " is already matched by ", detail::element("", "routes", it->second),
+                           " on the same listener");
+  }
+  auto [it, inserted] = prefixes.folded.try_emplace(listener + absl::AsciiStrToLower(prefix),
+                                                    RoutePrefixes::Folded{.first = i});
+  const std::optional<std::size_t> earlier =
+      inserted ? std::nullopt
+               : (route.case_sensitive ? it->second.insensitive : std::optional(it->second.first));
+  if (earlier) {
+    return detail::invalid(base, ".path_prefix: ", detail::quoted(prefix),
+                           " is already matched by ", detail::element("", "routes", *earlier),
+                           " on the same listener (the prefixes differ only in case, and ",
+                           detail::element("", "routes", route.case_sensitive ? *earlier : i),
+                           " sets case_sensitive: false)");
+  }
+  if (!route.case_sensitive) it->second.insensitive = i;
+  return absl::OkStatus();
 }
 
 inline absl::Status validate_routes(const PolicyConfig& config, const NameIndex& services,
@@ -526,7 +565,7 @@ inline absl::Status validate_routes(const PolicyConfig& config, const NameIndex&
   if (absl::Status s = detail::index_names(config.routes, "routes", "route", routes); !s.ok()) {
     return s;
   }
-  std::unordered_map<std::string, std::size_t> prefixes;  // listener '\0' path_prefix -> route
+  RoutePrefixes prefixes;
   for (std::size_t i = 0; i < config.routes.size(); ++i) {
     if (absl::Status s = validate_route(config.routes[i], i, services, listeners, bundles,
                                         config.policies, prefixes);

@@ -123,10 +123,13 @@ struct Consumer {
 // its path, among routes whose `listener` is empty or is the request's listener; a request that
 // matches none is unrouted (listener and global bundles still apply).
 struct Route {
-  std::string name{};                   // non-empty, unique among routes
-  std::string service{};                // optional; names a service in `services` when set
-  std::string listener{};               // optional; names a listener in `listeners` when set
-  std::string path_prefix{};            // optional; starts with '/' when set ("" never matches)
+  std::string name{};         // non-empty, unique among routes
+  std::string service{};      // optional; names a service in `services` when set
+  std::string listener{};     // optional; names a listener in `listeners` when set
+  std::string path_prefix{};  // optional; starts with '/' when set ("" never matches)
+  // false: `path_prefix` matches with ASCII letters in either case, for an upstream that routes
+  // without regard to case (where /LOGIN is served as /login); requires a path_prefix.
+  bool case_sensitive = true;
   std::vector<std::string> policies{};  // attached bundle names
 
   friend bool operator==(const Route&, const Route&) = default;

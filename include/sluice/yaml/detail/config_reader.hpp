@@ -232,8 +232,9 @@ class ConfigReader final : public NodeReader {
 
   Route read_route(const YAML::Node& node, const std::string& path) {
     Route route;
-    const std::vector<Field> fs =
-        fields(node, path, {"name", "service", "listener", "path_prefix", "match", "policies"});
+    const std::vector<Field> fs = fields(
+        node, path,
+        {"name", "service", "listener", "path_prefix", "match", "case_sensitive", "policies"});
     require(node, path, fs, "name");
     const Field* prefix = nullptr;
     const Field* match = nullptr;
@@ -251,6 +252,8 @@ class ConfigReader final : public NodeReader {
       } else if (f.key == "match") {
         match = &f;
         route.path_prefix = read_match(f.value, f.path, member(path, "path_prefix"));
+      } else if (f.key == "case_sensitive") {
+        route.case_sensitive = read_bool(f.value, f.path);
       } else {
         route.policies = read_strings(f.value, f.path);
       }
