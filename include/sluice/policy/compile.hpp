@@ -496,8 +496,8 @@ struct RoutePrefixes {
   std::unordered_map<std::string, Folded> folded;      // listener '\0' lower-case path_prefix
 };
 
-absl::Status check_path_prefix(const Route& route, std::size_t i, const std::string& base,
-                               RoutePrefixes& prefixes);
+inline absl::Status check_path_prefix(const Route& route, std::size_t i, const std::string& base,
+                                      RoutePrefixes& prefixes);
 
 inline absl::Status validate_route(const Route& route, std::size_t i, const NameIndex& services,
                                    const NameIndex& listeners, const NameIndex& bundles,
