@@ -765,6 +765,101 @@ TEST_CASE("single checks and batches on one key at once admit exactly the burst 
   CHECK(admitted.load() == static_cast<int>(kBurst));
 }
 
+TEST_CASE("one statement for several keys decides each key exactly as the in-memory limiter") {
+  // kCheckSetSql, what concurrent checks coalesce into: keys with rows in its UPDATE, denials,
+  // new and reset keys through check_one_v1, each key on its own.
+  namespace detail = sluice::postgres::detail;
+  const sluice::GcraWindow window{.requests = 4, .period = 1s, .burst = 5};
+  sluice::ManualClock clock;
+  auto memory = make(sluice::GcraLimiter<sluice::ManualClock>::create({window}, {}, clock));
+  auto c = client();
+  auto database = make(PostgresGcraLimiter::create({window}, c, "set-parity"));
+  const sluice::postgres::Limit* limit = &database.limit();
+  const std::vector<std::string> keys = {"a", "b", "c", "d", "e", "f"};
+  std::mt19937_64 random(37);
+  for (int step = 0; step < 200; ++step) {
+    clock.advance(milliseconds(random() % 300));
+    const std::uint64_t cost = 1 + random() % 3;
+    std::vector<std::string> subset;
+    std::vector<sluice::KeyDigest> digests;
+    for (const std::string& key : keys) {
+      if (random() % 2 == 0) continue;
+      subset.push_back(key);
+      digests.push_back(c->digest(key, *limit));
+    }
+    if (subset.empty()) continue;
+    if (random() % 8 == 0) {  // a reset: the key's next check is a new key's
+      memory.reset(subset[0]);
+      REQUIRE(database.reset(subset[0]).ok());
+    }
+    const auto params = detail::check_set_params(digests, *limit, cost, kT0 + clock.now());
+    REQUIRE(params);
+    auto lease = c->pool().acquire();
+    REQUIRE(lease.ok());
+    auto r = lease->run(detail::kCheckSetStatement, detail::kCheckSetSql, *params,
+                        detail::Effect::kWrites);
+    INFO("step " << step << " cost " << cost);
+    REQUIRE(r.ok());
+    REQUIRE(PQntuples(r->get()) == static_cast<int>(subset.size()));
+    for (std::size_t i = 0; i < subset.size(); ++i) {
+      INFO("key " << subset[i]);
+      auto d = detail::decode_check_reply(PQgetvalue(r->get(), static_cast<int>(i), 0),
+                                          std::span(&limit, 1));
+      REQUIRE(d.ok());
+      REQUIRE((*d)[0] == memory.check(subset[i], cost).value());
+    }
+  }
+}
+
+TEST_CASE("coalesced checks beside batches on shared keys admit exactly each key's burst") {
+  // One statement in flight, so checks queue and share statements; batches through check_v2 take
+  // the same keys in another order. A deadlock between them would be an error.
+  constexpr int kBurst = 100;  // spent near the end: the keys are written all along
+  auto c = Client::create({.connection = connection(3000ms),
+                           .key_seed = 42,
+                           .time_source = [] { return the_time.now(); },
+                           .max_coalesced_calls = 1});
+  REQUIRE(c.ok());
+  REQUIRE(sluice::postgres::migrate((*c)->pool()).ok());
+  auto limiter = make(
+      PostgresGcraLimiter::create({{.requests = kBurst, .period = 1h}}, *c, "coalesced-exact"));
+  the_time.set(kT0);
+  const std::vector<std::string> keys = {"k0", "k1", "k2", "k3", "k4", "k5"};
+  std::vector<std::atomic<int>> admitted(keys.size());
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 12; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 30; ++i) {
+        if (t % 4 != 3) {
+          const std::size_t k = static_cast<std::size_t>(t + i) % keys.size();
+          absl::StatusOr<Decision> d = limiter.check(keys[k]);
+          errors += d.ok() ? 0 : 1;
+          admitted[k] += d.ok() && d->allowed() ? 1 : 0;
+        } else {  // every key, from the last to the first: check_v2, each item on its own
+          std::vector<sluice::postgres::CheckItem> reversed;
+          for (auto key = keys.rbegin(); key != keys.rend(); ++key) {
+            reversed.push_back({.key = *key, .limit = &limiter.limit()});
+          }
+          absl::StatusOr<std::vector<Decision>> d = (*c)->check_all(reversed, BatchMode::kEachItem);
+          errors += d.ok() ? 0 : 1;
+          for (std::size_t j = 0; d.ok() && j < reversed.size(); ++j) {
+            admitted[keys.size() - 1 - j] += (*d)[j].allowed() ? 1 : 0;
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(errors.load() == 0);
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    INFO("key " << keys[k]);
+    CHECK(admitted[k].load() == kBurst);
+  }
+  CHECK((*c)->coalesced_checks() > 0);
+  CHECK((*c)->peak_coalesced_calls() == 1);
+}
+
 TEST_CASE("a key that has a row is checked while another session holds its shard lock") {
   auto c = client(300ms);
   auto limiter =

@@ -50,6 +50,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sluice/decision.hpp"
+#include "sluice/detail/coalescer.hpp"
 #include "sluice/key.hpp"
 #include "sluice/postgres/connection_pool.hpp"
 #include "sluice/postgres/detail/check_call.hpp"
@@ -64,6 +65,14 @@ struct ClientOptions {
   std::uint64_t key_seed = 0;
   // Empty (the default): decide on the database clock. See TimeSource (connection_pool.hpp).
   TimeSource time_source{};
+  // Concurrent single-key checks (a limiter's `check`) of one limit and cost, whose interval is a
+  // whole number of nanoseconds, that start while max_coalesced_calls such calls are in flight
+  // queue and go out together as one statement: up to max_coalesced_checks distinct keys, one
+  // transaction and one commit, each key decided on its own exactly as when sent alone. A check
+  // that finds fewer calls in flight is sent at once, alone, so one caller sees no change.
+  bool coalesce = true;
+  std::size_t max_coalesced_checks = 64;  // 1..1000: keys in one statement
+  std::size_t max_coalesced_calls = 4;    // 1..1000: such statements in flight at once
 };
 
 // Where a key's state may still be held under an earlier GCRA limit: the key it had there.
@@ -91,16 +100,32 @@ enum class BatchMode {
 class Client {
  public:
   // Connects lazily: creation succeeds while the database is down.
+  // InvalidArgument: bad connection options, or max_coalesced_checks or max_coalesced_calls
+  // outside 1..1000.
   static absl::StatusOr<std::shared_ptr<Client>> create(ClientOptions options) {
+    for (const std::size_t n : {options.max_coalesced_checks, options.max_coalesced_calls}) {
+      if (n == 0 || n > 1000) {
+        return absl::InvalidArgumentError(
+            "sluice::postgres: max_coalesced_checks and max_coalesced_calls must be in 1..1000");
+      }
+    }
     absl::StatusOr<std::shared_ptr<ConnectionPool>> pool =
         ConnectionPool::create(std::move(options.connection));
     if (!pool.ok()) return pool.status();
-    return std::make_shared<Client>(*std::move(pool), options.key_seed,
-                                    std::move(options.time_source));
+    return std::make_shared<Client>(*std::move(pool), std::move(options));
   }
 
+  // A client over `pool` (options.connection is not used). Coalesces as `options` say.
+  Client(std::shared_ptr<ConnectionPool> pool, ClientOptions options)
+      : pool_(std::move(pool)),
+        hasher_(options.key_seed),
+        time_source_(std::move(options.time_source)),
+        coalesce_(options.coalesce),
+        coalescer_(options.max_coalesced_checks, options.max_coalesced_calls) {}
+
   Client(std::shared_ptr<ConnectionPool> pool, std::uint64_t key_seed, TimeSource time_source = {})
-      : pool_(std::move(pool)), hasher_(key_seed), time_source_(std::move(time_source)) {}
+      : Client(std::move(pool),
+               ClientOptions{.key_seed = key_seed, .time_source = std::move(time_source)}) {}
 
   // Decides every item for its cost in one round trip. All items must use limits of one
   // algorithm. One decision per item, in order.
@@ -129,9 +154,21 @@ class Client {
     const char* sql = detail::kCheckSql;
     std::vector<Param> params;
     if (detail::fits_check_one(limits, costs, carrying)) {
-      // One key of a one-window GCRA limit: one UPDATE, in bigint when the interval is whole.
+      // One key of a one-window GCRA limit: one UPDATE, in bigint when the interval is whole,
+      // shared with concurrent checks of the same limit and cost when coalescing.
       if (std::optional<std::vector<Param>> whole =
               detail::check_interval_params(digests[0], *limits[0], costs[0], unix_time)) {
+        if (coalesce_) {
+          absl::StatusOr<Decision> d = coalescer_.check(
+              digests[0], SetGroup{.limit = limits[0], .cost = costs[0], .time = unix_time},
+              deadline,
+              [this](std::span<const KeyDigest> keys, const SetGroup& group, detail::Deadline by,
+                     std::span<absl::StatusOr<Decision>> results) {
+                check_set(keys, group, by, results);
+              });
+          if (!d.ok()) return d.status();
+          return std::vector<Decision>{*d};
+        }
         name = detail::kCheckIntervalStatement;
         sql = detail::kCheckIntervalSql;
         params = *std::move(whole);
@@ -149,19 +186,22 @@ class Client {
         detail::append_carry_params(sources, params);
       }
     }
-    absl::StatusOr<ConnectionPool::Lease> lease = pool_->acquire();
-    if (!lease.ok()) return lease.status();
     // A peek writes nothing, so a lost reply to it is plain Unavailable / DeadlineExceeded.
     const bool writes = std::any_of(costs.begin(), costs.end(), [](auto c) { return c > 0; });
-    absl::StatusOr<detail::ResultPtr> r = lease->run(
-        name, sql, params, writes || carrying ? detail::Effect::kWrites : detail::Effect::kReadOnly,
-        deadline);
+    absl::StatusOr<detail::ResultPtr> r =
+        run(name, sql, params,
+            writes || carrying ? detail::Effect::kWrites : detail::Effect::kReadOnly, deadline);
     if (!r.ok()) return r.status();
     if (PQntuples(r->get()) != 1 || PQnfields(r->get()) != 1 || PQgetisnull(r->get(), 0, 0)) {
       return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v2");
     }
     return detail::decode_check_reply(PQgetvalue(r->get(), 0, 0), limits);
   }
+
+  // Checks that went out in one statement together with at least one other check.
+  std::uint64_t coalesced_checks() const { return coalescer_.coalesced_checks(); }
+  // The most coalescing statements that were in flight at once (≤ max_coalesced_calls).
+  std::size_t peak_coalesced_calls() const { return coalescer_.peak_in_flight(); }
 
   const TimeSource& time_source() const noexcept { return time_source_; }
 
@@ -217,6 +257,62 @@ class Client {
     return absl::OkStatus();
   }
 
+  // What coalesced checks share: the limit, the cost and the time they are decided at.
+  struct SetGroup {
+    const Limit* limit = nullptr;
+    std::uint64_t cost = 0;
+    std::optional<std::chrono::nanoseconds> time;
+    bool operator==(const SetGroup&) const = default;
+  };
+  // Two checks of one key never share a statement: its UPDATE would store the key once.
+  struct SameKey {
+    bool operator()(const KeyDigest& a, const KeyDigest& b) const noexcept { return a == b; }
+  };
+
+  absl::StatusOr<detail::ResultPtr> run(const char* name, const char* sql,
+                                        std::span<const Param> params, detail::Effect effect,
+                                        detail::Deadline deadline) {
+    absl::StatusOr<ConnectionPool::Lease> lease = pool_->acquire();
+    if (!lease.ok()) return lease.status();
+    return lease->run(name, sql, params, effect, deadline);
+  }
+
+  // Coalesced checks of distinct `keys` under one limit and cost, by `deadline`: one statement,
+  // one result per key. Never resent.
+  void check_set(std::span<const KeyDigest> keys, const SetGroup& group, detail::Deadline deadline,
+                 std::span<absl::StatusOr<Decision>> results) {
+    const bool alone = keys.size() == 1;
+    std::optional<std::vector<Param>> params =
+        alone ? detail::check_interval_params(keys[0], *group.limit, group.cost, group.time)
+              : detail::check_set_params(keys, *group.limit, group.cost, group.time);
+    const auto fill = [&](const absl::Status& status) {
+      std::fill(results.begin(), results.end(), status);
+    };
+    if (!params) {  // not reached: the group's first check had these parameters
+      return fill(absl::InternalError("sluice::postgres: no statement for a coalesced check"));
+    }
+    absl::StatusOr<detail::ResultPtr> r =
+        alone ? run(detail::kCheckIntervalStatement, detail::kCheckIntervalSql, *params,
+                    detail::Effect::kWrites, deadline)
+              : run(detail::kCheckSetStatement, detail::kCheckSetSql, *params,
+                    detail::Effect::kWrites, deadline);
+    if (!r.ok()) return fill(r.status());
+    if (PQntuples(r->get()) != static_cast<int>(keys.size()) || PQnfields(r->get()) != 1) {
+      return fill(absl::InternalError("sluice::postgres: malformed reply to coalesced checks"));
+    }
+    const Limit* const limit = group.limit;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const int row = static_cast<int>(i);
+      if (PQgetisnull(r->get(), row, 0)) {
+        results[i] = absl::InternalError("sluice::postgres: malformed reply to coalesced checks");
+        continue;
+      }
+      absl::StatusOr<std::vector<Decision>> d =
+          detail::decode_check_reply(PQgetvalue(r->get(), row, 0), std::span(&limit, 1));
+      results[i] = d.ok() ? absl::StatusOr<Decision>((*d)[0]) : d.status();
+    }
+  }
+
   // The time source's reading, or nullopt for the database clock.
   std::optional<std::chrono::nanoseconds> now() const {
     if (!time_source_) return std::nullopt;
@@ -226,6 +322,8 @@ class Client {
   std::shared_ptr<ConnectionPool> pool_;
   KeyHasher hasher_;
   TimeSource time_source_;
+  bool coalesce_ = true;
+  sluice::detail::Coalescer<KeyDigest, SetGroup, SameKey> coalescer_;
 };
 
 }  // namespace sluice::postgres

@@ -288,9 +288,13 @@ class ConnectionPool {
       }
       state = PQconnectPoll(c->conn);
     }
+    // Generic plans: sluice's prepared statements are planned once per connection. Left to
+    // choose, the server plans the coalesced checks' statement anew at every execution (its
+    // parameters make each custom plan look cheaper), which costs about as much as executing it.
     const std::string setup =
         absl::StrCat("SET statement_timeout = ", options_.statement_timeout.count(),
-                     "; SET lock_timeout = ", options_.statement_timeout.count());
+                     "; SET lock_timeout = ", options_.statement_timeout.count(),
+                     "; SET plan_cache_mode = force_generic_plan");
     // Non-blocking from here on: every send is flushed against its call's deadline.
     if (PQsetnonblocking(c->conn, 1) != 0 || PQsendQuery(c->conn, setup.c_str()) == 0) {
       return fail(absl::UnavailableError(
