@@ -77,6 +77,9 @@ struct Fixture {
   std::unique_ptr<sluice_test::PostgresServer> server;
   std::shared_ptr<sp::Client> client;
   std::unique_ptr<sp::PostgresGcraLimiter> limiter;
+  // The same limit through a client over the same pool that sends every check alone.
+  std::shared_ptr<sp::Client> uncoalesced_client;
+  std::unique_ptr<sp::PostgresGcraLimiter> uncoalesced;
 #ifdef SLUICE_BENCH_WITH_REDIS
   sluice_test::RedisServer redis;
   std::shared_ptr<sluice::redis::Client> redis_client;
@@ -91,13 +94,18 @@ void start() {
   fixture->server = std::make_unique<sluice_test::PostgresServer>(
       /*durable=*/fast == nullptr || std::string(fast) != "1");
   if (std::string e = fixture->server->start(); !e.empty()) fail(e);
-  auto client = sp::Client::create({.connection = {.conninfo = fixture->server->conninfo(),
-                                                   .connect_timeout = std::chrono::seconds(5),
-                                                   .acquire_timeout = std::chrono::seconds(5),
-                                                   .statement_timeout = std::chrono::seconds(5),
-                                                   .reply_grace = std::chrono::seconds(1),
-                                                   .max_connections = kMaxConnections},
-                                    .key_seed = 7});
+  // SLUICE_BENCH_PG_CALLS: ClientOptions::max_coalesced_calls (default: the client's default).
+  const char* calls = std::getenv("SLUICE_BENCH_PG_CALLS");
+  auto client = sp::Client::create(
+      {.connection = {.conninfo = fixture->server->conninfo(),
+                      .connect_timeout = std::chrono::seconds(5),
+                      .acquire_timeout = std::chrono::seconds(5),
+                      .statement_timeout = std::chrono::seconds(5),
+                      .reply_grace = std::chrono::seconds(1),
+                      .max_connections = kMaxConnections},
+       .key_seed = 7,
+       .max_coalesced_calls = calls != nullptr ? std::strtoul(calls, nullptr, 10)
+                                               : sp::ClientOptions{}.max_coalesced_calls});
   if (!client.ok()) fail(client.status().ToString());
   fixture->client = *client;
   if (auto v = sp::migrate(fixture->client->pool()); !v.ok()) fail(v.status().ToString());
@@ -106,6 +114,13 @@ void start() {
       "bench");
   if (!limiter.ok()) fail(limiter.status().ToString());
   fixture->limiter = std::make_unique<sp::PostgresGcraLimiter>(*std::move(limiter));
+  fixture->uncoalesced_client = std::make_shared<sp::Client>(
+      fixture->client->shared_pool(), sp::ClientOptions{.key_seed = 7, .coalesce = false});
+  auto uncoalesced = sp::PostgresGcraLimiter::create(
+      {{.requests = 1000, .period = std::chrono::seconds(1), .burst = kBurst}},
+      fixture->uncoalesced_client, "bench");
+  if (!uncoalesced.ok()) fail(uncoalesced.status().ToString());
+  fixture->uncoalesced = std::make_unique<sp::PostgresGcraLimiter>(*std::move(uncoalesced));
 #ifdef SLUICE_BENCH_WITH_REDIS
   if (std::string e = fixture->redis.start(); !e.empty()) fail(e);
   sluice::redis::ClientOptions ro;
@@ -256,8 +271,8 @@ std::vector<sp::Param> ref_params(const sluice::KeyDigest& digest,
   return p;
 }
 
-// One caller's check of `key` by `subject` (0: sluice, 1: the reference, 2: sluice.check_v2,
-// 3: the numeric one-key statement, kCheckOneSql).
+// One caller's check of `key` by `subject` (0: sluice, coalescing; 1: the reference; 2: sluice
+// with every check sent alone; 3: the numeric one-key statement, kCheckOneSql).
 // False on failure.
 bool one_check(int subject, const std::string& key, const sluice::KeyDigest& digest) {
   if (subject == 0) {
@@ -273,17 +288,9 @@ bool one_check(int subject, const std::string& key, const sluice::KeyDigest& dig
                    sp::detail::Effect::kWrites);
     return r.ok() && PQntuples(r->get()) == 1;
   }
-  if (subject == 2) {  // the path every check took before schema version 5
-    const sp::Limit* limit = &fixture->limiter->limit();
-    const std::uint64_t cost = 1;
-    std::vector<sp::Param> params =
-        sp::detail::check_params(sp::Algorithm::kGcra, std::span(&digest, 1), std::span(&limit, 1),
-                                 std::span(&cost, 1), true, std::nullopt);
-    auto lease = fixture->client->pool().acquire();
-    if (!lease.ok()) return false;
-    auto r = lease->run(sp::detail::kCheckStatement, sp::detail::kCheckSql, params,
-                        sp::detail::Effect::kWrites);
-    return r.ok() && PQntuples(r->get()) == 1;
+  if (subject == 2) {  // every check sent alone (ClientOptions::coalesce = false)
+    absl::StatusOr<sluice::Decision> d = fixture->uncoalesced->check(key);
+    return d.ok() && d->allowed();
   }
   auto lease = fixture->client->pool().acquire();
   if (!lease.ok()) return false;
@@ -369,7 +376,7 @@ void interleaved(int rounds) {
       fail(r.status().ToString());
     }
   }
-  const char* names[] = {"sluice check", "reference upsert", "check_v2 (before v5)",
+  const char* names[] = {"sluice check", "reference upsert", "sluice uncoalesced",
                          "numeric check_one"};
   std::mt19937 shuffle(12345);
   std::printf(
@@ -452,6 +459,12 @@ int instruction_inputs(const std::string& dir, const std::string& conninfo) {
            return sp::detail::check_params(sp::Algorithm::kGcra, std::span(digests).first(k),
                                            std::span(limits).first(k), std::span(costs).first(k),
                                            /*all_or_nothing=*/false, at);
+         }});
+  }
+  for (const std::size_t k : {1, 4, 8, 16}) {
+    subjects.push_back(
+        {absl::StrCat("set", k), sp::detail::kCheckSetSql, [&, k](const sluice::KeyDigest&) {
+           return *sp::detail::check_set_params(std::span(digests).first(k), *limit, 1, at);
          }});
   }
   auto lease = (*client)->pool().acquire();
