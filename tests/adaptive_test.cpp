@@ -223,6 +223,28 @@ TEST_CASE("one client's slow answers cannot keep the factor from recovering") {
   CHECK(held.factor(10s) == 500);  // quiet intervals hold too
 }
 
+TEST_CASE("one client's single slow answer does not tip other clients' tail into a decrease",
+          "[attack]") {
+  // Twenty clients get fast answers, two of them one answer just above the target (an ordinary
+  // tail: three distinct troubled clients need only one more). Alone, the average stays far
+  // under the target and the interval is healthy.
+  const auto traffic = [](AdaptiveController& c) {
+    for (std::uint64_t client = 10; client < 30; ++client) c.record(100ms, ok(10ms), client);
+    c.record(200ms, ok(101ms), 1);
+    c.record(200ms, ok(101ms), 2);
+  };
+  AdaptiveController tail({.target_latency = 100ms}, 0s);
+  traffic(tail);
+  REQUIRE(tail.factor(1s) == 1000);
+  // Client 666 adds one answer that took a minute (a request it held open). That one answer
+  // must not lower the limit of the twenty-two others.
+  AdaptiveController attacked({.target_latency = 100ms}, 0s);
+  traffic(attacked);
+  attacked.record(300ms, ok(60s), 666);
+  CHECK(attacked.state(300ms).latency_ewma <= 100ms);
+  CHECK(attacked.factor(1s) == 1000);
+}
+
 TEST_CASE("a clock reading earlier than one already seen is clamped") {
   AdaptiveController c(policy(), 10s);
   c.record(10500ms, ok(1s), kClient);
