@@ -190,6 +190,22 @@ TEST_CASE("one host counts as one client whatever its IPv6 address in a /64 or c
   CHECK(admitted(engine, on_route("198.51.100.9", "api"), 11) == 10);
 }
 
+TEST_CASE("one client is one network of the config's address prefixes to an adaptive rule",
+          "[attack]") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig cfg = config({.target_latency = 100ms});  // the default aggregation
+  cfg.gateway.address_prefixes = {.ipv6 = 48};  // here one client holds a whole /48
+  Engine engine = make_engine(cfg, clock);
+  const sluice::UpstreamResponse unavailable{.latency = 5ms, .status = 503, .retry_after = 30s};
+  // Five 503s to five /64s of one /48: one client as the config defines it.
+  for (const char* ip : {"2001:db8:1:1::1", "2001:db8:1:2::1", "2001:db8:1:3::1", "2001:db8:1:4::1",
+                         "2001:db8:1:5::1"}) {
+    REQUIRE(engine.record_upstream(on_route(ip, "api"), unavailable).ok());
+  }
+  CHECK(factor(engine) == 1000);
+  CHECK(admitted(engine, on_route("198.51.100.9", "api"), 11) == 10);
+}
+
 TEST_CASE("503s from several distinct clients lower the limit, held at most 30 s") {
   sluice::ManualClock clock;
   Engine engine = make_engine(config({.target_latency = 100ms}), clock);

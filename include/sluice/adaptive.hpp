@@ -28,9 +28,11 @@
 // `adaptive_units` for the rounding.
 //
 // Arithmetic: integer nanoseconds and permille only; the EWMA moves 1/8 of the way to each sample
-// (`ewma += (sample − ewma) / 8`, truncated). Intervals that ended while no one called are
-// applied lazily, in O(1), when the controller is next used. A clock reading earlier than one
-// already seen is clamped to it.
+// (`ewma += (sample − ewma) / 8`, truncated), a sample being the answer's latency capped at twice
+// `target_latency`, so that no single answer, however slow, moves the average by more than a
+// quarter of the target. Intervals that ended while no one called are applied lazily, in O(1),
+// when the controller is next used. A clock reading earlier than one already seen is clamped to
+// it.
 //
 // Thread-safety: every member function may be called concurrently. `factor` reads two atomics
 // unless an interval has ended since the last update; `record` takes a mutex. O(1) per call.
@@ -208,7 +210,11 @@ class AdaptiveController {
     detail::MutexLock lock(mutex_);
     const std::int64_t at = advance(now.count());
     const std::int64_t latency = std::clamp<std::int64_t>(response.latency.count(), 0, kMaxLatency);
-    ewma_ = have_ewma_ ? ewma_ + (latency - ewma_) / 8 : latency;
+    // One answer, however slow, pulls the average at most as far as kSampleCap targets: it
+    // counts as slow, but cannot outweigh many answers of other clients (a client can hold its
+    // own request open for as long as the server lets it).
+    const std::int64_t sample = std::min(latency, kSampleCap * policy_.target_latency.count());
+    ewma_ = have_ewma_ ? ewma_ + (sample - ewma_) / 8 : sample;
     have_ewma_ = true;
     ++responses_;
     const bool error = response.status == 0 || response.status >= 500;
@@ -231,6 +237,8 @@ class AdaptiveController {
 
  private:
   static constexpr std::int64_t kMaxLatency = std::int64_t{1} << 50;  // ≈ 13 days
+  // The most one answer counts in the latency average, in targets (≤ 48 hours: no overflow).
+  static constexpr std::int64_t kSampleCap = 2;
   static constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max();
 
   static std::int64_t saturating_add(std::int64_t a, std::int64_t b) {

@@ -85,7 +85,6 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
-#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -491,8 +490,9 @@ class BasicRateLimitEngine {
   // (latency, status, Retry-After); a request that never reached the upstream feeds nothing. The
   // answer feeds the rule's controller for the request's route (each adaptive rule has one per
   // route, and one for unrouted requests) and counts as one to the request's client, its address's
-  // network (an IPv4 address, an IPv6 /64: what one host usually holds; never its credential or
-  // consumer, which it can vary): a controller shrinks only on answers to several distinct
+  // network under the rule's address prefixes (the config's notion of one client), never finer
+  // than an IPv4 address or an IPv6 /64 (what one host usually holds); never its credential or
+  // consumer, which it can vary: a controller shrinks only on answers to several distinct
   // clients (AdaptivePolicy::min_clients).
   absl::Status record_upstream(const RequestContext& raw, const UpstreamResponse& response) const {
     if (!adaptive_.any() || rules_.exempt(raw.path)) return absl::OkStatus();
@@ -500,12 +500,10 @@ class BasicRateLimitEngine {
     ScopedRequest request(raw);
     if (absl::Status s = rules_.scope(raw, request, scratch); !s.ok()) return s;
     const std::chrono::nanoseconds at = now();
-    const std::uint64_t client =
-        absl::HashOf(network_key(request.client, AddressPrefixes{}).bytes());
     for (std::span<const std::uint32_t> group : {request.live, request.dry}) {
       for (std::uint32_t r : group) {
         if (AdaptiveController* c = adaptive_.controller(r, request.route)) {
-          c->record(at, response, client);
+          c->record(at, response, adaptive_.client_of(r, request.client));
         }
       }
     }

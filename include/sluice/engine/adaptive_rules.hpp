@@ -24,7 +24,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/hash/hash.h"
 #include "sluice/adaptive.hpp"
+#include "sluice/client_address.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/engine/backend.hpp"
 #include "sluice/engine/rule_set.hpp"
@@ -50,6 +52,7 @@ class AdaptiveRules {
     for (std::size_t i = 0; i < rules.size(); ++i) {
       const CompiledRule& rule = rules[i].compiled;
       out.max_units_.push_back(rules[i].adaptive_max_units);
+      out.client_prefixes_.push_back(client_prefixes(rule.address_prefixes));
       if (!rule.adaptive) {
         out.controllers_.emplace_back();
         continue;
@@ -80,6 +83,12 @@ class AdaptiveRules {
     const std::shared_ptr<AdaptiveController>* c =
         find_route(*routes, route.value_or(std::string_view{}));
     return (c != nullptr ? *c : routes->front().second).get();
+  }
+
+  // Who an upstream answer counts for in rule `rule`'s controllers: a digest of `client`'s network
+  // under client_prefixes. O(1).
+  std::uint64_t client_of(std::size_t rule, const ClientAddress& client) const {
+    return absl::HashOf(network_key(client, client_prefixes_[rule]).bytes());
   }
 
   // Sets each adaptive rule's key cost to its scaled units at the factor of its controller for
@@ -133,6 +142,16 @@ class AdaptiveRules {
   // An adaptive rule's controllers by route name, sorted; "" (first) for unrouted requests.
   using RouteControllers = std::vector<std::pair<std::string, std::shared_ptr<AdaptiveController>>>;
 
+  // What one client is to an adaptive rule: its network under the rule's address prefixes (the
+  // config's notion of one client), and never less than an IPv4 address or an IPv6 /64 (what one
+  // host usually holds), so that neither one client's many /64s in a network the config calls
+  // one client, nor one host's many addresses under a rule keyed by single addresses, count as
+  // several clients.
+  static AddressPrefixes client_prefixes(const AddressPrefixes& rule) {
+    const AddressPrefixes host{};
+    return {.ipv4 = std::min(rule.ipv4, host.ipv4), .ipv6 = std::min(rule.ipv6, host.ipv6)};
+  }
+
   // The controllers this generation has for `rule`, if it has the rule with the same policy.
   const RouteControllers* kept(const CompiledRule& rule) const {
     auto it = by_fingerprint_.find(rule.fingerprint);
@@ -151,6 +170,7 @@ class AdaptiveRules {
 
   std::vector<std::shared_ptr<const RouteControllers>> controllers_;  // per rule; null if fixed
   std::vector<std::uint64_t> max_units_;                              // per rule
+  std::vector<AddressPrefixes> client_prefixes_;                      // per rule
   absl::flat_hash_map<std::string, std::shared_ptr<const RouteControllers>> by_fingerprint_;
   std::size_t adaptive_ = 0;
 };
