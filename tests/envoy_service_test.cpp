@@ -301,7 +301,7 @@ TEST_CASE("envoy: an unknown domain answers OK for every descriptor", "[envoy]")
   }
 }
 
-TEST_CASE("envoy: shadow mode counts without denying; unlimited never limits", "[envoy]") {
+TEST_CASE("envoy: shadow mode counts without denying and unlimited never limits", "[envoy]") {
   EnvoyServer server(fixtures());
   const auto r = request("messaging", {{{"sender", "s"}}, {{"internal", "true"}}});
   rls::RateLimitResponse first = server.ok(r);
@@ -1181,7 +1181,7 @@ TEST_CASE("envoy: the local failure mode limits on the replica's share while Red
   CHECK(rls_process.terminate() == 0);
 }
 
-TEST_CASE("envoy: a call in flight when SIGTERM arrives completes; new calls are refused",
+TEST_CASE("envoy: a call in flight when SIGTERM arrives completes and new calls are refused",
           "[envoy][e2e][redis]") {
   sluice_test::RedisFixture redis;
   const ConfigDir dir("sluice_envoy_rls_drain",

@@ -329,7 +329,7 @@ TEST_CASE("a slot moved between primaries keeps every budget, step by step and u
   CHECK(admitted(l, key, 1) == 0);
 }
 
-TEST_CASE("a failover to a replica keeps every budget; the client finds the new primary") {
+TEST_CASE("a failover to a replica keeps every budget and the client finds the new primary") {
   RedisCluster& rc = cluster();
   RedisGcraLimiter l = limiter(client("failover:"), {{.requests = 10, .period = 1h}});
   const std::string key = "tenant";

@@ -336,7 +336,7 @@ TEST_CASE("a refund never gives back what time already refilled or later request
   CHECK(limiter.stats().size == 1);  // its room is free again: only "k" is tracked
 }
 
-TEST_CASE("a denied estimated check has no receipt to settle; bad costs are errors") {
+TEST_CASE("a denied estimated check has no receipt to settle, and bad costs are errors") {
   sluice::ManualClock clock;
   Gcra limiter = make(clock, {{.requests = 10, .period = 1s}});
   REQUIRE(check(limiter, "k", 10).allowed());
@@ -440,7 +440,7 @@ TEST_CASE("DirectGcraLimiter reserves and cancels exactly as GcraLimiter does fo
                      4);
 }
 
-TEST_CASE("DirectGcraLimiter's reset forgets every booking; older reservations give nothing") {
+TEST_CASE("DirectGcraLimiter's reset forgets every booking, and older reservations give nothing") {
   sluice::ManualClock clock;
   for (std::size_t windows : {1, 2}) {
     std::vector<sluice::GcraWindow> w{{.requests = 1, .period = 1min, .burst = 5}};
