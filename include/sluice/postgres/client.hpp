@@ -72,7 +72,11 @@ struct ClientOptions {
   // that finds fewer calls in flight is sent at once, alone, so one caller sees no change.
   bool coalesce = true;
   std::size_t max_coalesced_checks = 64;  // 1..1000: keys in one statement
-  std::size_t max_coalesced_calls = 4;    // 1..1000: such statements in flight at once
+  // 1..1000: such statements in flight at once. 2 by measurement (docs/benchmarks.md, 2-vCPU
+  // host, three interleaved rounds each, against a prepared upsert per check): 2 in flight did
+  // 2.8-3.2x its rate at 32 callers and 0.94-1.12x at 8; 4 did 1.4-2.3x and 0.92-1.10x; 8 did
+  // 1.6-2.6x and 0.68-0.97x.
+  std::size_t max_coalesced_calls = 2;
 };
 
 // Where a key's state may still be held under an earlier GCRA limit: the key it had there.
