@@ -489,6 +489,7 @@ int instruction_inputs(const std::string& dir, const std::string& conninfo) {
         const std::string file =
             absl::StrCat(dir, "/", subject.name, args_only ? "_args_" : "_", n, ".sql");
         std::ofstream out(file);
+        out << "SET plan_cache_mode = force_generic_plan\n";  // as the pool's connections
         if (args_only) {
           out << "PREPARE p(" << types << ") AS SELECT 1\n";
         } else {

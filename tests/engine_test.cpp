@@ -1050,7 +1050,8 @@ TEST_CASE("a dry-run fixed window reports its would-be denial until its window e
   CHECK_FALSE(engine.evaluate(on_route("10.0.0.1", "both")).dry_denied.has_value());
 }
 
-TEST_CASE("a change of algorithm starts a rule fresh, and a fixed window's new limit keeps its count") {
+TEST_CASE(
+    "a change of algorithm starts a rule fresh, and a fixed window's new limit keeps its count") {
   sluice::ManualClock clock;
   auto config = [](sluice::Algorithm algorithm, std::uint64_t per_minute) {
     sluice::PolicyConfig c = one_rule({.minute = per_minute});

@@ -583,7 +583,7 @@ absl::StatusOr<std::unique_ptr<Holder>> make_threaded(const std::string& path,
 
 }  // namespace
 
-TEST_CASE("request_reload wakes the holder's thread, which reloads; the destructor joins it") {
+TEST_CASE("request_reload wakes the holder's thread, which reloads, and the destructor joins it") {
   TempDir dir;
   const std::string path = dir.file("gateway.yaml");
   write(path, config_text(2));
@@ -614,7 +614,8 @@ TEST_CASE("the holder's thread polls its file on its interval") {
   CHECK(counter.state->failed == 0);
 }
 
-TEST_CASE("the reload signal makes the holder's thread reload; one holder per process takes it") {
+TEST_CASE(
+    "the reload signal makes the holder's thread reload, and one holder per process takes it") {
   TempDir dir;
   const std::string path = dir.file("gateway.yaml");
   write(path, config_text(2));

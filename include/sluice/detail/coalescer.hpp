@@ -216,7 +216,7 @@ class Coalescer {
         batch.size(), absl::InternalError("sluice: no result for a coalesced check"));
     send(std::span<const Item>(items), me->group, by, std::span<absl::StatusOr<Decision>>(results));
     hand_lead(pass_lead(batch.size()));
-    for (std::size_t i = 1; i < batch.size(); ++i) finish(*batch[i], std::move(results[i]));
+    for (std::size_t i = 1; i < batch.size(); ++i) finish(*batch[i], results[i]);
     return std::move(results[0]);
   }
 
@@ -268,10 +268,10 @@ class Coalescer {
     next->mu.notify_all();
   }
 
-  static void finish(Waiter& w, absl::StatusOr<Decision> result) {
+  static void finish(Waiter& w, const absl::StatusOr<Decision>& result) {
     {
       sluice::detail::MutexLock lock(w.mu);
-      w.result = std::move(result);
+      w.result = result;
       w.phase = Phase::kDone;
     }
     w.mu.notify_all();

@@ -163,15 +163,9 @@ class Client {
       if (std::optional<std::vector<Param>> whole =
               detail::check_interval_params(digests[0], *limits[0], costs[0], unix_time)) {
         if (coalesce_) {
-          absl::StatusOr<Decision> d = coalescer_.check(
-              digests[0], SetGroup{.limit = limits[0], .cost = costs[0], .time = unix_time},
-              deadline,
-              [this](std::span<const KeyDigest> keys, const SetGroup& group, detail::Deadline by,
-                     std::span<absl::StatusOr<Decision>> results) {
-                check_set(keys, group, by, results);
-              });
-          if (!d.ok()) return d.status();
-          return std::vector<Decision>{*d};
+          return check_coalesced(digests[0],
+                                 SetGroup{.limit = limits[0], .cost = costs[0], .time = unix_time},
+                                 deadline);
         }
         name = detail::kCheckIntervalStatement;
         sql = detail::kCheckIntervalSql;
@@ -272,6 +266,17 @@ class Client {
   struct SameKey {
     bool operator()(const KeyDigest& a, const KeyDigest& b) const noexcept { return a == b; }
   };
+
+  // One check of `key` in `group`, alone or sharing a statement with concurrent ones.
+  absl::StatusOr<std::vector<Decision>> check_coalesced(const KeyDigest& key, const SetGroup& group,
+                                                        detail::Deadline deadline) {
+    absl::StatusOr<Decision> d = coalescer_.check(
+        key, group, deadline,
+        [this](std::span<const KeyDigest> keys, const SetGroup& g, detail::Deadline by,
+               std::span<absl::StatusOr<Decision>> results) { check_set(keys, g, by, results); });
+    if (!d.ok()) return d.status();
+    return std::vector<Decision>{*d};
+  }
 
   absl::StatusOr<detail::ResultPtr> run(const char* name, const char* sql,
                                         std::span<const Param> params, detail::Effect effect,

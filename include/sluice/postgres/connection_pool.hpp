@@ -249,6 +249,16 @@ class ConnectionPool {
     available_.notify_one();
   }
 
+  // The session's settings: the timeouts, and generic plans. sluice's prepared statements are
+  // planned once per connection: left to choose, the server plans the coalesced checks'
+  // statement anew at every execution (its parameters make each custom plan look cheaper),
+  // which costs about as much as executing it.
+  std::string session_setup() const {
+    return absl::StrCat("SET statement_timeout = ", options_.statement_timeout.count(),
+                        "; SET lock_timeout = ", options_.statement_timeout.count(),
+                        "; SET plan_cache_mode = force_generic_plan");
+  }
+
   // Opens a connection without blocking past connect_timeout, then sets the session's
   // statement_timeout in the same budget.
   absl::StatusOr<Connection*> connect() const {
@@ -288,15 +298,8 @@ class ConnectionPool {
       }
       state = PQconnectPoll(c->conn);
     }
-    // Generic plans: sluice's prepared statements are planned once per connection. Left to
-    // choose, the server plans the coalesced checks' statement anew at every execution (its
-    // parameters make each custom plan look cheaper), which costs about as much as executing it.
-    const std::string setup =
-        absl::StrCat("SET statement_timeout = ", options_.statement_timeout.count(),
-                     "; SET lock_timeout = ", options_.statement_timeout.count(),
-                     "; SET plan_cache_mode = force_generic_plan");
     // Non-blocking from here on: every send is flushed against its call's deadline.
-    if (PQsetnonblocking(c->conn, 1) != 0 || PQsendQuery(c->conn, setup.c_str()) == 0) {
+    if (PQsetnonblocking(c->conn, 1) != 0 || PQsendQuery(c->conn, session_setup().c_str()) == 0) {
       return fail(absl::UnavailableError(
           absl::StrCat("sluice::postgres: connect: ", detail::connection_message(c->conn))));
     }
