@@ -7,7 +7,9 @@
 // the shards of the batch's keys in ascending order, decides, and stores. A lone item of a
 // one-window GCRA limit with cost >= 1 (a limiter's `check`) calls `sluice.check_one_v1` instead:
 // a key that has a row is decided and stored in one UPDATE under its row lock alone, a key that
-// has none goes on to check_v2 in the same call. `reset` forgets one key in one call of
+// has none goes on to check_v2 in the same call. Such checks that start while others are in
+// flight share one statement over their distinct keys (ClientOptions::coalesce; docs/postgres.md,
+// "Concurrent checks share a statement"). `reset` forgets one key in one call of
 // `sluice.reset_v1`, under its shard's lock likewise.
 //
 //   auto client = sluice::postgres::Client::create({.connection = {.conninfo = "dbname=app"},
