@@ -312,6 +312,11 @@ struct Slice {
   long failures = 0;
 };
 
+bool shared_keys() {
+  const char* shared = std::getenv("SLUICE_BENCH_PG_SHARED");
+  return shared != nullptr && std::string_view(shared) == "1";
+}
+
 Slice run_slice(int subject, int callers) {
   std::atomic<bool> stop{false};
   std::atomic<long> failures{0};
@@ -325,7 +330,9 @@ Slice run_slice(int subject, int callers) {
       std::vector<std::string> keys;
       std::vector<sluice::KeyDigest> digests;
       for (int i = 0; i < kKeysPerThread; ++i) {
-        keys.push_back(absl::StrCat("bench:", t, ":", i));
+        // SLUICE_BENCH_PG_SHARED=1: every caller cycles over the same 4 keys (a shared limit).
+        keys.push_back(shared_keys() ? absl::StrCat("bench:shared:", i % 4)
+                                     : absl::StrCat("bench:", t, ":", i));
         digests.push_back(fixture->client->digest(keys.back(), fixture->limiter->limit()));
       }
       for (int i = 0; !stop.load(std::memory_order_relaxed); ++i) {
