@@ -14,7 +14,16 @@
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 #ifdef SLUICE_TEST_REDIS
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <latch>
+#include <memory>
+#include <thread>
+#include <vector>
+
 #include "redis_fixture.hpp"
+#include "sluice/redis/limiter.hpp"
 #include "sluice/redis/prometheus.hpp"
 #endif
 
@@ -238,7 +247,69 @@ TEST_CASE(
         "booked and could not give back when another slot denied or failed (each stays taken "
         "until its windows drain).\n"
         "# TYPE sluice_redis_give_backs_lost_total counter\n"
-        "sluice_redis_give_backs_lost_total 0\n");
+        "sluice_redis_give_backs_lost_total 0\n"
+        "# HELP sluice_redis_coalesced_checks_total Single-key checks that shared a script call "
+        "with at least one other check.\n"
+        "# TYPE sluice_redis_coalesced_checks_total counter\n"
+        "sluice_redis_coalesced_checks_total 0\n"
+        "# HELP sluice_redis_coalesced_calls_peak The most coalescing script calls that were in "
+        "flight at once.\n"
+        "# TYPE sluice_redis_coalesced_calls_peak gauge\n"
+        "sluice_redis_coalesced_calls_peak 0\n");
+  const std::string promtool = find_promtool();
+  if (promtool.empty()) {
+    WARN("SKIPPED: promtool not found (Debian package `prometheus`); the exposition is unchecked");
+    return;
+  }
+  const PromtoolResult result = promtool_check(promtool, body);
+  INFO(result.output);
+  CHECK(result.status == 0);
+  CHECK(result.output.empty());
+}
+
+TEST_CASE(
+    "a Redis client's coalesced checks are a counter and its peak of calls a gauge, which promtool "
+    "accepts") {
+  sluice_test::RedisFixture s;
+  sluice::redis::ClientOptions options = s.options();
+  options.max_coalesced_calls = 1;  // a check that finds one call in flight queues
+  absl::StatusOr<std::shared_ptr<sluice::redis::Client>> client =
+      sluice::redis::Client::create(options);
+  REQUIRE(client.ok());
+  absl::StatusOr<sluice::redis::RedisGcraLimiter> limiter = sluice::redis::RedisGcraLimiter::create(
+      {{.requests = 1'000'000, .period = std::chrono::seconds(1)}}, *client);
+  REQUIRE(limiter.ok());
+  constexpr int kThreads = 16;
+  std::latch start(kThreads);  // every thread checks at once, so that checks queue
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      for (int i = 0; i < 25; ++i) {
+        errors += limiter->check(t % 2 == 0 ? "even" : "odd").ok() ? 0 : 1;
+      }
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+  const std::uint64_t coalesced = (*client)->coalesced_checks();
+  REQUIRE(errors.load() == 0);
+  REQUIRE(coalesced > 0);
+  std::string body;
+  sluice::redis::append_prometheus_text(body, **client);
+  CHECK(body.ends_with(absl::StrCat(
+      "\n# HELP sluice_redis_coalesced_checks_total Single-key checks that shared a script call "
+      "with at least one other check.\n"
+      "# TYPE sluice_redis_coalesced_checks_total counter\n"
+      "sluice_redis_coalesced_checks_total ",
+      coalesced,
+      "\n"
+      "# HELP sluice_redis_coalesced_calls_peak The most coalescing script calls that were in "
+      "flight at once.\n"
+      "# TYPE sluice_redis_coalesced_calls_peak gauge\n"
+      "sluice_redis_coalesced_calls_peak 1\n")));
   const std::string promtool = find_promtool();
   if (promtool.empty()) {
     WARN("SKIPPED: promtool not found (Debian package `prometheus`); the exposition is unchecked");

@@ -63,20 +63,6 @@ inline void append_prometheus_label_value(std::string& out, std::string_view tex
   });
 }
 
-struct PrometheusFamily {
-  std::string_view name;
-  std::string_view type;
-  std::string_view help;
-};
-
-inline void append_prometheus_header(std::string& out, const PrometheusFamily& family) {
-  for (std::string_view part : {std::string_view("# HELP "), family.name, std::string_view(" "),
-                                family.help, std::string_view("\n# TYPE "), family.name,
-                                std::string_view(" "), family.type, std::string_view("\n")}) {
-    out.append(part);
-  }
-}
-
 // One sample of a per-rule family: `name{rule="<label>",dry_run="<bool>"} value`.
 inline void append_rule_sample(std::string& out, std::string_view name, const CompiledRule& rule,
                                std::uint64_t value) {
@@ -109,9 +95,7 @@ inline void append_engine_families(std::string& out, const EngineStats& totals, 
   };
   for (const auto& f : engine_families) {
     if (!local && f.family.name == "sluice_engine_degraded_evaluations_total") continue;
-    append_prometheus_header(out, f.family);
-    out.append(f.family.name);
-    absl::StrAppend(&out, " ", f.value, "\n");
+    append_prometheus_family(out, f.family, f.value);
   }
 }
 
