@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -294,6 +295,92 @@ TEST_CASE("a view from a held generation stays valid after a reload replaced it"
   REQUIRE(holder->reload().ok());
   CHECK(holder->current()->match_route("", "/v1/items")->route == "renamed");
   CHECK(match->route == "public");  // still readable: the request holds its generation (ASan)
+}
+
+namespace {
+
+// The test's engine, which records the thread each generation is destroyed on (a holder takes
+// any engine type, so this observes it from outside). A moved-from engine records nothing.
+class TracedEngine : public Engine {
+ public:
+  static absl::StatusOr<TracedEngine> create(const sluice::PolicyConfig& config,
+                                             BackendOptions options, const Observer& observer,
+                                             const sluice::EngineEventHook& on_event) {
+    absl::StatusOr<Engine> engine = Engine::create(config, std::move(options), observer, on_event);
+    if (!engine.ok()) return engine.status();
+    return TracedEngine(*std::move(engine));
+  }
+  absl::StatusOr<TracedEngine> reload(const sluice::PolicyConfig& config) const {
+    absl::StatusOr<Engine> engine = Engine::reload(config);
+    if (!engine.ok()) return engine.status();
+    return TracedEngine(*std::move(engine));
+  }
+
+  TracedEngine(TracedEngine&& other)
+      : Engine(std::move(other)), traced_(std::exchange(other.traced_, false)) {}
+  TracedEngine& operator=(TracedEngine&&) = delete;
+  ~TracedEngine() {
+    if (!traced_) return;
+    std::lock_guard lock(log().mutex);
+    log().threads.push_back(std::this_thread::get_id());
+  }
+
+  // The threads that destroyed a generation, in order.
+  static std::vector<std::thread::id> destroyed_on() {
+    std::lock_guard lock(log().mutex);
+    return log().threads;
+  }
+  static void clear() {
+    std::lock_guard lock(log().mutex);
+    log().threads.clear();
+  }
+
+ private:
+  struct Log {
+    std::mutex mutex;
+    std::vector<std::thread::id> threads;
+  };
+  static Log& log() {
+    static Log log;
+    return log;
+  }
+
+  explicit TracedEngine(Engine engine) : Engine(std::move(engine)) {}
+
+  bool traced_ = true;
+};
+
+}  // namespace
+
+TEST_CASE("a request that lets go of a replaced generation last leaves freeing it to the reload",
+          "[attack]") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  sluice::yaml::ReloadingEngine<TracedEngine, sluice::ManualClock>::Options options;
+  options.backend.store.seed = 1;
+  auto holder = sluice::yaml::ReloadingEngine<TracedEngine, sluice::ManualClock>::create(
+      path, std::move(options));
+  REQUIRE(holder.ok());
+  TracedEngine::clear();
+
+  // A request on the first generation that outlasts the reload and is its last holder.
+  std::thread request([held = (*holder)->current()]() mutable {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (held.use_count() > 1 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();  // until the holder and the reload let go of it
+    }
+    held.reset();
+  });
+  const std::thread::id request_thread = request.get_id();
+  write(path, config_text(3));
+  const absl::Status reloaded = (*holder)->reload();
+  request.join();
+  CHECK(reloaded.ok());
+  const std::vector<std::thread::id> destroyed_on = TracedEngine::destroyed_on();
+  CHECK(destroyed_on.size() == 1);
+  CHECK(destroyed_on == std::vector<std::thread::id>{std::this_thread::get_id()});
+  CHECK(std::count(destroyed_on.begin(), destroyed_on.end(), request_thread) == 0);
 }
 
 TEST_CASE("the first load must succeed") {
