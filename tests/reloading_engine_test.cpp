@@ -144,6 +144,19 @@ int admitted(const Engine& engine, int n) {
   return count;
 }
 
+// Waits (at most 10 s) until `holder` serves a generation other than `old`: the engine reports a
+// reload's ReloadEvent while compiling the new generation, a moment before the holder publishes
+// it, so a ReloadEvent alone does not mean current() has changed yet.
+template <class Generation>
+bool replaced(const Holder& holder, const Generation& old) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (holder.current() == old) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("a spent budget stays spent after reloading an edited file with the same rule") {
@@ -192,7 +205,7 @@ TEST_CASE("a broken file keeps the last good config serving and reports the erro
   Clocks clocks;
   ReloadLog log;
   auto holder = make(path, clocks, log);
-  const std::shared_ptr<const Engine> good = holder->current();
+  std::shared_ptr<const Engine> good = holder->current();
 
   std::string broken = config_text(2);
   broken.replace(broken.find("s: 2"), 4, "s: 0");
@@ -219,10 +232,11 @@ TEST_CASE("a broken file keeps the last good config serving and reports the erro
   std::filesystem::remove(path);
   CHECK(holder->poll().status().code() == absl::StatusCode::kNotFound);
   CHECK(holder->current() == good);
+  good.reset();  // a reload waits for every holder of the generation it replaces, this one too
 
   write(path, config_text(2));  // fixed: the same content as the good generation's
   CHECK(poll(*holder, clocks) == "reloaded");
-  CHECK(holder->current() != good);
+  CHECK(holder->current()->engine_stats().reloads == 1);
   CHECK(admitted(*holder->current(), 1) == 0);  // and its state carried over
 }
 
@@ -292,9 +306,19 @@ TEST_CASE("a view from a held generation stays valid after a reload replaced it"
   REQUIRE(match.has_value());
 
   write(path, config_text(2, "renamed"));
-  REQUIRE(holder->reload().ok());
+  // The request runs on a thread of its own: the reload returns only once it lets go.
+  std::string route_seen;
+  std::thread request([&, engine = std::move(request_engine)]() mutable {
+    if (replaced(*holder, engine)) {
+      route_seen = match->route;  // still readable: the request holds its generation (ASan)
+    }
+    engine.reset();
+  });
+  const absl::Status reloaded = holder->reload();
+  request.join();
+  CHECK(reloaded.ok());
+  CHECK(route_seen == "public");
   CHECK(holder->current()->match_route("", "/v1/items")->route == "renamed");
-  CHECK(match->route == "public");  // still readable: the request holds its generation (ASan)
 }
 
 namespace {
@@ -430,7 +454,6 @@ TEST_CASE("a changed file is loaded only once it has stayed the same for the set
   write(path, config_text(2));
   Clocks clocks;
   auto holder = make(path, clocks);
-  const std::shared_ptr<const Engine> first = holder->current();
 
   write(path, config_text(3));
   CHECK(poll_now(*holder) == "unchanged");  // just changed: the writer may not be done
@@ -448,7 +471,7 @@ TEST_CASE("a changed file is loaded only once it has stayed the same for the set
   CHECK(poll_now(*holder) == "unchanged");
   clocks.settle.advance(kSettle - nanoseconds(1));
   CHECK(poll_now(*holder) == "unchanged");
-  CHECK(holder->current() == first);
+  CHECK(holder->current()->engine_stats().reloads == 0);  // the first generation still serves
 
   clocks.settle.advance(nanoseconds(1));
   CHECK(poll_now(*holder) == "reloaded");
@@ -643,19 +666,6 @@ struct ReloadCounter {
   }
 };
 
-// Waits (at most 10 s) until `holder` serves a generation other than `old`: the engine reports a
-// reload's ReloadEvent while compiling the new generation, a moment before the holder publishes
-// it, so a ReloadEvent alone does not mean current() has changed yet.
-template <class Generation>
-bool replaced(const Holder& holder, const Generation& old) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (holder.current() == old) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
-}
-
 absl::StatusOr<std::unique_ptr<Holder>> make_threaded(const std::string& path,
                                                       const ReloadCounter& counter,
                                                       std::chrono::milliseconds interval,
@@ -677,11 +687,12 @@ TEST_CASE("request_reload wakes the holder's thread, which reloads; the destruct
   ReloadCounter counter;
   auto holder = make_threaded(path, counter, std::chrono::hours(1), 0);
   REQUIRE(holder.ok());
-  const auto old = (*holder)->current();
+  auto old = (*holder)->current();
   write(path, config_text(3));
   (*holder)->request_reload();  // not the hour-long interval: the request wakes the thread
   REQUIRE(counter.wait_for(1));
   REQUIRE(replaced(**holder, old));
+  old.reset();  // the thread's reload waits for it before it frees the old generation
   CHECK(admitted(*(*holder)->current(), 4) == 3);
   holder->reset();  // returns: the thread was woken to stop and joined
 }
@@ -711,11 +722,12 @@ TEST_CASE("the reload signal makes the holder's thread reload; one holder per pr
   auto second = make_threaded(path, counter, std::chrono::milliseconds(0), SIGUSR2);
   CHECK(second.status().code() == absl::StatusCode::kFailedPrecondition);
 
-  const auto old = (*holder)->current();
+  auto old = (*holder)->current();
   write(path, config_text(4));
   REQUIRE(std::raise(SIGUSR2) == 0);  // the handler only writes to the holder's pipe
   REQUIRE(counter.wait_for(1));
   REQUIRE(replaced(**holder, old));
+  old.reset();  // the thread's reload waits for it before it frees the old generation
   CHECK(admitted(*(*holder)->current(), 5) == 4);
 
   holder->reset();  // gives the signal back: its default handling, and free for another holder

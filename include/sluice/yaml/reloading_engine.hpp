@@ -30,6 +30,15 @@
 // it: a reload publishes a new generation but the one a request holds lives until its last
 // holder lets go. Never keep a view past the shared_ptr it came from.
 //
+// Freeing a replaced generation: the reload that replaced it frees it, on its own thread, never a
+// request. After publishing, `reload()` and `poll()` wait until every request that took the old
+// generation from `current()` has let go of it (the last one only hands it back: an atomic store
+// and a wake), then destroy it: its rules, its backend and, in memory, the state of every key of
+// each rule the reload removed or changed, which a request would otherwise pay for before it could
+// answer. So a successful reload returns only once those requests are done, however long they hold
+// it, and it must be called from a thread that holds no generation, or it waits for itself. The
+// generation serving when the holder is destroyed is freed by its last holder.
+//
 // Reload: the file is read once (at most kMaxConfigBytes) and loaded with load_config; the new
 // generation is compiled with `engine->reload(config)`, so rules whose fingerprint is unchanged
 // keep their buckets and counters (a spent budget stays spent); a rule whose only change is its
@@ -55,12 +64,14 @@
 // Thread-safety: `current()` may be called from any thread at any time and never waits for a
 // reload: a reload reads and compiles off to the side and publishes by swapping one pointer.
 // The pointer is guarded by a spin bit held only for a reference-count increment (reader) or a
-// pointer swap (reload); the old generation is released after the bit is dropped. No mutex, no
+// pointer swap (reload); the old generation is retired after the bit is dropped. No mutex, no
 // system call. This is the design of libstdc++'s std::atomic<std::shared_ptr>, written out
 // because libstdc++ 12's reader drops its bit with a relaxed store, which leaves its pointer read
 // unordered before the next writer's store (ThreadSanitizer reports it as a data race).
-// `reload()` and `poll()` may be called from any thread; they are serialized by a mutex that the
-// request path never takes. Complexity: a reload is linear in the file and the config.
+// `reload()` and `poll()` may be called from any thread that holds no generation; they are
+// serialized by a mutex that the request path never takes, held while a reload waits for the
+// requests on the generation it replaced (so at most one replaced generation is left to free).
+// Complexity: a reload is linear in the file and the config, plus that wait.
 #ifndef SLUICE_YAML_RELOADING_ENGINE_HPP_
 #define SLUICE_YAML_RELOADING_ENGINE_HPP_
 
@@ -79,6 +90,7 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/clock.hpp"
 #include "sluice/detail/mutex.hpp"
+#include "sluice/detail/retirement.hpp"
 #include "sluice/detail/spin_lock.hpp"
 #include "sluice/detail/xxhash.hpp"
 #include "sluice/engine.hpp"
@@ -125,7 +137,7 @@ class ReloadingEngine {
     absl::StatusOr<detail::WakePipe> wake = detail::WakePipe::create();
     if (!wake.ok()) return wake.status();
     std::unique_ptr<ReloadingEngine> holder(new ReloadingEngine(
-        std::move(path), std::make_shared<const Engine>(*std::move(engine)), version_of(*text),
+        std::move(path), retirable(*std::move(engine)), version_of(*text),
         enforced_rule_count(*config), options.settle, std::move(options.clock), *std::move(wake)));
     if (absl::Status s = holder->start(options.poll_interval, options.reload_signal); !s.ok()) {
       return s;
@@ -135,8 +147,8 @@ class ReloadingEngine {
 
   ReloadingEngine(const ReloadingEngine&) = delete;
   ReloadingEngine& operator=(const ReloadingEngine&) = delete;
-  // Stops and joins the holder's thread (a reload in progress finishes first), then gives the
-  // reload signal back.
+  // Stops and joins the holder's thread (a reload in progress finishes first, with its wait for
+  // the requests on the generation it replaced), then gives the reload signal back.
   ~ReloadingEngine() {
     if (thread_.joinable()) {
       wake_.notify(detail::kWakeStop);
@@ -151,8 +163,9 @@ class ReloadingEngine {
     return current_;
   }
 
-  // Reads the file and publishes a new generation from it, whether or not it changed. On error
-  // the current generation keeps serving and the error is returned, counted and reported.
+  // Reads the file and publishes a new generation from it, whether or not it changed, then frees
+  // the one it replaced once no request holds it (see above). On error the current generation
+  // keeps serving and the error is returned, counted and reported.
   absl::Status reload() {
     sluice::detail::MutexLock lock(reload_mutex_);
     absl::StatusOr<detail::ConfigSnapshot> file = detail::read_config_snapshot(path_);
@@ -188,8 +201,8 @@ class ReloadingEngine {
   }
 
   // Asks the holder's thread to reload() soon, without waiting for it; with no thread
-  // (poll_interval 0 and no reload_signal), reloads on this thread. Its outcome is reported as
-  // every reload's.
+  // (poll_interval 0 and no reload_signal), reloads on this thread, which must then hold no
+  // generation. Its outcome is reported as every reload's.
   void request_reload() {
     if (thread_.joinable()) {
       wake_.notify(detail::kWakeReload);
@@ -291,12 +304,18 @@ class ReloadingEngine {
     absl::StatusOr<Engine> next = current()->reload(*config);
     if (!next.ok()) return next.status();
     enforced_ = enforced_rule_count(*config);
-    std::shared_ptr<const Engine> published = std::make_shared<const Engine>(*std::move(next));
+    std::shared_ptr<const Engine> published = retirable(*std::move(next));
     {
       sluice::detail::SpinLockHolder hold(current_lock_);
       current_.swap(published);
     }
-    return absl::OkStatus();  // `published` now holds the old generation and lets go of it here
+    sluice::detail::retire(std::move(published));  // the old one: waits for its requests, frees it
+    return absl::OkStatus();
+  }
+
+  // A generation whose last request only hands it back to the reload that retires it.
+  static std::shared_ptr<const Engine> retirable(Engine engine) {
+    return sluice::detail::make_retirable(std::make_unique<Engine>(std::move(engine)));
   }
 
   // A config that enforces no rule is what a file read while being written often is (a prefix
