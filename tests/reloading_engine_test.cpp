@@ -144,19 +144,6 @@ int admitted(const Engine& engine, int n) {
   return count;
 }
 
-// Waits (at most 10 s) until `holder` serves a generation other than `old`: the engine reports a
-// reload's ReloadEvent while compiling the new generation, a moment before the holder publishes
-// it, so a ReloadEvent alone does not mean current() has changed yet.
-template <class Generation>
-bool replaced(const Holder& holder, const Generation& old) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (holder.current() == old) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
-}
-
 }  // namespace
 
 TEST_CASE("a spent budget stays spent after reloading an edited file with the same rule") {
@@ -205,7 +192,7 @@ TEST_CASE("a broken file keeps the last good config serving and reports the erro
   Clocks clocks;
   ReloadLog log;
   auto holder = make(path, clocks, log);
-  std::shared_ptr<const Engine> good = holder->current();
+  const std::shared_ptr<const Engine> good = holder->current();
 
   std::string broken = config_text(2);
   broken.replace(broken.find("s: 2"), 4, "s: 0");
@@ -232,11 +219,10 @@ TEST_CASE("a broken file keeps the last good config serving and reports the erro
   std::filesystem::remove(path);
   CHECK(holder->poll().status().code() == absl::StatusCode::kNotFound);
   CHECK(holder->current() == good);
-  good.reset();  // a reload waits for every holder of the generation it replaces, this one too
 
   write(path, config_text(2));  // fixed: the same content as the good generation's
   CHECK(poll(*holder, clocks) == "reloaded");
-  CHECK(holder->current()->engine_stats().reloads == 1);
+  CHECK(holder->current() != good);
   CHECK(admitted(*holder->current(), 1) == 0);  // and its state carried over
 }
 
@@ -306,19 +292,9 @@ TEST_CASE("a view from a held generation stays valid after a reload replaced it"
   REQUIRE(match.has_value());
 
   write(path, config_text(2, "renamed"));
-  // The request runs on a thread of its own: the reload returns only once it lets go.
-  std::string route_seen;
-  std::thread request([&, engine = std::move(request_engine)]() mutable {
-    if (replaced(*holder, engine)) {
-      route_seen = match->route;  // still readable: the request holds its generation (ASan)
-    }
-    engine.reset();
-  });
-  const absl::Status reloaded = holder->reload();
-  request.join();
-  CHECK(reloaded.ok());
-  CHECK(route_seen == "public");
+  REQUIRE(holder->reload().ok());
   CHECK(holder->current()->match_route("", "/v1/items")->route == "renamed");
+  CHECK(match->route == "public");  // still readable: the request holds its generation (ASan)
 }
 
 namespace {
@@ -374,6 +350,58 @@ class TracedEngine : public Engine {
   bool traced_ = true;
 };
 
+using TracedHolder = sluice::yaml::ReloadingEngine<TracedEngine, sluice::ManualClock>;
+
+std::unique_ptr<TracedHolder> make_traced(const std::string& path,
+                                          std::chrono::milliseconds interval = {},
+                                          int reload_signal = 0) {
+  TracedHolder::Options options;
+  options.backend.store.seed = 1;
+  options.poll_interval = interval;
+  options.reload_signal = reload_signal;
+  absl::StatusOr<std::unique_ptr<TracedHolder>> holder =
+      TracedHolder::create(path, std::move(options));
+  REQUIRE(holder.ok());
+  TracedEngine::clear();
+  return *std::move(holder);
+}
+
+// Waits (at most 10 s) until `holder` serves a generation other than `old`: the engine reports a
+// reload's ReloadEvent while compiling the new generation, a moment before the holder publishes
+// it, so a ReloadEvent alone does not mean current() has changed yet.
+template <class AnyHolder, class Generation>
+bool replaced(const AnyHolder& holder, const Generation& old) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (holder.current() == old) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return false;
+    }
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+// Lets go of `generation` on a thread of its own, as a request's last reference would; that
+// thread's id.
+std::thread::id let_go_on_a_request_thread(std::shared_ptr<const TracedEngine> generation) {
+  std::thread request([held = std::move(generation)]() mutable { held.reset(); });
+  const std::thread::id id = request.get_id();
+  request.join();
+  return id;
+}
+
+// Waits (at most 10 s) until `n` generations were destroyed, for a holder's thread.
+bool destroyed(std::size_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (TracedEngine::destroyed_on().size() < n) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return false;
+    }
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("a request that lets go of a replaced generation last leaves freeing it to the reload",
@@ -381,30 +409,108 @@ TEST_CASE("a request that lets go of a replaced generation last leaves freeing i
   TempDir dir;
   const std::string path = dir.file("gateway.yaml");
   write(path, config_text(2));
-  sluice::yaml::ReloadingEngine<TracedEngine, sluice::ManualClock>::Options options;
-  options.backend.store.seed = 1;
-  auto holder = sluice::yaml::ReloadingEngine<TracedEngine, sluice::ManualClock>::create(
-      path, std::move(options));
-  REQUIRE(holder.ok());
-  TracedEngine::clear();
+  auto holder = make_traced(path);
 
-  // A request on the first generation that outlasts the reload and is its last holder.
-  std::thread request([held = (*holder)->current()]() mutable {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (held.use_count() > 1 && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::yield();  // until the holder and the reload let go of it
-    }
-    held.reset();
-  });
-  const std::thread::id request_thread = request.get_id();
+  std::shared_ptr<const TracedEngine> request = holder->current();
   write(path, config_text(3));
-  const absl::Status reloaded = (*holder)->reload();
-  request.join();
-  CHECK(reloaded.ok());
+  REQUIRE(holder->reload().ok());  // returns at once: nothing waits for the request
+  CHECK(TracedEngine::destroyed_on().empty());
+
+  const std::thread::id request_thread = let_go_on_a_request_thread(std::move(request));
+  CHECK(TracedEngine::destroyed_on().empty());  // the request only handed it back
+  CHECK(holder->poll().value() == false);       // nothing to reload; frees what was handed back
+  CHECK(TracedEngine::destroyed_on() == std::vector<std::thread::id>{std::this_thread::get_id()});
+  CHECK(TracedEngine::destroyed_on() != std::vector<std::thread::id>{request_thread});
+}
+
+TEST_CASE("a reload frees the generation it replaced at once when no request holds it") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  auto holder = make_traced(path);
+  write(path, config_text(3));
+  REQUIRE(holder->reload().ok());
+  CHECK(TracedEngine::destroyed_on() == std::vector<std::thread::id>{std::this_thread::get_id()});
+}
+
+TEST_CASE(
+    "a generation held across several reloads is freed by the first reload after it is "
+    "let go, the others at once") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  auto holder = make_traced(path);
+  std::shared_ptr<const TracedEngine> request = holder->current();
+  for (int n = 3; n <= 5; ++n) {
+    write(path, config_text(n));
+    REQUIRE(holder->reload().ok());  // this thread holds a generation and reloads, as it may
+  }
+  CHECK(TracedEngine::destroyed_on().size() == 2);  // the ones no request held
+
+  let_go_on_a_request_thread(std::move(request));
+  CHECK(TracedEngine::destroyed_on().size() == 2);
+  write(path, config_text(6));
+  REQUIRE(holder->reload().ok());  // frees the handed-back one, then the one it replaced
+  CHECK(TracedEngine::destroyed_on() ==
+        std::vector<std::thread::id>(4, std::this_thread::get_id()));
+}
+
+TEST_CASE("the holder's thread frees a replaced generation on its next poll after it is let go") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  auto holder = make_traced(path, std::chrono::milliseconds(5));
+  std::shared_ptr<const TracedEngine> request = holder->current();
+  write(path, config_text(3));
+  holder->request_reload();
+  REQUIRE(replaced(*holder, request));
+
+  const std::thread::id request_thread = let_go_on_a_request_thread(std::move(request));
+  REQUIRE(destroyed(1));
   const std::vector<std::thread::id> destroyed_on = TracedEngine::destroyed_on();
   CHECK(destroyed_on.size() == 1);
-  CHECK(destroyed_on == std::vector<std::thread::id>{std::this_thread::get_id()});
-  CHECK(std::count(destroyed_on.begin(), destroyed_on.end(), request_thread) == 0);
+  CHECK(destroyed_on.front() != request_thread);
+  CHECK(destroyed_on.front() != std::this_thread::get_id());  // the holder's thread
+}
+
+TEST_CASE("with only a reload signal, the holder's thread still frees a let-go generation") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  auto holder = make_traced(path, std::chrono::milliseconds(0), SIGUSR2);
+  std::shared_ptr<const TracedEngine> request = holder->current();
+  write(path, config_text(3));
+  holder->request_reload();
+  REQUIRE(replaced(*holder, request));
+
+  const std::thread::id request_thread = let_go_on_a_request_thread(std::move(request));
+  REQUIRE(destroyed(1));  // within a second: the thread wakes to free it while it is held
+  const std::vector<std::thread::id> destroyed_on = TracedEngine::destroyed_on();
+  CHECK(destroyed_on.size() == 1);
+  CHECK(destroyed_on.front() != request_thread);
+  CHECK(destroyed_on.front() != std::this_thread::get_id());  // the holder's thread
+}
+
+TEST_CASE("destroying the holder frees what was handed back and leaves the rest to its holders") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  auto holder = make_traced(path);
+  std::shared_ptr<const TracedEngine> handed_back = holder->current();
+  write(path, config_text(3));
+  REQUIRE(holder->reload().ok());
+  std::shared_ptr<const TracedEngine> still_held = holder->current();
+  write(path, config_text(4));
+  REQUIRE(holder->reload().ok());
+  let_go_on_a_request_thread(std::move(handed_back));
+  CHECK(TracedEngine::destroyed_on().empty());
+
+  holder.reset();  // frees the first generation and the current one; abandons the second
+  CHECK(TracedEngine::destroyed_on() ==
+        std::vector<std::thread::id>(2, std::this_thread::get_id()));
+  const std::thread::id request_thread = let_go_on_a_request_thread(std::move(still_held));
+  CHECK(TracedEngine::destroyed_on().size() == 3);
+  CHECK(TracedEngine::destroyed_on().back() == request_thread);  // its last holder, as documented
 }
 
 TEST_CASE("the first load must succeed") {
@@ -454,6 +560,7 @@ TEST_CASE("a changed file is loaded only once it has stayed the same for the set
   write(path, config_text(2));
   Clocks clocks;
   auto holder = make(path, clocks);
+  const std::shared_ptr<const Engine> first = holder->current();
 
   write(path, config_text(3));
   CHECK(poll_now(*holder) == "unchanged");  // just changed: the writer may not be done
@@ -471,7 +578,7 @@ TEST_CASE("a changed file is loaded only once it has stayed the same for the set
   CHECK(poll_now(*holder) == "unchanged");
   clocks.settle.advance(kSettle - nanoseconds(1));
   CHECK(poll_now(*holder) == "unchanged");
-  CHECK(holder->current()->engine_stats().reloads == 0);  // the first generation still serves
+  CHECK(holder->current() == first);
 
   clocks.settle.advance(nanoseconds(1));
   CHECK(poll_now(*holder) == "reloaded");
@@ -687,12 +794,11 @@ TEST_CASE("request_reload wakes the holder's thread, which reloads; the destruct
   ReloadCounter counter;
   auto holder = make_threaded(path, counter, std::chrono::hours(1), 0);
   REQUIRE(holder.ok());
-  auto old = (*holder)->current();
+  const auto old = (*holder)->current();
   write(path, config_text(3));
   (*holder)->request_reload();  // not the hour-long interval: the request wakes the thread
   REQUIRE(counter.wait_for(1));
   REQUIRE(replaced(**holder, old));
-  old.reset();  // the thread's reload waits for it before it frees the old generation
   CHECK(admitted(*(*holder)->current(), 4) == 3);
   holder->reset();  // returns: the thread was woken to stop and joined
 }
@@ -722,12 +828,11 @@ TEST_CASE("the reload signal makes the holder's thread reload; one holder per pr
   auto second = make_threaded(path, counter, std::chrono::milliseconds(0), SIGUSR2);
   CHECK(second.status().code() == absl::StatusCode::kFailedPrecondition);
 
-  auto old = (*holder)->current();
+  const auto old = (*holder)->current();
   write(path, config_text(4));
   REQUIRE(std::raise(SIGUSR2) == 0);  // the handler only writes to the holder's pipe
   REQUIRE(counter.wait_for(1));
   REQUIRE(replaced(**holder, old));
-  old.reset();  // the thread's reload waits for it before it frees the old generation
   CHECK(admitted(*(*holder)->current(), 5) == 4);
 
   holder->reset();  // gives the signal back: its default handling, and free for another holder

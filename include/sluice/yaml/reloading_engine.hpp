@@ -30,14 +30,20 @@
 // it: a reload publishes a new generation but the one a request holds lives until its last
 // holder lets go. Never keep a view past the shared_ptr it came from.
 //
-// Freeing a replaced generation: the reload that replaced it frees it, on its own thread, never a
-// request. After publishing, `reload()` and `poll()` wait until every request that took the old
-// generation from `current()` has let go of it (the last one only hands it back: an atomic store
-// and a wake), then destroy it: its rules, its backend and, in memory, the state of every key of
-// each rule the reload removed or changed, which a request would otherwise pay for before it could
-// answer. So a successful reload returns only once those requests are done, however long they hold
-// it, and it must be called from a thread that holds no generation, or it waits for itself. The
-// generation serving when the holder is destroyed is freed by its last holder.
+// Freeing a replaced generation: the holder frees it, on a reloading thread or its own, never a
+// request, which would otherwise pay for destroying it (its rules, its backend and, in memory, the
+// state of every key of each rule the reload removed or changed) before it could answer. Nothing
+// waits for it: a reload publishes the new generation and returns; the request that lets go of the
+// old one last only hands it back (one atomic exchange: no lock, no destructor, no system call).
+// The holder frees what has been handed back at the start of every `reload()` and `poll()`, right
+// after a reload publishes (so a generation no request holds is freed by the reload that replaced
+// it), and on every wake of its thread: so a replaced generation is freed at most one poll
+// interval after its last request let go (with a reload_signal and no poll_interval the thread
+// wakes every second while one is held; with no thread, at the next reload() or poll()). A
+// generation that requests hold across several reloads waits with the others, one small handle
+// each, and its memory stays until they let go, as any held generation's does. When the holder is
+// destroyed, a replaced or current generation that a request still holds is freed by its last
+// holder.
 //
 // Reload: the file is read once (at most kMaxConfigBytes) and loaded with load_config; the new
 // generation is compiled with `engine->reload(config)`, so rules whose fingerprint is unchanged
@@ -65,13 +71,14 @@
 // reload: a reload reads and compiles off to the side and publishes by swapping one pointer.
 // The pointer is guarded by a spin bit held only for a reference-count increment (reader) or a
 // pointer swap (reload); the old generation is retired after the bit is dropped. No mutex, no
-// system call. This is the design of libstdc++'s std::atomic<std::shared_ptr>, written out
-// because libstdc++ 12's reader drops its bit with a relaxed store, which leaves its pointer read
-// unordered before the next writer's store (ThreadSanitizer reports it as a data race).
-// `reload()` and `poll()` may be called from any thread that holds no generation; they are
-// serialized by a mutex that the request path never takes, held while a reload waits for the
-// requests on the generation it replaced (so at most one replaced generation is left to free).
-// Complexity: a reload is linear in the file and the config, plus that wait.
+// system call, and no wait when a request lets go of a replaced generation last. This is the design
+// of libstdc++'s std::atomic<std::shared_ptr>, written out because libstdc++ 12's reader drops its
+// bit with a relaxed store, which leaves its pointer read unordered before the next writer's store
+// (ThreadSanitizer reports it as a data race). `reload()`, `poll()` and `request_reload()` may be
+// called from any thread, including one that holds a generation (a request serving an admin
+// endpoint); `reload()` and `poll()` are serialized by a mutex that the request path never takes.
+// Complexity: a reload is linear in the file and the config; freeing what was handed back is linear
+// in the replaced generations still held, plus their destructors.
 #ifndef SLUICE_YAML_RELOADING_ENGINE_HPP_
 #define SLUICE_YAML_RELOADING_ENGINE_HPP_
 
@@ -83,6 +90,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -147,14 +155,18 @@ class ReloadingEngine {
 
   ReloadingEngine(const ReloadingEngine&) = delete;
   ReloadingEngine& operator=(const ReloadingEngine&) = delete;
-  // Stops and joins the holder's thread (a reload in progress finishes first, with its wait for
-  // the requests on the generation it replaced), then gives the reload signal back.
+  // Stops and joins the holder's thread (a reload in progress finishes first) and gives the reload
+  // signal back. Frees each replaced generation that no request holds any more; one that a request
+  // still holds is freed by its last holder, as the current one is.
   ~ReloadingEngine() {
     if (thread_.joinable()) {
       wake_.notify(detail::kWakeStop);
       thread_.join();
     }
     if (signal_ != 0) detail::release_reload_signal(signal_, previous_action_);
+    sluice::detail::MutexLock lock(reload_mutex_);
+    collect_replaced();
+    replaced_.clear();  // abandons the rest to their last holders
   }
 
   // The generation serving now; hold it for the whole request (see Lifetimes above).
@@ -163,11 +175,12 @@ class ReloadingEngine {
     return current_;
   }
 
-  // Reads the file and publishes a new generation from it, whether or not it changed, then frees
-  // the one it replaced once no request holds it (see above). On error the current generation
-  // keeps serving and the error is returned, counted and reported.
+  // Reads the file and publishes a new generation from it, whether or not it changed; the one it
+  // replaced is freed here if no request holds it, else later (see above). On error the current
+  // generation keeps serving and the error is returned, counted and reported.
   absl::Status reload() {
     sluice::detail::MutexLock lock(reload_mutex_);
+    collect_replaced();
     absl::StatusOr<detail::ConfigSnapshot> file = detail::read_config_snapshot(path_);
     if (!file.ok()) return fail(file.status());
     if (!file->steady) {
@@ -186,6 +199,7 @@ class ReloadingEngine {
   // error if the changed file was bad (reported once per content).
   absl::StatusOr<bool> poll() {
     sluice::detail::MutexLock lock(reload_mutex_);
+    collect_replaced();
     absl::StatusOr<detail::ConfigSnapshot> file = detail::read_config_snapshot(path_);
     if (!file.ok()) return fail(file.status());
     const Version version = version_of(file->text);
@@ -201,8 +215,8 @@ class ReloadingEngine {
   }
 
   // Asks the holder's thread to reload() soon, without waiting for it; with no thread
-  // (poll_interval 0 and no reload_signal), reloads on this thread, which must then hold no
-  // generation. Its outcome is reported as every reload's.
+  // (poll_interval 0 and no reload_signal), reloads on this thread. Its outcome is reported as
+  // every reload's.
   void request_reload() {
     if (thread_.joinable()) {
       wake_.notify(detail::kWakeReload);
@@ -240,8 +254,13 @@ class ReloadingEngine {
         enforced_(enforced),
         wake_(std::move(wake)) {}
 
+  // While a replaced generation is held and the thread has no poll interval, it wakes this often
+  // to free the generation once its requests let go.
+  static constexpr std::chrono::milliseconds kCollectInterval{1000};
+
   // The thread, when an interval or a signal asks for one. Outcomes are reported by fail() and
-  // Engine::reload, so the thread drops the returned statuses.
+  // Engine::reload, so the thread drops the returned statuses. Every wake frees what requests
+  // have handed back.
   absl::Status start(std::chrono::milliseconds interval, int signal) {
     if (interval.count() <= 0 && signal == 0) return absl::OkStatus();
     if (signal != 0) {
@@ -251,14 +270,18 @@ class ReloadingEngine {
       signal_ = signal;
     }
     thread_ = std::thread([this, interval] {
+      bool held = false;  // a replaced generation waits for its requests
       for (;;) {
-        const detail::Wakeups woke = wake_.wait(interval);
+        const bool polling = interval.count() > 0;
+        const detail::Wakeups woke = wake_.wait(polling || !held ? interval : kCollectInterval);
         if (woke.stop) return;
         if (woke.reload) {
           (void)reload();
-        } else if (woke.timed_out) {
+        } else if (woke.timed_out && polling) {
           (void)poll();
         }
+        sluice::detail::MutexLock lock(reload_mutex_);
+        held = collect_replaced() > 0;
       }
     });
     return absl::OkStatus();
@@ -309,13 +332,27 @@ class ReloadingEngine {
       sluice::detail::SpinLockHolder hold(current_lock_);
       current_.swap(published);
     }
-    sluice::detail::retire(std::move(published));  // the old one: waits for its requests, frees it
+    // The old one: freed now if no request holds it, else once they let go (collect_replaced).
+    replaced_.push_back(sluice::detail::retire_later(std::move(published)));
+    collect_replaced();
     return absl::OkStatus();
   }
 
-  // A generation whose last request only hands it back to the reload that retires it.
+  // A generation whose last request only hands it back to the holder, which frees it.
   static std::shared_ptr<const Engine> retirable(Engine engine) {
     return sluice::detail::make_retirable(std::make_unique<Engine>(std::move(engine)));
+  }
+
+  // Frees each replaced generation whose requests have all let go; how many are still held.
+  std::size_t collect_replaced() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mutex_) {
+    for (auto it = replaced_.begin(); it != replaced_.end();) {
+      if (it->collect()) {
+        it = replaced_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return replaced_.size();
   }
 
   // A config that enforces no rule is what a file read while being written often is (a prefix
@@ -348,10 +385,13 @@ class ReloadingEngine {
   Version seen_ ABSL_GUARDED_BY(reload_mutex_);  // the content last loaded or rejected
   std::optional<Settling> settling_ ABSL_GUARDED_BY(reload_mutex_);  // a change not loaded yet
   std::size_t enforced_ ABSL_GUARDED_BY(reload_mutex_);  // enforced_rule_count of the running one
-  detail::WakePipe wake_;                                // wakes thread_
-  int signal_ = 0;                                       // the reload signal taken, if any
-  struct sigaction previous_action_ {};                  // its handling before
-  std::thread thread_;                                   // polls and reloads, if started
+  // Replaced generations not freed yet: those some request still holds, and any handed back since
+  // the last collect_replaced(). Grows only while requests hold generations across reloads.
+  std::vector<sluice::detail::Retired<Engine>> replaced_ ABSL_GUARDED_BY(reload_mutex_);
+  detail::WakePipe wake_;                // wakes thread_
+  int signal_ = 0;                       // the reload signal taken, if any
+  struct sigaction previous_action_ {};  // its handling before
+  std::thread thread_;                   // polls and reloads, if started
 };
 
 }  // namespace sluice::yaml
