@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -296,6 +297,222 @@ TEST_CASE("a view from a held generation stays valid after a reload replaced it"
   CHECK(match->route == "public");  // still readable: the request holds its generation (ASan)
 }
 
+namespace {
+
+// The test's engine, which records the thread each generation is destroyed on (a holder takes
+// any engine type, so this observes it from outside). A moved-from engine records nothing.
+class TracedEngine : public Engine {
+ public:
+  static absl::StatusOr<TracedEngine> create(const sluice::PolicyConfig& config,
+                                             BackendOptions options, const Observer& observer,
+                                             const sluice::EngineEventHook& on_event) {
+    absl::StatusOr<Engine> engine = Engine::create(config, std::move(options), observer, on_event);
+    if (!engine.ok()) return engine.status();
+    return TracedEngine(*std::move(engine));
+  }
+  absl::StatusOr<TracedEngine> reload(const sluice::PolicyConfig& config) const {
+    absl::StatusOr<Engine> engine = Engine::reload(config);
+    if (!engine.ok()) return engine.status();
+    return TracedEngine(*std::move(engine));
+  }
+
+  TracedEngine(TracedEngine&& other)
+      : Engine(std::move(other)), traced_(std::exchange(other.traced_, false)) {}
+  TracedEngine& operator=(TracedEngine&&) = delete;
+  ~TracedEngine() {
+    if (!traced_) return;
+    std::lock_guard lock(log().mutex);
+    log().threads.push_back(std::this_thread::get_id());
+  }
+
+  // The threads that destroyed a generation, in order.
+  static std::vector<std::thread::id> destroyed_on() {
+    std::lock_guard lock(log().mutex);
+    return log().threads;
+  }
+  static void clear() {
+    std::lock_guard lock(log().mutex);
+    log().threads.clear();
+  }
+
+ private:
+  struct Log {
+    std::mutex mutex;
+    std::vector<std::thread::id> threads;
+  };
+  static Log& log() {
+    static Log log;
+    return log;
+  }
+
+  explicit TracedEngine(Engine engine) : Engine(std::move(engine)) {}
+
+  bool traced_ = true;
+};
+
+using TracedHolder = sluice::yaml::ReloadingEngine<TracedEngine, sluice::ManualClock>;
+
+std::unique_ptr<TracedHolder> make_traced(const std::string& path,
+                                          std::chrono::milliseconds interval = {},
+                                          int reload_signal = 0) {
+  TracedHolder::Options options;
+  options.backend.store.seed = 1;
+  options.poll_interval = interval;
+  options.reload_signal = reload_signal;
+  absl::StatusOr<std::unique_ptr<TracedHolder>> holder =
+      TracedHolder::create(path, std::move(options));
+  REQUIRE(holder.ok());
+  TracedEngine::clear();
+  return *std::move(holder);
+}
+
+// Waits (at most 10 s) until `holder` serves a generation other than `old`: the engine reports a
+// reload's ReloadEvent while compiling the new generation, a moment before the holder publishes
+// it, so a ReloadEvent alone does not mean current() has changed yet.
+template <class AnyHolder, class Generation>
+bool replaced(const AnyHolder& holder, const Generation& old) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (holder.current() == old) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return false;
+    }
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+// Lets go of `generation` on a thread of its own, as a request's last reference would; that
+// thread's id.
+std::thread::id let_go_on_a_request_thread(std::shared_ptr<const TracedEngine> generation) {
+  std::thread request([held = std::move(generation)]() mutable { held.reset(); });
+  const std::thread::id id = request.get_id();
+  request.join();
+  return id;
+}
+
+// Waits (at most 10 s) until `n` generations were destroyed, for a holder's thread.
+bool destroyed(std::size_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (TracedEngine::destroyed_on().size() < n) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return false;
+    }
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a request that lets go of a replaced generation last leaves freeing it to the reload",
+          "[attack]") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  auto holder = make_traced(path);
+
+  std::shared_ptr<const TracedEngine> request = holder->current();
+  write(path, config_text(3));
+  REQUIRE(holder->reload().ok());  // returns at once: nothing waits for the request
+  CHECK(TracedEngine::destroyed_on().empty());
+
+  const std::thread::id request_thread = let_go_on_a_request_thread(std::move(request));
+  CHECK(TracedEngine::destroyed_on().empty());  // the request only handed it back
+  CHECK(holder->poll().value() == false);       // nothing to reload; frees what was handed back
+  CHECK(TracedEngine::destroyed_on() == std::vector<std::thread::id>{std::this_thread::get_id()});
+  CHECK(TracedEngine::destroyed_on() != std::vector<std::thread::id>{request_thread});
+}
+
+TEST_CASE("a reload frees the generation it replaced at once when no request holds it") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  auto holder = make_traced(path);
+  write(path, config_text(3));
+  REQUIRE(holder->reload().ok());
+  CHECK(TracedEngine::destroyed_on() == std::vector<std::thread::id>{std::this_thread::get_id()});
+}
+
+TEST_CASE(
+    "a generation held across several reloads is freed by the first reload after it is "
+    "let go, the others at once") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  auto holder = make_traced(path);
+  std::shared_ptr<const TracedEngine> request = holder->current();
+  for (int n = 3; n <= 5; ++n) {
+    write(path, config_text(n));
+    REQUIRE(holder->reload().ok());  // this thread holds a generation and reloads, as it may
+  }
+  CHECK(TracedEngine::destroyed_on().size() == 2);  // the ones no request held
+
+  let_go_on_a_request_thread(std::move(request));
+  CHECK(TracedEngine::destroyed_on().size() == 2);
+  write(path, config_text(6));
+  REQUIRE(holder->reload().ok());  // frees the handed-back one, then the one it replaced
+  CHECK(TracedEngine::destroyed_on() ==
+        std::vector<std::thread::id>(4, std::this_thread::get_id()));
+}
+
+TEST_CASE("the holder's thread frees a replaced generation on its next poll after it is let go") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  auto holder = make_traced(path, std::chrono::milliseconds(5));
+  std::shared_ptr<const TracedEngine> request = holder->current();
+  write(path, config_text(3));
+  holder->request_reload();
+  REQUIRE(replaced(*holder, request));
+
+  const std::thread::id request_thread = let_go_on_a_request_thread(std::move(request));
+  REQUIRE(destroyed(1));
+  const std::vector<std::thread::id> destroyed_on = TracedEngine::destroyed_on();
+  CHECK(destroyed_on.size() == 1);
+  CHECK(destroyed_on.front() != request_thread);
+  CHECK(destroyed_on.front() != std::this_thread::get_id());  // the holder's thread
+}
+
+TEST_CASE("with only a reload signal, the holder's thread still frees a let-go generation") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  auto holder = make_traced(path, std::chrono::milliseconds(0), SIGUSR2);
+  std::shared_ptr<const TracedEngine> request = holder->current();
+  write(path, config_text(3));
+  holder->request_reload();
+  REQUIRE(replaced(*holder, request));
+
+  const std::thread::id request_thread = let_go_on_a_request_thread(std::move(request));
+  REQUIRE(destroyed(1));  // within a second: the thread wakes to free it while it is held
+  const std::vector<std::thread::id> destroyed_on = TracedEngine::destroyed_on();
+  CHECK(destroyed_on.size() == 1);
+  CHECK(destroyed_on.front() != request_thread);
+  CHECK(destroyed_on.front() != std::this_thread::get_id());  // the holder's thread
+}
+
+TEST_CASE("destroying the holder frees what was handed back and leaves the rest to its holders") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, config_text(2));
+  auto holder = make_traced(path);
+  std::shared_ptr<const TracedEngine> handed_back = holder->current();
+  write(path, config_text(3));
+  REQUIRE(holder->reload().ok());
+  std::shared_ptr<const TracedEngine> still_held = holder->current();
+  write(path, config_text(4));
+  REQUIRE(holder->reload().ok());
+  let_go_on_a_request_thread(std::move(handed_back));
+  CHECK(TracedEngine::destroyed_on().empty());
+
+  holder.reset();  // frees the first generation and the current one; abandons the second
+  CHECK(TracedEngine::destroyed_on() ==
+        std::vector<std::thread::id>(2, std::this_thread::get_id()));
+  const std::thread::id request_thread = let_go_on_a_request_thread(std::move(still_held));
+  CHECK(TracedEngine::destroyed_on().size() == 3);
+  CHECK(TracedEngine::destroyed_on().back() == request_thread);  // its last holder, as documented
+}
+
 TEST_CASE("the first load must succeed") {
   TempDir dir;
   CHECK(Holder::create(dir.file("missing.yaml")).status().code() == absl::StatusCode::kNotFound);
@@ -555,19 +772,6 @@ struct ReloadCounter {
                                    [&] { return state->reloads >= reloads; });
   }
 };
-
-// Waits (at most 10 s) until `holder` serves a generation other than `old`: the engine reports a
-// reload's ReloadEvent while compiling the new generation, a moment before the holder publishes
-// it, so a ReloadEvent alone does not mean current() has changed yet.
-template <class Generation>
-bool replaced(const Holder& holder, const Generation& old) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (holder.current() == old) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
-}
 
 absl::StatusOr<std::unique_ptr<Holder>> make_threaded(const std::string& path,
                                                       const ReloadCounter& counter,

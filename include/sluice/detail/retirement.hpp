@@ -2,19 +2,32 @@
 //
 // A published configuration is read through shared_ptr copies; replacing it must not leave its
 // destructor (possibly large: tables, stores, every key's state) to whichever reader lets go
-// last, since that reader is a request. make_retirable() makes such an object; retire() is what
-// the publisher calls after swapping it out: it waits until every reader has let go, then
-// destroys the object on the calling thread.
+// last, since that reader is a request. make_retirable() makes such an object; the publisher,
+// after swapping it out, retires it in one of two ways:
+//
+// - retire() waits until every reader has let go, then destroys the object on the calling thread.
+//   The caller must be able to wait as long as the longest reader holds it, and must hold no
+//   other reference to it, or it waits for itself.
+// - retire_later() returns at once with a Retired handle. Its collect() destroys the object on
+//   the calling thread if every reader has let go by then (true), or does nothing (false): the
+//   publisher calls it again later, e.g. at its next reload or on a timer. A handle dropped
+//   before its object was collected abandons it: the object goes back to ordinary shared_ptr
+//   ownership, and whoever lets go last frees it.
 //
 //   std::shared_ptr<const Table> table = sluice::detail::make_retirable(std::move(built));
 //   ... readers copy `table`; later the publisher swaps in the next one ...
 //   sluice::detail::retire(std::move(old_table));  // waits for its readers, frees it here
+//   // or
+//   retired.push_back(sluice::detail::retire_later(std::move(old_table)));  // no wait
+//   ... later, on the publisher's thread, drop each handle whose collect() returns true ...
 //
-// The reader that lets go last only hands the object back: one atomic store and a wake, no lock
-// and no destructor. An object never retired is freed by its last holder, as usual.
+// The reader that lets go last only hands the object back: one atomic exchange (and, if retire()
+// waits for it, a wake), no lock and no destructor. An object never retired is freed by its last
+// holder, as usual.
 //
-// Thread-safety: retire() once per object, after no new reference can be taken (the object is no
-// longer published); the caller must hold no other reference, or it waits for itself.
+// Thread-safety: retire one object once, by one of the two, after no new reference can be taken
+// (the object is no longer published). A Retired handle is used by one thread at a time; its
+// collect() and abandon() may race with the object's last reader on any thread.
 #ifndef SLUICE_DETAIL_RETIREMENT_HPP_
 #define SLUICE_DETAIL_RETIREMENT_HPP_
 
@@ -24,24 +37,36 @@
 
 namespace sluice::detail {
 
-// Shared by an object's deleter and the thread that retires it.
+// Shared by an object's deleter and the thread that retires it. Who frees the object is decided
+// by one exchange on `state`, whichever of the last reader and the retiring side comes second:
+//   kFreedByLastHolder  not retired, or abandoned: the last reader frees it;
+//   kAwaited            retired by retire(), which waits for the object to be handed back;
+//   nullptr             retired by retire_later(), collected by its Retired handle;
+//   the object          handed back by its last reader, for the retiring side to free.
+// Every exchange on it is acq_rel: the side that frees the object acquires the other side's
+// release, so the free follows everything the other side did with it.
 struct RetirementSlot {
-  std::atomic<bool> retiring{false};              // set before the retiring thread lets go
-  std::atomic<const void*> handed_back{nullptr};  // the object, once its last holder let go
+  // Addresses of distinct objects, so never the address of a retirable object.
+  static constexpr char kTags[2] = {};
+  static constexpr const void* kFreedByLastHolder = &kTags[0];
+  static constexpr const void* kAwaited = &kTags[1];
+
+  std::atomic<const void*> state{kFreedByLastHolder};
 };
 
 template <class T>
 struct RetirableDeleter {
   std::shared_ptr<RetirementSlot> slot;
 
+  // Runs on the last holder's thread. `slot` outlives the wake: the deleter lives in the
+  // shared_ptr's control block, which is destroyed only after this returns.
   void operator()(const T* object) const {
-    if (!slot->retiring.load(std::memory_order_acquire)) {
+    const void* retiring = slot->state.exchange(object, std::memory_order_acq_rel);
+    if (retiring == RetirementSlot::kFreedByLastHolder) {
       delete object;
-      return;
+    } else if (retiring == RetirementSlot::kAwaited) {
+      slot->state.notify_one();
     }
-    const std::shared_ptr<RetirementSlot> keep = slot;  // alive until the wake below returns
-    keep->handed_back.store(object, std::memory_order_release);
-    keep->handed_back.notify_one();
   }
 };
 
@@ -51,22 +76,90 @@ std::shared_ptr<const T> make_retirable(std::unique_ptr<T> object) {
                                   RetirableDeleter<T>{std::make_shared<RetirementSlot>()});
 }
 
+// The slot of an object made by make_retirable, or null (freed by its last holder).
+template <class T>
+std::shared_ptr<RetirementSlot> retirement_slot_of(const std::shared_ptr<const T>& object) {
+  const RetirableDeleter<T>* deleter = std::get_deleter<RetirableDeleter<T>>(object);
+  return deleter == nullptr ? nullptr : deleter->slot;
+}
+
 // Lets go of `object` and, once every other holder has too, destroys it on this thread. The wait
 // lasts as long as the longest reader that still holds it.
 template <class T>
 void retire(std::shared_ptr<const T> object) {
-  if (object == nullptr) {
+  const std::shared_ptr<RetirementSlot> slot = retirement_slot_of(object);
+  if (slot == nullptr) {  // null, or not made by make_retirable: freed by its last holder
     return;
   }
-  const RetirableDeleter<T>* deleter = std::get_deleter<RetirableDeleter<T>>(object);
-  if (deleter == nullptr) {  // not made by make_retirable: freed by its last holder
-    return;
+  // Ordered before the last holder's deleter by the reference count, which `reset` releases.
+  slot->state.store(RetirementSlot::kAwaited, std::memory_order_relaxed);
+  object.reset();
+  slot->state.wait(RetirementSlot::kAwaited, std::memory_order_acquire);
+  delete static_cast<const T*>(slot->state.load(std::memory_order_acquire));
+}
+
+// A retired object not freed yet: collect() frees it on the calling thread once its readers have
+// let go; dropping the handle first abandons it to its last reader.
+template <class T>
+class Retired {
+ public:
+  explicit Retired(std::shared_ptr<RetirementSlot> slot) : slot_(std::move(slot)) {}
+  Retired(Retired&& other) noexcept = default;
+  Retired& operator=(Retired&& other) noexcept {
+    if (this != &other) {
+      abandon();
+      slot_ = std::move(other.slot_);
+    }
+    return *this;
   }
-  const std::shared_ptr<RetirementSlot> slot = deleter->slot;
-  slot->retiring.store(true, std::memory_order_release);
-  object.reset();  // ordered before the last holder's deleter by the reference count
-  slot->handed_back.wait(nullptr, std::memory_order_acquire);
-  delete static_cast<const T*>(slot->handed_back.load(std::memory_order_acquire));
+  ~Retired() { abandon(); }
+
+  // Frees the object here if its last reader has handed it back: true once nothing is left for
+  // this handle to free, false while some reader still holds the object. One atomic load.
+  bool collect() {
+    if (slot_ == nullptr) {
+      return true;
+    }
+    const void* state = slot_->state.load(std::memory_order_acquire);
+    if (state == nullptr) {
+      return false;
+    }
+    delete static_cast<const T*>(state);
+    slot_.reset();
+    return true;
+  }
+
+  // Gives the object back to ordinary shared_ptr ownership: freed here if it was handed back
+  // already, else by its last reader.
+  void abandon() {
+    if (slot_ == nullptr) {
+      return;
+    }
+    const void* state =
+        slot_->state.exchange(RetirementSlot::kFreedByLastHolder, std::memory_order_acq_rel);
+    if (state != nullptr) {
+      delete static_cast<const T*>(state);
+    }
+    slot_.reset();
+  }
+
+ private:
+  std::shared_ptr<RetirementSlot> slot_;  // null once collected or abandoned
+};
+
+// Lets go of `object` without waiting; the handle frees it once every other holder has let go
+// (see Retired). An object not made by make_retirable is freed by its last holder: the handle
+// has nothing to collect.
+template <class T>
+Retired<T> retire_later(std::shared_ptr<const T> object) {
+  std::shared_ptr<RetirementSlot> slot = retirement_slot_of(object);
+  if (slot != nullptr) {
+    // Ordered before the last holder's deleter by the reference count, which `reset` releases.
+    // If this is the last reference, the deleter runs here and hands the object back at once.
+    slot->state.store(nullptr, std::memory_order_relaxed);
+    object.reset();
+  }
+  return Retired<T>(std::move(slot));
 }
 
 }  // namespace sluice::detail

@@ -30,6 +30,21 @@
 // it: a reload publishes a new generation but the one a request holds lives until its last
 // holder lets go. Never keep a view past the shared_ptr it came from.
 //
+// Freeing a replaced generation: the holder frees it, on a reloading thread or its own, never a
+// request, which would otherwise pay for destroying it (its rules, its backend and, in memory, the
+// state of every key of each rule the reload removed or changed) before it could answer. Nothing
+// waits for it: a reload publishes the new generation and returns; the request that lets go of the
+// old one last only hands it back (one atomic exchange: no lock, no destructor, no system call).
+// The holder frees what has been handed back at the start of every `reload()` and `poll()`, right
+// after a reload publishes (so a generation no request holds is freed by the reload that replaced
+// it), and on every wake of its thread: so a replaced generation is freed at most one poll
+// interval after its last request let go (with a reload_signal and no poll_interval the thread
+// wakes every second while one is held; with no thread, at the next reload() or poll()). A
+// generation that requests hold across several reloads waits with the others, one small handle
+// each, and its memory stays until they let go, as any held generation's does. When the holder is
+// destroyed, a replaced or current generation that a request still holds is freed by its last
+// holder.
+//
 // Reload: the file is read once (at most kMaxConfigBytes) and loaded with load_config; the new
 // generation is compiled with `engine->reload(config)`, so rules whose fingerprint is unchanged
 // keep their buckets and counters (a spent budget stays spent); a rule whose only change is its
@@ -55,12 +70,15 @@
 // Thread-safety: `current()` may be called from any thread at any time and never waits for a
 // reload: a reload reads and compiles off to the side and publishes by swapping one pointer.
 // The pointer is guarded by a spin bit held only for a reference-count increment (reader) or a
-// pointer swap (reload); the old generation is released after the bit is dropped. No mutex, no
-// system call. This is the design of libstdc++'s std::atomic<std::shared_ptr>, written out
-// because libstdc++ 12's reader drops its bit with a relaxed store, which leaves its pointer read
-// unordered before the next writer's store (ThreadSanitizer reports it as a data race).
-// `reload()` and `poll()` may be called from any thread; they are serialized by a mutex that the
-// request path never takes. Complexity: a reload is linear in the file and the config.
+// pointer swap (reload); the old generation is retired after the bit is dropped. No mutex, no
+// system call, and no wait when a request lets go of a replaced generation last. This is the design
+// of libstdc++'s std::atomic<std::shared_ptr>, written out because libstdc++ 12's reader drops its
+// bit with a relaxed store, which leaves its pointer read unordered before the next writer's store
+// (ThreadSanitizer reports it as a data race). `reload()`, `poll()` and `request_reload()` may be
+// called from any thread, including one that holds a generation (a request serving an admin
+// endpoint); `reload()` and `poll()` are serialized by a mutex that the request path never takes.
+// Complexity: a reload is linear in the file and the config; freeing what was handed back is linear
+// in the replaced generations still held, plus their destructors.
 #ifndef SLUICE_YAML_RELOADING_ENGINE_HPP_
 #define SLUICE_YAML_RELOADING_ENGINE_HPP_
 
@@ -72,6 +90,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -79,6 +98,7 @@
 #include "absl/strings/str_cat.h"
 #include "sluice/clock.hpp"
 #include "sluice/detail/mutex.hpp"
+#include "sluice/detail/retirement.hpp"
 #include "sluice/detail/spin_lock.hpp"
 #include "sluice/detail/xxhash.hpp"
 #include "sluice/engine.hpp"
@@ -125,7 +145,7 @@ class ReloadingEngine {
     absl::StatusOr<detail::WakePipe> wake = detail::WakePipe::create();
     if (!wake.ok()) return wake.status();
     std::unique_ptr<ReloadingEngine> holder(new ReloadingEngine(
-        std::move(path), std::make_shared<const Engine>(*std::move(engine)), version_of(*text),
+        std::move(path), retirable(*std::move(engine)), version_of(*text),
         enforced_rule_count(*config), options.settle, std::move(options.clock), *std::move(wake)));
     if (absl::Status s = holder->start(options.poll_interval, options.reload_signal); !s.ok()) {
       return s;
@@ -135,14 +155,18 @@ class ReloadingEngine {
 
   ReloadingEngine(const ReloadingEngine&) = delete;
   ReloadingEngine& operator=(const ReloadingEngine&) = delete;
-  // Stops and joins the holder's thread (a reload in progress finishes first), then gives the
-  // reload signal back.
+  // Stops and joins the holder's thread (a reload in progress finishes first) and gives the reload
+  // signal back. Frees each replaced generation that no request holds any more; one that a request
+  // still holds is freed by its last holder, as the current one is.
   ~ReloadingEngine() {
     if (thread_.joinable()) {
       wake_.notify(detail::kWakeStop);
       thread_.join();
     }
     if (signal_ != 0) detail::release_reload_signal(signal_, previous_action_);
+    sluice::detail::MutexLock lock(reload_mutex_);
+    collect_replaced();
+    replaced_.clear();  // abandons the rest to their last holders
   }
 
   // The generation serving now; hold it for the whole request (see Lifetimes above).
@@ -151,10 +175,12 @@ class ReloadingEngine {
     return current_;
   }
 
-  // Reads the file and publishes a new generation from it, whether or not it changed. On error
-  // the current generation keeps serving and the error is returned, counted and reported.
+  // Reads the file and publishes a new generation from it, whether or not it changed; the one it
+  // replaced is freed here if no request holds it, else later (see above). On error the current
+  // generation keeps serving and the error is returned, counted and reported.
   absl::Status reload() {
     sluice::detail::MutexLock lock(reload_mutex_);
+    collect_replaced();
     absl::StatusOr<detail::ConfigSnapshot> file = detail::read_config_snapshot(path_);
     if (!file.ok()) return fail(file.status());
     if (!file->steady) {
@@ -173,6 +199,7 @@ class ReloadingEngine {
   // error if the changed file was bad (reported once per content).
   absl::StatusOr<bool> poll() {
     sluice::detail::MutexLock lock(reload_mutex_);
+    collect_replaced();
     absl::StatusOr<detail::ConfigSnapshot> file = detail::read_config_snapshot(path_);
     if (!file.ok()) return fail(file.status());
     const Version version = version_of(file->text);
@@ -227,8 +254,13 @@ class ReloadingEngine {
         enforced_(enforced),
         wake_(std::move(wake)) {}
 
+  // While a replaced generation is held and the thread has no poll interval, it wakes this often
+  // to free the generation once its requests let go.
+  static constexpr std::chrono::milliseconds kCollectInterval{1000};
+
   // The thread, when an interval or a signal asks for one. Outcomes are reported by fail() and
-  // Engine::reload, so the thread drops the returned statuses.
+  // Engine::reload, so the thread drops the returned statuses. Every wake frees what requests
+  // have handed back.
   absl::Status start(std::chrono::milliseconds interval, int signal) {
     if (interval.count() <= 0 && signal == 0) return absl::OkStatus();
     if (signal != 0) {
@@ -238,14 +270,18 @@ class ReloadingEngine {
       signal_ = signal;
     }
     thread_ = std::thread([this, interval] {
+      bool held = false;  // a replaced generation waits for its requests
       for (;;) {
-        const detail::Wakeups woke = wake_.wait(interval);
+        const bool polling = interval.count() > 0;
+        const detail::Wakeups woke = wake_.wait(polling || !held ? interval : kCollectInterval);
         if (woke.stop) return;
         if (woke.reload) {
           (void)reload();
-        } else if (woke.timed_out) {
+        } else if (woke.timed_out && polling) {
           (void)poll();
         }
+        sluice::detail::MutexLock lock(reload_mutex_);
+        held = collect_replaced() > 0;
       }
     });
     return absl::OkStatus();
@@ -291,12 +327,32 @@ class ReloadingEngine {
     absl::StatusOr<Engine> next = current()->reload(*config);
     if (!next.ok()) return next.status();
     enforced_ = enforced_rule_count(*config);
-    std::shared_ptr<const Engine> published = std::make_shared<const Engine>(*std::move(next));
+    std::shared_ptr<const Engine> published = retirable(*std::move(next));
     {
       sluice::detail::SpinLockHolder hold(current_lock_);
       current_.swap(published);
     }
-    return absl::OkStatus();  // `published` now holds the old generation and lets go of it here
+    // The old one: freed now if no request holds it, else once they let go (collect_replaced).
+    replaced_.push_back(sluice::detail::retire_later(std::move(published)));
+    collect_replaced();
+    return absl::OkStatus();
+  }
+
+  // A generation whose last request only hands it back to the holder, which frees it.
+  static std::shared_ptr<const Engine> retirable(Engine engine) {
+    return sluice::detail::make_retirable(std::make_unique<Engine>(std::move(engine)));
+  }
+
+  // Frees each replaced generation whose requests have all let go; how many are still held.
+  std::size_t collect_replaced() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mutex_) {
+    for (auto it = replaced_.begin(); it != replaced_.end();) {
+      if (it->collect()) {
+        it = replaced_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return replaced_.size();
   }
 
   // A config that enforces no rule is what a file read while being written often is (a prefix
@@ -329,10 +385,13 @@ class ReloadingEngine {
   Version seen_ ABSL_GUARDED_BY(reload_mutex_);  // the content last loaded or rejected
   std::optional<Settling> settling_ ABSL_GUARDED_BY(reload_mutex_);  // a change not loaded yet
   std::size_t enforced_ ABSL_GUARDED_BY(reload_mutex_);  // enforced_rule_count of the running one
-  detail::WakePipe wake_;                                // wakes thread_
-  int signal_ = 0;                                       // the reload signal taken, if any
-  struct sigaction previous_action_ {};                  // its handling before
-  std::thread thread_;                                   // polls and reloads, if started
+  // Replaced generations not freed yet: those some request still holds, and any handed back since
+  // the last collect_replaced(). Grows only while requests hold generations across reloads.
+  std::vector<sluice::detail::Retired<Engine>> replaced_ ABSL_GUARDED_BY(reload_mutex_);
+  detail::WakePipe wake_;                // wakes thread_
+  int signal_ = 0;                       // the reload signal taken, if any
+  struct sigaction previous_action_ {};  // its handling before
+  std::thread thread_;                   // polls and reloads, if started
 };
 
 }  // namespace sluice::yaml
