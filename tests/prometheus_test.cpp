@@ -1,16 +1,12 @@
 #include "sluice/prometheus.hpp"
 
-#include <unistd.h>
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "engine_fixture.hpp"
 #include "example_config.hpp"
+#include "promtool.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 #ifdef SLUICE_TEST_REDIS
@@ -34,6 +30,10 @@ using sluice::testing::rule;
 
 namespace {
 
+using sluice_test::find_promtool;
+using sluice_test::promtool_check;
+using sluice_test::PromtoolResult;
+
 // A live bundle `api` (2/s per ip) and a dry-run bundle `shadow` (1/s per ip), both global.
 sluice::PolicyConfig small_config(std::string api = "api", std::string shadow = "shadow",
                                   std::string live_rule = "per-ip") {
@@ -52,38 +52,6 @@ Engine make(const sluice::PolicyConfig& config) { return sluice::testing::make_e
 void drive(const Engine& engine) {
   for (int i = 0; i < 3; ++i) engine.evaluate(on_route("203.0.113.7", "r"));
   engine.evaluate({.client_ip = "203.0.113.7", .path = "/healthz"});
-}
-
-// The output of `promtool check metrics < text`, and its exit status.
-struct PromtoolResult {
-  int status = -1;
-  std::string output;
-};
-
-std::string find_promtool() {
-  for (const char* dir : {"/usr/bin", "/usr/local/bin", "/bin"}) {
-    std::string path = absl::StrCat(dir, "/promtool");
-    if (::access(path.c_str(), X_OK) == 0) return path;
-  }
-  return {};
-}
-
-PromtoolResult promtool_check(const std::string& promtool, const std::string& text) {
-  const std::filesystem::path file = std::filesystem::temp_directory_path() /
-                                     absl::StrCat("sluice_prometheus_test_", ::getpid(), ".txt");
-  std::ofstream(file, std::ios::binary) << text;
-  PromtoolResult result;
-  FILE* pipe =
-      ::popen(absl::StrCat(promtool, " check metrics < ", file.string(), " 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  for (std::size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) {
-    result.output.append(buffer, n);
-  }
-  const int status = ::pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::filesystem::remove(file);
-  return result;
 }
 
 }  // namespace

@@ -68,10 +68,11 @@ struct ClientOptions {
   // Empty (the default): decide on the database clock. See TimeSource (connection_pool.hpp).
   TimeSource time_source{};
   // Concurrent single-key checks (a limiter's `check`) of one limit and cost, whose interval is a
-  // whole number of nanoseconds, that start while max_coalesced_calls such calls are in flight
-  // queue and go out together as one statement: up to max_coalesced_checks distinct keys, one
-  // transaction and one commit, each key decided on its own exactly as when sent alone. A check
-  // that finds fewer calls in flight is sent at once, alone, so one caller sees no change.
+  // whole number of nanoseconds, decided on the database clock (no time_source), that start
+  // while max_coalesced_calls such calls are in flight queue and go out together as one
+  // statement: up to max_coalesced_checks distinct keys, one transaction and one commit, each
+  // key decided on its own exactly as when sent alone. A check that finds fewer calls in flight
+  // is sent at once, alone, so one caller sees no change.
   bool coalesce = true;
   std::size_t max_coalesced_checks = 64;  // 1..1000: keys in one statement
   // 1..1000: such statements in flight at once. 2 by measurement (docs/benchmarks.md, 2-vCPU
@@ -164,7 +165,7 @@ class Client {
       // shared with concurrent checks of the same limit and cost when coalescing.
       if (std::optional<std::vector<Param>> whole =
               detail::check_interval_params(digests[0], *limits[0], costs[0], unix_time)) {
-        if (coalesce_) {
+        if (coalesce_ && !unix_time) {  // a time source's times differ: nothing would share
           return check_coalesced(digests[0],
                                  SetGroup{.limit = limits[0], .cost = costs[0], .time = unix_time},
                                  deadline);
