@@ -187,15 +187,7 @@ TEST_CASE("adaptive rules add their limit factor and decreases, and promtool acc
       "sluice_rule_limit_decreases_total{rule=\"api/per-ip\",dry_run=\"false\"} 1\n"));
   CHECK(sluice::prometheus_text(make(small_config())).find("limit_factor") == std::string::npos);
 
-  const std::string promtool = find_promtool();
-  if (promtool.empty()) {
-    WARN("SKIPPED: promtool not found (Debian package `prometheus`); the exposition is unchecked");
-    return;
-  }
-  const PromtoolResult result = promtool_check(promtool, text);
-  INFO(result.output);
-  CHECK(result.status == 0);
-  CHECK(result.output.empty());
+  sluice_test::check_promtool_accepts(text);
 }
 
 #ifdef SLUICE_TEST_REDIS
@@ -224,15 +216,7 @@ TEST_CASE(
         "flight at once.\n"
         "# TYPE sluice_redis_coalesced_calls_peak gauge\n"
         "sluice_redis_coalesced_calls_peak 0\n");
-  const std::string promtool = find_promtool();
-  if (promtool.empty()) {
-    WARN("SKIPPED: promtool not found (Debian package `prometheus`); the exposition is unchecked");
-    return;
-  }
-  const PromtoolResult result = promtool_check(promtool, body);
-  INFO(result.output);
-  CHECK(result.status == 0);
-  CHECK(result.output.empty());
+  sluice_test::check_promtool_accepts(body);
 }
 
 TEST_CASE(
@@ -278,14 +262,6 @@ TEST_CASE(
       "flight at once.\n"
       "# TYPE sluice_redis_coalesced_calls_peak gauge\n"
       "sluice_redis_coalesced_calls_peak 1\n")));
-  const std::string promtool = find_promtool();
-  if (promtool.empty()) {
-    WARN("SKIPPED: promtool not found (Debian package `prometheus`); the exposition is unchecked");
-    return;
-  }
-  const PromtoolResult result = promtool_check(promtool, body);
-  INFO(result.output);
-  CHECK(result.status == 0);
-  CHECK(result.output.empty());
+  sluice_test::check_promtool_accepts(body);
 }
 #endif

@@ -49,6 +49,20 @@ inline PromtoolResult promtool_check(const std::string& promtool, const std::str
   return result;
 }
 
+// Checks that promtool accepts `text` with no findings; warns and checks nothing when promtool
+// is not installed.
+inline void check_promtool_accepts(const std::string& text) {
+  const std::string promtool = find_promtool();
+  if (promtool.empty()) {
+    WARN("SKIPPED: promtool not found (Debian package `prometheus`); the exposition is unchecked");
+    return;
+  }
+  const PromtoolResult result = promtool_check(promtool, text);
+  INFO(result.output);
+  CHECK(result.status == 0);
+  CHECK(result.output.empty());  // no lint findings either
+}
+
 }  // namespace sluice_test
 
 #endif  // SLUICE_TESTS_SUPPORT_PROMTOOL_HPP_
