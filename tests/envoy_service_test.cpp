@@ -817,6 +817,38 @@ TEST_CASE("envoy: a reload frees the configuration it replaced on its own thread
   CHECK(*freed_by != caller);
 }
 
+TEST_CASE("envoy: a reload returns at once while a call holds the configuration it replaced",
+          "[envoy][attack]") {
+  auto shared = std::make_shared<GateBackend::Shared>();
+  auto limiter =
+      sluice::envoy::BasicLimiter<GateBackend>::create(one_limit("k"), {.backend = {shared}});
+  REQUIRE(limiter.ok());
+  shared->open = false;
+  const sluice::envoy::Entry entry{.key = "k", .value = "v"};
+  const sluice::envoy::Descriptor descriptor{.entries = {&entry, 1}};
+  sluice::envoy::Response response;
+  std::thread call([&] {  // a slow call (a backend near its timeout) on the first configuration
+    (void)(*limiter)->should_rate_limit({.domain = "d", .descriptors = {&descriptor, 1}}, response);
+  });
+  {
+    std::unique_lock lock(shared->mutex);
+    REQUIRE(shared->changed.wait_for(lock, 20s, [&] { return shared->waiting == 1; }));
+  }
+  std::future<absl::Status> reload =
+      std::async(std::launch::async, [&] { return (*limiter)->reload(one_limit("j")); });
+  // Bounded: a reload that waits for the call fails here instead of hanging the suite.
+  const bool returned = reload.wait_for(5s) == std::future_status::ready;
+  {
+    std::lock_guard lock(shared->mutex);
+    shared->open = true;
+  }
+  shared->changed.notify_all();
+  call.join();
+  CHECK(returned);
+  CHECK(reload.get().ok());
+  CHECK((*limiter)->stats().front().label == "d.j");
+}
+
 TEST_CASE("envoy: invalid files are refused with file:line:column", "[envoy]") {
   using sluice::envoy::load_domain_config;
   auto message = [](std::string_view text) {
