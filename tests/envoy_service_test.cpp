@@ -760,9 +760,19 @@ sluice::envoy::ServiceConfig one_limit(const std::string& key) {
                                             .windows = {{.requests = 10, .period = 1s}}}}}}}};
 }
 
+// The threads that destroyed the generations whose first rule is `label`.
+std::vector<std::thread::id> destroyed_on(GateBackend::Shared& shared, const std::string& label) {
+  std::lock_guard lock(shared.mutex);
+  std::vector<std::thread::id> threads;
+  for (const auto& [destroyed, thread] : shared.destroyed) {
+    if (destroyed == label) threads.push_back(thread);
+  }
+  return threads;
+}
+
 }  // namespace
 
-TEST_CASE("envoy: a reload frees the configuration it replaced on its own thread, never a call's",
+TEST_CASE("envoy: a call that lets go of a replaced configuration last leaves freeing it to a poll",
           "[envoy]") {
   auto shared = std::make_shared<GateBackend::Shared>();
   auto limiter =
@@ -773,9 +783,7 @@ TEST_CASE("envoy: a reload frees the configuration it replaced on its own thread
   const sluice::envoy::Descriptor descriptor{.entries = {&entry, 1}};
   sluice::envoy::Response response;
   absl::Status decided;
-  std::thread::id caller;
   std::thread call([&] {  // decides on the first configuration, held at the gate
-    caller = std::this_thread::get_id();
     decided =
         (*limiter)->should_rate_limit({.domain = "d", .descriptors = {&descriptor, 1}}, response);
   });
@@ -783,38 +791,38 @@ TEST_CASE("envoy: a reload frees the configuration it replaced on its own thread
     std::unique_lock lock(shared->mutex);
     REQUIRE(shared->changed.wait_for(lock, 20s, [&] { return shared->waiting == 1; }));
   }
-  std::atomic<bool> reloaded{false};
-  absl::Status reload_status;
-  std::thread::id reloader;
-  std::thread reload([&] {
-    reloader = std::this_thread::get_id();
-    reload_status = (*limiter)->reload(one_limit("j"));
-    reloaded.store(true);
-  });
-  // Until the second configuration is published, and the reload returned if it does not wait.
-  bool published = false;
-  for (int i = 0; i < 20000 && !published; ++i) {
-    published = (*limiter)->stats().front().label == "d.j";
-    if (!published) std::this_thread::sleep_for(1ms);  // waiting for an event, not a rate
-  }
-  for (int i = 0; i < 100 && !reloaded.load(); ++i) std::this_thread::sleep_for(1ms);
+  const absl::Status reloaded = (*limiter)->reload(one_limit("j"));
+  CHECK((*limiter)->collect_replaced() == 1);  // held by the call: nothing to free, no wait
   {
     std::lock_guard lock(shared->mutex);
     shared->open = true;
   }
   shared->changed.notify_all();
-  call.join();
-  reload.join();
-  REQUIRE(published);
+  call.join();  // the call let go of the first configuration last: it only handed it back
+  CHECK(reloaded.ok());
   CHECK(decided.ok());
-  CHECK(reload_status.ok());
-  std::optional<std::thread::id> freed_by;
-  for (const auto& [label, thread] : shared->destroyed) {
-    if (label == "d.k") freed_by = thread;
-  }
-  REQUIRE(freed_by.has_value());
-  CHECK(*freed_by == reloader);
-  CHECK(*freed_by != caller);
+  CHECK(destroyed_on(*shared, "d.k").empty());  // not by the call
+
+  std::size_t still_held = 1;
+  std::thread::id poller;
+  std::thread poll([&] {
+    poller = std::this_thread::get_id();
+    still_held = (*limiter)->collect_replaced();
+  });
+  poll.join();
+  CHECK(still_held == 0);
+  CHECK(destroyed_on(*shared, "d.k") == std::vector<std::thread::id>{poller});
+}
+
+TEST_CASE("envoy: a reload frees the configuration it replaced at once when no call holds it",
+          "[envoy]") {
+  auto shared = std::make_shared<GateBackend::Shared>();
+  auto limiter =
+      sluice::envoy::BasicLimiter<GateBackend>::create(one_limit("k"), {.backend = {shared}});
+  REQUIRE(limiter.ok());
+  REQUIRE((*limiter)->reload(one_limit("j")).ok());
+  CHECK(destroyed_on(*shared, "d.k") == std::vector<std::thread::id>{std::this_thread::get_id()});
+  CHECK((*limiter)->collect_replaced() == 0);
 }
 
 TEST_CASE("envoy: a reload returns at once while a call holds the configuration it replaced",

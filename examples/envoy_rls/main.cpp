@@ -19,7 +19,10 @@
 //   empty service name while the service runs, NOT_SERVING once it drains.
 // - Reload: the directory is read again every --reload-poll-ms (0: only on SIGHUP) and on SIGHUP;
 //   a changed configuration is published, keeping every unchanged limit's counters; an invalid one
-//   is logged to stderr with its file:line:column and the last good one keeps serving.
+//   is logged to stderr with its file:line:column and the last good one keeps serving. A reload
+//   never waits for the calls in flight: the configuration it replaced is freed by the polling
+//   thread, never a call, after the first poll once they have let go (every second with
+//   --reload-poll-ms 0).
 // - Drain: on SIGTERM or SIGINT the health service turns NOT_SERVING, the server stops accepting
 //   calls and waits up to --drain-seconds for the calls in flight, then exits 0.
 // - Errors in requests (bounds, empty domain, ...) answer INVALID_ARGUMENT (sluice/envoy.hpp).
@@ -164,9 +167,13 @@ void log(std::string_view what) {
 // file caught while it is being written is not loaded; SIGHUP publishes at once.
 class ConfigFollower {
  public:
-  // Publishes a configuration into the limiter (its reload).
-  using Reload = std::function<absl::Status(const sluice::envoy::ServiceConfig&)>;
-  ConfigFollower(std::string dir, sluice::envoy::ServiceConfig first, Reload limiter)
+  // The limiter's reload (publishes a configuration, never waits for calls) and collect_replaced
+  // (frees the configurations reloads replaced whose calls have let go; how many are still held).
+  struct Limiter {
+    std::function<absl::Status(const sluice::envoy::ServiceConfig&)> reload;
+    std::function<std::size_t()> collect_replaced;
+  };
+  ConfigFollower(std::string dir, sluice::envoy::ServiceConfig first, Limiter limiter)
       : dir_(std::move(dir)), last_(std::move(first)), limiter_(std::move(limiter)) {}
 
   enum class When { kSettled, kNow };
@@ -192,7 +199,7 @@ class ConfigFollower {
       return;
     }
     settling_.reset();
-    if (absl::Status s = limiter_(*next); !s.ok()) {
+    if (absl::Status s = limiter_.reload(*next); !s.ok()) {
       if (s != last_refusal_) log(absl::StrCat("reload refused: ", s.message()));
       last_refusal_ = s;
       return;
@@ -202,6 +209,10 @@ class ConfigFollower {
     log("configuration reloaded");
   }
 
+  // Frees the replaced configurations that calls have let go of, on this (the polling) thread
+  // rather than a call's.
+  void collect_replaced() { (void)limiter_.collect_replaced(); }
+
  private:
   const std::string dir_;
   std::mutex mutex_;
@@ -209,18 +220,25 @@ class ConfigFollower {
   std::optional<sluice::envoy::ServiceConfig> settling_;  // read once by a poll, not yet again
   absl::Status last_error_;
   absl::Status last_refusal_;
-  const Reload limiter_;
+  const Limiter limiter_;
 };
 
-// Polls the directory every `interval` until `stop` is set.
+// Without polling, how often the poller wakes only to free replaced configurations.
+constexpr std::chrono::milliseconds kCollectInterval{1000};
+
+// Until `stop` is set: polls the directory every `interval` (0: never), and after every poll frees
+// the replaced configurations (a SIGHUP reload's too) that calls have let go of; without polling,
+// it does that every kCollectInterval.
 void poll(ConfigFollower& follower, std::chrono::milliseconds interval,
           const std::atomic<bool>& stop, std::mutex& mutex, std::condition_variable& wake) {
+  const bool polling = interval.count() > 0;
   std::unique_lock lock(mutex);
   while (!stop.load()) {
-    wake.wait_for(lock, interval, [&] { return stop.load(); });
+    wake.wait_for(lock, polling ? interval : kCollectInterval, [&] { return stop.load(); });
     if (stop.load()) break;
     lock.unlock();
-    follower.reload(ConfigFollower::When::kSettled);
+    if (polling) follower.reload(ConfigFollower::When::kSettled);
+    follower.collect_replaced();
     lock.lock();
   }
 }
@@ -231,12 +249,8 @@ void serve_until_signal(grpc::Server& server, ConfigFollower& follower, const Op
   std::atomic<bool> stop{false};
   std::mutex mutex;
   std::condition_variable wake;
-  std::thread poller;
-  if (options.reload_poll_ms > 0) {
-    poller =
-        std::thread(poll, std::ref(follower), std::chrono::milliseconds(options.reload_poll_ms),
-                    std::cref(stop), std::ref(mutex), std::ref(wake));
-  }
+  std::thread poller(poll, std::ref(follower), std::chrono::milliseconds(options.reload_poll_ms),
+                     std::cref(stop), std::ref(mutex), std::ref(wake));
   int signal = 0;
   while (sigwait(&signals, &signal) == 0 && signal == SIGHUP) {
     follower.reload(ConfigFollower::When::kNow);
@@ -314,7 +328,8 @@ int serve(const Options& options, sluice::envoy::ServiceConfig config,
 #endif
   ConfigFollower follower(
       options.config_dir, std::move(config),
-      [&](const sluice::envoy::ServiceConfig& next) { return (*limiter)->reload(next); });
+      {.reload = [&](const sluice::envoy::ServiceConfig& next) { return (*limiter)->reload(next); },
+       .collect_replaced = [&] { return (*limiter)->collect_replaced(); }});
   serve_until_signal(*server, follower, options, signals);
   server->Wait();
 #ifdef SLUICE_ENVOY_RLS_METRICS

@@ -5,7 +5,8 @@
 //   if (!limiter.ok()) return limiter.status();             // InvalidArgument naming the limit
 //   sluice::envoy::Response response;
 //   absl::Status s = (*limiter)->should_rate_limit(request, response);  // InvalidArgument: bounds
-//   (*limiter)->reload(next_config);  // unchanged limits keep their counters
+//   (*limiter)->reload(next_config);  // unchanged limits keep their counters; never waits
+//   (*limiter)->collect_replaced();   // on each poll: frees what calls have let go of since
 //
 // Semantics (the descriptor walk is in sluice/envoy/config.hpp):
 // - Hits: a descriptor adds its own `hits_addend` if set, else the request's; 0 counts as 1.
@@ -35,11 +36,20 @@
 //   has `degraded` set. The local share's clock is the backend options' `clock` if they have
 //   one, else the steady clock.
 //
+// Freeing a replaced configuration: a reload publishes the new generation by swapping one pointer
+// and returns; it never waits for the calls still deciding on the one it replaced. The call that
+// lets go of that generation last only hands it back (one atomic exchange: no lock, no
+// destructor), and the limiter frees it on a reloading thread, never a call's: at the end of every
+// reload() (so one no call holds is freed by the reload that replaced it) and on every
+// collect_replaced(), which whoever reloads calls on each poll of its configuration. One that
+// calls hold across several reloads waits with the others, one small handle each; when the
+// limiter is destroyed, one a call still holds is freed by its last holder.
+//
 // Thread-safety: should_rate_limit and stats may be called concurrently from any threads, and
-// concurrently with reload (which readers never wait for: a generation is published by swapping
-// one pointer; reload then waits for the calls still on the generation it replaced, and frees it
-// on its own thread). Complexity: O(descriptors × entries) lookups plus one backend call (two when
-// the request is over limit, one more when it has shadow mode limits).
+// concurrently with reload and collect_replaced, which calls never wait for; those two may be
+// called from any thread, including one with a call in progress, and never wait for a call.
+// Complexity: O(descriptors × entries) lookups plus one backend call (two when the request is
+// over limit, one more when it has shadow mode limits).
 #ifndef SLUICE_ENVOY_LIMITER_HPP_
 #define SLUICE_ENVOY_LIMITER_HPP_
 
@@ -174,19 +184,29 @@ class BasicLimiter {
   // unlimited ones) while the running one has, unless a domain says `limits_nothing`: a file
   // read while it is being written often looks like that.
   //
-  // Returns once no call decides on the configuration it replaced any more, and frees that one on
-  // this thread, so that no call pays for freeing it (its tables, and the counters of every
-  // limit the reload removed): the wait lasts as long as the slowest call that started before the
-  // new configuration was published (with a remote backend, bounded by the backend's timeout on
-  // each of its up to three backend calls).
+  // Returns without waiting for the calls still deciding on the configuration it replaced. No
+  // call pays for freeing that one (its tables, and the counters of every limit the reload
+  // removed): it is freed here if no call holds it, else by a later reload() or
+  // collect_replaced() once its calls have let go (see the file comment).
   absl::Status reload(const ServiceConfig& config) {
     absl::StatusOr<detail::CompiledLimits> compiled = detail::CompiledLimits::compile(config);
     if (!compiled.ok()) return compiled.status();
     absl::StatusOr<std::shared_ptr<const Generation>> replaced =
         replace(config, *std::move(compiled));
     if (!replaced.ok()) return replaced.status();
-    sluice::detail::retire(*std::move(replaced));
+    sluice::detail::MutexLock lock(retired_mutex_);
+    replaced_.push_back(sluice::detail::retire_later(*std::move(replaced)));
+    collect_replaced_locked();
     return absl::OkStatus();
+  }
+
+  // Frees, on this thread, each configuration a reload replaced whose calls have all let go; how
+  // many are still held by calls. Call it where the configuration is polled, on every poll (and
+  // about once a second while it returns more than 0), not from a call: a call must not pay for
+  // freeing a configuration.
+  std::size_t collect_replaced() {
+    sluice::detail::MutexLock lock(retired_mutex_);
+    return collect_replaced_locked();
   }
 
   // Calls whose backend failed (decided by the failure mode), over the limiter's life.
@@ -276,6 +296,11 @@ class BasicLimiter {
     sluice::detail::SpinLockHolder hold(current_lock_);
     std::swap(current_, next);
     return next;
+  }
+
+  std::size_t collect_replaced_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(retired_mutex_) {
+    std::erase_if(replaced_, [](sluice::detail::Retired<Generation>& r) { return r.collect(); });
+    return replaced_.size();
   }
 
   // reload() under the reload mutex: publishes `compiled`; the generation it replaced (nullptr
@@ -734,6 +759,13 @@ class BasicLimiter {
   mutable sluice::detail::SpinLock current_lock_;
   mutable std::shared_ptr<const Generation> current_ ABSL_GUARDED_BY(current_lock_);
   mutable sluice::detail::Mutex reload_mutex_;  // serializes publishers; never taken to read
+  // Guards replaced_; taken by reload() and collect_replaced() only, never by a call, so that no
+  // call (not even one publishing an override under reload_mutex_) waits for a destructor.
+  sluice::detail::Mutex retired_mutex_;
+  // Configurations reloads replaced, not freed yet: those calls still hold, and any handed back
+  // since the last collect. Dropping one abandons it to its last holder (the limiter's
+  // destructor: freed there if handed back already).
+  std::vector<sluice::detail::Retired<Generation>> replaced_ ABSL_GUARDED_BY(retired_mutex_);
 };
 
 using Limiter = BasicLimiter<InMemoryBackend<>>;
