@@ -40,28 +40,12 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
-#include "sluice/detail/text.hpp"
+#include "sluice/detail/prometheus_text.hpp"
 #include "sluice/engine.hpp"
 
 namespace sluice {
 
-// The Content-Type of the text this header writes.
-inline constexpr std::string_view kPrometheusContentType =
-    "text/plain; version=0.0.4; charset=utf-8";
-
 namespace detail {
-
-// Appends `text` as the inside of a Prometheus label value: `\`, `"` and line feed escaped, every
-// other byte as it is.
-inline void append_prometheus_label_value(std::string& out, std::string_view text) {
-  append_escaped(out, text, [](std::string& to, unsigned char byte) {
-    if (byte == '\n') {
-      to.append("\\n");
-    } else {
-      to.push_back(static_cast<char>(byte));
-    }
-  });
-}
 
 // One sample of a per-rule family: `name{rule="<label>",dry_run="<bool>"} value`.
 inline void append_rule_sample(std::string& out, std::string_view name, const CompiledRule& rule,

@@ -1,13 +1,11 @@
 // Internal: text for error messages built from untrusted input (config values, replies), and the
-// lines every Prometheus text writer shares (the engine's, each backend client's).
+// escaper and hex writer behind every other text sluice writes.
 #ifndef SLUICE_DETAIL_TEXT_HPP_
 #define SLUICE_DETAIL_TEXT_HPP_
 
 #include <cstdint>
 #include <string>
 #include <string_view>
-
-#include "absl/strings/str_cat.h"
 
 namespace sluice::detail {
 
@@ -59,29 +57,6 @@ inline bool printable(std::string_view text) {
     if (byte < 0x20 || byte > 0x7e) return false;
   }
   return true;
-}
-
-// One metric family of the Prometheus text exposition format 0.0.4: its HELP and TYPE lines.
-struct PrometheusFamily {
-  std::string_view name;
-  std::string_view type;  // "counter" or "gauge"
-  std::string_view help;
-};
-
-inline void append_prometheus_header(std::string& out, const PrometheusFamily& family) {
-  for (std::string_view part : {std::string_view("# HELP "), family.name, std::string_view(" "),
-                                family.help, std::string_view("\n# TYPE "), family.name,
-                                std::string_view(" "), family.type, std::string_view("\n")}) {
-    out.append(part);
-  }
-}
-
-// A family of one sample without labels: its HELP and TYPE lines, then `name value`.
-inline void append_prometheus_family(std::string& out, const PrometheusFamily& family,
-                                     std::uint64_t value) {
-  append_prometheus_header(out, family);
-  out.append(family.name);
-  absl::StrAppend(&out, " ", value, "\n");
 }
 
 }  // namespace sluice::detail

@@ -19,12 +19,10 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
+#include "sluice/detail/prometheus_text.hpp"
 #include "sluice/envoy/limiter.hpp"
-#include "sluice/prometheus.hpp"
 
 namespace sluice::envoy {
 
@@ -46,28 +44,26 @@ void append_prometheus_text(std::string& out, const BasicLimiter<Backend>& limit
       {{"sluice_envoy_shadow_mode_total", "counter", "Hits a shadow mode limit would have denied."},
        &LimitStats::shadow_mode},
   };
+  static constexpr sluice::detail::PrometheusFamily kBackendErrors{
+      "sluice_envoy_backend_errors_total", "counter",
+      "Calls whose backend failed, decided by the failure mode."};
+  static constexpr sluice::detail::PrometheusFamily kLocalDecisions{
+      "sluice_envoy_local_decisions_total", "counter",
+      "Backend calls decided on this replica's local share while the backend failed."};
   const std::vector<LimitStats> stats = limiter.stats();
   for (const Family& f : kFamilies) {
     sluice::detail::append_prometheus_header(out, f.family);
     for (const LimitStats& s : stats) {
-      out.append(f.family.name);
-      out.append("{limit=\"");
-      sluice::detail::append_prometheus_label_value(out, s.label);
-      absl::StrAppend(&out, "\"} ", s.*(f.counter), "\n");
+      sluice::detail::append_prometheus_sample(out, f.family.name, "limit", s.label,
+                                               s.*(f.counter));
     }
   }
-  sluice::detail::append_prometheus_header(
-      out, {"sluice_envoy_backend_errors_total", "counter",
-            "Calls whose backend failed, decided by the failure mode."});
-  const std::string_view mode = to_string(limiter.failure_mode());
-  absl::StrAppend(&out, "sluice_envoy_backend_errors_total{failure_mode=\"",
-                  absl::string_view(mode.data(), mode.size()), "\"} ", limiter.backend_errors(),
-                  "\n");
+  sluice::detail::append_prometheus_header(out, kBackendErrors);
+  sluice::detail::append_prometheus_sample(out, kBackendErrors.name, "failure_mode",
+                                           to_string(limiter.failure_mode()),
+                                           limiter.backend_errors());
   if (limiter.failure_mode() == FailureMode::kLocal) {
-    sluice::detail::append_prometheus_header(
-        out, {"sluice_envoy_local_decisions_total", "counter",
-              "Backend calls decided on this replica's local share while the backend failed."});
-    absl::StrAppend(&out, "sluice_envoy_local_decisions_total ", limiter.local_decisions(), "\n");
+    sluice::detail::append_prometheus_family(out, kLocalDecisions, limiter.local_decisions());
   }
 }
 

@@ -1,6 +1,6 @@
 // sluice/postgres/prometheus.hpp — a PostgreSQL client's own counters in the Prometheus text
-// exposition format 0.0.4 (content type sluice::kPrometheusContentType, sluice/prometheus.hpp),
-// written beside an engine's or on their own: this header does not include the engine.
+// exposition format 0.0.4 (content type sluice::kPrometheusContentType), written beside an
+// engine's or on their own: this header does not include the engine.
 //
 //   std::string body;
 //   sluice::append_prometheus_text(body, *engine);             // the engine's families, if any
@@ -23,7 +23,7 @@
 
 #include <string>
 
-#include "sluice/detail/text.hpp"
+#include "sluice/detail/prometheus_text.hpp"
 #include "sluice/postgres/client.hpp"
 
 namespace sluice::postgres {

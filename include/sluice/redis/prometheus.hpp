@@ -1,5 +1,6 @@
 // sluice/redis/prometheus.hpp — a Redis client's own counters in the Prometheus text exposition
-// format 0.0.4 (content type sluice::kPrometheusContentType), written beside an engine's.
+// format 0.0.4 (content type sluice::kPrometheusContentType), written beside an engine's or on
+// their own: this header does not include the engine.
 //
 //   std::string body;
 //   sluice::append_prometheus_text(body, *engine);          // the engine's families
@@ -27,8 +28,7 @@
 
 #include <string>
 
-#include "sluice/detail/text.hpp"
-#include "sluice/prometheus.hpp"
+#include "sluice/detail/prometheus_text.hpp"
 #include "sluice/redis/client.hpp"
 
 namespace sluice::redis {
