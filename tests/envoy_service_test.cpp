@@ -1070,6 +1070,68 @@ TEST_CASE("envoy: the service binary serves, answers health, reloads on SIGHUP a
   CHECK(rls_process.terminate() == 0);
   std::filesystem::remove_all(dir);
 }
+
+namespace {
+
+// How the service binary ended when started with `flags` alone: its exit status and stderr.
+struct RlsExit {
+  int status = -1;
+  std::string error;
+};
+
+// Runs the binary with `flags` and a configuration directory that does not exist, so that it
+// exits at once whether or not the flags are accepted (a refused flag is named on stderr).
+RlsExit run_rls(const std::vector<std::string>& flags) {
+  int err[2];
+  REQUIRE(pipe(err) == 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
+  posix_spawn_file_actions_addclose(&actions, err[0]);
+  std::vector<std::string> args = {SLUICE_ENVOY_RLS_BINARY, "--config-dir",
+                                   "/nonexistent/sluice_envoy_rls"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  REQUIRE(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) == 0);
+  posix_spawn_file_actions_destroy(&actions);
+  close(err[1]);
+  RlsExit out;
+  char buffer[512];
+  for (ssize_t n = 0; (n = read(err[0], buffer, sizeof buffer)) > 0;) {
+    out.error.append(buffer, static_cast<std::size_t>(n));
+  }
+  close(err[0]);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("envoy: --redis-max-connections takes 1 to 1000 and a refused value is named",
+          "[envoy][e2e]") {
+  const std::string refused = "--redis-max-connections takes a number in 1..1000";
+  for (const char* bad : {"0", "1001", "-1", "16x", ""}) {
+    INFO("--redis-max-connections \"" << bad << "\"");
+    const RlsExit exit = run_rls({"--redis-max-connections", bad});
+    CHECK(exit.status == 2);
+    CHECK(exit.error.find(absl::StrCat(refused, ", not \"", bad, "\"")) != std::string::npos);
+    CHECK(exit.error.find("usage: sluice_envoy_rls") != std::string::npos);
+  }
+  for (const char* good : {"1", "1000"}) {
+    INFO("--redis-max-connections " << good);
+    const RlsExit exit = run_rls({"--redis-max-connections", good});
+    CHECK(exit.status == 2);  // the configuration directory is missing: the flag was accepted
+    CHECK(exit.error.find(refused) == std::string::npos);
+    CHECK(exit.error.find("/nonexistent/sluice_envoy_rls") != std::string::npos);
+  }
+  CHECK(run_rls({"--redis-max-connections"}).error.find("--redis-max-connections needs a value") !=
+        std::string::npos);
+}
 #ifdef SLUICE_TEST_REDIS
 TEST_CASE("envoy: two service replicas over one Redis share one budget", "[envoy][e2e][redis]") {
   sluice_test::RedisFixture redis;
@@ -1429,6 +1491,63 @@ TEST_CASE("envoy: --max-threads N decides N - 1 calls at once and refuses the re
   CHECK(flood.other_errors == 0);
   CHECK(flood.health_served);  // probes are not starved: health is not served on those threads
   CHECK(flood.remaining_after == 99);
+}
+
+namespace {
+
+// Established TCP connections to 127.0.0.1:`port`, counted on their clients' side, from
+// /proc/net/tcp.
+int connections_to(int port) {
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // the header
+  char remote[8];
+  std::snprintf(remote, sizeof remote, ":%04X", static_cast<unsigned>(port));
+  int n = 0;
+  while (std::getline(tcp, line)) {
+    std::istringstream fields(line);
+    std::string slot, local_address, remote_address, state;
+    fields >> slot >> local_address >> remote_address >> state;
+    if (state == "01" && remote_address.ends_with(remote)) ++n;
+  }
+  return n;
+}
+
+// The most connections sluice_envoy_rls, started with `flags` over Redis on TCP, held to Redis
+// while `calls` calls waited on it, stopped (the kernel still accepts connections for it).
+int peak_redis_connections(const std::vector<std::string>& flags, int calls) {
+  sluice_test::RedisFixture redis;
+  const ConfigDir dir("sluice_envoy_rls_pool",
+                      "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, "
+                      "requests_per_unit: 100}\n");
+  std::vector<std::string> args = {"--redis-address",
+                                   absl::StrCat("127.0.0.1:", redis.redis.port()),
+                                   "--redis-timeout-ms", absl::StrCat(kFloodRedisTimeout.count())};
+  args.insert(args.end(), flags.begin(), flags.end());
+  RlsProcess rls_process(dir.path(), args);
+  REQUIRE(rls_process.call(request("d", {{{"k", "v"}}})).statuses(0).limit_remaining() == 99);
+  redis.redis.stop();
+  int peak = 0;
+  {
+    CallFlood flood(rls_process.stub(), request("d", {{{"k", "flood"}}}), calls);
+    for (int i = 0; i < 4000 && !flood.wait_for(2ms); ++i) {  // sampling, not timing a rate
+      peak = std::max(peak, connections_to(redis.redis.port()));
+    }
+    REQUIRE(flood.wait_for(0ms));
+  }
+  redis.redis.resume();
+  CHECK(rls_process.call(request("d", {{{"k", "after"}}})).statuses(0).limit_remaining() == 99);
+  CHECK(rls_process.terminate() == 0);
+  return peak;
+}
+
+}  // namespace
+
+TEST_CASE("envoy: --redis-max-connections N holds at most N connections to Redis",
+          "[envoy][e2e][redis]") {
+  constexpr int kCalls = 8;
+  CHECK(peak_redis_connections({"--redis-max-connections", "3"}, kCalls) == 3);
+  CHECK(peak_redis_connections({}, kCalls) == kCalls);  // the default 16: one per call
 }
 #endif  // SLUICE_TEST_REDIS
 #endif  // SLUICE_ENVOY_RLS_BINARY

@@ -3,16 +3,18 @@
 //
 //   sluice_envoy_rls --config-dir DIR [--listen 127.0.0.1:8081] [--response-headers]
 //                    [--drain-seconds 5] [--reload-poll-ms 1000] [--max-descriptors 64]
-//                    [--max-entries 32] [--max-threads 64]
+//                    [--max-entries 32] [--max-threads 64] [--redis-max-connections 16]
 //
 // The first line on stdout is "sluice_envoy_rls: listening on <host>:<port>" (`--listen
 // 127.0.0.1:0` picks a free port). Limits are kept in memory (one replica), or with
 // --redis-socket / --redis-address in Redis, where every replica with the same --redis-key-prefix
 // and --redis-key-seed shares them (--redis-cluster: the address names one node of a Redis
-// Cluster), each call bounded by --redis-timeout-ms. When Redis fails, --redis-failure-mode
-// decides: fail_open (default) answers OK, fail_closed OVER_LIMIT, local decides in this process
-// on --local-share-permille of every limit (required with local: about 1000 / replicas), trying
-// Redis again once per --local-retry-ms until it answers.
+// Cluster), each call bounded by --redis-timeout-ms, over at most --redis-max-connections pooled
+// connections (per node in a Cluster; a call that finds none free waits for one within its
+// timeout). When Redis fails, --redis-failure-mode decides: fail_open (default) answers OK,
+// fail_closed OVER_LIMIT, local decides in this process on --local-share-permille of every limit
+// (required with local: about 1000 / replicas), trying Redis again once per --local-retry-ms
+// until it answers.
 // - Metrics: with --metrics-listen HOST:PORT, GET /metrics there answers every limit's counters
 //   in the Prometheus text format (sluice/envoy/prometheus.hpp).
 // - Health: the standard gRPC health service (grpc.health.v1.Health) answers SERVING for the
@@ -68,13 +70,18 @@ constexpr std::string_view kUsage =
     "                        [--max-entries N] [--max-threads N]\n"
     "                        [--redis-socket PATH | --redis-address HOST:PORT [--redis-cluster]]\n"
     "                        [--redis-key-prefix P] [--redis-key-seed N]\n"
-    "                        [--redis-timeout-ms N]\n"
+    "                        [--redis-timeout-ms N] [--redis-max-connections N]\n"
     "                        [--redis-failure-mode fail_open|fail_closed|local]\n"
     "                        [--local-share-permille N] [--local-retry-ms N]\n"
     "                        [--metrics-listen HOST:PORT]\n"
     "--max-threads N (>= 2, default 64): threads that serve calls; N - 1 calls are decided at\n"
     "once and the rest answered RESOURCE_EXHAUSTED until one ends (Envoy's failure_mode_deny\n"
-    "then decides)\n";
+    "then decides)\n"
+    "--redis-max-connections N (1..1000, default 16): connections to Redis (to each node of a\n"
+    "Cluster) open at once; a call that finds none free waits for one within --redis-timeout-ms\n";
+
+// The most connections --redis-max-connections may ask for: each one is a file descriptor.
+constexpr std::uint64_t kMaxRedisConnections = 1000;
 
 struct Options {
   std::string config_dir;
@@ -82,7 +89,7 @@ struct Options {
   bool response_headers = false;
   std::uint64_t drain_seconds = 5;
   std::uint64_t reload_poll_ms = 1000;
-  // Threads serving calls, the last of them only refusing: 4 x the Redis client's 16 pooled
+  // Threads serving calls, the last of them only refusing: 4 x the default 16 pooled Redis
   // connections (calls beyond those wait for one), so that a burst queues briefly for a
   // connection, while a stalled Redis holds at most this many threads.
   std::uint64_t max_threads = 64;
@@ -95,8 +102,9 @@ struct Options {
   std::string metrics_listen;  // HOST:PORT of the Prometheus endpoint; empty: none
   std::uint64_t redis_key_seed = 0;
   sluice::FailureMode on_redis_error = sluice::FailureMode::kFailOpen;
-  std::uint64_t redis_timeout_ms = 200;    // per call: connect, write, reply
-  std::uint64_t local_share_permille = 0;  // required with --redis-failure-mode local
+  std::uint64_t redis_timeout_ms = 200;      // per call: connect, write, reply
+  std::uint64_t redis_max_connections = 16;  // the pool's bound (per node in a Cluster)
+  std::uint64_t local_share_permille = 0;    // required with --redis-failure-mode local
   std::uint64_t local_retry_ms = 1000;
 };
 
@@ -106,7 +114,9 @@ bool parse_count(const char* text, std::uint64_t& out) {
   return error == std::errc() && ptr == end;
 }
 
-std::optional<Options> parse_args(int argc, char** argv) {
+// The options `argv` asks for; InvalidArgument naming the flag that is unknown, lacks its value
+// or has a bad one.
+absl::StatusOr<Options> parse_args(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
@@ -114,7 +124,7 @@ std::optional<Options> parse_args(int argc, char** argv) {
       (flag == "--response-headers" ? o.response_headers : o.redis_cluster) = true;
       continue;
     }
-    if (i + 1 >= argc) return std::nullopt;
+    if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(argv[i], " needs a value"));
     const char* value = argv[++i];
     std::uint64_t n = 0;
     const bool count = parse_count(value, n);
@@ -146,15 +156,23 @@ std::optional<Options> parse_args(int argc, char** argv) {
       o.on_redis_error = *sluice::parse_failure_mode(value);
     } else if (flag == "--redis-timeout-ms" && count && n > 0) {
       o.redis_timeout_ms = n;
+    } else if (flag == "--redis-max-connections") {
+      if (!count || n == 0 || n > kMaxRedisConnections) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--redis-max-connections takes a number in 1..", kMaxRedisConnections,
+                         ", not \"", value, "\""));
+      }
+      o.redis_max_connections = n;
     } else if (flag == "--local-share-permille" && count) {
       o.local_share_permille = n;
     } else if (flag == "--local-retry-ms" && count && n > 0) {
       o.local_retry_ms = n;
     } else {
-      return std::nullopt;
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag or bad value: ", argv[i - 1], " \"", value, "\""));
     }
   }
-  if (o.config_dir.empty()) return std::nullopt;
+  if (o.config_dir.empty()) return absl::InvalidArgumentError("--config-dir is required");
   return o;
 }
 
@@ -349,6 +367,7 @@ absl::StatusOr<std::shared_ptr<sluice::redis::Client>> redis_client(const Option
   c.cluster = o.redis_cluster;
   c.connection.connect_timeout = std::chrono::milliseconds(o.redis_timeout_ms);
   c.connection.command_timeout = std::chrono::milliseconds(o.redis_timeout_ms);
+  c.connection.max_connections = o.redis_max_connections;
   if (!o.redis_socket.empty()) {
     c.connection.unix_socket = o.redis_socket;
   } else {
@@ -368,8 +387,9 @@ absl::StatusOr<std::shared_ptr<sluice::redis::Client>> redis_client(const Option
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::optional<Options> options = parse_args(argc, argv);
-  if (!options) {
+  const absl::StatusOr<Options> options = parse_args(argc, argv);
+  if (!options.ok()) {
+    log(std::string(options.status().message()));
     std::fputs(kUsage.data(), stderr);
     return 2;
   }
