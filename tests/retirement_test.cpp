@@ -81,20 +81,25 @@ class Publication {
 
 }  // namespace
 
-TEST_CASE("the reader that lets go of a retired object last hands it to the retiring thread") {
+TEST_CASE("the reader that lets go of a retired object last hands it to the collecting thread") {
   DestructionLog log(1);
   std::shared_ptr<const Tracked> published = make(0, log);
   std::size_t read = 1;
-  std::thread reader([held = published, &read]() mutable {
-    while (held.use_count() > 1) {  // until retire() has let go of its reference
+  std::atomic<bool> retired{false};
+  std::thread reader([held = published, &read, &retired]() mutable {
+    while (!retired.load()) {  // until retire_later() has let go of its reference
       std::this_thread::yield();
     }
     read = held->number();  // ordered before the free only by the hand-back (ThreadSanitizer)
     held.reset();           // the last holder
   });
   const std::thread::id reader_id = reader.get_id();
-  sluice::detail::retire(std::move(published));  // returns once the reader let go
+  sluice::detail::Retired<Tracked> handle = sluice::detail::retire_later(std::move(published));
+  CHECK_FALSE(handle.collect());  // the reader still holds it
+  retired = true;
   reader.join();
+  CHECK(log.times(0) == 0);  // handed back, not freed by the reader
+  CHECK(handle.collect());
   CHECK(read == 0);
   CHECK(log.times(0) == 1);
   CHECK(log.destroyed_by(0) == std::this_thread::get_id());
@@ -131,18 +136,21 @@ TEST_CASE("objects replaced while readers hold them are each freed once, by the 
       }
     });
   }
+  // Collected as the reloading holders do: at every replacement, whatever readers let go of.
+  std::vector<sluice::detail::Retired<Tracked>> pending;
   for (std::size_t n = 1; n <= kReplacements; ++n) {
-    // A reader holds object n - 1 across its replacement (every reader of object n - 2 let go,
-    // and so stopped counting, before it was freed).
+    // A reader holds object n - 1 across its replacement.
     while (holding_across.load() == 0) {
       std::this_thread::yield();
     }
-    sluice::detail::retire(publication.replace(make(n, log)));
-    CHECK(log.times(n - 1) == 1);  // freed before retire() returned
+    pending.push_back(sluice::detail::retire_later(publication.replace(make(n, log))));
+    std::erase_if(pending, [](sluice::detail::Retired<Tracked>& r) { return r.collect(); });
   }
   done = true;
   for (std::thread& reader : readers) reader.join();
-  sluice::detail::retire(publication.replace(nullptr));  // the last one too: nothing is left
+  pending.push_back(sluice::detail::retire_later(publication.replace(nullptr)));
+  std::erase_if(pending, [](sluice::detail::Retired<Tracked>& r) { return r.collect(); });
+  CHECK(pending.empty());  // every reader has let go: nothing is left to collect
 
   CHECK_FALSE(read_a_freed_object.load());
   for (std::size_t n = 0; n <= kReplacements; ++n) {

@@ -3,29 +3,23 @@
 // A published configuration is read through shared_ptr copies; replacing it must not leave its
 // destructor (possibly large: tables, stores, every key's state) to whichever reader lets go
 // last, since that reader is a request. make_retirable() makes such an object; the publisher,
-// after swapping it out, retires it in one of two ways:
-//
-// - retire() waits until every reader has let go, then destroys the object on the calling thread.
-//   The caller must be able to wait as long as the longest reader holds it, and must hold no
-//   other reference to it, or it waits for itself.
-// - retire_later() returns at once with a Retired handle. Its collect() destroys the object on
-//   the calling thread if every reader has let go by then (true), or does nothing (false): the
-//   publisher calls it again later, e.g. at its next reload or on a timer. A handle dropped
-//   before its object was collected abandons it: the object goes back to ordinary shared_ptr
-//   ownership, and whoever lets go last frees it.
+// after swapping it out, retires it with retire_later(), which returns at once with a Retired
+// handle. Its collect() destroys the object on the calling thread if every reader has let go by
+// then (true), or does nothing (false): the publisher calls it again later, e.g. at its next
+// reload or on a timer. A handle dropped before its object was collected abandons it: the object
+// goes back to ordinary shared_ptr ownership, and whoever lets go last frees it. Nothing waits:
+// a publisher that waited for its readers would wait for itself whenever it held one.
 //
 //   std::shared_ptr<const Table> table = sluice::detail::make_retirable(std::move(built));
 //   ... readers copy `table`; later the publisher swaps in the next one ...
-//   sluice::detail::retire(std::move(old_table));  // waits for its readers, frees it here
-//   // or
 //   retired.push_back(sluice::detail::retire_later(std::move(old_table)));  // no wait
 //   ... later, on the publisher's thread, drop each handle whose collect() returns true ...
 //
-// The reader that lets go last only hands the object back: one atomic exchange (and, if retire()
-// waits for it, a wake), no lock and no destructor. An object never retired is freed by its last
+// The reader that lets go last only hands the object back: one atomic exchange, no lock and no
+// destructor. An object never retired is freed by its last
 // holder, as usual.
 //
-// Thread-safety: retire one object once, by one of the two, after no new reference can be taken
+// Thread-safety: retire one object once, after no new reference can be taken
 // (the object is no longer published). A Retired handle is used by one thread at a time; its
 // collect() and abandon() may race with the object's last reader on any thread.
 #ifndef SLUICE_DETAIL_RETIREMENT_HPP_
@@ -40,16 +34,14 @@ namespace sluice::detail {
 // Shared by an object's deleter and the thread that retires it. Who frees the object is decided
 // by one exchange on `state`, whichever of the last reader and the retiring side comes second:
 //   kFreedByLastHolder  not retired, or abandoned: the last reader frees it;
-//   kAwaited            retired by retire(), which waits for the object to be handed back;
 //   nullptr             retired by retire_later(), collected by its Retired handle;
 //   the object          handed back by its last reader, for the retiring side to free.
 // Every exchange on it is acq_rel: the side that frees the object acquires the other side's
 // release, so the free follows everything the other side did with it.
 struct RetirementSlot {
-  // Addresses of distinct objects, so never the address of a retirable object.
-  static constexpr char kTags[2] = {};
-  static constexpr const void* kFreedByLastHolder = &kTags[0];
-  static constexpr const void* kAwaited = &kTags[1];
+  // The address of no retirable object.
+  static constexpr char kTag = 0;
+  static constexpr const void* kFreedByLastHolder = &kTag;
 
   std::atomic<const void*> state{kFreedByLastHolder};
 };
@@ -58,14 +50,11 @@ template <class T>
 struct RetirableDeleter {
   std::shared_ptr<RetirementSlot> slot;
 
-  // Runs on the last holder's thread. `slot` outlives the wake: the deleter lives in the
-  // shared_ptr's control block, which is destroyed only after this returns.
+  // Runs on the last holder's thread.
   void operator()(const T* object) const {
-    const void* retiring = slot->state.exchange(object, std::memory_order_acq_rel);
-    if (retiring == RetirementSlot::kFreedByLastHolder) {
+    if (slot->state.exchange(object, std::memory_order_acq_rel) ==
+        RetirementSlot::kFreedByLastHolder) {
       delete object;
-    } else if (retiring == RetirementSlot::kAwaited) {
-      slot->state.notify_one();
     }
   }
 };
@@ -81,21 +70,6 @@ template <class T>
 std::shared_ptr<RetirementSlot> retirement_slot_of(const std::shared_ptr<const T>& object) {
   const RetirableDeleter<T>* deleter = std::get_deleter<RetirableDeleter<T>>(object);
   return deleter == nullptr ? nullptr : deleter->slot;
-}
-
-// Lets go of `object` and, once every other holder has too, destroys it on this thread. The wait
-// lasts as long as the longest reader that still holds it.
-template <class T>
-void retire(std::shared_ptr<const T> object) {
-  const std::shared_ptr<RetirementSlot> slot = retirement_slot_of(object);
-  if (slot == nullptr) {  // null, or not made by make_retirable: freed by its last holder
-    return;
-  }
-  // Ordered before the last holder's deleter by the reference count, which `reset` releases.
-  slot->state.store(RetirementSlot::kAwaited, std::memory_order_relaxed);
-  object.reset();
-  slot->state.wait(RetirementSlot::kAwaited, std::memory_order_acquire);
-  delete static_cast<const T*>(slot->state.load(std::memory_order_acquire));
 }
 
 // A retired object not freed yet: collect() frees it on the calling thread once its readers have
