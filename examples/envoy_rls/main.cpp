@@ -53,6 +53,7 @@
 #include <string_view>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "sluice/envoy.hpp"
 #ifdef SLUICE_ENVOY_RLS_REDIS
 #include "sluice/redis.hpp"

@@ -51,6 +51,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "sluice/decision.hpp"
 #include "sluice/detail/coalescer.hpp"
 #include "sluice/key.hpp"
