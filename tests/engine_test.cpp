@@ -774,6 +774,47 @@ TEST_CASE("bad address prefixes and trusted proxies are rejected naming their pa
   CHECK(sluice::validate(config).message().substr(0, 28) == "gateway.trusted_proxies[1]: ");
 }
 
+TEST_CASE(
+    "trusted proxies that hold every address are refused, since behind them each client names its "
+    "own key",
+    "[attack]") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "p", .rate_limits = {rule("per-ip", {Selector::kIp}, {.minute = 3})}}},
+      .gateway = {.global_policies = {"p"}, .trusted_proxies = {"0.0.0.0/0"}}};
+  // What such a config does if it is accepted: a client connecting straight from 203.0.113.7
+  // is a "trusted proxy" itself, so the address it writes in X-Forwarded-For is the client.
+  if (sluice::validate(config).ok()) {
+    Engine engine = make_engine(config, clock);
+    int allowed = 0;
+    for (int i = 0; i < 20; ++i) {
+      const sluice::ClientAddress client = engine.client_addresses().resolve(
+          "203.0.113.7", "", absl::StrCat("198.51.100.", i, ", 203.0.113.7"));
+      allowed += engine.evaluate({.client = client, .path = "/"}).allowed;
+    }
+    CHECK(allowed == 3);  // one client, one bucket
+  }
+  const std::vector<std::vector<std::string>> every_address = {
+      {"0.0.0.0/0"},         {"::/0"}, {"10.0.0.0/8", "0.0.0.0/1", "128.0.0.0/1"},
+      {"::ffff:0.0.0.0/96"},  // every IPv4 address in its IPv4-mapped form
+      {"::/1", "8000::/1"},
+  };
+  for (const std::vector<std::string>& proxies : every_address) {
+    CAPTURE(proxies);
+    config.gateway.trusted_proxies = proxies;
+    const absl::Status status = sluice::validate(config);
+    CHECK(absl::StartsWith(status.message(), "gateway.trusted_proxies: "));
+    CHECK(absl::StrContains(status.message(), "list only the networks of your own proxies"));
+  }
+  // Wide lists that leave some address untrusted are the operator's to choose.
+  for (const std::vector<std::string>& proxies : std::vector<std::vector<std::string>>{
+           {"0.0.0.0/1"}, {"0.0.0.0/1", "128.0.0.0/2"}, {"::/1", "::ffff:10.0.0.0/104"}}) {
+    CAPTURE(proxies);
+    config.gateway.trusted_proxies = proxies;
+    CHECK(sluice::validate(config).ok());
+  }
+}
+
 TEST_CASE("a request path is normalized before it is matched, and an ambiguous one is refused") {
   struct Case {
     std::string raw;
