@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
 
@@ -352,6 +353,22 @@ TEST_CASE("a resolver refuses a bad trusted network and names it by index") {
   CHECK(message_of(resolver.status()) ==
         "trusted_networks[1]: network \"10.0.0.1/8\": host bits are set; write the network "
         "address");
+}
+
+TEST_CASE("a resolver refuses trusted networks that hold every address of a family") {
+  absl::StatusOr<ClientAddressResolver> all_v4 =
+      ClientAddressResolver::create({"10.0.0.0/8", "0.0.0.0/1", "128.0.0.0/1"});
+  CHECK(all_v4.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(message_of(all_v4.status()) ==
+        "trusted_networks: the networks hold every IPv4 address, so every client would be a "
+        "trusted proxy and name its own address (its own key) in X-Forwarded-For or Forwarded; "
+        "list only the networks of your own proxies");
+  CHECK(absl::StrContains(message_of(ClientAddressResolver::create({"::/0"}).status()),
+                          "hold every IPv6 address"));
+  CHECK(ClientAddressResolver::create({"::/0"}, sluice::ProxyHeaders::kXForwardedForOnly)
+            .status()
+            .code() == absl::StatusCode::kInvalidArgument);
+  CHECK(ClientAddressResolver::create({"0.0.0.0/1", "::/1", "::ffff:0.0.0.0/97"}).ok());
 }
 
 TEST_CASE("a resolver refuses more trusted networks than its cap") {

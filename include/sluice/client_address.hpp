@@ -74,9 +74,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "sluice/detail/forwarded.hpp"
 #include "sluice/detail/ip_text.hpp"
 #include "sluice/detail/text.hpp"
@@ -313,6 +315,11 @@ class Cidr {
 
   ClientAddress::Family family() const noexcept { return family_; }
   int prefix_length() const noexcept { return length_; }
+  // The network address in network byte order: 4 bytes for IPv4, 16 for IPv6.
+  std::span<const std::uint8_t> bytes() const noexcept {
+    return std::span<const std::uint8_t>(network_).first(
+        family_ == ClientAddress::Family::kIpv4 ? 4 : 16);
+  }
 
   // Canonical text: "10.0.0.0/8", "2001:db8::/32", "::ffff:10.0.0.0/104".
   std::string to_string() const {
@@ -352,6 +359,66 @@ class Cidr {
   detail::Ipv6Bytes network_{};  // IPv4 in the first 4 bytes; host bits and unused bytes zero
 };
 
+namespace detail {
+
+// The addresses of the network `network`/`length` as one inclusive range of `bits`-bit numbers.
+inline std::pair<absl::uint128, absl::uint128> address_range(std::span<const std::uint8_t> network,
+                                                             int length, int bits) {
+  absl::uint128 first = 0;
+  for (const std::uint8_t byte : network) first = first << 8 | byte;
+  const int host_bits = bits - length;
+  const absl::uint128 hosts =
+      host_bits == 128 ? ~absl::uint128(0) : (absl::uint128(1) << host_bits) - 1;
+  return {first, first + hosts};
+}
+
+// Whether `ranges` (inclusive) together hold every number of [0, last].
+inline bool cover(std::vector<std::pair<absl::uint128, absl::uint128>> ranges, absl::uint128 last) {
+  std::sort(ranges.begin(), ranges.end());
+  absl::uint128 next = 0;  // the smallest number not held yet
+  for (const auto& [first, range_last] : ranges) {
+    if (first > next) return false;
+    if (range_last >= last) return true;
+    next = std::max(next, range_last + 1);
+  }
+  return false;
+}
+
+// OK unless `networks` together hold every IPv4 address (IPv4 networks and IPv6 ones inside the
+// IPv4-mapped range) or every IPv6 address outside that range. Behind such a list every client
+// is a trusted proxy, so the walk never meets an untrusted hop and the leftmost address, which
+// the client writes itself, is the client: each request may name its own key. InvalidArgument
+// "<name>: ..." naming the fix. O(networks × log networks).
+inline absl::Status check_some_address_untrusted(std::span<const Cidr> networks,
+                                                 std::string_view name) {
+  constexpr std::array<std::uint8_t, 12> kMappedPrefix = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  std::vector<std::pair<absl::uint128, absl::uint128>> v4;
+  // The IPv4-mapped range holds IPv4 clients, counted with v4.
+  std::vector<std::pair<absl::uint128, absl::uint128>> v6 = {address_range(kMappedPrefix, 96, 128)};
+  for (const Cidr& cidr : networks) {
+    const std::span<const std::uint8_t> bytes = cidr.bytes();
+    if (cidr.family() == ClientAddress::Family::kIpv4) {
+      v4.push_back(address_range(bytes, cidr.prefix_length(), 32));
+      continue;
+    }
+    v6.push_back(address_range(bytes, cidr.prefix_length(), 128));
+    if (cidr.prefix_length() >= 96 &&
+        std::equal(kMappedPrefix.begin(), kMappedPrefix.end(), bytes.begin())) {
+      v4.push_back(address_range(bytes.subspan(12), cidr.prefix_length() - 96, 32));
+    }
+  }
+  const char* family = cover(v4, absl::uint128(0xffffffffU)) ? "IPv4"
+                       : cover(v6, ~absl::uint128(0))        ? "IPv6"
+                                                             : nullptr;
+  if (family == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      absl::string_view(name.data(), name.size()), ": the networks hold every ", family,
+      " address, so every client would be a trusted proxy and name its own address (its own key) "
+      "in X-Forwarded-For or Forwarded; list only the networks of your own proxies"));
+}
+
+}  // namespace detail
+
 // Which forwarding header lists the hops; see the header comment.
 enum class ProxyHeaders : std::uint8_t {
   kForwardedFirst,     // Forwarded when its rightmost element is well-formed, else X-Forwarded-For
@@ -373,7 +440,8 @@ class ClientAddressResolver {
 
   // `trusted_networks`: CIDR texts (Cidr::parse). InvalidArgument naming the entry by index
   // ("trusted_networks[2]: network \"10.0.0.1/8\": host bits are set; ...") or when there are
-  // more than kMaxTrustedNetworks.
+  // more than kMaxTrustedNetworks, or when together they hold every IPv4 or every IPv6 address
+  // ("0.0.0.0/0", "::/0"): every client would then be a trusted proxy and name its own address.
   template <std::ranges::input_range Range>
   requires std::convertible_to<std::ranges::range_reference_t<Range>, std::string_view>
   static absl::StatusOr<ClientAddressResolver> create(
@@ -392,6 +460,11 @@ class ClientAddressResolver {
             absl::StrCat("trusted_networks[", index, "]: ", cidr.status().message()));
       }
       resolver.trusted_.push_back(*cidr);
+    }
+    if (absl::Status s =
+            detail::check_some_address_untrusted(resolver.trusted_, "trusted_networks");
+        !s.ok()) {
+      return s;
     }
     return resolver;
   }

@@ -643,14 +643,16 @@ inline absl::Status validate_gateway(const Gateway& gateway, const NameIndex& bu
       !s.ok()) {
     return s;
   }
+  std::vector<Cidr> proxies;
   for (std::size_t i = 0; i < gateway.trusted_proxies.size(); ++i) {
     absl::StatusOr<Cidr> cidr = Cidr::parse(gateway.trusted_proxies[i]);
     if (!cidr.ok()) {
       return detail::invalid(detail::element("gateway", "trusted_proxies", i), ": ",
                              cidr.status().message());
     }
+    proxies.push_back(*cidr);
   }
-  return absl::OkStatus();
+  return detail::check_some_address_untrusted(proxies, "gateway.trusted_proxies");
 }
 
 inline absl::Status validate_engine(const EngineOptions& engine) {
