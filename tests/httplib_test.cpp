@@ -500,6 +500,36 @@ TEST_CASE(
   CHECK(none.status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE(
+    "creating an adapter for a listener the config lacks fails, since that listener's rules and "
+    "routes would never apply",
+    "[attack]") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = items_config();
+  config.listeners = {{.name = "public", .policies = {"items-per-ip"}}};
+  config.routes[0].policies.clear();  // the per-ip limit is the listener's
+  const auto engine = make_engine(config, clock);
+  Limiter::Options options = options_with();
+  options.listener = "pubic";  // a typo of the config's "public"
+
+  const auto created = Limiter::create(engine, options);
+  if (created.ok()) {  // what such an adapter does: the listener's 2 per minute never apply
+    const TestServer server(*created);
+    int admitted = 0;
+    for (int i = 0; i < 5; ++i) admitted += server.get("/v1/items").status == 200;
+    CHECK(admitted == 2);
+  }
+  CHECK(created.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(created.status().message() ==
+        "the adapter's listener \"pubic\" is none of the config's listeners, so no listener's "
+        "bundles and no route on a listener would apply to its requests; name one of the config's "
+        "listeners (listeners[].name), or none");
+  options.listener = "public";
+  CHECK(Limiter::create(engine, options).ok());
+  options.listener = "";  // no listener: only routes on every listener, and global bundles
+  CHECK(Limiter::create(engine, options).ok());
+}
+
 TEST_CASE("an adapter created with the config's own trusted proxies still follows the config") {
   sluice::ManualClock clock;
   auto created = Limiter::create(make_engine(items_behind({"127.0.0.1/32"}), clock), options_with(),
