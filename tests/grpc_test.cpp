@@ -412,6 +412,21 @@ TEST_CASE(
   CHECK(sluice::GrpcRateLimiter::create({}, engine).ok());
 }
 
+TEST_CASE("creating a gRPC limiter for a listener the config lacks fails, naming the fix") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = per_ip_on_echo();
+  config.listeners = {{.name = "grpc"}};
+  const Engine engine = make_engine(config, clock);
+
+  const auto typo = sluice::GrpcRateLimiter::create({.listener = "gprc"}, engine);
+  CHECK(typo.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(typo.status().message() ==
+        "the adapter's listener \"gprc\" is none of the config's listeners, so no listener's "
+        "bundles and no route on a listener would apply to its requests; name one of the config's "
+        "listeners (listeners[].name), or none");
+  CHECK(sluice::GrpcRateLimiter::create({.listener = "grpc"}, engine).ok());
+}
+
 TEST_CASE(
     "behind a proxy trusted only by the config's gateway.trusted_proxies, each forwarded caller "
     "has its own bucket") {

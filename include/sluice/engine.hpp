@@ -571,6 +571,8 @@ class BasicRateLimitEngine {
   std::optional<std::string_view> consumer_named(std::string_view name) const {
     return rules_.consumer_named(name);
   }
+  // Whether the config has a listener called `name` (adapters check the one they serve). O(1).
+  bool has_listener(std::string_view name) const { return rules_.has_listener(name); }
   // The client-address resolver of this generation's gateway.trusted_proxies (headers kEither;
   // an adapter passes its own to `resolve`): adapters resolve every request with
   // the generation that evaluates it, so a reload's proxies apply from the next request on.

@@ -166,6 +166,7 @@ struct GrpcLimiterOptions {
   // The config consumer an unknown credential gets (keyed by address); empty: refused.
   std::string unknown_consumer{};
   // The listener the server's calls arrive on (routes and bundles may name one); empty: none.
+  // create(options, engine) refuses one the config does not have.
   std::string listener{};
   // Which forwarding metadata to read behind the config's trusted proxies: its `headers()`
   // (ProxyHeaders). Which proxies to believe is the config's gateway.trusted_proxies; trusted
@@ -179,8 +180,9 @@ class GrpcRateLimiter {
  public:
   // InvalidArgument when `credential_metadata` is not a legal gRPC metadata key, or when
   // `client_addresses` has trusted networks that contradict `engine`'s gateway.trusted_proxies
-  // (the message names both lists). Every call still uses the proxies of the engine it is
-  // checked with.
+  // (the message names both lists), or when `listener` is none of `engine`'s config's listeners
+  // (its bundles and routes would never apply). Every call still uses the proxies of the engine
+  // it is checked with.
   template <EngineBackend Backend>
   static absl::StatusOr<GrpcRateLimiter> create(GrpcLimiterOptions options,
                                                 const BasicRateLimitEngine<Backend>& engine) {
@@ -278,6 +280,7 @@ class GrpcRateLimiter {
         !s.ok()) {
       return s;
     }
+    if (absl::Status s = detail::check_listener(engine, options.listener); !s.ok()) return s;
     return GrpcRateLimiter(std::move(options));
   }
 

@@ -132,7 +132,9 @@ class HttplibLimiter {
   };
 
   struct Options {
-    std::string listener{};  // the listener's name for match_route and the rules; "" for none
+    // The listener's name for match_route and the rules; "" for none. `create` refuses one the
+    // config does not have, whose bundles and routes would never apply.
+    std::string listener{};
     // Which forwarding header lists the hops behind the config's trusted proxies (see
     // sluice/client_address.hpp). The trusted proxies themselves come from the config only.
     ProxyHeaders proxy_headers = ProxyHeaders::kEither;
@@ -172,6 +174,7 @@ class HttplibLimiter {
   // generation `source` serves now, in any order, or none. Otherwise InvalidArgument naming both
   // lists (or the entry that is no network); FailedPrecondition when `source` serves no engine
   // while proxies are given. They are only checked: every request uses its generation's proxies.
+  // InvalidArgument too when `options.listener` is none of that generation's listeners.
   static absl::StatusOr<HttplibLimiter> create(
       EngineSource source, Options options = {},
       const std::vector<std::string>& trusted_proxies = {}) {
@@ -183,6 +186,7 @@ class HttplibLimiter {
         !s.ok()) {
       return s;
     }
+    if (absl::Status s = detail::check_listener(engine.get(), options.listener); !s.ok()) return s;
     return HttplibLimiter(std::move(source), std::move(options));
   }
   static absl::StatusOr<HttplibLimiter> create(

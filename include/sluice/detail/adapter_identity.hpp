@@ -1,7 +1,8 @@
 // Internal: what the request adapters (sluice/httplib.hpp, sluice/grpc.hpp) share about who a
 // request comes from. The trusted proxies are the config's (`gateway.trusted_proxies`), read from
 // the engine generation that evaluates the request, so they follow every reload; trusted proxies
-// an adapter is also given in code may only repeat them, and are checked when it is created.
+// an adapter is also given in code may only repeat them, and are checked when it is created, as is
+// the listener it serves.
 #ifndef SLUICE_DETAIL_ADAPTER_IDENTITY_HPP_
 #define SLUICE_DETAIL_ADAPTER_IDENTITY_HPP_
 
@@ -18,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "sluice/client_address.hpp"
 #include "sluice/credential_resolver.hpp"
+#include "sluice/detail/text.hpp"
 
 namespace sluice::detail {
 
@@ -61,6 +63,22 @@ absl::Status check_trusted_proxies(const Engine* engine, std::span<const Cidr> g
       given_name, " ", given_text, " contradict the config's gateway.trusted_proxies ", config_text,
       ": the adapter takes its trusted proxies from the config and follows its reloads; set them "
       "in gateway.trusted_proxies and give the adapter none"));
+}
+
+// OK when `listener` (the one an adapter serves) is empty, or `engine` is null (nothing to check
+// against: such an adapter answers every request as unavailable), or its config has that
+// listener. Otherwise InvalidArgument naming it and the fix: the listener's bundles and the
+// routes on it would never apply to the adapter's requests, which would pass them all. O(1).
+template <class Engine>
+absl::Status check_listener(const Engine* engine, std::string_view listener) {
+  if (listener.empty() || engine == nullptr || engine->has_listener(listener)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("the adapter's listener ", quoted(listener),
+                   " is none of the config's listeners, so no listener's bundles and no route on "
+                   "a listener would apply to its requests; name one of the config's listeners "
+                   "(listeners[].name), or none"));
 }
 
 // What an adapter reads for a credential it cannot read one way only (its header or metadata

@@ -349,6 +349,8 @@ class RuleSet {
     if (it == consumer_rules_.end()) return std::nullopt;
     return std::string_view(it->first);
   }
+  // Whether the config has a listener called `name`.
+  bool has_listener(std::string_view name) const { return find(listener_index_, name) != nullptr; }
   const ClientAddressResolver& client_addresses() const noexcept { return client_addresses_; }
 
  private:
