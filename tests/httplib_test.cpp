@@ -765,6 +765,27 @@ TEST_CASE("an unknown consumer the config does not define refuses unknown keys w
   CHECK(server.get("/v1/items", api_key("key-1")).status == 200);
 }
 
+TEST_CASE(
+    "creating an adapter whose unknown consumer the config lacks fails, since it would refuse "
+    "every unknown key",
+    "[attack]") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  const auto engine = make_engine(api_key_config(100), clock);
+  const auto created = Limiter::create(engine, api_key_options(resolver, "unknwon"));  // a typo
+  if (created.ok()) {  // what such an adapter does: unknown keys are refused, not limited
+    const TestServer server(*created);
+    CHECK(server.get("/v1/items", api_key("random-1")).status == 200);
+  }
+  CHECK(created.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(created.status().message() ==
+        "the adapter's unknown consumer \"unknwon\" is none of the config's consumers, so every "
+        "unknown credential would be refused instead of limited as that consumer's; name one of "
+        "the config's consumers (consumers[].name), or none to refuse unknown credentials");
+  CHECK(Limiter::create(engine, api_key_options(resolver, "unknown")).ok());
+  CHECK(Limiter::create(engine, api_key_options(resolver, "")).ok());
+}
+
 TEST_CASE("a failing key store: the request is limited by address, then answered 503") {
   sluice::ManualClock clock;
   Limiter::Options options = options_with();
