@@ -427,6 +427,21 @@ TEST_CASE("creating a gRPC limiter for a listener the config lacks fails, naming
   CHECK(sluice::GrpcRateLimiter::create({.listener = "grpc"}, engine).ok());
 }
 
+TEST_CASE("creating a gRPC limiter whose unknown consumer the config lacks fails, naming the fix") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = per_credential();
+  config.consumers.push_back({.name = "unknown"});
+  const Engine engine = make_engine(config, clock);
+
+  const auto typo = sluice::GrpcRateLimiter::create({.unknown_consumer = "unknwon"}, engine);
+  CHECK(typo.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(typo.status().message() ==
+        "the adapter's unknown consumer \"unknwon\" is none of the config's consumers, so every "
+        "unknown credential would be refused instead of limited as that consumer's; name one of "
+        "the config's consumers (consumers[].name), or none to refuse unknown credentials");
+  CHECK(sluice::GrpcRateLimiter::create({.unknown_consumer = "unknown"}, engine).ok());
+}
+
 TEST_CASE(
     "behind a proxy trusted only by the config's gateway.trusted_proxies, each forwarded caller "
     "has its own bucket") {

@@ -164,6 +164,7 @@ struct GrpcLimiterOptions {
   // Who owns a credential (e.g. a CredentialResolver); empty: the config's consumers[].credentials.
   ConsumerLookup consumer_of{};
   // The config consumer an unknown credential gets (keyed by address); empty: refused.
+  // create(options, engine) refuses one the config does not have.
   std::string unknown_consumer{};
   // The listener the server's calls arrive on (routes and bundles may name one); empty: none.
   // create(options, engine) refuses one the config does not have.
@@ -180,8 +181,9 @@ class GrpcRateLimiter {
  public:
   // InvalidArgument when `credential_metadata` is not a legal gRPC metadata key, or when
   // `client_addresses` has trusted networks that contradict `engine`'s gateway.trusted_proxies
-  // (the message names both lists), or when `listener` is none of `engine`'s config's listeners
-  // (its bundles and routes would never apply). Every call still uses the proxies of the engine
+  // (the message names both lists), or when `listener` or `unknown_consumer` is none of
+  // `engine`'s config's listeners or consumers (its bundles and routes would never apply; every
+  // unknown credential would be refused). Every call still uses the proxies of the engine
   // it is checked with.
   template <EngineBackend Backend>
   static absl::StatusOr<GrpcRateLimiter> create(GrpcLimiterOptions options,
@@ -280,7 +282,11 @@ class GrpcRateLimiter {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = detail::check_listener(engine, options.listener); !s.ok()) return s;
+    if (absl::Status s =
+            detail::check_config_names(engine, options.listener, options.unknown_consumer);
+        !s.ok()) {
+      return s;
+    }
     return GrpcRateLimiter(std::move(options));
   }
 

@@ -146,7 +146,8 @@ class HttplibLimiter {
     ConsumerLookup consumer_of{};
     // What an unknown credential gets: empty, a 401 (after it has been limited by address); else
     // the config consumer of that name (e.g. "unknown"), whose bundles then apply, keyed by
-    // address. A generation without that consumer refuses unknown credentials with 401.
+    // address. A generation without that consumer refuses unknown credentials with 401; `create`
+    // refuses a name the config does not have.
     std::string unknown_consumer{};
     // Sees every evaluated request (exempt paths excluded) before it is answered: the place to
     // log dry-run denials and backend errors. Runs on the request's thread.
@@ -174,7 +175,8 @@ class HttplibLimiter {
   // generation `source` serves now, in any order, or none. Otherwise InvalidArgument naming both
   // lists (or the entry that is no network); FailedPrecondition when `source` serves no engine
   // while proxies are given. They are only checked: every request uses its generation's proxies.
-  // InvalidArgument too when `options.listener` is none of that generation's listeners.
+  // InvalidArgument too when `options.listener` or `options.unknown_consumer` is none of that
+  // generation's listeners or consumers.
   static absl::StatusOr<HttplibLimiter> create(
       EngineSource source, Options options = {},
       const std::vector<std::string>& trusted_proxies = {}) {
@@ -186,7 +188,11 @@ class HttplibLimiter {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = detail::check_listener(engine.get(), options.listener); !s.ok()) return s;
+    if (absl::Status s =
+            detail::check_config_names(engine.get(), options.listener, options.unknown_consumer);
+        !s.ok()) {
+      return s;
+    }
     return HttplibLimiter(std::move(source), std::move(options));
   }
   static absl::StatusOr<HttplibLimiter> create(

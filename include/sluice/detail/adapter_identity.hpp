@@ -1,8 +1,8 @@
 // Internal: what the request adapters (sluice/httplib.hpp, sluice/grpc.hpp) share about who a
 // request comes from. The trusted proxies are the config's (`gateway.trusted_proxies`), read from
 // the engine generation that evaluates the request, so they follow every reload; trusted proxies
-// an adapter is also given in code may only repeat them, and are checked when it is created, as is
-// the listener it serves.
+// an adapter is also given in code may only repeat them, and are checked when it is created, as
+// are the listener it serves and the consumer it gives unknown credentials.
 #ifndef SLUICE_DETAIL_ADAPTER_IDENTITY_HPP_
 #define SLUICE_DETAIL_ADAPTER_IDENTITY_HPP_
 
@@ -65,20 +65,31 @@ absl::Status check_trusted_proxies(const Engine* engine, std::span<const Cidr> g
       "in gateway.trusted_proxies and give the adapter none"));
 }
 
-// OK when `listener` (the one an adapter serves) is empty, or `engine` is null (nothing to check
-// against: such an adapter answers every request as unavailable), or its config has that
-// listener. Otherwise InvalidArgument naming it and the fix: the listener's bundles and the
-// routes on it would never apply to the adapter's requests, which would pass them all. O(1).
+// OK when the names an adapter was given are its config's: `listener` (the one it serves)
+// and `unknown_consumer` (what unknown credentials get) are each empty or one of `engine`'s
+// config's listeners and consumers, or there is no engine to check against (such an adapter
+// answers every request as unavailable). Otherwise InvalidArgument naming the setting and the
+// fix: a listener's bundles and routes would never apply to the adapter's requests, which would
+// pass them all; every unknown credential would be refused instead of limited. O(1).
 template <class Engine>
-absl::Status check_listener(const Engine* engine, std::string_view listener) {
-  if (listener.empty() || engine == nullptr || engine->has_listener(listener)) {
-    return absl::OkStatus();
+absl::Status check_config_names(const Engine* engine, std::string_view listener,
+                                std::string_view unknown_consumer) {
+  if (engine == nullptr) return absl::OkStatus();
+  if (!listener.empty() && !engine->has_listener(listener)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the adapter's listener ", quoted(listener),
+                     " is none of the config's listeners, so no listener's bundles and no route "
+                     "on a listener would apply to its requests; name one of the config's "
+                     "listeners (listeners[].name), or none"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("the adapter's listener ", quoted(listener),
-                   " is none of the config's listeners, so no listener's bundles and no route on "
-                   "a listener would apply to its requests; name one of the config's listeners "
-                   "(listeners[].name), or none"));
+  if (!unknown_consumer.empty() && !engine->consumer_named(unknown_consumer)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the adapter's unknown consumer ", quoted(unknown_consumer),
+        " is none of the config's consumers, so every unknown credential would be refused "
+        "instead of limited as that consumer's; name one of the config's consumers "
+        "(consumers[].name), or none to refuse unknown credentials"));
+  }
+  return absl::OkStatus();
 }
 
 // What an adapter reads for a credential it cannot read one way only (its header or metadata
