@@ -232,6 +232,23 @@ TEST_CASE("envoy: hits_addend counts per request, a descriptor's overrides it, 0
         99);
 }
 
+TEST_CASE("envoy: a descriptor's hits_addend of 0 checks its limit and counts nothing",
+          "[envoy][attack]") {
+  // As the reference service reads it: a descriptor that sets its hits_addend to 0 asks whether
+  // its limit is over, without adding a hit (a check before the cost is known). 100 such checks
+  // must leave the number's 100 a day untouched for the messages that do count.
+  EnvoyServer server(fixtures());
+  auto check = request("messaging", {});
+  add(check, {{"to_number", "555"}}).mutable_hits_addend()->set_value(0);
+  rls::RateLimitResponse checked;
+  for (int i = 0; i < 100; ++i) checked = server.ok(check);
+  CHECK(checked.overall_code() == kOk);
+  CHECK(checked.statuses(0).limit_remaining() == 100);
+  rls::RateLimitResponse sent = server.ok(request("messaging", {{{"to_number", "555"}}}));
+  CHECK(sent.overall_code() == kOk);
+  CHECK(sent.statuses(0).limit_remaining() == 99);
+}
+
 TEST_CASE("envoy: more hits than a limit's burst answer OVER_LIMIT and consume nothing",
           "[envoy]") {
   EnvoyServer server(fixtures());
