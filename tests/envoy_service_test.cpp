@@ -218,7 +218,7 @@ TEST_CASE("envoy: an over-limit request consumes nothing on any descriptor", "[e
   CHECK(alone.statuses(0).limit_remaining() == 94);
 }
 
-TEST_CASE("envoy: hits_addend counts per request, a descriptor's overrides it, 0 is 1", "[envoy]") {
+TEST_CASE("envoy: hits_addend counts per request, a descriptor's overrides it", "[envoy]") {
   EnvoyServer server(fixtures());
   auto r = request("messaging", {{{"to_number", "a"}}, {{"to_number", "b"}}}, 7);
   add(r, {{"to_number", "c"}}).mutable_hits_addend()->set_value(20);
@@ -227,9 +227,9 @@ TEST_CASE("envoy: hits_addend counts per request, a descriptor's overrides it, 0
   CHECK(out.statuses(0).limit_remaining() == 93);
   CHECK(out.statuses(1).limit_remaining() == 93);
   CHECK(out.statuses(2).limit_remaining() == 80);
-  CHECK(out.statuses(3).limit_remaining() == 99);
+  CHECK(out.statuses(3).limit_remaining() == 100);  // a descriptor's 0 only checks
   CHECK(server.ok(request("messaging", {{{"to_number", "e"}}}, 0)).statuses(0).limit_remaining() ==
-        99);
+        99);  // the request's 0 is 1
 }
 
 TEST_CASE("envoy: a descriptor's hits_addend of 0 checks its limit and counts nothing",
@@ -247,6 +247,10 @@ TEST_CASE("envoy: a descriptor's hits_addend of 0 checks its limit and counts no
   rls::RateLimitResponse sent = server.ok(request("messaging", {{{"to_number", "555"}}}));
   CHECK(sent.overall_code() == kOk);
   CHECK(sent.statuses(0).limit_remaining() == 99);
+  // A limit of 0 is over as it stands, checked or not.
+  auto blocked = request("edge_proxy_per_ip", {});
+  add(blocked, {{"remote_address", "50.0.0.5"}}).mutable_hits_addend()->set_value(0);
+  CHECK(server.ok(blocked).overall_code() == kOverLimit);
 }
 
 TEST_CASE("envoy: more hits than a limit's burst answer OVER_LIMIT and consume nothing",

@@ -9,8 +9,10 @@
 //   (*limiter)->collect_replaced();   // on each poll: frees what calls have let go of since
 //
 // Semantics (the descriptor walk is in sluice/envoy/config.hpp):
-// - Hits: a descriptor adds its own `hits_addend` if set, else the request's; 0 counts as 1.
-//   Descriptors on the same counter (same limit and entries) are decided once, hits summed.
+// - Hits: a descriptor adds its own `hits_addend` if set, else the request's (0 there counts
+//   as 1). A descriptor's own 0 checks its limit without adding a hit: OK unless the limit is
+//   over as it stands (a limit of 0 always is). Descriptors on the same counter (same limit and
+//   entries) are decided once, hits summed.
 // - A descriptor with a `limit` override is counted by that limit alone, under a counter of its
 //   own (per domain, entries and override), whether or not a configured limit matches; an
 //   override never runs in shadow mode. Overrides need a known domain, like every limit. Once
@@ -479,8 +481,8 @@ class BasicLimiter {
     for (std::size_t i = 0; i < request.descriptors.size(); ++i) {
       const Descriptor& d = request.descriptors[i];
       Step& step = plan.steps[i];
-      const std::uint64_t hits = d.hits_addend ? *d.hits_addend : request.hits_addend;
-      step.hits = hits == 0 ? 1 : hits;
+      // The request's 0 is its protocol default, 1; a descriptor's own 0 is set on purpose.
+      step.hits = d.hits_addend ? *d.hits_addend : std::max<std::uint64_t>(1, request.hits_addend);
       if (!gen.limits->has_domain(request.domain)) continue;
       const auto over =
           d.limit ? gen.override_index.find(override_id(*d.limit)) : gen.override_index.end();
