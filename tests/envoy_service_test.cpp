@@ -24,6 +24,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -377,6 +378,34 @@ TEST_CASE("envoy: a value ending in * matches by prefix", "[envoy]") {
   CHECK(server.ok(tmp).overall_code() == kOverLimit);
   CHECK(server.ok(request("mongo_cps", {{{"database", "users"}}})).statuses(0).limit_remaining() ==
         499);
+}
+
+TEST_CASE("envoy: entries whose values join alike count apart", "[envoy]") {
+  // A client picks the bytes of its values, separators and NUL included: no pair of entry lists
+  // may land on one counter, or one client could spend another's.
+  using sluice::envoy::Entry;
+  const sluice::envoy::ServiceConfig config{
+      .domains = {
+          {.domain = "d",
+           .descriptors = {{.key = "a",
+                            .descriptors = {{.key = "b",
+                                             .rate_limit = sluice::envoy::Limit{
+                                                 .windows = {{.requests = 1, .period = 1h}}}}}}}}}};
+  sluice::ManualClock clock;
+  auto limiter =
+      sluice::envoy::BasicLimiter<Backend>::create(config, {.backend = {.clock = clock}});
+  REQUIRE(limiter.ok());
+  using namespace std::string_view_literals;
+  const std::pair<std::string_view, std::string_view> values[] = {
+      {"x|"sv, "y"sv},  {"x"sv, "|y"sv},          {"x\0"sv, "y"sv},
+      {"x"sv, "\0y"sv}, {"x\x01\0\0\0"sv, "y"sv}, {"x"sv, "\x01\0\0\0y"sv}};
+  for (const auto& [a, b] : values) {
+    const Entry entries[] = {{"a", a}, {"b", b}};
+    const sluice::envoy::Descriptor d[] = {{.entries = entries}};
+    sluice::envoy::Response r;
+    REQUIRE((*limiter)->should_rate_limit({.domain = "d", .descriptors = d}, r).ok());
+    CHECK(r.overall_code == sluice::envoy::Code::kOk);  // each the first hit of its own counter
+  }
 }
 
 TEST_CASE("envoy: sluice's periods, bursts and stacked windows", "[envoy]") {
