@@ -536,6 +536,23 @@ TEST_CASE("envoy: requests beyond the bounds answer INVALID_ARGUMENT", "[envoy]"
         99);
 }
 
+TEST_CASE("envoy: a request beyond the bounds is refused before anything is allocated for it",
+          "[envoy][attack]") {
+  // gRPC accepts 4 MiB: two million empty descriptors, two bytes each on the wire and some 70
+  // bytes each as a status, so the bounds must refuse such a request before its statuses exist.
+  sluice::ManualClock clock;
+  auto limiter =
+      sluice::envoy::BasicLimiter<Backend>::create(fixtures(), {.backend = {.clock = clock}});
+  REQUIRE(limiter.ok());
+  const std::vector<sluice::envoy::Descriptor> descriptors(100'000);
+  sluice::envoy::Response response;
+  const absl::Status s =
+      (*limiter)->should_rate_limit({.domain = "messaging", .descriptors = descriptors}, response);
+  CHECK(s.message() == "more than 64 descriptors");
+  CHECK(response.statuses.empty());
+  CHECK(response.statuses.capacity() == 0);
+}
+
 TEST_CASE("envoy: a long value is decided, never an error that a proxy would admit", "[envoy]") {
   EnvoyServer server(fixtures());
   // A blocked address beside a path a client padded: the call is decided, the address denied.
