@@ -528,6 +528,14 @@ TEST_CASE("envoy: requests beyond the bounds answer INVALID_ARGUMENT", "[envoy]"
   rls::RateLimitRequest many = request("messaging", {});
   for (int i = 0; i < 65; ++i) add(many, {{"to_number", "1"}});
   CHECK(refused(many));
+  // Far beyond the bounds, the same reasons (the service converts one past each bound).
+  rls::RateLimitResponse response;
+  rls::RateLimitRequest more = request("messaging", {});
+  for (int i = 0; i < 100'000; ++i) more.add_descriptors();
+  CHECK(server.call(more, response).error_message() == "more than 64 descriptors");
+  rls::RateLimitRequest wide = request("messaging", {{{"to_number", "1"}}, {}});
+  for (int i = 0; i < 100'000; ++i) wide.mutable_descriptors(1)->add_entries()->set_key("k");
+  CHECK(server.call(wide, response).error_message() == "descriptors[1] has more than 32 entries");
   rls::RateLimitRequest unit = request("messaging", {{{"to_number", "1"}}});
   unit.mutable_descriptors(0)->mutable_limit()->set_requests_per_unit(5);
   CHECK(refused(unit));  // unit UNKNOWN

@@ -163,12 +163,13 @@ class BasicLimiter {
   // empty key, an override of unknown unit); a backend failure is decided by the failure mode.
   absl::Status should_rate_limit(const Request& request, Response& response) const {
     response.overall_code = Code::kOk;
-    response.statuses.assign(request.descriptors.size(), DescriptorStatus{});
+    response.statuses.clear();
     response.retry_after = std::chrono::nanoseconds(0);
     response.backend_failed = false;
     response.degraded = false;
     response.headers.clear();
     if (absl::Status s = validate(request); !s.ok()) return s;
+    response.statuses.assign(request.descriptors.size(), DescriptorStatus{});
     absl::StatusOr<std::shared_ptr<const Generation>> gen = generation_for(request);
     if (!gen.ok()) return gen.status();
     Plan plan = make_plan(**gen, request);
@@ -210,6 +211,9 @@ class BasicLimiter {
     sluice::detail::MutexLock lock(retired_mutex_);
     return collect_replaced_locked();
   }
+
+  // What one request may carry (Options::bounds).
+  const RequestBounds& bounds() const { return options_.bounds; }
 
   // Calls whose backend failed (decided by the failure mode), over the limiter's life.
   std::uint64_t backend_errors() const { return backend_errors_.load(std::memory_order_relaxed); }
