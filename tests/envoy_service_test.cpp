@@ -847,6 +847,54 @@ std::vector<std::thread::id> destroyed_on(GateBackend::Shared& shared, const std
 
 }  // namespace
 
+namespace {
+
+// A backend that is down: every call fails, as one to a stalled Redis does at its timeout, and
+// is counted.
+class DownBackend {
+ public:
+  struct Options {
+    std::shared_ptr<std::atomic<int>> calls;
+  };
+  static absl::StatusOr<DownBackend> create(std::span<const sluice::CompiledRule> /*rules*/,
+                                            const DownBackend* /*previous*/,
+                                            const Options& options) {
+    DownBackend b;
+    b.calls_ = options.calls;
+    return b;
+  }
+  absl::Status check_rules(std::span<const sluice::RuleKey> /*keys*/,
+                           sluice::ConsumptionMode /*mode*/, std::span<sluice::Decision> /*out*/) {
+    ++*calls_;
+    return absl::DeadlineExceededError("timed out");
+  }
+  sluice::StoreStats rule_store_stats(std::size_t /*rule*/) const { return {}; }
+
+ private:
+  std::shared_ptr<std::atomic<int>> calls_;
+};
+
+}  // namespace
+
+TEST_CASE("envoy: a call waits for a failing backend once even with shadow mode limits",
+          "[envoy][attack]") {
+  // Each call to a stalled Redis waits --redis-timeout-ms. A second one for the shadow mode
+  // limits doubles the wait, past an Envoy timeout set between the two, and Envoy then decides
+  // by its own failure mode (by default: admit) whatever --redis-failure-mode says.
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  auto limiter = sluice::envoy::BasicLimiter<DownBackend>::create(
+      fixtures(), {.on_backend_error = sluice::FailureMode::kFailClosed, .backend = {calls}});
+  REQUIRE(limiter.ok());
+  const sluice::envoy::Entry number[] = {{"to_number", "555"}};
+  const sluice::envoy::Entry sender[] = {{"sender", "s"}};  // shadow mode
+  const sluice::envoy::Descriptor d[] = {{.entries = number}, {.entries = sender}};
+  sluice::envoy::Response response;
+  REQUIRE((*limiter)->should_rate_limit({.domain = "messaging", .descriptors = d}, response).ok());
+  CHECK(response.overall_code == sluice::envoy::Code::kOverLimit);
+  CHECK(response.backend_failed);
+  CHECK(calls->load() == 1);
+}
+
 TEST_CASE("envoy: a call that lets go of a replaced configuration last leaves freeing it to a poll",
           "[envoy]") {
   auto shared = std::make_shared<GateBackend::Shared>();
