@@ -27,7 +27,8 @@
 //   state as it stands (not reduced by this request). Hits above a limit's burst, or a limit of
 //   0 requests, deny without consuming anything.
 // - Shadow mode limits are decided after the enforcing ones: they consume when the request is
-//   admitted and their bucket has room, never deny, and always report OK.
+//   admitted and their bucket has room, never deny, and always report OK. When the backend
+//   failed the call (outside the local failure mode) they count nothing: one wait per call.
 // - An unknown domain, or a descriptor no limit matches, answers OK without a limit.
 // - Backend failures (Options::on_backend_error): kFailOpen admits, kFailClosed denies every
 //   enforcing limit. kLocal decides the call in process instead, all or nothing as ever, on this
@@ -527,7 +528,9 @@ class BasicLimiter {
     absl::InlinedVector<Decision, 8> decisions(n);
     absl::InlinedVector<bool, 8> denied(n, false);
     const bool over = decide_enforcing(gen, plan, decisions, denied, response);
-    decide_shadow(gen, plan, over, decisions);
+    // A backend that just failed this call would keep it waiting again for limits that never
+    // decide it (the local share, when there is one, answers at once).
+    if (!response.backend_failed || gen.local != nullptr) decide_shadow(gen, plan, over, decisions);
     std::size_t binding = n;  // the descriptor the headers describe
     for (std::size_t i = 0; i < n; ++i) {
       const Step& step = plan.steps[i];
