@@ -312,6 +312,28 @@ TEST_CASE("envoy: a limit override applies with a counter of its own", "[envoy]"
         99);
 }
 
+TEST_CASE("envoy: an override of 0 denies and one of 2^32-1 per second is honoured", "[envoy]") {
+  EnvoyServer server(fixtures());
+  auto with_override = [](std::uint32_t n) {
+    rls::RateLimitRequest r = request("messaging", {});
+    auto& d = add(r, {{"to_number", "8"}});
+    d.mutable_limit()->set_requests_per_unit(n);
+    d.mutable_limit()->set_unit(envoy::type::v3::SECOND);
+    return r;
+  };
+  rls::RateLimitResponse none = server.ok(with_override(0));
+  CHECK(none.overall_code() == kOverLimit);
+  CHECK(none.statuses(0).current_limit().requests_per_unit() == 0);
+  rls::RateLimitResponse most = server.ok(with_override(4'294'967'295U));
+  CHECK(most.overall_code() == kOk);
+  CHECK(most.statuses(0).current_limit().requests_per_unit() == 4'294'967'295U);
+  CHECK(most.statuses(0).limit_remaining() == 4'294'967'294U);
+  CHECK(server.limiter().ignored_overrides() == 0);
+  // The configured 100 a day was not touched by either.
+  CHECK(server.ok(request("messaging", {{{"to_number", "8"}}})).statuses(0).limit_remaining() ==
+        99);
+}
+
 TEST_CASE("envoy: an unknown domain answers OK for every descriptor", "[envoy]") {
   EnvoyServer server(fixtures());
   rls::RateLimitResponse r =
