@@ -24,6 +24,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -218,7 +219,7 @@ TEST_CASE("envoy: an over-limit request consumes nothing on any descriptor", "[e
   CHECK(alone.statuses(0).limit_remaining() == 94);
 }
 
-TEST_CASE("envoy: hits_addend counts per request, a descriptor's overrides it, 0 is 1", "[envoy]") {
+TEST_CASE("envoy: hits_addend counts per request, a descriptor's overrides it", "[envoy]") {
   EnvoyServer server(fixtures());
   auto r = request("messaging", {{{"to_number", "a"}}, {{"to_number", "b"}}}, 7);
   add(r, {{"to_number", "c"}}).mutable_hits_addend()->set_value(20);
@@ -227,9 +228,30 @@ TEST_CASE("envoy: hits_addend counts per request, a descriptor's overrides it, 0
   CHECK(out.statuses(0).limit_remaining() == 93);
   CHECK(out.statuses(1).limit_remaining() == 93);
   CHECK(out.statuses(2).limit_remaining() == 80);
-  CHECK(out.statuses(3).limit_remaining() == 99);
+  CHECK(out.statuses(3).limit_remaining() == 100);  // a descriptor's 0 only checks
   CHECK(server.ok(request("messaging", {{{"to_number", "e"}}}, 0)).statuses(0).limit_remaining() ==
-        99);
+        99);  // the request's 0 is 1
+}
+
+TEST_CASE("envoy: a descriptor's hits_addend of 0 checks its limit and counts nothing",
+          "[envoy][attack]") {
+  // As the reference service reads it: a descriptor that sets its hits_addend to 0 asks whether
+  // its limit is over, without adding a hit (a check before the cost is known). 100 such checks
+  // must leave the number's 100 a day untouched for the messages that do count.
+  EnvoyServer server(fixtures());
+  auto check = request("messaging", {});
+  add(check, {{"to_number", "555"}}).mutable_hits_addend()->set_value(0);
+  rls::RateLimitResponse checked;
+  for (int i = 0; i < 100; ++i) checked = server.ok(check);
+  CHECK(checked.overall_code() == kOk);
+  CHECK(checked.statuses(0).limit_remaining() == 100);
+  rls::RateLimitResponse sent = server.ok(request("messaging", {{{"to_number", "555"}}}));
+  CHECK(sent.overall_code() == kOk);
+  CHECK(sent.statuses(0).limit_remaining() == 99);
+  // A limit of 0 is over as it stands, checked or not.
+  auto blocked = request("edge_proxy_per_ip", {});
+  add(blocked, {{"remote_address", "50.0.0.5"}}).mutable_hits_addend()->set_value(0);
+  CHECK(server.ok(blocked).overall_code() == kOverLimit);
 }
 
 TEST_CASE("envoy: more hits than a limit's burst answer OVER_LIMIT and consume nothing",
@@ -287,6 +309,28 @@ TEST_CASE("envoy: a limit override applies with a counter of its own", "[envoy]"
   // Where a limit is configured: the override decides, and the configured counter is untouched.
   CHECK(server.ok(with_override({{"to_number", "7"}})).statuses(0).limit_remaining() == 1);
   CHECK(server.ok(request("messaging", {{{"to_number", "7"}}})).statuses(0).limit_remaining() ==
+        99);
+}
+
+TEST_CASE("envoy: an override of 0 denies and one of 2^32-1 per second is honoured", "[envoy]") {
+  EnvoyServer server(fixtures());
+  auto with_override = [](std::uint32_t n) {
+    rls::RateLimitRequest r = request("messaging", {});
+    auto& d = add(r, {{"to_number", "8"}});
+    d.mutable_limit()->set_requests_per_unit(n);
+    d.mutable_limit()->set_unit(envoy::type::v3::SECOND);
+    return r;
+  };
+  rls::RateLimitResponse none = server.ok(with_override(0));
+  CHECK(none.overall_code() == kOverLimit);
+  CHECK(none.statuses(0).current_limit().requests_per_unit() == 0);
+  rls::RateLimitResponse most = server.ok(with_override(4'294'967'295U));
+  CHECK(most.overall_code() == kOk);
+  CHECK(most.statuses(0).current_limit().requests_per_unit() == 4'294'967'295U);
+  CHECK(most.statuses(0).limit_remaining() == 4'294'967'294U);
+  CHECK(server.limiter().ignored_overrides() == 0);
+  // The configured 100 a day was not touched by either.
+  CHECK(server.ok(request("messaging", {{{"to_number", "8"}}})).statuses(0).limit_remaining() ==
         99);
 }
 
@@ -356,6 +400,34 @@ TEST_CASE("envoy: a value ending in * matches by prefix", "[envoy]") {
   CHECK(server.ok(tmp).overall_code() == kOverLimit);
   CHECK(server.ok(request("mongo_cps", {{{"database", "users"}}})).statuses(0).limit_remaining() ==
         499);
+}
+
+TEST_CASE("envoy: entries whose values join alike count apart", "[envoy]") {
+  // A client picks the bytes of its values, separators and NUL included: no pair of entry lists
+  // may land on one counter, or one client could spend another's.
+  using sluice::envoy::Entry;
+  const sluice::envoy::ServiceConfig config{
+      .domains = {
+          {.domain = "d",
+           .descriptors = {{.key = "a",
+                            .descriptors = {{.key = "b",
+                                             .rate_limit = sluice::envoy::Limit{
+                                                 .windows = {{.requests = 1, .period = 1h}}}}}}}}}};
+  sluice::ManualClock clock;
+  auto limiter =
+      sluice::envoy::BasicLimiter<Backend>::create(config, {.backend = {.clock = clock}});
+  REQUIRE(limiter.ok());
+  using namespace std::string_view_literals;
+  const std::pair<std::string_view, std::string_view> values[] = {
+      {"x|"sv, "y"sv},  {"x"sv, "|y"sv},          {"x\0"sv, "y"sv},
+      {"x"sv, "\0y"sv}, {"x\x01\0\0\0"sv, "y"sv}, {"x"sv, "\x01\0\0\0y"sv}};
+  for (const auto& [a, b] : values) {
+    const Entry entries[] = {{"a", a}, {"b", b}};
+    const sluice::envoy::Descriptor d[] = {{.entries = entries}};
+    sluice::envoy::Response r;
+    REQUIRE((*limiter)->should_rate_limit({.domain = "d", .descriptors = d}, r).ok());
+    CHECK(r.overall_code == sluice::envoy::Code::kOk);  // each the first hit of its own counter
+  }
 }
 
 TEST_CASE("envoy: sluice's periods, bursts and stacked windows", "[envoy]") {
@@ -478,12 +550,37 @@ TEST_CASE("envoy: requests beyond the bounds answer INVALID_ARGUMENT", "[envoy]"
   rls::RateLimitRequest many = request("messaging", {});
   for (int i = 0; i < 65; ++i) add(many, {{"to_number", "1"}});
   CHECK(refused(many));
+  // Far beyond the bounds, the same reasons (the service converts one past each bound).
+  rls::RateLimitResponse response;
+  rls::RateLimitRequest more = request("messaging", {});
+  for (int i = 0; i < 100'000; ++i) more.add_descriptors();
+  CHECK(server.call(more, response).error_message() == "more than 64 descriptors");
+  rls::RateLimitRequest wide = request("messaging", {{{"to_number", "1"}}, {}});
+  for (int i = 0; i < 100'000; ++i) wide.mutable_descriptors(1)->add_entries()->set_key("k");
+  CHECK(server.call(wide, response).error_message() == "descriptors[1] has more than 32 entries");
   rls::RateLimitRequest unit = request("messaging", {{{"to_number", "1"}}});
   unit.mutable_descriptors(0)->mutable_limit()->set_requests_per_unit(5);
   CHECK(refused(unit));  // unit UNKNOWN
   // Nothing was counted by the refused requests.
   CHECK(server.ok(request("messaging", {{{"to_number", "1"}}})).statuses(0).limit_remaining() ==
         99);
+}
+
+TEST_CASE("envoy: a request beyond the bounds is refused before anything is allocated for it",
+          "[envoy][attack]") {
+  // gRPC accepts 4 MiB: two million empty descriptors, two bytes each on the wire and some 70
+  // bytes each as a status, so the bounds must refuse such a request before its statuses exist.
+  sluice::ManualClock clock;
+  auto limiter =
+      sluice::envoy::BasicLimiter<Backend>::create(fixtures(), {.backend = {.clock = clock}});
+  REQUIRE(limiter.ok());
+  const std::vector<sluice::envoy::Descriptor> descriptors(100'000);
+  sluice::envoy::Response response;
+  const absl::Status s =
+      (*limiter)->should_rate_limit({.domain = "messaging", .descriptors = descriptors}, response);
+  CHECK(s.message() == "more than 64 descriptors");
+  CHECK(response.statuses.empty());
+  CHECK(response.statuses.capacity() == 0);
 }
 
 TEST_CASE("envoy: a long value is decided, never an error that a proxy would admit", "[envoy]") {
@@ -771,6 +868,54 @@ std::vector<std::thread::id> destroyed_on(GateBackend::Shared& shared, const std
 }
 
 }  // namespace
+
+namespace {
+
+// A backend that is down: every call fails, as one to a stalled Redis does at its timeout, and
+// is counted.
+class DownBackend {
+ public:
+  struct Options {
+    std::shared_ptr<std::atomic<int>> calls;
+  };
+  static absl::StatusOr<DownBackend> create(std::span<const sluice::CompiledRule> /*rules*/,
+                                            const DownBackend* /*previous*/,
+                                            const Options& options) {
+    DownBackend b;
+    b.calls_ = options.calls;
+    return b;
+  }
+  absl::Status check_rules(std::span<const sluice::RuleKey> /*keys*/,
+                           sluice::ConsumptionMode /*mode*/, std::span<sluice::Decision> /*out*/) {
+    ++*calls_;
+    return absl::DeadlineExceededError("timed out");
+  }
+  sluice::StoreStats rule_store_stats(std::size_t /*rule*/) const { return {}; }
+
+ private:
+  std::shared_ptr<std::atomic<int>> calls_;
+};
+
+}  // namespace
+
+TEST_CASE("envoy: a call waits for a failing backend once even with shadow mode limits",
+          "[envoy][attack]") {
+  // Each call to a stalled Redis waits --redis-timeout-ms. A second one for the shadow mode
+  // limits doubles the wait, past an Envoy timeout set between the two, and Envoy then decides
+  // by its own failure mode (by default: admit) whatever --redis-failure-mode says.
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  auto limiter = sluice::envoy::BasicLimiter<DownBackend>::create(
+      fixtures(), {.on_backend_error = sluice::FailureMode::kFailClosed, .backend = {calls}});
+  REQUIRE(limiter.ok());
+  const sluice::envoy::Entry number[] = {{"to_number", "555"}};
+  const sluice::envoy::Entry sender[] = {{"sender", "s"}};  // shadow mode
+  const sluice::envoy::Descriptor d[] = {{.entries = number}, {.entries = sender}};
+  sluice::envoy::Response response;
+  REQUIRE((*limiter)->should_rate_limit({.domain = "messaging", .descriptors = d}, response).ok());
+  CHECK(response.overall_code == sluice::envoy::Code::kOverLimit);
+  CHECK(response.backend_failed);
+  CHECK(calls->load() == 1);
+}
 
 TEST_CASE("envoy: a call that lets go of a replaced configuration last leaves freeing it to a poll",
           "[envoy]") {

@@ -9,8 +9,10 @@
 //   (*limiter)->collect_replaced();   // on each poll: frees what calls have let go of since
 //
 // Semantics (the descriptor walk is in sluice/envoy/config.hpp):
-// - Hits: a descriptor adds its own `hits_addend` if set, else the request's; 0 counts as 1.
-//   Descriptors on the same counter (same limit and entries) are decided once, hits summed.
+// - Hits: a descriptor adds its own `hits_addend` if set, else the request's (0 there counts
+//   as 1). A descriptor's own 0 checks its limit without adding a hit: OK unless the limit is
+//   over as it stands (a limit of 0 always is). Descriptors on the same counter (same limit and
+//   entries) are decided once, hits summed.
 // - A descriptor with a `limit` override is counted by that limit alone, under a counter of its
 //   own (per domain, entries and override), whether or not a configured limit matches; an
 //   override never runs in shadow mode. Overrides need a known domain, like every limit. Once
@@ -25,7 +27,8 @@
 //   state as it stands (not reduced by this request). Hits above a limit's burst, or a limit of
 //   0 requests, deny without consuming anything.
 // - Shadow mode limits are decided after the enforcing ones: they consume when the request is
-//   admitted and their bucket has room, never deny, and always report OK.
+//   admitted and their bucket has room, never deny, and always report OK. When the backend
+//   failed the call (outside the local failure mode) they count nothing: one wait per call.
 // - An unknown domain, or a descriptor no limit matches, answers OK without a limit.
 // - Backend failures (Options::on_backend_error): kFailOpen admits, kFailClosed denies every
 //   enforcing limit. kLocal decides the call in process instead, all or nothing as ever, on this
@@ -161,12 +164,13 @@ class BasicLimiter {
   // empty key, an override of unknown unit); a backend failure is decided by the failure mode.
   absl::Status should_rate_limit(const Request& request, Response& response) const {
     response.overall_code = Code::kOk;
-    response.statuses.assign(request.descriptors.size(), DescriptorStatus{});
+    response.statuses.clear();
     response.retry_after = std::chrono::nanoseconds(0);
     response.backend_failed = false;
     response.degraded = false;
     response.headers.clear();
     if (absl::Status s = validate(request); !s.ok()) return s;
+    response.statuses.assign(request.descriptors.size(), DescriptorStatus{});
     absl::StatusOr<std::shared_ptr<const Generation>> gen = generation_for(request);
     if (!gen.ok()) return gen.status();
     Plan plan = make_plan(**gen, request);
@@ -208,6 +212,9 @@ class BasicLimiter {
     sluice::detail::MutexLock lock(retired_mutex_);
     return collect_replaced_locked();
   }
+
+  // What one request may carry (Options::bounds).
+  const RequestBounds& bounds() const { return options_.bounds; }
 
   // Calls whose backend failed (decided by the failure mode), over the limiter's life.
   std::uint64_t backend_errors() const { return backend_errors_.load(std::memory_order_relaxed); }
@@ -479,8 +486,8 @@ class BasicLimiter {
     for (std::size_t i = 0; i < request.descriptors.size(); ++i) {
       const Descriptor& d = request.descriptors[i];
       Step& step = plan.steps[i];
-      const std::uint64_t hits = d.hits_addend ? *d.hits_addend : request.hits_addend;
-      step.hits = hits == 0 ? 1 : hits;
+      // The request's 0 is its protocol default, 1; a descriptor's own 0 is set on purpose.
+      step.hits = d.hits_addend ? *d.hits_addend : std::max<std::uint64_t>(1, request.hits_addend);
       if (!gen.limits->has_domain(request.domain)) continue;
       const auto over =
           d.limit ? gen.override_index.find(override_id(*d.limit)) : gen.override_index.end();
@@ -521,7 +528,9 @@ class BasicLimiter {
     absl::InlinedVector<Decision, 8> decisions(n);
     absl::InlinedVector<bool, 8> denied(n, false);
     const bool over = decide_enforcing(gen, plan, decisions, denied, response);
-    decide_shadow(gen, plan, over, decisions);
+    // A backend that just failed this call would keep it waiting again for limits that never
+    // decide it (the local share, when there is one, answers at once).
+    if (!response.backend_failed || gen.local != nullptr) decide_shadow(gen, plan, over, decisions);
     std::size_t binding = n;  // the descriptor the headers describe
     for (std::size_t i = 0; i < n; ++i) {
       const Step& step = plan.steps[i];

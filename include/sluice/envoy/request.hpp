@@ -41,7 +41,7 @@ struct LimitOverride {
 struct Descriptor {
   std::span<const Entry> entries{};
   std::optional<LimitOverride> limit{};
-  // Hits this descriptor adds, instead of the request's; 0 counts as 1.
+  // Hits this descriptor adds, instead of the request's; 0 checks the limit without adding any.
   std::optional<std::uint64_t> hits_addend{};
 };
 

@@ -10,7 +10,8 @@
 //
 // Errors: a request that breaks the limiter's bounds or the protocol answers INVALID_ARGUMENT
 // with the reason; nothing else fails the call (a backend failure is decided by the limiter's
-// failure mode). Memory per call is bounded by the size of the message gRPC accepted.
+// failure mode). Beyond the message gRPC parsed, a call converts at most one descriptor past the
+// limiter's bound and one entry past it per descriptor.
 // Thread-safety: ShouldRateLimit may run concurrently on any number of threads.
 #ifndef SLUICE_ENVOY_SERVICE_HPP_
 #define SLUICE_ENVOY_SERVICE_HPP_
@@ -18,7 +19,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "absl/container/inlined_vector.h"
@@ -38,17 +41,23 @@ class BasicRateLimitService final : public rls::RateLimitService::Service {
   grpc::Status ShouldRateLimit(grpc::ServerContext* /*context*/,
                                const rls::RateLimitRequest* request,
                                rls::RateLimitResponse* reply) override {
+    const RequestBounds& bounds = limiter_.bounds();
+    const int n = within(request->descriptors_size(), bounds.max_descriptors);
     absl::InlinedVector<Entry, 16> entries;
     absl::InlinedVector<Descriptor, 8> descriptors;
-    for (const auto& d : request->descriptors()) {
-      for (const auto& e : d.entries()) entries.push_back({e.key(), e.value()});
+    for (int i = 0; i < n; ++i) {
+      const auto& d = request->descriptors(i);
+      for (int k = 0; k < within(d.entries_size(), bounds.max_entries); ++k) {
+        entries.push_back({d.entries(k).key(), d.entries(k).value()});
+      }
     }
     std::size_t next = 0;
-    for (const auto& d : request->descriptors()) {
+    for (int i = 0; i < n; ++i) {
+      const auto& d = request->descriptors(i);
+      const auto m = static_cast<std::size_t>(within(d.entries_size(), bounds.max_entries));
       Descriptor& out = descriptors.emplace_back();
-      out.entries =
-          std::span<const Entry>(entries.data() + next, static_cast<std::size_t>(d.entries_size()));
-      next += static_cast<std::size_t>(d.entries_size());
+      out.entries = std::span<const Entry>(entries.data() + next, m);
+      next += m;
       if (d.has_limit()) {
         out.limit = LimitOverride{.requests_per_unit = d.limit().requests_per_unit(),
                                   .unit = unit_of(static_cast<int>(d.limit().unit()))};
@@ -66,6 +75,12 @@ class BasicRateLimitService final : public rls::RateLimitService::Service {
   }
 
  private:
+  // The first `count` items, but at most one past `bound`: enough for the limiter to refuse a
+  // request over the bound with its reason, and nothing converted for what lies beyond it.
+  static int within(int count, std::size_t bound) {
+    return static_cast<std::size_t>(count) > bound ? static_cast<int>(bound) + 1 : count;
+  }
+
   static Unit unit_of(int wire) {
     return wire >= static_cast<int>(Unit::kSecond) && wire <= static_cast<int>(Unit::kYear)
                ? static_cast<Unit>(wire)
