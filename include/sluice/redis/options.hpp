@@ -77,10 +77,11 @@ struct ClientOptions {
   // most connection.max_connections). A check that finds fewer in flight is sent at once; the
   // others queue and go out together when a call returns. More calls in flight mean smaller
   // calls: more server and client CPU per check, which pays only where the CPU is idle and the
-  // round trip long. The default 4 was chosen by measurement (docs/benchmarks.md, "Coalesced
-  // single-key checks"): on an idle 2-vCPU host, 1 in flight did a quarter of the uncoalesced
-  // rate at 8 callers, 4 matched it and did 1.5x the uncoalesced rate at 32.
-  std::size_t max_coalesced_calls = 4;
+  // round trip long. The default 2 was chosen by measurement (docs/benchmarks.md, "Coalesced
+  // single-key checks"): on an idle 2-vCPU host running the callers and Redis, 2 in flight did
+  // 1.3x the uncoalesced rate at 8 callers and 2.1x at 32 (4 in flight: 1.2x and 1.9-2.0x), and
+  // the same rate at 1 and 4.
+  std::size_t max_coalesced_calls = 2;
   // Where the scripts take their time, in ns since the Unix epoch. Empty (the default): the
   // Redis server's TIME, one clock for the whole fleet. Set it to decide at chosen times (tests
   // driving a sluice::ManualClock, replays), as the in-memory limiters take a clock; it is called
