@@ -645,6 +645,89 @@ TEST_CASE("install without a metrics path adds no route") {
   });
   CHECK(server.get("/metrics").status == 404);
 }
+
+namespace {
+
+// Listener `listener`: 2 per minute per address. Consumer `consumer`: 2 per minute per address,
+// for the unknown credentials of an adapter that names it. Every request is on a listener or a
+// credential's consumer, so the only rules are theirs.
+void write_names_yaml(const std::string& path, const std::string& listener,
+                      const std::string& consumer) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << absl::StrCat(
+      "policies:\n"
+      "  - name: two-per-minute\n"
+      "    rate_limits:\n"
+      "      - { name: per-ip, selector: [ip], requests_per: { minute: 2 } }\n"
+      "listeners:\n"
+      "  - { name: ",
+      listener,
+      ", policies: [two-per-minute] }\n"
+      "consumers:\n"
+      "  - { name: ",
+      consumer, ", policies: [two-per-minute] }\n");
+}
+
+// How many of `count` requests for /v1/items (with `headers`) were answered 200.
+int passed(const TestServer& server, int count, const httplib::Headers& headers = {}) {
+  int ok = 0;
+  for (int i = 0; i < count; ++i) ok += server.get("/v1/items", headers).status == 200 ? 1 : 0;
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a reload that renames the listener an adapter over the holder serves is refused, since its "
+    "limits would never apply",
+    "[attack]") {
+  sluice::ManualClock clock;
+  const TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write_names_yaml(path, "public", "unknown");
+  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
+      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
+  REQUIRE(holder.ok());
+  Limiter::Options options = options_with();
+  options.listener = "public";
+  const TestServer server([&holder, &options](httplib::Server& s) {
+    sluice::install(s, **holder, {.limiter = options, .metrics_path = ""});
+  });
+
+  write_names_yaml(path, "external", "unknown");  // renamed: the adapter's requests match none
+  const absl::Status reloaded = (*holder)->reload();
+  if (reloaded.ok()) {  // what the adapter does then: its listener's limit never applies
+    CHECK(passed(server, 5) == 5);
+  }
+  CHECK(reloaded.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(passed(server, 5) == 2);  // the running generation still limits the listener
+}
+
+TEST_CASE(
+    "a reload that drops the unknown consumer of an adapter over the holder is refused, since "
+    "every unknown credential would be refused instead of limited",
+    "[attack]") {
+  sluice::ManualClock clock;
+  const TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write_names_yaml(path, "public", "unknown");
+  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
+      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
+  REQUIRE(holder.ok());
+  Limiter::Options options = options_with();
+  options.unknown_consumer = "unknown";
+  const TestServer server([&holder, &options](httplib::Server& s) {
+    sluice::install(s, **holder, {.limiter = options, .metrics_path = ""});
+  });
+  const httplib::Headers random_key = {{"Authorization", "Bearer random-1"}};
+
+  write_names_yaml(path, "public", "anonymous");  // the adapter's unknown consumer is gone
+  const absl::Status reloaded = (*holder)->reload();
+  if (reloaded.ok()) {  // what the adapter does then: every unknown key is refused with 401
+    CHECK(passed(server, 5, random_key) == 0);
+  }
+  CHECK(reloaded.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(passed(server, 5, random_key) == 2);  // limited as the consumer "unknown", by address
+}
 #endif
 
 // --- API keys from the service's own store (sluice/credential_resolver.hpp) -------------------
