@@ -15,12 +15,21 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "echo.grpc.pb.h"
 #include "engine_fixture.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
+#ifdef SLUICE_TEST_YAML
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "sluice/yaml/reloading_engine.hpp"
+#endif
 
 using namespace std::chrono_literals;
 using Engine = sluice::testing::TestEngine;
@@ -614,3 +623,115 @@ TEST_CASE("a service checking with a holder evaluates with the generation it ser
   holder.engine = nullptr;
   CHECK(server.call().code == grpc::StatusCode::UNAVAILABLE);
 }
+
+#ifdef SLUICE_TEST_YAML
+namespace {
+
+using Holder = sluice::yaml::ReloadingEngine<Engine>;
+
+// A fresh directory under the system's temp dir, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "sluice_grpc_XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Listener `listener` and consumer `consumer`: each 2 calls per minute per address.
+void write_names_yaml(const std::string& path, const std::string& listener,
+                      const std::string& consumer) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << absl::StrCat(
+      "policies:\n"
+      "  - name: two-per-minute\n"
+      "    rate_limits:\n"
+      "      - { name: per-ip, selector: [ip], requests_per: { minute: 2 } }\n"
+      "listeners:\n"
+      "  - { name: ",
+      listener,
+      ", policies: [two-per-minute] }\n"
+      "consumers:\n"
+      "  - { name: ",
+      consumer, ", policies: [two-per-minute] }\n");
+}
+
+std::unique_ptr<Holder> make_holder(const std::string& path, sluice::ManualClock clock) {
+  auto holder = Holder::create(path, {.backend = {.store = {.seed = 1}, .clock = clock}});
+  REQUIRE(holder.ok());
+  return *std::move(holder);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a reload that renames the listener of a gRPC limiter created over the holder is refused, "
+    "and its calls stay limited") {
+  sluice::ManualClock clock;
+  const TempDir dir;
+  const std::string path = dir.file("service.yaml");
+  write_names_yaml(path, "grpc", "unknown");
+  const std::unique_ptr<Holder> holder = make_holder(path, clock);
+  auto created = sluice::GrpcRateLimiter::create({.listener = "grpc"}, *holder);
+  REQUIRE(created.ok());
+  EchoServer<Holder> server(*holder, *std::move(created));
+  REQUIRE(server.started());
+  CHECK(server.call().code == grpc::StatusCode::OK);
+
+  write_names_yaml(path, "public", "unknown");  // the limiter's calls would match no listener
+  const absl::Status refused = holder->reload();
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.message(), "the config has no listener \"grpc\""));
+  CHECK(server.call().code == grpc::StatusCode::OK);
+  CHECK(server.call().code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  write_names_yaml(path, "grpc", "unknown");  // keeps the names, adds a consumer
+  std::ofstream(path, std::ios::app) << "  - { name: partner }\n";
+  REQUIRE(holder->reload().ok());
+  CHECK(server.call().code == grpc::StatusCode::RESOURCE_EXHAUSTED);  // still spent
+  CHECK(server.service().handled() == 2);
+}
+
+TEST_CASE(
+    "a reload that drops the unknown consumer of a gRPC limiter created over the holder is "
+    "refused, and unknown keys stay limited, not refused") {
+  sluice::ManualClock clock;
+  const TempDir dir;
+  const std::string path = dir.file("service.yaml");
+  write_names_yaml(path, "grpc", "unknown");
+  const std::unique_ptr<Holder> holder = make_holder(path, clock);
+  auto created = sluice::GrpcRateLimiter::create(
+      {.credential_metadata = "x-api-key", .credential_prefix = "", .unknown_consumer = "unknown"},
+      *holder);
+  REQUIRE(created.ok());
+  EchoServer<Holder> server(*holder, *std::move(created));
+  REQUIRE(server.started());
+
+  write_names_yaml(path, "grpc", "anonymous");
+  const absl::Status refused = holder->reload();
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.message(), "the config has no consumer \"unknown\""));
+  CHECK(holder->current()->engine_stats().failed_reloads == 1);
+  CHECK(server.call({{"x-api-key", "random-1"}}).code == grpc::StatusCode::OK);
+  CHECK(server.call({{"x-api-key", "random-2"}}).code == grpc::StatusCode::OK);
+  CHECK(server.call({{"x-api-key", "random-3"}}).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+TEST_CASE("creating a gRPC limiter over a holder refuses a name its current config lacks") {
+  sluice::ManualClock clock;
+  const TempDir dir;
+  const std::string path = dir.file("service.yaml");
+  write_names_yaml(path, "grpc", "unknown");
+  const std::unique_ptr<Holder> holder = make_holder(path, clock);
+  CHECK(sluice::GrpcRateLimiter::create({.listener = "gprc"}, *holder).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  write_names_yaml(path, "public", "anonymous");  // nothing was registered
+  CHECK(holder->reload().ok());
+}
+#endif

@@ -612,8 +612,9 @@ TEST_CASE("install over a holder limits with its current generation and serves i
   auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
       path, {.backend = {.store = {.seed = 1}, .clock = clock}});
   REQUIRE(holder.ok());
-  const TestServer server(
-      [&holder](httplib::Server& s) { sluice::install(s, **holder, {.limiter = options_with()}); });
+  const TestServer server([&holder](httplib::Server& s) {
+    REQUIRE(sluice::install(s, **holder, {.limiter = options_with()}).ok());
+  });
   CHECK(server.get("/v1/items").status == 200);
   CHECK(server.get("/v1/items").status == 200);
   const httplib::Response denied = server.get("/v1/items");
@@ -641,7 +642,7 @@ TEST_CASE("install without a metrics path adds no route") {
       path, {.backend = {.store = {.seed = 1}, .clock = clock}});
   REQUIRE(holder.ok());
   const TestServer server([&holder](httplib::Server& s) {
-    sluice::install(s, **holder, {.limiter = options_with(), .metrics_path = ""});
+    REQUIRE(sluice::install(s, **holder, {.limiter = options_with(), .metrics_path = ""}).ok());
   });
   CHECK(server.get("/metrics").status == 404);
 }
@@ -690,7 +691,7 @@ TEST_CASE(
   Limiter::Options options = options_with();
   options.listener = "public";
   const TestServer server([&holder, &options](httplib::Server& s) {
-    sluice::install(s, **holder, {.limiter = options, .metrics_path = ""});
+    REQUIRE(sluice::install(s, **holder, {.limiter = options, .metrics_path = ""}).ok());
   });
 
   write_names_yaml(path, "external", "unknown");  // renamed: the adapter's requests match none
@@ -699,7 +700,15 @@ TEST_CASE(
     CHECK(passed(server, 5) == 5);
   }
   CHECK(reloaded.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(reloaded.message() ==
+        absl::StrCat(path,
+                     ": the config has no listener \"public\", which a running adapter serves (its "
+                     "listener setting): that listener's bundles and routes would no longer apply "
+                     "to the adapter's requests, which would all pass; keep a listener named "
+                     "\"public\" in listeners[], or give the adapter another listener (recreate "
+                     "it) before removing this one"));
   CHECK(passed(server, 5) == 2);  // the running generation still limits the listener
+  CHECK((*holder)->current()->engine_stats().failed_reloads == 1);
 }
 
 TEST_CASE(
@@ -716,7 +725,7 @@ TEST_CASE(
   Limiter::Options options = options_with();
   options.unknown_consumer = "unknown";
   const TestServer server([&holder, &options](httplib::Server& s) {
-    sluice::install(s, **holder, {.limiter = options, .metrics_path = ""});
+    REQUIRE(sluice::install(s, **holder, {.limiter = options, .metrics_path = ""}).ok());
   });
   const httplib::Headers random_key = {{"Authorization", "Bearer random-1"}};
 
@@ -727,6 +736,72 @@ TEST_CASE(
   }
   CHECK(reloaded.code() == absl::StatusCode::kFailedPrecondition);
   CHECK(passed(server, 5, random_key) == 2);  // limited as the consumer "unknown", by address
+}
+
+TEST_CASE(
+    "a reload that keeps the names an adapter over the holder needs goes through, and a spent "
+    "budget stays spent") {
+  sluice::ManualClock clock;
+  const TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write_names_yaml(path, "public", "unknown");
+  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
+      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
+  REQUIRE(holder.ok());
+  Limiter::Options options = options_with();
+  options.listener = "public";
+  options.unknown_consumer = "unknown";
+  const absl::StatusOr<Limiter> limiter = Limiter::create(**holder, options);
+  REQUIRE(limiter.ok());
+  const TestServer server(*limiter);
+  CHECK(passed(server, 2) == 2);
+
+  std::ofstream(path, std::ios::app) << "  - { name: partner }\n";  // one more consumer
+  REQUIRE((*holder)->reload().ok());
+  CHECK((*holder)->current()->engine_stats().reloads == 1);
+  CHECK(passed(server, 1) == 0);  // the listener's rule kept its state
+}
+
+TEST_CASE("creating an adapter over a holder refuses a listener its current config lacks") {
+  sluice::ManualClock clock;
+  const TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write_names_yaml(path, "public", "unknown");
+  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
+      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
+  REQUIRE(holder.ok());
+  Limiter::Options options = options_with();
+  options.listener = "pubilc";  // a typo
+  const absl::StatusOr<Limiter> limiter = Limiter::create(**holder, options);
+  CHECK(limiter.status().code() == absl::StatusCode::kInvalidArgument);
+  const TestServer untouched([&holder, &options](httplib::Server& s) {
+    CHECK(sluice::install(s, **holder, {.limiter = options}).code() ==
+          absl::StatusCode::kInvalidArgument);
+  });
+  CHECK(untouched.get("/v1/items").status == 200);  // nothing was installed
+
+  write_names_yaml(path, "other", "anonymous");  // nothing was registered either
+  CHECK((*holder)->reload().ok());
+}
+
+TEST_CASE("once an adapter over the holder is gone, a reload may drop the names it needed") {
+  sluice::ManualClock clock;
+  const TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write_names_yaml(path, "public", "unknown");
+  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
+      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
+  REQUIRE(holder.ok());
+  Limiter::Options options = options_with();
+  options.listener = "public";
+  {
+    const absl::StatusOr<Limiter> limiter = Limiter::create(**holder, options);
+    REQUIRE(limiter.ok());
+    const Limiter copy = *limiter;  // a copy keeps the names required
+    write_names_yaml(path, "external", "unknown");
+    CHECK((*holder)->reload().code() == absl::StatusCode::kFailedPrecondition);
+  }
+  CHECK((*holder)->reload().ok());
 }
 #endif
 

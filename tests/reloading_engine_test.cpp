@@ -856,3 +856,87 @@ TEST_CASE("a file naming a backend this build does not include is refused at the
             "built where libpq is found)");
 #endif
 }
+
+namespace {
+
+// config_text(2) with listener `listener` and consumer `consumer`.
+std::string names_text(const std::string& listener, const std::string& consumer) {
+  return config_text(
+      2, "public",
+      absl::StrCat("listeners:\n  - name: ", listener, "\nconsumers:\n  - name: ", consumer, "\n"));
+}
+
+}  // namespace
+
+TEST_CASE("require refuses a name the serving config lacks, and registers nothing") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, names_text("public", "unknown"));
+  Clocks clocks;
+  auto holder = make(path, clocks);
+
+  const auto refused = holder->require({.listener = "pubilc"});
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  const auto unknown = holder->require({.unknown_consumer = "unknwon"});
+  CHECK(unknown.status().code() == absl::StatusCode::kInvalidArgument);
+
+  write(path, names_text("other", "anonymous"));
+  CHECK(holder->reload().ok());
+}
+
+TEST_CASE(
+    "a reload or poll lacking a required name is refused, counted and reported, and the running "
+    "generation keeps serving") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, names_text("public", "unknown"));
+  Clocks clocks;
+  ReloadLog log;
+  auto holder = make(path, clocks, log);
+  const auto required = holder->require({.listener = "public", .unknown_consumer = "unknown"});
+  REQUIRE(required.ok());
+  CHECK(admitted(*holder->current(), 1) == 1);
+
+  write(path, names_text("public", "anonymous"));
+  const absl::Status reloaded = holder->reload();
+  CHECK(reloaded.ToString() ==
+        absl::StrCat("FAILED_PRECONDITION: ", path,
+                     ": the config has no consumer \"unknown\", which a running adapter gives "
+                     "unknown credentials (its unknown_consumer setting): every unknown "
+                     "credential would be refused instead of limited; keep a consumer named "
+                     "\"unknown\" in consumers[], or give the adapter another unknown_consumer "
+                     "(recreate it) before removing this one"));
+  CHECK(log.take() == std::vector<std::string>{reloaded.ToString()});
+  CHECK(holder->current()->engine_stats().failed_reloads == 1);
+  CHECK(holder->current()->consumer_named("unknown").has_value());
+  CHECK(admitted(*holder->current(), 2) == 1);  // the running generation keeps its state
+
+  write(path, names_text("external", "unknown"));
+  const std::string polled = poll(*holder, clocks);
+  CHECK(absl::StartsWith(polled, absl::StrCat("FAILED_PRECONDITION: ", path,
+                                              ": the config has no listener \"public\"")));
+  CHECK(poll(*holder, clocks) == "unchanged");  // reported once per content
+  CHECK(log.take() == std::vector<std::string>{polled});
+  CHECK(holder->current()->engine_stats().failed_reloads == 2);
+
+  write(path, names_text("public", "unknown\n  - name: partner"));  // one more consumer
+  CHECK(poll(*holder, clocks) == "reloaded");
+  CHECK(admitted(*holder->current(), 1) == 0);  // an unchanged rule keeps its spent budget
+}
+
+TEST_CASE("a requirement binds only while its handle or a copy of it is held") {
+  TempDir dir;
+  const std::string path = dir.file("gateway.yaml");
+  write(path, names_text("public", "unknown"));
+  Clocks clocks;
+  auto holder = make(path, clocks);
+  auto required = holder->require({.listener = "public"});
+  REQUIRE(required.ok());
+  sluice::RequirementHandle copy = *required;
+  required = absl::UnknownError("let go");
+
+  write(path, names_text("external", "unknown"));
+  CHECK(holder->reload().code() == absl::StatusCode::kFailedPrecondition);
+  copy.reset();
+  CHECK(holder->reload().ok());
+}

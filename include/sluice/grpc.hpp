@@ -54,10 +54,19 @@
 //   unavailable"), without the backend's error text. Failing open admits the call.
 //
 // Over a reloading holder (sluice/yaml/reloading_engine.hpp), pass the holder instead of an
-// engine: `limiter_.check(*holder_, *context, "/pkg.Service/Method")` evaluates with the
-// generation it serves now. A gRPC server has no HTTP route for /metrics: serve
-// `sluice::prometheus_text(*holder->current())` from the process's metrics listener (with
-// cpp-httplib: `sluice::install(metrics_server, *holder)`, sluice/httplib.hpp).
+// engine, to `create` and to `check`:
+//
+//   auto limiter = sluice::GrpcRateLimiter::create({.unknown_consumer = "unknown"}, **holder);
+//   if (auto denied = limiter_.check(*holder_, *context, "/pkg.Service/Method")) return *denied;
+//
+// `check` evaluates with the generation the holder serves now; `create` registers the limiter's
+// `listener` and `unknown_consumer` with the holder (sluice/config_requirement.hpp), which then
+// refuses every reload whose config lacks them while the limiter or a copy lives. A limiter
+// created with an engine, or without one, registers nothing: a reload can then drop its names
+// unnoticed (its calls match no listener and pass its limits, or every unknown credential is
+// refused), so over a holder create it with the holder. A gRPC server has no HTTP route for
+// /metrics: serve `sluice::prometheus_text(*holder->current())` from the process's metrics listener
+// (with cpp-httplib: `sluice::install(metrics_server, *holder)`, sluice/httplib.hpp).
 //
 // Why a call the service makes, and not an interceptor. In gRPC 1.51 a server interceptor
 // (grpc::experimental::Interceptor) cannot end a call with a status of its choosing: `Hijack` is
@@ -90,6 +99,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "sluice/client_address.hpp"
+#include "sluice/config_requirement.hpp"
 #include "sluice/credential_resolver.hpp"
 #include "sluice/detail/adapter_identity.hpp"
 #include "sluice/detail/text.hpp"
@@ -164,10 +174,12 @@ struct GrpcLimiterOptions {
   // Who owns a credential (e.g. a CredentialResolver); empty: the config's consumers[].credentials.
   ConsumerLookup consumer_of{};
   // The config consumer an unknown credential gets (keyed by address); empty: refused.
-  // create(options, engine) refuses one the config does not have.
+  // create(options, engine) refuses one the config does not have; create(options, holder) also
+  // makes the holder refuse every reload without it.
   std::string unknown_consumer{};
   // The listener the server's calls arrive on (routes and bundles may name one); empty: none.
-  // create(options, engine) refuses one the config does not have.
+  // create(options, engine) refuses one the config does not have; create(options, holder) also
+  // makes the holder refuse every reload without it.
   std::string listener{};
   // Which forwarding metadata to read behind the config's trusted proxies: its `headers()`
   // (ProxyHeaders). Which proxies to believe is the config's gateway.trusted_proxies; trusted
@@ -189,6 +201,23 @@ class GrpcRateLimiter {
   static absl::StatusOr<GrpcRateLimiter> create(GrpcLimiterOptions options,
                                                 const BasicRateLimitEngine<Backend>& engine) {
     return create_checked(std::move(options), &engine);
+  }
+  // The same against the generation `holder` serves now (e.g. a sluice::yaml::ReloadingEngine),
+  // registering `listener` and `unknown_consumer` with it (`holder.require`): every reload whose
+  // config lacks one is refused while this limiter or a copy of it lives. Errors: those above, or
+  // require's. The holder must outlive the limiter.
+  template <EngineHolder Holder>
+  static absl::StatusOr<GrpcRateLimiter> create(GrpcLimiterOptions options, Holder& holder) {
+    ConfigRequirement requirement{.listener = options.listener,
+                                  .unknown_consumer = options.unknown_consumer};
+    absl::StatusOr<GrpcRateLimiter> limiter =
+        create_checked(std::move(options), holder.current().get());
+    if (!limiter.ok()) return limiter;
+    if (requirement.listener.empty() && requirement.unknown_consumer.empty()) return limiter;
+    absl::StatusOr<RequirementHandle> handle = holder.require(std::move(requirement));
+    if (!handle.ok()) return handle.status();
+    limiter->requirement_ = *std::move(handle);
+    return limiter;
   }
   // The same without an engine to compare with: FailedPrecondition when `client_addresses` has
   // trusted networks (put them in the config's gateway.trusted_proxies, or pass the engine).
@@ -334,6 +363,7 @@ class GrpcRateLimiter {
   }
 
   GrpcLimiterOptions options_;
+  RequirementHandle requirement_{};  // keeps the names registered with a holder (create(holder))
 };
 
 }  // namespace sluice

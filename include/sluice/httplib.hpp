@@ -23,18 +23,25 @@
 //
 //   auto holder = sluice::yaml::ReloadingEngine<sluice::RuntimeRateLimitEngine>::create(
 //       "service.yaml", {.poll_interval = std::chrono::seconds(2), .reload_signal = SIGHUP});
-//   sluice::install(server, **holder, {.limiter = {.listener = "public"}});
+//   if (absl::Status s = sluice::install(server, **holder, {.limiter = {.listener = "public"}});
+//       !s.ok()) return s;
 //
 // The server keeps a reference to the holder: the holder must outlive the server's handlers.
 //
 // The engine source. The limiter asks a callable for the engine generation to use, once per
-// request: `std::function<std::shared_ptr<const Engine>()>`. A reloading holder plugs in as
-// `[&holder] { return holder.current(); }`; a fixed engine as a `shared_ptr` or a reference (the
-// caller keeps it alive while the server runs). The request holds the generation it got until it
-// has been answered or handed on, so every view a callback sees (route, service, consumer: into
-// the engine) stays valid for the whole callback even if another thread reloads meanwhile; a
-// callback that keeps a view longer keeps a copy of `LimitedRequest::engine` with it. No engine
-// (the source returned null): 503, nothing evaluated.
+// request: `std::function<std::shared_ptr<const Engine>()>`; a fixed engine plugs in as a
+// `shared_ptr` or a reference (the caller keeps it alive while the server runs). A reloading
+// holder (sluice/config_requirement.hpp: EngineHolder, e.g. sluice::yaml::ReloadingEngine) is
+// passed itself, `HttplibLimiter<>::create(holder, options)` or `install`: the limiter then asks
+// it for `current()`, and the holder refuses any reload whose config lacks the limiter's
+// `listener` or `unknown_consumer` while the limiter lives. Only this follows reloads safely: a
+// plain function returning `holder.current()` works, but a reload that renames the listener or
+// drops the unknown consumer is then served unnoticed, and the limiter's requests match no
+// listener (they all pass its limits) or every unknown credential is refused. The request holds the
+// generation it got until it has been answered or handed on, so every view a callback sees (route,
+// service, consumer: into the engine) stays valid for the whole callback even if another thread
+// reloads meanwhile; a callback that keeps a view longer keeps a copy of `LimitedRequest::engine`
+// with it. No engine (the source returned null): 503, nothing evaluated.
 //
 // What a client controls, and what it cannot pick:
 // - Client address: the peer address, and `Forwarded` / `X-Forwarded-For` only when the peer is
@@ -99,6 +106,7 @@
 #include "absl/strings/string_view.h"
 #include "sluice/adaptive.hpp"
 #include "sluice/client_address.hpp"
+#include "sluice/config_requirement.hpp"
 #include "sluice/credential_resolver.hpp"
 #include "sluice/detail/adapter_identity.hpp"
 #include "sluice/engine.hpp"
@@ -133,7 +141,8 @@ class HttplibLimiter {
 
   struct Options {
     // The listener's name for match_route and the rules; "" for none. `create` refuses one the
-    // config does not have, whose bundles and routes would never apply.
+    // config does not have, whose bundles and routes would never apply; created over a holder, so
+    // does every reload of it while the limiter lives.
     std::string listener{};
     // Which forwarding header lists the hops behind the config's trusted proxies (see
     // sluice/client_address.hpp). The trusted proxies themselves come from the config only.
@@ -147,7 +156,7 @@ class HttplibLimiter {
     // What an unknown credential gets: empty, a 401 (after it has been limited by address); else
     // the config consumer of that name (e.g. "unknown"), whose bundles then apply, keyed by
     // address. A generation without that consumer refuses unknown credentials with 401; `create`
-    // refuses a name the config does not have.
+    // refuses a name the config does not have (and over a holder, every reload does).
     std::string unknown_consumer{};
     // Sees every evaluated request (exempt paths excluded) before it is answered: the place to
     // log dry-run denials and backend errors. Runs on the request's thread.
@@ -200,6 +209,26 @@ class HttplibLimiter {
       const std::vector<std::string>& trusted_proxies = {}) {
     return create([engine = std::move(engine)] { return engine; }, std::move(options),
                   trusted_proxies);
+  }
+  // Over a holder that follows its config's reloads (e.g. sluice::yaml::ReloadingEngine): the
+  // limiter `create(source)` makes with `holder.current()` as its source, which also registers
+  // `options.listener` and `options.unknown_consumer` with the holder (`holder.require`), so that
+  // every reload whose config lacks one is refused while this limiter or a copy of it lives. The
+  // holder must outlive the limiter. Errors: create's, or require's. O(config names registered).
+  template <EngineHolder Holder>
+  static absl::StatusOr<HttplibLimiter> create(
+      Holder& holder, Options options = {}, const std::vector<std::string>& trusted_proxies = {}) {
+    ConfigRequirement requirement{.listener = options.listener,
+                                  .unknown_consumer = options.unknown_consumer};
+    const Holder* source = &holder;
+    absl::StatusOr<HttplibLimiter> limiter =
+        create([source] { return source->current(); }, std::move(options), trusted_proxies);
+    if (!limiter.ok()) return limiter;
+    if (requirement.listener.empty() && requirement.unknown_consumer.empty()) return limiter;
+    absl::StatusOr<RequirementHandle> handle = holder.require(std::move(requirement));
+    if (!handle.ok()) return handle.status();
+    limiter->requirement_ = *std::move(handle);
+    return limiter;
   }
 
   // Makes a copy of this limiter the server's pre-routing handler (replacing any other).
@@ -423,6 +452,7 @@ class HttplibLimiter {
 
   EngineSource source_;
   Options options_;
+  RequirementHandle requirement_{};  // keeps the names registered with a holder (create(holder))
 };
 
 // What `install(server, holder, ...)` sets up besides the limiter's own options.
@@ -439,14 +469,25 @@ using HeldEngine = typename std::remove_cvref_t<decltype(*std::declval<const Hol
 // Makes `server` limit every request with `holder.current()` (the pre-routing handler of
 // HttplibLimiter: 429 with Retry-After and the rate-limit fields, 503 when no engine) and, unless
 // `options.metrics_path` is empty, serve the current generation's counters there. `holder` is
-// kept by reference and must outlive the server's handlers.
+// kept by reference and must outlive the server's handlers. The limiter is made by
+// `HttplibLimiter::create`: over an EngineHolder it registers its listener and unknown consumer,
+// so that the holder refuses every reload lacking them for as long as the server keeps the
+// handler. Its error, if any, is returned and nothing is installed.
 template <class Holder, class Engine = HeldEngine<Holder>>
-void install(httplib::Server& server, const Holder& holder,
-             HttplibInstallOptions<Engine> options = {}) {
+[[nodiscard]] absl::Status install(httplib::Server& server, Holder& holder,
+                                   HttplibInstallOptions<Engine> options = {}) {
   const Holder* source = &holder;
-  HttplibLimiter<Engine>([source] { return source->current(); }, std::move(options.limiter))
-      .install(server);
-  if (options.metrics_path.empty()) return;
+  absl::StatusOr<HttplibLimiter<Engine>> limiter = [&] {
+    if constexpr (EngineHolder<Holder>) {
+      return HttplibLimiter<Engine>::create(holder, std::move(options.limiter));
+    } else {
+      return HttplibLimiter<Engine>::create([source] { return source->current(); },
+                                            std::move(options.limiter));
+    }
+  }();
+  if (!limiter.ok()) return limiter.status();
+  limiter->install(server);
+  if (options.metrics_path.empty()) return absl::OkStatus();
   server.Get(options.metrics_path,
              [source](const httplib::Request& /*request*/, httplib::Response& response) {
                const std::shared_ptr<const Engine> engine = source->current();
@@ -456,6 +497,7 @@ void install(httplib::Server& server, const Holder& holder,
                }
                response.set_content(prometheus_text(*engine), std::string(kPrometheusContentType));
              });
+  return absl::OkStatus();
 }
 
 }  // namespace sluice

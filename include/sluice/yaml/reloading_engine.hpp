@@ -67,6 +67,12 @@
 // interval, unless it changed while it was read (Unavailable: a writer is at work). Paths through
 // symlinks are followed on every read, so a Kubernetes ConfigMap's `..data` swap is picked up.
 //
+// What adapters need: an adapter created over the holder (`HttplibLimiter<>::create(holder, ...)`,
+// `GrpcRateLimiter::create(options, holder)`) registers the listener and unknown consumer it was
+// given (`require`, sluice/config_requirement.hpp), and every load refuses (FailedPrecondition,
+// reported like an invalid file) a config that lacks one while that adapter lives: serving it
+// would let every request of the adapter's listener pass, or refuse every unknown credential.
+//
 // Thread-safety: `current()` may be called from any thread at any time and never waits for a
 // reload: a reload reads and compiles off to the side and publishes by swapping one pointer.
 // The pointer is guarded by a spin bit held only for a reference-count increment (reader) or a
@@ -76,8 +82,10 @@
 // bit with a relaxed store, which leaves its pointer read unordered before the next writer's store
 // (ThreadSanitizer reports it as a data race). `reload()`, `poll()` and `request_reload()` may be
 // called from any thread, including one that holds a generation (a request serving an admin
-// endpoint); `reload()` and `poll()` are serialized by a mutex that the request path never takes.
-// Complexity: a reload is linear in the file and the config; freeing what was handed back is linear
+// endpoint); `reload()`, `poll()` and `require()` are serialized by a mutex that the request path
+// never takes (so the event hook, which a reload calls under it, must not call them).
+// Complexity: a reload is linear in the file and the config (and the requirements registered);
+// freeing what was handed back is linear
 // in the replaced generations still held, plus their destructors.
 #ifndef SLUICE_YAML_RELOADING_ENGINE_HPP_
 #define SLUICE_YAML_RELOADING_ENGINE_HPP_
@@ -97,6 +105,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/clock.hpp"
+#include "sluice/config_requirement.hpp"
+#include "sluice/detail/adapter_identity.hpp"
 #include "sluice/detail/mutex.hpp"
 #include "sluice/detail/retirement.hpp"
 #include "sluice/detail/spin_lock.hpp"
@@ -225,6 +235,26 @@ class ReloadingEngine {
     }
   }
 
+  // Registers what an adapter serving from this holder needs of every config (see "What adapters
+  // need" above): checked now against the generation serving (InvalidArgument naming the setting
+  // and the fix when it lacks a name; nothing is registered), then against every config a reload
+  // or poll would load, which is refused while the returned handle or a copy of it is held.
+  // Serialized with reloads, so none slips in between the check and the registration.
+  // O(requirements registered).
+  absl::StatusOr<RequirementHandle> require(ConfigRequirement requirement) {
+    sluice::detail::MutexLock lock(reload_mutex_);
+    const std::shared_ptr<const Engine> engine = current();
+    if (absl::Status s = sluice::detail::check_config_names(engine.get(), requirement.listener,
+                                                            requirement.unknown_consumer);
+        !s.ok()) {
+      return s;
+    }
+    std::erase_if(requirements_, [](const auto& registered) { return registered.expired(); });
+    auto handle = std::make_shared<const ConfigRequirement>(std::move(requirement));
+    requirements_.push_back(handle);
+    return handle;
+  }
+
   const std::string& path() const noexcept { return path_; }
 
  private:
@@ -323,6 +353,7 @@ class ReloadingEngine {
     if (absl::Status s = check_attaches_a_rule(path_, *config, enforced_); !s.ok()) {
       return fail(s);
     }
+    if (absl::Status s = check_requirements(*config); !s.ok()) return fail(s);
     // Engine::reload counts and reports its own outcome.
     absl::StatusOr<Engine> next = current()->reload(*config);
     if (!next.ok()) return next.status();
@@ -371,6 +402,19 @@ class ReloadingEngine {
         "purpose, add `limits_nothing: true`"));
   }
 
+  // The first name a registered adapter needs that `config` lacks, after "<path>: ".
+  absl::Status check_requirements(const PolicyConfig& config)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mutex_) {
+    for (const std::weak_ptr<const ConfigRequirement>& registered : requirements_) {
+      const RequirementHandle requirement = registered.lock();
+      if (!requirement) continue;  // its adapter is gone
+      if (absl::Status s = check_requirement(config, *requirement); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(path_, ": ", s.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status fail(absl::Status status) {
     current()->report_failed_reload(status);
     return status;
@@ -385,6 +429,8 @@ class ReloadingEngine {
   Version seen_ ABSL_GUARDED_BY(reload_mutex_);  // the content last loaded or rejected
   std::optional<Settling> settling_ ABSL_GUARDED_BY(reload_mutex_);  // a change not loaded yet
   std::size_t enforced_ ABSL_GUARDED_BY(reload_mutex_);  // enforced_rule_count of the running one
+  // What live adapters need of every config (require); an expired one's adapter is gone.
+  std::vector<std::weak_ptr<const ConfigRequirement>> requirements_ ABSL_GUARDED_BY(reload_mutex_);
   // Replaced generations not freed yet: those some request still holds, and any handed back since
   // the last collect_replaced(). Grows only while requests hold generations across reloads.
   std::vector<sluice::detail::Retired<Engine>> replaced_ ABSL_GUARDED_BY(reload_mutex_);
