@@ -32,7 +32,9 @@
 // their state; a broken file, or one that attaches no rule without `limits_nothing: true`, is
 // logged and the last good config keeps serving. Replace the file atomically (write a temporary
 // file, then rename it over the config). Each request holds the generation it was evaluated with
-// until it is answered. The listener is read once, at start.
+// until it is answered. The listener is read once, at start, and must be one of the config's;
+// a reload whose config no longer has it is refused (logged; the running config keeps serving),
+// since the gateway's requests would then match no listener and pass its limits.
 //
 // Upstream (--upstream http://HOST:PORT): admitted requests on a route are proxied there (GET,
 // the normalized path the route was matched on, and the query byte for byte as the client sent
@@ -473,7 +475,7 @@ int main(int argc, char** argv) {
   server.set_read_timeout(5);
   server.set_write_timeout(5);
   absl::StatusOr<Limiter> limiter =
-      Limiter::create([&holder] { return holder.current(); },
+      Limiter::create(holder,
                       {.listener = options->listener.value_or(""),
                        .on_evaluated = &Gateway::log,
                        .on_admitted =

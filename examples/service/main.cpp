@@ -28,11 +28,11 @@ int main(int argc, char** argv) {
   using Holder = sluice::yaml::ReloadingEngine<sluice::RuntimeRateLimitEngine>;
   auto holder =
       Holder::create(argv[1], {.poll_interval = std::chrono::seconds(1), .reload_signal = SIGHUP});
-  if (!holder.ok()) {
-    std::fprintf(stderr, "%s\n", holder.status().ToString().c_str());
+  const absl::Status s = holder.ok() ? sluice::install(server, **holder) : holder.status();
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;
   }
-  sluice::install(server, **holder);
   // --- end of the glue ---
 
   const int port = argc == 3 ? std::atoi(argv[2]) : 0;
