@@ -169,10 +169,11 @@ std::optional<Options> parse_args(int argc, char** argv) {
   return options;
 }
 
-// Request text for a log line: at most 200 bytes, C-escaped (absl::CHexEscape), so that a
-// request cannot forge log lines.
-std::string loggable(std::string_view text) {
-  return absl::CHexEscape(absl::string_view(text.data(), std::min<std::size_t>(text.size(), 200)));
+// Text for a log line: at most `limit` bytes, C-escaped (absl::CHexEscape), so that a request
+// cannot forge log lines. Request text gets 200 bytes; a refused reload's message (the operator's
+// own config, naming the fix at its end) gets 2,000.
+std::string loggable(std::string_view text, std::size_t limit = 200) {
+  return absl::CHexEscape(absl::string_view(text.data(), std::min(text.size(), limit)));
 }
 
 std::string json_string(std::string_view text) {
@@ -248,7 +249,7 @@ class Gateway {
                    reload->rules, reload->rules_kept);
     } else {
       std::fprintf(stderr, "sluice_gateway: reload failed, the previous config keeps serving: %s\n",
-                   loggable(std::string(reload->status.message())).c_str());
+                   loggable(std::string(reload->status.message()), 2000).c_str());
     }
   }
 

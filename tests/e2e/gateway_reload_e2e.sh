@@ -2,7 +2,8 @@
 # End-to-end test of the gateway's config reload: the gateway serves a copy of the example config;
 # the test edits the copy while it runs and checks, with curl, that an unchanged rule keeps its
 # state, that a broken file keeps the last good config serving (reported once), that a changed
-# limit keeps what each key spent, and that SIGHUP reloads a gateway that does not poll.
+# limit keeps what each key spent, that SIGHUP reloads a gateway that does not poll, and that a
+# config without the listener the gateway serves is refused.
 # Usage: gateway_reload_e2e.sh <sluice_gateway binary> <gateway.yaml>
 set -euo pipefail
 gateway=$1
@@ -79,6 +80,17 @@ wait_metric "$hup" $reloads 1 || fail "SIGHUP did not reload"
 expect "spent login after the signal" "$(code "$hup/login")" 429
 expect "the signalled limit is answered" "$(limit_field "$hup/login")" 7
 kill -0 "$hup_pid" 2>/dev/null || fail "the gateway exited on SIGHUP"
+
+# A config that renames the listener the gateway serves ("public", its first): refused, since the
+# listener's limits would no longer apply to the gateway's requests; the running config serves on.
+sed -i 's/name: public$/name: publik/; s/listener: public$/listener: publik/' "$work/signalled.yaml"
+grep -q 'name: publik$' "$work/signalled.yaml" || fail "the example's listener changed: edit this test"
+kill -HUP "$hup_pid"
+wait_metric "$hup" $failed 1 || fail "a reload dropping the served listener was not refused"
+expect "reloads after the renamed listener" "$(metric "$hup" $reloads)" 1
+expect "login still limited after the refusal" "$(code "$hup/login")" 429
+grep -q 'reload failed, the previous config keeps serving: .*: the config has no listener \\"public\\".*keep a listener named' \
+  "$work/signalled.err" || fail "no refusal naming the fix in the log: $(cat "$work/signalled.err")"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed; polled gateway log:" >&2
