@@ -1807,3 +1807,270 @@ TEST_CASE("envoy: the local failure mode decides on the replica's share and coun
   CHECK(metrics.find("sluice_envoy_local_decisions_total ") != std::string::npos);
 }
 #endif  // SLUICE_TEST_REDIS
+
+// --- A denied call's cost: one backend call where the backend reports limits as they stand -----
+
+namespace {
+
+// Forwards to B and counts its calls. With kStanding false it lacks B's
+// check_rules_as_they_stand, so a limiter over it takes the two-call fallback (a decision, then
+// a peek at cost 0 when the request is denied): the answer the one call must equal.
+template <class B, bool kStanding>
+class CountedBackend {
+ public:
+  struct Options {
+    typename B::Options inner{};
+    std::shared_ptr<std::atomic<int>> calls = std::make_shared<std::atomic<int>>(0);
+  };
+  static absl::StatusOr<CountedBackend> create(std::span<const sluice::CompiledRule> rules,
+                                               const CountedBackend* previous,
+                                               const Options& options) {
+    absl::StatusOr<B> inner =
+        B::create(rules, previous != nullptr ? &previous->inner_ : nullptr, options.inner);
+    if (!inner.ok()) return inner.status();
+    return CountedBackend(*std::move(inner), options.calls);
+  }
+  absl::Status check_rules(std::span<const sluice::RuleKey> keys, sluice::ConsumptionMode mode,
+                           std::span<sluice::Decision> out) {
+    ++*calls_;
+    return inner_.check_rules(keys, mode, out);
+  }
+  absl::Status check_rules_as_they_stand(std::span<const sluice::RuleKey> keys,
+                                         std::span<sluice::Decision> out) requires kStanding {
+    ++*calls_;
+    return inner_.check_rules_as_they_stand(keys, out);
+  }
+  sluice::StoreStats rule_store_stats(std::size_t rule) const {
+    return inner_.rule_store_stats(rule);
+  }
+
+ private:
+  CountedBackend(B inner, std::shared_ptr<std::atomic<int>> calls)
+      : inner_(std::move(inner)), calls_(std::move(calls)) {}
+  B inner_;
+  std::shared_ptr<std::atomic<int>> calls_;
+};
+
+// 3 a second (an interval of 333333333.33 ns), 2 a second and 5 a minute stacked, a fixed window
+// of 4 per 10 s, and a shadow mode limit of 1 a second.
+sluice::envoy::ServiceConfig standing_config() {
+  absl::StatusOr<sluice::envoy::DomainConfig> domain = sluice::envoy::load_domain_config(
+      R"(domain: standing
+descriptors:
+  - key: ip
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: user
+    rate_limit:
+      unit: second
+      requests_per_unit: 2
+      stacked:
+        - {requests_per_unit: 5, unit: minute}
+  - key: tenant
+    rate_limit: {name: tenant_window, algorithm: fixed_window, period: 10s, requests_per_unit: 4}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+)",
+      "standing.yaml");
+  INFO(domain.status());
+  REQUIRE(domain.ok());
+  return {.domains = {*std::move(domain)}};
+}
+
+// One call of the sequence: each descriptor is (key, value, own hits_addend or none).
+struct StandingCall {
+  std::vector<std::pair<std::string, std::string>> descriptors;
+  std::uint32_t hits = 1;
+  std::chrono::nanoseconds advance{0};  // on the clock before the call
+};
+
+// Calls that admit, then deny on one limit while the others admit with room left (ip, user and
+// tenant in both orders, hits of 1 to 3, ip at steps that are no multiple of its 1/3 s
+// interval), one whose hits never fit, and denials beside a shadow mode limit.
+std::vector<StandingCall> standing_sequence() {
+  using D = std::vector<std::pair<std::string, std::string>>;
+  const D all = {{"ip", "a"}, {"user", "u"}, {"tenant", "t"}};
+  const D reversed = {{"tenant", "t"}, {"user", "u"}, {"ip", "a"}};
+  std::vector<StandingCall> calls;
+  // The third: user (2 a second) denies; ip and tenant as they stand.
+  for (int i = 0; i < 3; ++i) calls.push_back({.descriptors = all, .advance = 100ms});
+  calls.push_back({.descriptors = all});                         // user again: nothing was taken
+  calls.push_back({.descriptors = reversed, .advance = 111ms});  // user still denies
+  calls.push_back({.descriptors = {{"ip", "b"}, {"user", "u"}}, .hits = 2});  // user denies
+  calls.push_back(
+      {.descriptors = {{"ip", "c"}, {"tenant", "t"}}, .hits = 2});  // tenant fills its window
+  calls.push_back({.descriptors = {{"ip", "d"}, {"user", "v"}, {"tenant", "t2"}},
+                   .hits = 3,
+                   .advance = 1s});  // 3 hits never fit user's burst of 2: only a peek is sent
+  calls.push_back({.descriptors = {{"ip", "d"}, {"tenant", "t2"}}, .hits = 3});       // ip d full
+  calls.push_back({.descriptors = {{"ip", "d"}, {"tenant", "t2"}}, .advance = 1ns});  // ip denies
+  // The fourth: user w denies; ip e as it stands.
+  for (int i = 0; i < 4; ++i) {
+    calls.push_back({.descriptors = {{"user", "w"}, {"ip", "e"}}, .advance = 250ms});
+  }
+  calls.push_back({.descriptors = {{"user", "w"}, {"ip", "e"}, {"tenant", "t3"}}, .advance = 1s});
+  calls.push_back({.descriptors = {{"shadow", "s"}, {"ip", "f"}}});
+  calls.push_back({.descriptors = {{"shadow", "s"}, {"ip", "f"}, {"user", "u"}}});
+  // Tenant t denies (its window full) beside a shadow mode limit: ip a as it stands.
+  calls.push_back({.descriptors = {{"ip", "a"}, {"shadow", "s"}, {"tenant", "t"}}, .hits = 2});
+  return calls;
+}
+
+sluice::envoy::Request to_request(const StandingCall& call,
+                                  std::vector<std::vector<sluice::envoy::Entry>>& entries,
+                                  std::vector<sluice::envoy::Descriptor>& descriptors) {
+  entries.clear();
+  descriptors.clear();
+  for (const auto& [key, value] : call.descriptors) entries.push_back({{key, value}});
+  for (const auto& e : entries) descriptors.push_back({.entries = e});
+  return {.domain = "standing", .descriptors = descriptors, .hits_addend = call.hits};
+}
+
+void require_same_response(const sluice::envoy::Response& one, const sluice::envoy::Response& two) {
+  CHECK(one.overall_code == two.overall_code);
+  CHECK(one.retry_after == two.retry_after);
+  CHECK(one.backend_failed == two.backend_failed);
+  CHECK(one.degraded == two.degraded);
+  REQUIRE(one.statuses.size() == two.statuses.size());
+  for (std::size_t i = 0; i < one.statuses.size(); ++i) {
+    INFO("descriptor " << i);
+    CHECK(one.statuses[i].code == two.statuses[i].code);
+    CHECK(one.statuses[i].current_limit == two.statuses[i].current_limit);
+    CHECK(one.statuses[i].limit_remaining == two.statuses[i].limit_remaining);
+    CHECK(one.statuses[i].duration_until_reset.count() ==
+          two.statuses[i].duration_until_reset.count());
+  }
+  CHECK(one.headers == two.headers);
+}
+
+}  // namespace
+
+TEST_CASE("envoy: a denied call is one backend call in memory, answered as with the peek",
+          "[envoy][attack]") {
+  sluice::ManualClock clock;
+  using Memory = sluice::InMemoryBackend<sluice::ManualClock>;
+  auto one_calls = std::make_shared<std::atomic<int>>(0);
+  auto two_calls = std::make_shared<std::atomic<int>>(0);
+  auto one = sluice::envoy::BasicLimiter<CountedBackend<Memory, true>>::create(
+      standing_config(),
+      {.response_headers = true, .backend = {.inner = {.clock = clock}, .calls = one_calls}});
+  auto two = sluice::envoy::BasicLimiter<CountedBackend<Memory, false>>::create(
+      standing_config(),
+      {.response_headers = true, .backend = {.inner = {.clock = clock}, .calls = two_calls}});
+  REQUIRE(one.ok());
+  REQUIRE(two.ok());
+  int denied = 0;
+  int denied_with_room = 0;  // denied calls where another descriptor admitted with room left
+  int two_call_denials = 0;
+  std::vector<std::vector<sluice::envoy::Entry>> entries;
+  std::vector<sluice::envoy::Descriptor> descriptors;
+  const std::vector<StandingCall> sequence = standing_sequence();
+  for (std::size_t c = 0; c < sequence.size(); ++c) {
+    INFO("call " << c);
+    clock.advance(sequence[c].advance);
+    const sluice::envoy::Request request = to_request(sequence[c], entries, descriptors);
+    const bool shadow = std::any_of(sequence[c].descriptors.begin(), sequence[c].descriptors.end(),
+                                    [](const auto& d) { return d.first == "shadow"; });
+    const int one_before = one_calls->load();
+    const int two_before = two_calls->load();
+    sluice::envoy::Response a;
+    sluice::envoy::Response b;
+    REQUIRE((*one)->should_rate_limit(request, a).ok());
+    REQUIRE((*two)->should_rate_limit(request, b).ok());
+    require_same_response(a, b);
+    if (a.overall_code != sluice::envoy::Code::kOverLimit) continue;
+    ++denied;
+    const bool room = std::any_of(a.statuses.begin(), a.statuses.end(), [](const auto& s) {
+      return s.code == sluice::envoy::Code::kOk && s.limit_remaining > 0;
+    });
+    denied_with_room += room ? 1 : 0;
+    // One call for the enforcing limits, one more for a shadow mode limit's peek.
+    CHECK(one_calls->load() - one_before == (shadow ? 2 : 1));
+    // The fallback decides, then peeks (only the peek where a hit can never fit).
+    two_call_denials += two_calls->load() - two_before == (shadow ? 3 : 2) ? 1 : 0;
+  }
+  CHECK(denied >= 6);
+  CHECK(denied_with_room >= 4);
+  CHECK(two_call_denials >= 4);
+}
+
+#ifdef SLUICE_TEST_REDIS
+namespace {
+
+// The Redis limiters decide at this Unix time plus the test's clock.
+constexpr std::chrono::nanoseconds kStandingEpoch{std::int64_t{1'700'000'000} * 1'000'000'000};
+
+// Script calls the server has run (INFO commandstats, cmdstat_evalsha's calls).
+long evalsha_calls(const sluice_test::RedisServer& server) {
+  sluice_test::Reply info = server.command({"INFO", "commandstats"});
+  REQUIRE(info != nullptr);
+  REQUIRE(info->type == REDIS_REPLY_STRING);
+  const std::string text(info->str, info->len);
+  const std::string field = "cmdstat_evalsha:calls=";
+  const std::size_t at = text.find(field);
+  if (at == std::string::npos) return 0;
+  return std::stol(text.substr(at + field.size()));
+}
+
+}  // namespace
+
+TEST_CASE("envoy: a denied call over Redis is one script call, answered as with the peek",
+          "[envoy][redis][attack]") {
+  // A denied call used to cost a second EVALSHA to report each limit as it stands: twice the
+  // Redis work for a client that is being denied, and the only calls to time out where Redis
+  // answers in between half and all of Envoy's timeout.
+  sluice_test::RedisFixture redis;
+  sluice::ManualClock clock;
+  const auto client = [&](const std::string& prefix) {
+    sluice::redis::ClientOptions options = redis.options();
+    options.key_prefix += prefix;  // each limiter its own keys
+    options.time_source = [clock] { return kStandingEpoch + clock.now(); };
+    auto c = sluice::redis::Client::create(options);
+    REQUIRE(c.ok());
+    sluice_test::hold_keys(**c);
+    return *std::move(c);
+  };
+  using Redis = sluice::redis::RedisEngineBackend;
+  auto one = sluice::envoy::BasicLimiter<Redis>::create(
+      standing_config(), {.response_headers = true, .backend = {.client = client("one:")}});
+  auto two = sluice::envoy::BasicLimiter<CountedBackend<Redis, false>>::create(
+      standing_config(),
+      {.response_headers = true, .backend = {.inner = {.client = client("two:")}}});
+  REQUIRE(one.ok());
+  REQUIRE(two.ok());
+  int denied = 0;
+  int denied_with_room = 0;
+  int two_call_denials = 0;
+  std::vector<std::vector<sluice::envoy::Entry>> entries;
+  std::vector<sluice::envoy::Descriptor> descriptors;
+  const std::vector<StandingCall> sequence = standing_sequence();
+  for (std::size_t c = 0; c < sequence.size(); ++c) {
+    INFO("call " << c);
+    clock.advance(sequence[c].advance);
+    const sluice::envoy::Request request = to_request(sequence[c], entries, descriptors);
+    const bool shadow = std::any_of(sequence[c].descriptors.begin(), sequence[c].descriptors.end(),
+                                    [](const auto& d) { return d.first == "shadow"; });
+    sluice::envoy::Response a;
+    sluice::envoy::Response b;
+    const long before_one = evalsha_calls(redis.redis);
+    REQUIRE((*one)->should_rate_limit(request, a).ok());
+    const long one_calls = evalsha_calls(redis.redis) - before_one;
+    const long before_two = evalsha_calls(redis.redis);
+    REQUIRE((*two)->should_rate_limit(request, b).ok());
+    const long two_calls = evalsha_calls(redis.redis) - before_two;
+    REQUIRE_FALSE(a.backend_failed);
+    require_same_response(a, b);
+    if (a.overall_code != sluice::envoy::Code::kOverLimit) continue;
+    ++denied;
+    denied_with_room += std::any_of(a.statuses.begin(), a.statuses.end(), [](const auto& s) {
+      return s.code == sluice::envoy::Code::kOk && s.limit_remaining > 0;
+    });
+    // One script call for the enforcing limits, one more for a shadow mode limit's peek.
+    CHECK(one_calls == (shadow ? 2 : 1));
+    two_call_denials += two_calls == (shadow ? 3 : 2) ? 1 : 0;
+  }
+  CHECK(denied >= 6);
+  CHECK(denied_with_room >= 4);
+  CHECK(two_call_denials >= 4);
+}
+#endif  // SLUICE_TEST_REDIS
