@@ -1,7 +1,9 @@
 #include "sluice/engine.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -1277,4 +1279,67 @@ TEST_CASE("a request refused for a cost beyond a live rule's burst charges no dr
   }
   // Enforced, the trial rule would have been refused with the request: nothing spent.
   CHECK(engine.inspect("trial/route", on_route("10.0.0.1", "api"))->remaining == 100);
+}
+
+// --- a denied request's keys as they stand, in the call that denied it (StandingBackend) -------
+
+namespace {
+
+using MemoryBackend = sluice::InMemoryBackend<sluice::ManualClock>;
+static_assert(sluice::StandingBackend<MemoryBackend> && sluice::StandingBackend<RuntimeBackend>);
+
+}  // namespace
+
+TEST_CASE("a denied request's admitting keys report as they stand, as a peek after it would") {
+  sluice::ManualClock clock;
+  RuntimeBackend::Options options;
+  options.backend = MemoryBackend::Options{.clock = clock};
+  auto one = RuntimeBackend::create(sluice::testing::standing_rules(), nullptr, options);
+  auto two = MemoryBackend::create(sluice::testing::standing_rules(), nullptr, {.clock = clock});
+  REQUIRE(one.ok());
+  REQUIRE(two.ok());
+  using K = sluice::RuleKey;
+  // GCRA only (decided in one pass), with the fixed window (decided, then committed), and nine
+  // keys (more than the one-pass path takes).
+  const std::vector<std::vector<K>> requests = {
+      {{0, "a", 2}, {1, "u", 1}},
+      {{0, "a", 1}, {1, "u", 1}},
+      {{1, "x", 1}, {0, "a", 1}},  // a denies: x as it stands, not less 1
+      {{2, "t", 3}, {0, "b", 3}, {1, "v", 2}},
+      {{0, "b", 1}, {2, "t", 1}, {1, "v", 1}},  // b and v deny: t as it stands
+      {{2, "t", 2}, {1, "w", 1}},               // t denies: w as it stands
+      {{0, "c", 1},
+       {0, "d", 2},
+       {0, "e", 1},
+       {0, "f", 3},
+       {0, "g", 1},
+       {0, "h", 2},
+       {0, "i", 1},
+       {0, "j", 1},
+       {0, "b", 1}},  // b denies, of nine
+  };
+  int denied_with_room = 0;
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    INFO("request " << r);
+    clock.advance(111ms);
+    std::vector<sluice::Decision> a(requests[r].size());
+    std::vector<sluice::Decision> b(requests[r].size());
+    REQUIRE(one->check_rules_as_they_stand(requests[r], a).ok());
+    REQUIRE(sluice::testing::decide_then_peek(*two, requests[r], b));
+    CHECK(a == b);
+    const bool denied = std::any_of(a.begin(), a.end(), [](const auto& d) { return !d.allowed(); });
+    const bool room = std::any_of(a.begin(), a.end(),
+                                  [](const auto& d) { return d.allowed() && d.remaining > 0; });
+    denied_with_room += denied && room ? 1 : 0;
+  }
+  CHECK(denied_with_room >= 4);
+  // Nothing was consumed by a denied request: the next checks agree too.
+  clock.advance(1ns);
+  for (const auto& keys : requests) {
+    std::vector<sluice::Decision> a(keys.size());
+    std::vector<sluice::Decision> b(keys.size());
+    REQUIRE(one->check_rules(keys, sluice::ConsumptionMode::kEveryRule, a).ok());
+    REQUIRE(two->check_rules(keys, sluice::ConsumptionMode::kEveryRule, b).ok());
+    CHECK(a == b);
+  }
 }

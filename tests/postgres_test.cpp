@@ -27,6 +27,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
+#include "example_config.hpp"
 #include "postgres_server.hpp"
 #include "promtool.hpp"
 #include "sluice/clock.hpp"
@@ -1641,4 +1642,45 @@ TEST_CASE("the engine backend over PostgreSQL charges each rule's key its own co
     CHECK(out[0].remaining == 7);  // stored as charged
     CHECK(out[1].remaining == 3);
   }
+}
+
+TEST_CASE("the engine backend over PostgreSQL reports a denied request's keys as they stand") {
+  // A second statement at cost 0, inside check_rules_as_they_stand: the answer of a caller's own
+  // peek after the denial, on keys of their own, at the same instants.
+  const std::vector<sluice::CompiledRule> rules = {
+      {.label = "api/thirds", .windows = {{.requests = 3, .period = 1s, .burst = 3}}},
+      {.label = "api/stacked",
+       .windows = {{.requests = 2, .period = 1s, .burst = 2},
+                   {.requests = 5, .period = 60s, .burst = 5}}}};
+  auto backend =
+      make(sluice::postgres::PostgresEngineBackend::create(rules, nullptr, {.client = client()}));
+  the_time.set(kT0);
+  using K = sluice::RuleKey;
+  const std::vector<std::vector<K>> requests = {
+      {{0, "a", 2}, {1, "u", 1}}, {{0, "a", 2}, {1, "u", 1}}, {{1, "u", 1}, {0, "b", 1}},
+      {{1, "u", 2}, {0, "b", 1}}, {{0, "b", 3}, {1, "v", 1}},
+  };
+  int denied_with_room = 0;
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    INFO("request " << r);
+    the_time.advance(111ms);
+    std::vector<K> own = requests[r];
+    std::vector<std::string> keys;
+    for (const K& k : own) keys.push_back("standing-one:" + std::string(k.key));
+    for (std::size_t i = 0; i < own.size(); ++i) own[i].key = keys[i];
+    std::vector<Decision> a(own.size());
+    std::vector<Decision> b(own.size());
+    REQUIRE(backend.check_rules_as_they_stand(own, a).ok());
+    std::vector<K> other = requests[r];
+    std::vector<std::string> other_keys;
+    for (const K& k : other) other_keys.push_back("standing-two:" + std::string(k.key));
+    for (std::size_t i = 0; i < other.size(); ++i) other[i].key = other_keys[i];
+    REQUIRE(sluice::testing::decide_then_peek(backend, other, b));
+    CHECK(a == b);
+    denied_with_room +=
+        std::any_of(a.begin(), a.end(), [](const Decision& d) { return !d.allowed(); }) &&
+        std::any_of(a.begin(), a.end(),
+                    [](const Decision& d) { return d.allowed() && d.remaining > 0; });
+  }
+  CHECK(denied_with_room >= 2);
 }

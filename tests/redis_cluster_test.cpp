@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
+#include "example_config.hpp"
 #include "redis_cluster.hpp"
 #include "redis_fixture.hpp"
 #include "sluice/attempt.hpp"
@@ -844,4 +846,42 @@ TEST_CASE("a Cluster announcing unknown endpoints is served: null map endpoints,
   CHECK(total == 12);
   CHECK(admitted(l, key, 10) == 8);
   CHECK(rc.primary_of(slot) == to);
+}
+
+TEST_CASE(
+    "over a Cluster, a denied batch reports its keys as they stand, as a peek after it would") {
+  // Keys spread over the slots: a slot that admitted gives back what it booked, and reports its
+  // keys from the state before it booked, as a peek after the give-back reads them.
+  sluice::ManualClock clock;
+  const auto backend = [&](const char* prefix) {
+    auto b = sluice::redis::RedisEngineBackend::create(
+        sluice::testing::standing_rules(), nullptr,
+        {.client = client(prefix, [clock] { return kT0 + clock.now(); })});
+    INFO(b.status());
+    REQUIRE(b.ok());
+    return *std::move(b);
+  };
+  sluice::redis::RedisEngineBackend one = backend("standing-one:");
+  sluice::redis::RedisEngineBackend two = backend("standing-two:");
+  const std::vector<std::vector<sluice::RuleKey>> requests = sluice::testing::standing_requests();
+  int denied_across_slots = 0;
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    INFO("request " << r);
+    clock.advance(111ms);
+    std::vector<sluice::Decision> a(requests[r].size());
+    std::vector<sluice::Decision> b(requests[r].size());
+    REQUIRE(one.check_rules_as_they_stand(requests[r], a).ok());
+    REQUIRE(sluice::testing::decide_then_peek(two, requests[r], b));
+    CHECK(a == b);
+    std::set<int> primaries;
+    for (const sluice::RuleKey& k : requests[r]) {
+      primaries.insert(
+          cluster().primary_of(sluice::redis::detail::key_slot(one.redis_key(k.rule, k.key))));
+    }
+    denied_across_slots +=
+        primaries.size() > 1 &&
+        std::any_of(a.begin(), a.end(), [](const sluice::Decision& d) { return !d.allowed(); });
+  }
+  CHECK(denied_across_slots >= 1);
+  CHECK(one.client()->give_backs_lost() == 0);
 }

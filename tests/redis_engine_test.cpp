@@ -794,3 +794,54 @@ TEST_CASE("a fixed-window rule over Redis keeps its count across an unchanged re
   REQUIRE(changed.ok());
   CHECK(admitted(*changed, on_route("10.0.0.1", "x"), 6) == 4);
 }
+
+TEST_CASE("a denied request over Redis reports its keys as they stand from its one script call") {
+  // The two-call answer on keys of their own (prefix), at the same instants: the denial, then a
+  // peek at cost 0. Repeated keys included: a repeated key reports its state before the call,
+  // not the reservation its first occurrence made in the script.
+  Server server;
+  sluice::ManualClock clock;
+  const auto backend = [&](const char* prefix) {
+    sluice::redis::ClientOptions o = server.options();
+    o.key_prefix += prefix;
+    o.time_source = [clock] { return kT0 + clock.now(); };
+    auto client = sluice::redis::Client::create(o);
+    REQUIRE(client.ok());
+    sluice_test::hold_keys(**client);
+    auto b = RedisEngineBackend::create(sluice::testing::standing_rules(), nullptr,
+                                        {.client = *std::move(client)});
+    REQUIRE(b.ok());
+    return *std::move(b);
+  };
+  RedisEngineBackend one = backend("one:");
+  RedisEngineBackend two = backend("two:");
+  const auto script_calls = [&] {
+    sluice_test::Reply info = server.redis.command({"INFO", "commandstats"});
+    REQUIRE(info != nullptr);
+    const std::string text(info->str, info->len);
+    const std::size_t at = text.find("cmdstat_evalsha:calls=");
+    REQUIRE(at != std::string::npos);
+    return std::stol(text.substr(at + std::string_view("cmdstat_evalsha:calls=").size()));
+  };
+  using K = sluice::RuleKey;
+  const std::vector<std::vector<K>> requests = sluice::testing::standing_requests();
+  std::vector<Decision> warm(1);  // the script loaded (NOSCRIPT, then EVALSHA again)
+  REQUIRE(one.check_rules_as_they_stand(std::vector<K>{{0, "warm", 1}}, warm).ok());
+  int denied_with_room = 0;
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    INFO("request " << r);
+    clock.advance(111ms);
+    std::vector<Decision> a(requests[r].size());
+    std::vector<Decision> b(requests[r].size());
+    const long before = script_calls();
+    REQUIRE(one.check_rules_as_they_stand(requests[r], a).ok());
+    CHECK(script_calls() - before == 1);
+    REQUIRE(sluice::testing::decide_then_peek(two, requests[r], b));
+    CHECK(a == b);
+    const bool denied = std::any_of(a.begin(), a.end(), [](const auto& d) { return !d.allowed(); });
+    denied_with_room += denied && std::any_of(a.begin(), a.end(), [](const auto& d) {
+                          return d.allowed() && d.remaining > 0;
+                        });
+  }
+  CHECK(denied_with_room >= 3);
+}

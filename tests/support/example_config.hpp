@@ -2,9 +2,12 @@
 #ifndef SLUICE_TESTS_SUPPORT_EXAMPLE_CONFIG_HPP_
 #define SLUICE_TESTS_SUPPORT_EXAMPLE_CONFIG_HPP_
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -49,6 +52,57 @@ inline std::string field(const Evaluation& e, std::string_view name) {
     if (f.name == name) return f.value;
   }
   return "<absent>";
+}
+
+// Compiled rules for a backend's own tests: 3 a second (an interval of 333333333.33 ns); 2 a
+// second stacked with 5 a minute; a fixed window of 4 per 10 s.
+inline std::vector<CompiledRule> standing_rules() {
+  using namespace std::chrono_literals;
+  std::vector<CompiledRule> rules(3);
+  rules[0].windows = {{.requests = 3, .period = 1s, .burst = 3}};
+  rules[1].windows = {{.requests = 2, .period = 1s, .burst = 2},
+                      {.requests = 5, .period = 60s, .burst = 5}};
+  rules[2].windows = {{.requests = 4, .period = 10s, .burst = 4}};
+  rules[2].algorithm = Algorithm::kFixedWindow;
+  for (std::size_t r = 0; r < rules.size(); ++r) {
+    rules[r].label = rules[r].identity = rules[r].fingerprint = "rule " + std::to_string(r);
+  }
+  return rules;
+}
+
+// Requests over standing_rules(), one per 111 ms, that admit, then deny on one rule while keys of
+// others admit with room left: a key repeated in a request (a second occurrence denied by the
+// first's cost; both admitted beside a denial, each reporting the key as it stood before the
+// request), a fixed window filled then denied, two rules denying at once.
+inline std::vector<std::vector<RuleKey>> standing_requests() {
+  return {
+      {{0, "a", 2}, {1, "u", 1}},
+      {{0, "a", 2}, {1, "u", 1}},  // a denies: u as it stands
+      {{0, "b", 2}, {0, "b", 2}},  // the second b denies after the first: b as it stands
+      {{0, "c", 1}, {2, "t", 4}, {0, "c", 1}},  // t fills its window
+      {{0, "c", 1}, {2, "t", 1}, {0, "c", 1}},  // t and the second c deny: the first c stands
+      {{0, "e", 1}, {2, "t", 1}, {0, "e", 1}},  // t denies: e stands twice, as before the call
+      {{2, "t2", 3}, {1, "v", 2}, {0, "d", 3}},
+      {{1, "v", 1}, {2, "t2", 1}, {0, "d", 1}},  // v and d deny: t2 as it stands
+  };
+}
+
+// check_rules all or nothing, then, when a key denied, a peek at cost 0 for every admitting key:
+// the two calls a caller makes over a backend without StandingBackend. False if either failed.
+template <class Backend>
+bool decide_then_peek(Backend& backend, std::span<const RuleKey> keys, std::span<Decision> out) {
+  if (!backend.check_rules(keys, ConsumptionMode::kAllOrNothing, out).ok()) return false;
+  if (std::all_of(out.begin(), out.end(), [](const Decision& d) { return d.allowed(); })) {
+    return true;
+  }
+  std::vector<RuleKey> peek(keys.begin(), keys.end());
+  for (RuleKey& k : peek) k.cost = 0;
+  std::vector<Decision> standing(keys.size());
+  if (!backend.check_rules(peek, ConsumptionMode::kAllOrNothing, standing).ok()) return false;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (out[i].allowed()) out[i] = standing[i];
+  }
+  return true;
 }
 
 }  // namespace sluice::testing

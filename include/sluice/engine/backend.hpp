@@ -7,6 +7,8 @@
 //   EngineBackend       required: decide rules all-or-nothing or rule by rule; store counters
 //   BookingBackend      bookings: record what an admission took, settle it later at another cost
 //   ResettableBackend   reset: forget one rule's state for one key
+//   StandingBackend     a denied all-or-nothing request reports its admitting keys as they
+//                       stand (a peek at cost 0) from the same call
 //   ClockedBackend      a clock: the engine's time for adaptive controllers and event intervals
 //   WindowCarryingBackend  a reload that changes a rule's windows keeps each key's spent share
 //   ConfiguredBackend   chosen by the config's `backend` section
@@ -86,6 +88,23 @@ concept BookingBackend = EngineBackend<B> &&
 template <class B>
 concept ResettableBackend = EngineBackend<B> && requires(B& backend, std::string_view key) {
   { backend.reset_key(std::size_t{}, key) } -> std::same_as<absl::Status>;
+};
+
+// Standing reports. `check_rules_as_they_stand(keys, out)` is check_rules(keys,
+// ConsumptionMode::kAllOrNothing, out), except that when any key denies (so that none consumes),
+// each admitting key's Decision is the one a cost-0 check of it would answer at the same time
+// from the same state: its limit as it stands, not reduced by this request. A denying key's
+// Decision is check_rules'. A caller that reports a denied request's limits as they stand (the
+// Envoy service, sluice/envoy/limiter.hpp) then needs no second call to peek at them; without
+// this power it peeks with check_rules at cost 0. In memory the peeks are taken under the shard
+// locks that decided the request, over Redis they are recomputed from the state the script's
+// reply carries (no extra work on the server); PostgreSQL peeks in a second statement and keeps
+// the verdict if that one fails (sluice/postgres/engine_backend.hpp). Errors and thread-safety
+// as check_rules.
+template <class B>
+concept StandingBackend = EngineBackend<B> &&
+    requires(B& backend, std::span<const RuleKey> keys, std::span<Decision> out) {
+  { backend.check_rules_as_they_stand(keys, out) } -> std::same_as<absl::Status>;
 };
 
 // A clock. `now()` is the backend's time (ns), the one its limiters decide on; the engine uses it

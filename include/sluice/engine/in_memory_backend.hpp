@@ -4,9 +4,12 @@
 // (a FixedWindowLimiter for a fixed-window rule); an all-or-nothing request takes the shard locks
 // of all its keys (in one global order), decides every key, and commits only if all admit.
 // Bookings (settlement) cover GCRA rules: a request with a fixed-window rule books nothing.
+// check_rules_as_they_stand reports a denied request's admitting keys at cost 0 under the same
+// locks (StandingBackend).
 //
-// Thread-safety: check_rules, check_rules_booking, reset_key and rule_store_stats may be called
-// concurrently. Complexity: O(keys) per call, plus sorting the keys' shard locks.
+// Thread-safety: check_rules, check_rules_as_they_stand, check_rules_booking, reset_key and
+// rule_store_stats may be called concurrently. Complexity: O(keys) per call, plus sorting the
+// keys' shard locks (a denied check_rules_as_they_stand decides its admitting keys twice).
 #ifndef SLUICE_ENGINE_IN_MEMORY_BACKEND_HPP_
 #define SLUICE_ENGINE_IN_MEMORY_BACKEND_HPP_
 
@@ -143,30 +146,22 @@ class InMemoryBackend {
 
   absl::Status check_rules(std::span<const RuleKey> keys, ConsumptionMode mode,
                            std::span<Decision> out) {
-    if (mode == ConsumptionMode::kAllOrNothing && keys.size() <= kInline && !has_fixed(keys)) {
-      return check_gcra_rules(keys, out);
+    if (mode == ConsumptionMode::kAllOrNothing) {
+      return check_all_or_nothing(keys, out, Report::kAtCost);
     }
     if (absl::Status s = validate_costs(keys); !s.ok()) return s;
-    if (mode == ConsumptionMode::kEveryRule) {
-      for (std::size_t i = 0; i < keys.size(); ++i) {
-        out[i] = *limiters_[keys[i].rule].visit(
-            [&](auto& l) { return l.check(keys[i].key, keys[i].cost); });
-      }
-      return absl::OkStatus();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      out[i] = *limiters_[keys[i].rule].visit(
+          [&](auto& l) { return l.check(keys[i].key, keys[i].cost); });
     }
-    absl::InlinedVector<KeyDigest, kInline> digests;
-    ShardLockSet locks;
-    for (const RuleKey& k : keys) {
-      // Copied field by field: a digest stored as two words and reloaded as one 16-byte value
-      // stalls the store forwarding.
-      const KeyDigest d = limiters_[k.rule].visit([&](auto& l) { return l.digest(k.key); });
-      KeyDigest& slot = digests.emplace_back();
-      slot.low = d.low;
-      slot.high = d.high;
-      limiters_[k.rule].visit([&](auto& l) { l.add_lock(locks, slot); });
-    }
-    commit_all(HeldShardLocks(locks), keys, digests, out);
     return absl::OkStatus();
+  }
+
+  // check_rules in kAllOrNothing; when the request is denied, each admitting key is decided
+  // again at cost 0 under the same shard locks and at the same time, once every reservation was
+  // put back: its limit as it stands (StandingBackend). O(keys) more work on a denial only.
+  absl::Status check_rules_as_they_stand(std::span<const RuleKey> keys, std::span<Decision> out) {
+    return check_all_or_nothing(keys, out, Report::kAsTheyStand);
   }
 
   StoreStats rule_store_stats(std::size_t rule) const {
@@ -320,9 +315,34 @@ class InMemoryBackend {
     return RuleLimiter{.fixed = std::move(limiter)};
   }
 
+  // What a denied all-or-nothing request reports for its admitting keys: the decision at their
+  // cost (check_rules), or their limit as it stands (check_rules_as_they_stand).
+  enum class Report { kAtCost, kAsTheyStand };
+
+  // Every key under all their shard locks (taken in one global order); commits only if all admit.
+  absl::Status check_all_or_nothing(std::span<const RuleKey> keys, std::span<Decision> out,
+                                    Report report) {
+    if (keys.size() <= kInline && !has_fixed(keys)) return check_gcra_rules(keys, out, report);
+    if (absl::Status s = validate_costs(keys); !s.ok()) return s;
+    absl::InlinedVector<KeyDigest, kInline> digests;
+    ShardLockSet locks;
+    for (const RuleKey& k : keys) {
+      // Copied field by field: a digest stored as two words and reloaded as one 16-byte value
+      // stalls the store forwarding.
+      const KeyDigest d = limiters_[k.rule].visit([&](auto& l) { return l.digest(k.key); });
+      KeyDigest& slot = digests.emplace_back();
+      slot.low = d.low;
+      slot.high = d.high;
+      limiters_[k.rule].visit([&](auto& l) { l.add_lock(locks, slot); });
+    }
+    commit_all(HeldShardLocks(locks), keys, digests, out, report);
+    return absl::OkStatus();
+  }
+
   // check_rules of a request's GCRA rules, all or nothing, at most kInline keys: each key is
   // validated and digested and its shard added in one pass over the rules' limiters.
-  absl::Status check_gcra_rules(std::span<const RuleKey> keys, std::span<Decision> out) {
+  absl::Status check_gcra_rules(std::span<const RuleKey> keys, std::span<Decision> out,
+                                Report report) {
     // An InlinedVector, not a std::array of value-initialized digests: clearing 128 bytes on
     // every request was measurable.
     absl::InlinedVector<KeyDigest, kInline> digests;
@@ -335,7 +355,7 @@ class InMemoryBackend {
       slot.low = d.low;
       slot.high = d.high;
     }
-    commit_all(HeldShardLocks(locks), keys, digests, out);
+    commit_all(HeldShardLocks(locks), keys, digests, out, report);
     return absl::OkStatus();
   }
 
@@ -344,12 +364,14 @@ class InMemoryBackend {
   // denies (the locks are held throughout, so no other request sees the reservation). Keys
   // absent from their store are only decided, and inserted once every key has admitted: nothing
   // is inserted (or evicted) for a denied request, and no insertion moves a cell an undo points
-  // to.
+  // to. With Report::kAsTheyStand, a denied request's admitting keys are decided again at cost
+  // 0 once every reservation was put back.
   void commit_all(const HeldShardLocks& held, std::span<const RuleKey> keys,
-                  std::span<const KeyDigest> digests, std::span<Decision> out) {
+                  std::span<const KeyDigest> digests, std::span<Decision> out,
+                  Report report = Report::kAtCost) {
     const std::int64_t now = detail::saturate_time(clock_.now().count());
     if (keys.size() > kInline || has_fixed(keys)) {
-      return decide_then_commit(held, keys, digests, out, now);
+      return decide_then_commit(held, keys, digests, out, now, report);
     }
     std::array<typename GcraLimiter<ClockT>::Undo, kInline> undo;
     std::uint32_t reserved = 0;  // bit i: key i's cell advanced
@@ -374,6 +396,9 @@ class InMemoryBackend {
       if (j == i) continue;
       if (j < i && (reserved >> j & 1U) != 0) undo[j].restore();
       gcra_[keys[j].rule]->decide_locked(held, digests[j], now, keys[j].cost, false, out[j]);
+      if (report == Report::kAsTheyStand && out[j].allowed() && keys[j].cost != 0) {
+        gcra_[keys[j].rule]->decide_locked(held, digests[j], now, 0, false, out[j]);
+      }
     }
   }
 
@@ -381,18 +406,32 @@ class InMemoryBackend {
   // committing, then admit them all.
   void decide_then_commit(const HeldShardLocks& held, std::span<const RuleKey> keys,
                           std::span<const KeyDigest> digests, std::span<Decision> out,
-                          std::int64_t now) {
+                          std::int64_t now, Report report) {
     bool all = true;
     for (std::size_t i = 0; i < keys.size(); ++i) {
       limiters_[keys[i].rule].visit(
           [&](auto& l) { l.decide_locked(held, digests[i], now, keys[i].cost, false, out[i]); });
       all = all && out[i].allowed();
     }
-    if (!all) return;
+    if (!all) {
+      if (report == Report::kAsTheyStand) peek_admitted(held, keys, digests, out, now);
+      return;
+    }
     for (std::size_t i = 0; i < keys.size(); ++i) {
       if (keys[i].cost == 0) continue;
       limiters_[keys[i].rule].visit(
           [&](auto& l) { l.admit_locked(held, digests[i], now, keys[i].cost); });
+    }
+  }
+
+  // A denied request's admitting keys, decided again at cost 0 (nothing was reserved).
+  void peek_admitted(const HeldShardLocks& held, std::span<const RuleKey> keys,
+                     std::span<const KeyDigest> digests, std::span<Decision> out,
+                     std::int64_t now) {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (!out[i].allowed() || keys[i].cost == 0) continue;
+      limiters_[keys[i].rule].visit(
+          [&](auto& l) { l.decide_locked(held, digests[i], now, 0, false, out[i]); });
     }
   }
 
@@ -405,7 +444,8 @@ class InMemoryBackend {
 };
 
 static_assert(BookingBackend<InMemoryBackend<>> && ResettableBackend<InMemoryBackend<>> &&
-              ClockedBackend<InMemoryBackend<>> && WindowCarryingBackend<InMemoryBackend<>>);
+              ClockedBackend<InMemoryBackend<>> && WindowCarryingBackend<InMemoryBackend<>> &&
+              StandingBackend<InMemoryBackend<>>);
 
 }  // namespace sluice
 

@@ -78,14 +78,18 @@ class LocalShare {
   absl::Status check(std::span<const RuleKey> keys, ConsumptionMode mode, std::span<Decision> out,
                      Label&& label) const {
     absl::InlinedVector<RuleKey, 16> local(keys.begin(), keys.end());
-    for (RuleKey& k : local) {
-      if (k.cost > shared_max_[k.rule]) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            std::string(label(k.rule)), ": cost exceeds the smallest burst and can never pass"));
-      }
-      k.cost = std::min(k.cost, local_max_[k.rule]);
-    }
+    if (absl::Status s = scale_costs(local, label); !s.ok()) return s;
     return backend_->check_rules(local, mode, out);
+  }
+
+  // check() in ConsumptionMode::kAllOrNothing that reports a denied request's admitting keys as
+  // they stand (InMemoryBackend::check_rules_as_they_stand).
+  template <class Label>
+  absl::Status check_as_they_stand(std::span<const RuleKey> keys, std::span<Decision> out,
+                                   Label&& label) const {
+    absl::InlinedVector<RuleKey, 16> local(keys.begin(), keys.end());
+    if (absl::Status s = scale_costs(local, label); !s.ok()) return s;
+    return backend_->check_rules_as_they_stand(local, out);
   }
 
   StoreStats rule_store_stats(std::size_t rule) const { return backend_->rule_store_stats(rule); }
@@ -93,6 +97,19 @@ class LocalShare {
  private:
   LocalShare(LocalClock clock, std::chrono::nanoseconds retry_interval)
       : clock_(std::move(clock)), retry_interval_(retry_interval) {}
+
+  // Each cost on the local share (see check).
+  template <class Label>
+  absl::Status scale_costs(std::span<RuleKey> keys, Label& label) const {
+    for (RuleKey& k : keys) {
+      if (k.cost > shared_max_[k.rule]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            std::string(label(k.rule)), ": cost exceeds the smallest burst and can never pass"));
+      }
+      k.cost = std::min(k.cost, local_max_[k.rule]);
+    }
+    return absl::OkStatus();
+  }
 
   // The local clock's reading, saturated like every limiter's.
   std::int64_t now() const { return saturate_time(clock_.now().count()); }

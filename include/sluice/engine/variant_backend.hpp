@@ -10,12 +10,14 @@
 // Every alternative models EngineBackend and provides `static bool serves(BackendKind)` and
 // `static absl::StatusOr<Options> options_for(const BackendConfig&)` (opens its client). The
 // variant models bookings (where the held backend books; else a settlement stays closed), reset
-// (every alternative resets) and a clock (the held backend's, else the steady clock); a rule
+// (every alternative resets), standing reports (where every alternative has them) and a clock
+// (the held backend's, else the steady clock); a rule
 // whose only change is its windows keeps its keys' spent share where the held backend carries
 // windows (in memory).
 //
-// Thread-safety: as the held backend (check_rules, check_rules_booking, reset_key and
-// rule_store_stats may be called concurrently). Complexity: the held backend's, plus one branch.
+// Thread-safety: as the held backend (check_rules, check_rules_as_they_stand,
+// check_rules_booking, reset_key and rule_store_stats may be called concurrently).
+// Complexity: the held backend's, plus one branch.
 #ifndef SLUICE_ENGINE_VARIANT_BACKEND_HPP_
 #define SLUICE_ENGINE_VARIANT_BACKEND_HPP_
 
@@ -146,6 +148,14 @@ class VariantBackend {
 
   static absl::StatusOr<Decision> settle_booking(const Booking& booking, std::uint64_t units) {
     return settle_held<0>(booking, units);
+  }
+
+  // Where every alternative reports a denied request's keys as they stand (StandingBackend):
+  // the held one's.
+  absl::Status check_rules_as_they_stand(
+      std::span<const RuleKey> keys,
+      std::span<Decision> out) requires(StandingBackend<Backends>&&...) {
+    return std::visit([&](auto& b) { return b.check_rules_as_they_stand(keys, out); }, held_);
   }
 
   absl::Status reset_key(std::size_t rule,

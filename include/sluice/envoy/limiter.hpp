@@ -51,8 +51,11 @@
 // Thread-safety: should_rate_limit and stats may be called concurrently from any threads, and
 // concurrently with reload and collect_replaced, which calls never wait for; those two may be
 // called from any thread, including one with a call in progress, and never wait for a call.
-// Complexity: O(descriptors × entries) lookups plus one backend call (two when the request is
-// over limit, one more when it has shadow mode limits).
+// Complexity: O(descriptors × entries) lookups plus one backend call, one more when the request
+// has shadow mode limits. A denied request reports its limits as they stand from that one call
+// where the backend can (StandingBackend: in memory, Redis and Redis Cluster in the one script
+// call, PostgreSQL with a second statement of its own); over another backend it costs a second
+// call, a peek at cost 0. docs/envoy.md lists what a denied call costs per backend.
 #ifndef SLUICE_ENVOY_LIMITER_HPP_
 #define SLUICE_ENVOY_LIMITER_HPP_
 
@@ -633,9 +636,9 @@ class BasicLimiter {
     if (b.keys.empty()) return never_fits;
     absl::InlinedVector<Decision, 8> out(b.keys.size());
     if (!never_fits) {
-      if (!call(gen, b.keys, ConsumptionMode::kAllOrNothing, out, response)) {
-        return fail(gen, plan, decisions, denied);
-      }
+      // A backend that reports a denied request's limits as they stand answers in this call.
+      constexpr Mode kMode = StandingBackend<Backend> ? Mode::kAsTheyStand : Mode::kAllOrNothing;
+      if (!call(gen, b.keys, kMode, out, response)) return fail(gen, plan, decisions, denied);
       bool all = true;
       for (std::size_t i = 0; i < plan.steps.size(); ++i) {
         if (b.key_of[i] == detail::kNone) continue;
@@ -647,20 +650,22 @@ class BasicLimiter {
         response.retry_after = std::max(response.retry_after, d.retry_after);
       }
       if (all) return false;
+      if constexpr (StandingBackend<Backend>) return true;  // `out` held them as they stand
     }
     return report_unchanged(gen, plan, b, never_fits, decisions, denied, response);
   }
 
   // Over limit: nothing was consumed. Each descriptor reports its limit as it stands (a peek at
-  // cost 0); when nothing was decided (a hit that never fits), its code says whether its own hits
-  // would have fitted.
+  // cost 0: a second call, unless the backend answered it in the first, StandingBackend); when
+  // nothing was decided (a hit that never fits), its code says whether its own hits would have
+  // fitted.
   bool report_unchanged(const Generation& gen, const Plan& plan, Batch& b, bool never_fits,
                         std::span<Decision> decisions, std::span<bool> denied,
                         Response& response) const {
     const absl::InlinedVector<RuleKey, 8> wanted = b.keys;
     for (RuleKey& k : b.keys) k.cost = 0;
     absl::InlinedVector<Decision, 8> out(b.keys.size());
-    if (!call(gen, b.keys, ConsumptionMode::kAllOrNothing, out, response)) return true;
+    if (!call(gen, b.keys, Mode::kAllOrNothing, out, response)) return true;
     for (std::size_t i = 0; i < plan.steps.size(); ++i) {
       const std::size_t j = b.key_of[i];
       if (j == detail::kNone || !in_group(gen, plan.steps[i], Group::kEnforcing)) continue;
@@ -684,21 +689,25 @@ class BasicLimiter {
     }
     absl::InlinedVector<Decision, 8> out(b.keys.size());
     Response ignored;
-    if (!call(gen, b.keys, ConsumptionMode::kEveryRule, out, ignored)) return;
+    if (!call(gen, b.keys, Mode::kEveryRule, out, ignored)) return;
     for (std::size_t i = 0; i < plan.steps.size(); ++i) {
       if (b.key_of[i] != detail::kNone) decisions[i] = out[b.key_of[i]];
     }
   }
 
+  // How one backend call decides its keys: a ConsumptionMode, or all or nothing with a denied
+  // request's admitting keys reported as they stand (StandingBackend).
+  enum class Mode { kAllOrNothing, kEveryRule, kAsTheyStand };
+
   // One backend call; false when it failed and the failure mode decides (fail open or closed).
   // In the local mode a failing backend is skipped or, when the call fails, decided around on
   // the local share.
-  bool call(const Generation& gen, std::span<const RuleKey> keys, ConsumptionMode mode,
+  bool call(const Generation& gen, std::span<const RuleKey> keys, Mode mode,
             std::span<Decision> out, Response& response) const {
     if (gen.local != nullptr && !gen.local->should_call()) {
       return call_local(gen, keys, mode, out, response);
     }
-    const absl::Status s = gen.backend.check_rules(keys, mode, out);
+    const absl::Status s = check(gen.backend, keys, mode, out);
     if (s.ok()) {
       if (gen.local != nullptr) gen.local->record_success();
       return true;
@@ -710,13 +719,25 @@ class BasicLimiter {
     return call_local(gen, keys, mode, out, response);
   }
 
-  bool call_local(const Generation& gen, std::span<const RuleKey> keys, ConsumptionMode mode,
+  static absl::Status check(Backend& backend, std::span<const RuleKey> keys, Mode mode,
+                            std::span<Decision> out) {
+    if constexpr (StandingBackend<Backend>) {
+      if (mode == Mode::kAsTheyStand) return backend.check_rules_as_they_stand(keys, out);
+    }
+    return backend.check_rules(keys, consumption(mode), out);
+  }
+
+  static ConsumptionMode consumption(Mode mode) {
+    return mode == Mode::kEveryRule ? ConsumptionMode::kEveryRule : ConsumptionMode::kAllOrNothing;
+  }
+
+  bool call_local(const Generation& gen, std::span<const RuleKey> keys, Mode mode,
                   std::span<Decision> out, Response& response) const {
     response.degraded = true;
     local_decisions_.fetch_add(1, std::memory_order_relaxed);
-    return gen.local
-        ->check(keys, mode, out,
-                [&](std::size_t r) { return std::string_view(gen.backend_rules[r].label); })
+    const auto label = [&](std::size_t r) { return std::string_view(gen.backend_rules[r].label); };
+    return (mode == Mode::kAsTheyStand ? gen.local->check_as_they_stand(keys, out, label)
+                                       : gen.local->check(keys, consumption(mode), out, label))
         .ok();
   }
 

@@ -23,7 +23,8 @@
 // sets (sluice/engine/carried_rules.hpp, sluice.check_carried_v1 in schema version 4). Old rows go
 // idle and are cleaned up.
 // Stats: `rule_store_stats` is all zeros (the rows are in the database).
-// Thread-safety: `check_rules` may be called concurrently.
+// A denied request reported as it stands (check_rules_as_they_stand) is two statements.
+// Thread-safety: `check_rules` and `check_rules_as_they_stand` may be called concurrently.
 #ifndef SLUICE_POSTGRES_ENGINE_BACKEND_HPP_
 #define SLUICE_POSTGRES_ENGINE_BACKEND_HPP_
 
@@ -150,6 +151,27 @@ class PostgresEngineBackend {
     return absl::OkStatus();
   }
 
+  // check_rules in kAllOrNothing that reports a denied request's admitting keys as they stand
+  // (StandingBackend). The database answers decisions, not the state they came from, so a denied
+  // request costs a second statement: every key at cost 0 (it stores nothing). If that statement
+  // fails, the verdict stands: the call is OK, and the admitting keys report their decision at
+  // their cost (room as it stands, less their cost).
+  absl::Status check_rules_as_they_stand(std::span<const RuleKey> keys, std::span<Decision> out) {
+    if (absl::Status s = check_rules(keys, ConsumptionMode::kAllOrNothing, out); !s.ok()) return s;
+    if (std::all_of(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(keys.size()),
+                    [](const Decision& d) { return d.allowed(); })) {
+      return absl::OkStatus();
+    }
+    absl::InlinedVector<RuleKey, 8> peek(keys.begin(), keys.end());
+    for (RuleKey& k : peek) k.cost = 0;
+    absl::InlinedVector<Decision, 8> standing(keys.size());
+    if (!check_rules(peek, ConsumptionMode::kAllOrNothing, standing).ok()) return absl::OkStatus();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (out[i].allowed()) out[i] = standing[i];
+    }
+    return absl::OkStatus();
+  }
+
   // Zeros: the rows live in the database (see the header comment).
   StoreStats rule_store_stats(std::size_t /*rule*/) const { return {}; }
 
@@ -181,7 +203,7 @@ class PostgresEngineBackend {
   std::vector<sluice::detail::CarriedRule<Limit>> carried_;  // per compiled rule
 };
 
-static_assert(EngineBackend<PostgresEngineBackend>);
+static_assert(EngineBackend<PostgresEngineBackend> && StandingBackend<PostgresEngineBackend>);
 
 // The policy engine with every rule's state in PostgreSQL (fleet-wide limits).
 using PostgresRateLimitEngine = BasicRateLimitEngine<PostgresEngineBackend>;

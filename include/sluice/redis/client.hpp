@@ -122,6 +122,31 @@ class Client {
     return run(items, now(), deadline());
   }
 
+  // check_all, except that when any item is denied (so nothing was reserved), each admitted
+  // item's Decision is what a cost-0 check of it would answer from the same state at the same
+  // time (its limit as it stands), recomputed here from the reply: still one script call, and no
+  // extra work on the server. An item whose key an earlier item of the batch names reports the
+  // key's state before the call. In a Cluster, a slot that admitted reports its state before it
+  // booked (what its give-back restores), at its node's time.
+  absl::StatusOr<std::vector<Decision>> check_all_as_they_stand(std::span<const CheckItem> items) {
+    std::vector<Decision> standing;
+    absl::StatusOr<std::vector<Decision>> d = run(items, now(), deadline(), nullptr, &standing);
+    if (!d.ok() ||
+        std::all_of(d->begin(), d->end(), [](const Decision& x) { return x.allowed(); })) {
+      return d;
+    }
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (!(*d)[i].allowed()) continue;
+      std::size_t first = 0;  // the item that read the key's state before the call
+      while (items[first].key != items[i].key ||
+             items[first].limit->fingerprint_ != items[i].limit->fingerprint_) {
+        ++first;
+      }
+      (*d)[i] = standing[first];
+    }
+    return d;
+  }
+
   // Independent checks, pipelined on one connection: one write, one reply per item, not atomic
   // as a group. For callers with many unrelated keys at once.
   std::vector<absl::StatusOr<Decision>> check_pipelined(std::span<const CheckItem> items) {
@@ -306,14 +331,17 @@ class Client {
   // One atomic check of `items`, by `by`; when a key with `carried_from` holds no state, its
   // state is carried over first (carry), then the check is made again: on such a miss only, a
   // round trip for the reads, one for the writes (if any) and the second check, all by `by`.
+  // `standing`, when set, receives each item's standing decision (detail::decode_reply).
   absl::StatusOr<std::vector<Decision>> run(std::span<const CheckItem> items,
                                             std::optional<std::chrono::nanoseconds> time,
                                             detail::Deadline by,
-                                            std::vector<detail::ItemBooking>* bookings = nullptr) {
-    absl::StatusOr<std::vector<Decision>> d = run_once(items, time, bookings, /*flag=*/true, by);
+                                            std::vector<detail::ItemBooking>* bookings = nullptr,
+                                            std::vector<Decision>* standing = nullptr) {
+    const detail::ItemExtras extras{.bookings = bookings, .standing = standing};
+    absl::StatusOr<std::vector<Decision>> d = run_once(items, time, extras, /*flag=*/true, by);
     if (d.ok() || !detail::is_carry_needed(d.status())) return d;
     if (absl::Status carried = carry(items, time, by); !carried.ok()) return carried;
-    return run_once(items, time, bookings, /*flag=*/false, by);
+    return run_once(items, time, extras, /*flag=*/false, by);
   }
 
   // Carries the state of every item with `carried_from` whose key holds none (detail/carry.hpp):
@@ -391,17 +419,17 @@ class Client {
 
   absl::StatusOr<std::vector<Decision>> run_once(std::span<const CheckItem> items,
                                                  std::optional<std::chrono::nanoseconds> time,
-                                                 std::vector<detail::ItemBooking>* bookings,
-                                                 bool flag, detail::Deadline by) {
+                                                 detail::ItemExtras extras, bool flag,
+                                                 detail::Deadline by) {
     if (absl::Status status = validate(items); !status.ok()) {
       return status;
     }
-    if (transport_.cluster()) return run_cluster(items, time, bookings, flag, by);
-    const detail::ScriptCall script = make_call(items, time, bookings != nullptr, flag);
+    if (transport_.cluster()) return run_cluster(items, time, extras, flag, by);
+    const detail::ScriptCall script = make_call(items, time, extras.bookings != nullptr, flag);
     Call call{.command = script.evalsha(script_sha_), .script = script_, .sha = script_sha_};
     transport_.call(std::span(&call, 1), by);
     if (!call.reply.ok()) return call.reply.status();
-    return detail::decode_reply(items, **call.reply, bookings);
+    return detail::decode_reply(items, **call.reply, extras.bookings, extras.standing);
   }
 
   absl::StatusOr<Decision> check_one(const CheckItem& item,
@@ -517,19 +545,10 @@ class Client {
   // (all-or-nothing, except for a slot whose reply was lost: whether it booked is unknown).
   absl::StatusOr<std::vector<Decision>> run_cluster(std::span<const CheckItem> items,
                                                     std::optional<std::chrono::nanoseconds> time,
-                                                    std::vector<detail::ItemBooking>* bookings,
-                                                    bool flag, detail::Deadline by) {
-    std::vector<std::pair<std::size_t, std::vector<std::size_t>>> groups;  // slot, items
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      const std::size_t slot = detail::key_slot(redis_key(items[i].key, *items[i].limit));
-      auto group = std::find_if(groups.begin(), groups.end(),
-                                [&](const auto& g) { return g.first == slot; });
-      if (group == groups.end()) {
-        groups.push_back({slot, {i}});
-      } else {
-        group->second.push_back(i);
-      }
-    }
+                                                    detail::ItemExtras extras, bool flag,
+                                                    detail::Deadline by) {
+    std::vector<detail::ItemBooking>* bookings = extras.bookings;
+    const std::vector<SlotGroup> groups = slot_groups(items);
     const bool several = groups.size() > 1;
     const bool marked = bookings != nullptr || several;
     std::vector<std::vector<CheckItem>> group_items(groups.size());
@@ -549,14 +568,17 @@ class Client {
     std::vector<Decision> decisions(items.size());
     std::vector<detail::ItemBooking> booked(items.size());
     std::vector<bool> admitted(groups.size(), false);
+    if (extras.standing != nullptr) extras.standing->assign(items.size(), Decision{});
     absl::Status error;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       absl::StatusOr<std::vector<Decision>> d =
           routed[g].reply.ok() ? absl::StatusOr<std::vector<Decision>>(absl::UnknownError(""))
                                : routed[g].reply.status();
       std::vector<detail::ItemBooking> b;
+      std::vector<Decision> standing;
       if (routed[g].reply.ok()) {
-        d = detail::decode_reply(group_items[g], **routed[g].reply, marked ? &b : nullptr);
+        d = detail::decode_reply(group_items[g], **routed[g].reply, marked ? &b : nullptr,
+                                 extras.standing != nullptr ? &standing : nullptr);
       }
       if (!d.ok()) {
         if (error.ok()) error = d.status();
@@ -567,6 +589,7 @@ class Client {
       for (std::size_t k = 0; k < groups[g].second.size(); ++k) {
         decisions[groups[g].second[k]] = (*d)[k];
         if (marked) booked[groups[g].second[k]] = std::move(b[k]);
+        if (extras.standing != nullptr) (*extras.standing)[groups[g].second[k]] = standing[k];
       }
     }
     const bool all =
@@ -579,12 +602,30 @@ class Client {
     return decisions;
   }
 
+  // Items of one slot: the slot, and the items' indexes in order.
+  using SlotGroup = std::pair<std::size_t, std::vector<std::size_t>>;
+
+  // `items` by slot, the slots in the order of their first item.
+  std::vector<SlotGroup> slot_groups(std::span<const CheckItem> items) const {
+    std::vector<SlotGroup> groups;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const std::size_t slot = detail::key_slot(redis_key(items[i].key, *items[i].limit));
+      auto group = std::find_if(groups.begin(), groups.end(),
+                                [&](const auto& g) { return g.first == slot; });
+      if (group == groups.end()) {
+        groups.push_back({slot, {i}});
+      } else {
+        group->second.push_back(i);
+      }
+    }
+    return groups;
+  }
+
   // Gives back, with the booking script, every cost the admitted groups booked, by the check's
   // own deadline `by` (the call then ends by it, as it promises). Best effort: a give-back that
   // fails, or that the deadline leaves no time to send, leaves its cost taken (never more
   // admitted than the limit) and counts in give_backs_lost().
-  void give_back(std::span<const CheckItem> items,
-                 std::span<const std::pair<std::size_t, std::vector<std::size_t>>> groups,
+  void give_back(std::span<const CheckItem> items, std::span<const SlotGroup> groups,
                  const std::vector<bool>& admitted, std::span<const detail::ItemBooking> booked,
                  std::optional<std::chrono::nanoseconds> time, detail::Deadline by) {
     std::vector<std::vector<std::string>> args;

@@ -13,7 +13,9 @@
 // A request's live rules cost one round trip: kAllOrNothing is one `Client::check_all` (one
 // script call, atomic on a single node: a denied request consumes nothing in any rule);
 // kEveryRule is one pipelined write of one script call per rule, each deciding alone. Dry-run
-// rules, when a request has any, are a second round trip. Errors come back as the client's
+// rules, when a request has any, are a second round trip. check_rules_as_they_stand (the
+// StandingBackend power) is check_all's one script call too, a denied request's admitting rules
+// reported at cost 0 from the state in its reply. Errors come back as the client's
 // absl::Status (Unavailable, DeadlineExceeded, Internal); the engine then fails open or closed.
 // An error in kEveryRule may come after some rules consumed (their replies were lost).
 //
@@ -28,7 +30,8 @@
 //
 // Stats: `rule_store_stats` is all zeros: Redis holds the keys (count them there); the engine's
 // per-rule allowed/denied counters work as with the in-memory backend.
-// Thread-safety: `check_rules` may be called concurrently (the client is thread-safe).
+// Thread-safety: `check_rules` and `check_rules_as_they_stand` may be called concurrently (the
+// client is thread-safe).
 #ifndef SLUICE_REDIS_ENGINE_BACKEND_HPP_
 #define SLUICE_REDIS_ENGINE_BACKEND_HPP_
 
@@ -161,6 +164,23 @@ class RedisEngineBackend {
     if (!decisions.ok()) {
       return decisions.status();
     }
+    std::copy(decisions->begin(), decisions->end(), out.begin());
+    return absl::OkStatus();
+  }
+
+  // check_rules in kAllOrNothing that reports a denied request's admitting keys as they stand
+  // (StandingBackend): the same one script call (Client::check_all_as_they_stand), each such
+  // key's cost-0 decision recomputed from the state the reply carries.
+  absl::Status check_rules_as_they_stand(std::span<const RuleKey> keys, std::span<Decision> out) {
+    if (keys.empty()) return absl::OkStatus();
+    absl::InlinedVector<CheckItem, 8> items;
+    CarriedKeys carried(keys, carried_, [this] {
+      return sluice::detail::unix_now(options_.client->options().time_source);
+    });
+    if (absl::Status s = make_items(keys, items, carried); !s.ok()) return s;
+    absl::StatusOr<std::vector<Decision>> decisions =
+        options_.client->check_all_as_they_stand(items);
+    if (!decisions.ok()) return decisions.status();
     std::copy(decisions->begin(), decisions->end(), out.begin());
     return absl::OkStatus();
   }
@@ -301,7 +321,8 @@ class RedisEngineBackend {
   std::vector<sluice::detail::CarriedRule<Limit>> carried_;  // per compiled rule
 };
 
-static_assert(sluice::EngineBackend<RedisEngineBackend>);
+static_assert(sluice::EngineBackend<RedisEngineBackend> &&
+              sluice::StandingBackend<RedisEngineBackend>);
 
 // The policy engine with every rule's state in Redis (fleet-wide limits).
 using RedisRateLimitEngine = sluice::BasicRateLimitEngine<RedisEngineBackend>;

@@ -10,6 +10,10 @@
 //       sluice::redis::detail::decode_reply(items, *reply);  // one decision per item
 //   sluice::redis::detail::decode_independent_replies(items, *reply, results);  // one per item
 //
+// The same state also gives each item's decision at cost 0 (`standing`): what a peek would
+// answer at the same time had nothing changed, which reports a denied request's limits as they
+// stand without a second call.
+//
 // Complexity: O(items × windows). Thread-safety: pure functions.
 #ifndef SLUICE_REDIS_DETAIL_SCRIPT_REPLY_HPP_
 #define SLUICE_REDIS_DETAIL_SCRIPT_REPLY_HPP_
@@ -187,18 +191,42 @@ inline Decision denied_decision(std::span<const GcraWindow> windows,
   return d;
 }
 
-// One item's decision (and booking, when `bookings` is set) read at `pos` and appended; false
-// for a malformed reply. `admitted` becomes false if the item was denied.
+// The decision a cost-0 check would take from the same state at the same time: the item's
+// windows as they stand, nothing added.
+inline Decision standing_decision(std::span<const GcraWindow> windows,
+                                  std::span<const ScaledWindow> scaled) {
+  std::vector<ScaledWindow> standing(scaled.begin(), scaled.end());
+  for (ScaledWindow& w : standing) w.after = w.before;
+  return admits(standing) ? admitted_decision(windows, standing)
+                          : denied_decision(windows, standing);
+}
+inline Decision standing_fixed_decision(std::span<const FixedCount> counts) {
+  std::vector<FixedCount> standing(counts.begin(), counts.end());
+  for (FixedCount& c : standing) c.after = c.before;
+  return fixed_decision(standing);
+}
+
+// What decoding an item appends to, besides its decision: its booking (a booking check) and its
+// standing decision (standing_decision), each when set.
+struct ItemExtras {
+  std::vector<ItemBooking>* bookings = nullptr;
+  std::vector<Decision>* standing = nullptr;
+};
+
+// One item's decision (and extras) read at `pos` and appended; false for a malformed reply.
+// `admitted` becomes false if the item was denied.
 inline bool decode_item(std::string_view in, std::size_t& pos, const CheckItem& item,
-                        absl::uint128 now, std::vector<Decision>& decisions,
-                        std::vector<ItemBooking>* bookings, bool& admitted) {
+                        absl::uint128 now, std::vector<Decision>& decisions, ItemExtras extras,
+                        bool& admitted) {
   const std::optional<KeyState> state = read_key_state(in, pos, now);
   if (!state) return false;
+  std::vector<ItemBooking>* bookings = extras.bookings;
   if (item.limit->algorithm() == Algorithm::kFixedWindow) {
     const auto counts = read_fixed_windows(in, pos, item, state->present, state->elapsed);
     if (!counts) return false;
     admitted = admitted && fixed_admits(*counts);
     decisions.push_back(fixed_decision(*counts));
+    if (extras.standing != nullptr) extras.standing->push_back(standing_fixed_decision(*counts));
     if (bookings != nullptr) {  // per window the end it has once the item counts (ns)
       ItemBooking& b = bookings->emplace_back();
       for (const FixedCount& c : *counts) {
@@ -214,6 +242,7 @@ inline bool decode_item(std::string_view in, std::size_t& pos, const CheckItem& 
   admitted = admitted && item_admitted;
   decisions.push_back(item_admitted ? admitted_decision(windows, *scaled)
                                     : denied_decision(windows, *scaled));
+  if (extras.standing != nullptr) extras.standing->push_back(standing_decision(windows, *scaled));
   if (bookings != nullptr) {
     ItemBooking& b = bookings->emplace_back();
     for (std::size_t i = 0; i < windows.size(); ++i) {
@@ -224,10 +253,13 @@ inline bool decode_item(std::string_view in, std::size_t& pos, const CheckItem& 
 }
 
 // One decision per item, recomputed from the reply to the script call made for `items`. For a
-// booking check (the call named the reset markers), `bookings` receives one ItemBooking per item.
+// booking check (the call named the reset markers), `bookings` receives one ItemBooking per item;
+// `standing`, when set, each item's standing decision: from the state the reply says its key
+// held when the script reached it (for an item whose key an earlier item of the call reserved,
+// that reservation included).
 inline absl::StatusOr<std::vector<Decision>> decode_reply(
     std::span<const CheckItem> items, const redisReply& reply,
-    std::vector<ItemBooking>* bookings = nullptr) {
+    std::vector<ItemBooking>* bookings = nullptr, std::vector<Decision>* standing = nullptr) {
   if (reply.type == REDIS_REPLY_ERROR) {
     return server_error_status(std::string_view(reply.str, reply.len));
   }
@@ -245,8 +277,10 @@ inline absl::StatusOr<std::vector<Decision>> decode_reply(
   std::vector<Decision> decisions;
   decisions.reserve(items.size());
   bool every_item_admitted = true;
+  if (standing != nullptr) standing->clear();
   for (const CheckItem& item : items) {
-    if (!decode_item(in, pos, item, *now, decisions, bookings, every_item_admitted)) {
+    if (!decode_item(in, pos, item, *now, decisions, {.bookings = bookings, .standing = standing},
+                     every_item_admitted)) {
       return malformed_reply();
     }
   }
