@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <future>
 #include <latch>
 #include <mutex>
@@ -316,6 +317,56 @@ TEST_CASE("a coalesced call decides each check exactly as separate checks in tha
   CHECK((first[1].ok() && first[1]->allowed()));
   CHECK((first[2].ok() && !first[2]->allowed()));
   CHECK((first[3].ok() && first[3]->allowed()));
+}
+
+TEST_CASE("a coalesced call of both algorithms leaves each key as separate checks would") {
+  Server s;
+  server_time.set(kT0);
+  std::shared_ptr<sr::Client> together = make_client(timed(s.options()));
+  sr::ClientOptions apart_options = timed(s.options());
+  apart_options.key_prefix = "apart:";
+  apart_options.coalesce = false;
+  std::shared_ptr<sr::Client> apart = make_client(apart_options);
+  // Debts of seconds, so that a key's expiry tells which of its checks it was written by.
+  const sr::Limit slow = make_limit({{.requests = 4, .period = seconds(40)}});
+  const sr::Limit stacked = make_limit(
+      {{.requests = 2, .period = seconds(20), .burst = 3}, {.requests = 4, .period = seconds(80)}});
+  absl::StatusOr<sr::Limit> fixed = sr::Limit::fixed_window(
+      {{.limit = 3, .window = seconds(30)}, {.limit = 5, .window = seconds(90)}});
+  REQUIRE(fixed.ok());
+  // Limits alternate (a fixed window between GCRA items of one limit); keys repeat after a write.
+  const std::vector<sr::CheckItem> items = {{.key = "g", .limit = &slow},
+                                            {.key = "f", .limit = &*fixed},
+                                            {.key = "g", .limit = &slow, .cost = 2},
+                                            {.key = "s", .limit = &stacked},
+                                            {.key = "f", .limit = &*fixed, .cost = 2},
+                                            {.key = "g", .limit = &slow, .cost = 2},
+                                            {.key = "f", .limit = &*fixed},
+                                            {.key = "s", .limit = &stacked, .cost = 2}};
+  const std::vector<absl::StatusOr<Decision>> coalesced = coalesced_at(*together, items, kT0);
+  REQUIRE(coalesced.size() == items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    INFO("item " << i);
+    absl::StatusOr<std::vector<Decision>> alone = checked_at(*apart, std::span(&items[i], 1), kT0);
+    REQUIRE(alone.ok());
+    REQUIRE(coalesced[i].ok());
+    CHECK(*coalesced[i] == (*alone)[0]);
+  }
+  for (const sr::CheckItem& item : {items[0], items[1], items[3]}) {
+    INFO("key " << item.key);
+    const std::string mine = together->redis_key(item.key, *item.limit);
+    const std::string theirs = apart->redis_key(item.key, *item.limit);
+    sluice_test::Reply a = s.redis.command({"GET", mine});
+    sluice_test::Reply b = s.redis.command({"GET", theirs});
+    REQUIRE((a && b && a->type == REDIS_REPLY_STRING && b->type == REDIS_REPLY_STRING));
+    CHECK(std::string_view(a->str, a->len) == std::string_view(b->str, b->len));
+    // Written at one server time with the same PX: the expiries differ by the ms between writes.
+    sluice_test::Reply ta = s.redis.command({"PTTL", mine});
+    sluice_test::Reply tb = s.redis.command({"PTTL", theirs});
+    REQUIRE((ta && tb && ta->type == REDIS_REPLY_INTEGER && tb->type == REDIS_REPLY_INTEGER));
+    CHECK(ta->integer > 10'000);
+    CHECK(std::abs(ta->integer - tb->integer) < 1'000);
+  }
 }
 
 TEST_CASE("a key of the wrong type fails only its own check in a coalesced call") {
