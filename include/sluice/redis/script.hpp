@@ -74,14 +74,6 @@ local carry = ARGV[#ARGV] == 'carry' and ARGV[#ARGV - 1]
 local nkeys = #ARGV - 2
 if each then nkeys = nkeys - 1 end
 if carry then nkeys = nkeys - 2 end
--- The time to live (ms, rounded up, from the server's clock) of a state written at ts, tns
--- whose longest window needs `most` ns more.
-local function ttl_of(ts, tns, most)
-  local q = ((ts - now_s) * 1e9 + (tns - now_ns) + most) / 1e6
-  local ttl = q - q % 1 + 1
-  if ttl > 1e10 then ttl = 1e10 end
-  return ttl
-end
 -- A fixed-window item's windows (p: 'F', its cost, then per window its limit and length in ns)
 -- against state s, e ns after s was written. Returns an error message; or nil, the verdict,
 -- whether it consumes, the windows' state (per window: ns left, count) and the most ns left.
@@ -106,10 +98,10 @@ local function fixed_windows(p, s, n, e)
   end
   return nil, ok, cost > 0, packed, most
 end
--- One item (parameters p) against its key's state s (false: none). Returns an error message;
--- or nil, the verdict, and for an admitted item that consumes, its new state and its time to
--- live (ms).
-local function decide(p, s)
+-- One item (parameters p) against its key's state s (false: none); cn1 .. r1: p's first
+-- window, when the caller has it unpacked. Returns an error message; or nil, the verdict, and
+-- for an admitted item that consumes, its new state and its time to live (ms).
+local function decide(p, s, cn1, cf1, bn1, bf1, r1)
   local fixed = #p % 40 ~= 0 and p:sub(1, 1) == 'F'
   local n = #p / 40
   if fixed then n = (#p - 9) / 16 end
@@ -117,9 +109,11 @@ local function decide(p, s)
   -- ts, tns: the time this item is decided at (now, or the key's later write time: a clock
   -- that went back replenishes nothing); e: ns elapsed since the key's write.
   local ts, tns, e = now_s, now_ns, 0
+  local d1, f1  -- the state's first window
   if s then
     if #s ~= 16 + 16 * n then return 'sluice: state of unexpected size' end
-    local ws, wns = sunpack('<dd', s)
+    local ws, wns
+    ws, wns, d1, f1 = sunpack('<dddd', s)
     if not (ws >= 0 and ws <= 1e10 and wns >= 0 and wns < 1e9 and wns % 1 == 0) then
       return 'sluice: corrupt state'
     end
@@ -129,35 +123,44 @@ local function decide(p, s)
       e = (now_s - ws) * 1e9 + (now_ns - wns)
     end
   end
+  local err, ok, consumes, packed, most, d, f
   if fixed then
-    local err, ok, consumes, packed, most = fixed_windows(p, s, n, e)
-    if err or not (ok and consumes) then return err, ok end
-    return nil, true, spack('<dd', ts, tns) .. packed, ttl_of(ts, tns, most)
-  end
-  local ok, consumes, most, packed = true, false, 0, ''
-  local d, f
-  for w = 1, n do
-    local cn, cf, bn, bf, r = sunpack('<ddddd', p, 40 * w - 39)
-    d, f = 0, 0
-    if s then
-      d, f = sunpack('<dd', s, 16 * w + 1)
-      if not (d >= 0 and d <= 4503599627370496 and f >= 0 and f < r) then
-        return 'sluice: corrupt state'
+    err, ok, consumes, packed, most = fixed_windows(p, s, n, e)
+    if err then return err end
+  else
+    ok, consumes, most, packed = true, false, 0, ''
+    for w = 1, n do
+      local cn, cf, bn, bf, r = cn1, cf1, bn1, bf1, r1
+      if w > 1 or not r1 then cn, cf, bn, bf, r = sunpack('<ddddd', p, 40 * w - 39) end
+      d, f = 0, 0
+      if s then
+        if w == 1 then d, f = d1, f1 else d, f = sunpack('<dd', s, 16 * w + 1) end
+        if not (d >= 0 and d <= 4503599627370496 and f >= 0 and f < r) then
+          return 'sluice: corrupt state'
+        end
+        d = d - e
+        if d < 0 then d, f = 0, 0 end
       end
-      d = d - e
-      if d < 0 then d, f = 0, 0 end
+      if cn + cf > 0 then consumes = true end
+      d, f = d + cn, f + cf
+      if f >= r then d, f = d + 1, f - r end
+      if d > bn or (d == bn and f > bf) then ok = false end
+      if n > 1 then packed = packed .. spack('<dd', d, f) end
+      if d > most then most = d end
     end
-    if cn + cf > 0 then consumes = true end
-    d, f = d + cn, f + cf
-    if f >= r then d, f = d + 1, f - r end
-    if d > bn or (d == bn and f > bf) then ok = false end
-    if n > 1 then packed = packed .. spack('<dd', d, f) end
-    if d > most then most = d end
   end
   if not (ok and consumes) then return nil, ok end
-  if n == 1 then packed = spack('<dddd', ts, tns, d, f) else packed = spack('<dd', ts, tns) .. packed end
-  -- Expire when every window is full again.
-  return nil, true, packed, ttl_of(ts, tns, most)
+  if not fixed and n == 1 then
+    packed = spack('<dddd', ts, tns, d, f)
+  else
+    packed = spack('<dd', ts, tns) .. packed
+  end
+  -- Expire when every window is full again: the time to live in ms, rounded up, from the
+  -- server's clock.
+  local q = ((ts - now_s) * 1e9 + (tns - now_ns) + most) / 1e6
+  local ttl = q - q % 1 + 1
+  if ttl > 1e10 then ttl = 1e10 end
+  return nil, true, packed, ttl
 end
 if each then
   -- Independent items: each decided at its turn, as separate checks in this order would be (a
@@ -165,39 +168,57 @@ if each then
   -- write has succeeded, an admitted item writes at once and a refused write (OOM, READONLY) is
   -- its error, as a lone check's would be. After one has, Redis refuses no later write of this
   -- script: each key changed since is written once, at the end, with its last state and TTL.
-  local head = {[true] = spack('<ddd', 1, now_s, now_ns), [false] = spack('<ddd', 0, now_s, now_ns)}
-  local got, known, replies = redis.call('MGET', unpack(KEYS)), {}, {}
-  local wrote, dirty, ttls = false, {}, {}
+  -- MGET's array becomes the reply: item i's reply replaces element i once it has been read.
+  local keys, argv = KEYS, ARGV
+  local replies, known, ttls = redis.call('MGET', unpack(keys)), {}, nil
+  local admitted, denied = spack('<ddd', 1, now_s, now_ns), nil
+  local wrote = false
+  -- The items mostly share their limit: the parameters met last and, for GCRA parameters, their
+  -- first window.
+  local last_p, cn, cf, bn, bf, r
   for i = 1, nkeys do
-    local key = KEYS[i]
-    -- MGET reads a key of another type as nil: only GET tells it from no key.
-    local s = known[key]
-    if s == nil then s = got[i] or redis.pcall('GET', key) end
-    local err, ok, packed, ttl
-    if type(s) == 'table' then
-      err = s.err
-    else
-      err, ok, packed, ttl = decide(ARGV[i + 2], s)
+    local key = keys[i]
+    local s, err = known[key], nil
+    if s == nil then
+      s = replies[i]
+      -- MGET reads a key of another type as nil: only GET tells it from no key.
+      if not s then
+        s = redis.pcall('GET', key)
+        if type(s) == 'table' then err = s.err end
+      end
+    end
+    local ok, packed, ttl
+    if not err then
+      local p = argv[i + 2]
+      if p ~= last_p then
+        last_p, cn, cf, bn, bf, r = p, nil, nil, nil, nil, nil
+        if #p >= 40 and #p % 40 == 0 then cn, cf, bn, bf, r = sunpack('<ddddd', p) end
+      end
+      err, ok, packed, ttl = decide(p, s, cn, cf, bn, bf, r)
       if packed and not wrote then
         local set = redis.pcall('SET', key, packed, 'PX', ttl)
         if set.err then err = set.err else wrote = true end
       elseif packed then
-        if not ttls[key] then dirty[#dirty + 1] = key end
+        ttls = ttls or {}
         ttls[key] = ttl
       end
       if not err then known[key] = packed or s end
     end
     if err then
       replies[i] = redis.error_reply(err)
-    elseif s then
-      replies[i] = head[ok] .. '1' .. s
     else
-      replies[i] = head[ok] .. '0'
+      local head = admitted
+      if not ok then
+        denied = denied or spack('<ddd', 0, now_s, now_ns)
+        head = denied
+      end
+      if s then replies[i] = head .. '1' .. s else replies[i] = head .. '0' end
     end
   end
-  for j = 1, #dirty do
-    local key = dirty[j]
-    redis.call('SET', key, known[key], 'PX', ttls[key])
+  if ttls then
+    for key, ttl in next, ttls do
+      redis.call('SET', key, known[key], 'PX', ttl)
+    end
   end
   return replies
 end
