@@ -1343,3 +1343,192 @@ TEST_CASE("a denied request's admitting keys report as they stand, as a peek aft
     CHECK(a == b);
   }
 }
+
+// --- a (rule, key) repeated in one request: decided in order, all or nothing ------------------
+
+namespace {
+
+using sluice::testing::checked_one_by_one;
+using sluice::testing::repeat_rules;
+using K = sluice::RuleKey;
+
+MemoryBackend memory_backend(const sluice::ManualClock& clock) {
+  auto backend = MemoryBackend::create(repeat_rules(), nullptr, {.clock = clock});
+  REQUIRE(backend.ok());
+  return *std::move(backend);
+}
+
+std::vector<sluice::Decision> all_or_nothing(MemoryBackend& backend, std::span<const K> keys) {
+  std::vector<sluice::Decision> out(keys.size());
+  REQUIRE(backend.check_rules(keys, sluice::ConsumptionMode::kAllOrNothing, out).ok());
+  return out;
+}
+
+// Rule `rule`'s key `key` as it stands (a check at cost 0).
+sluice::Decision peek(MemoryBackend& backend, std::size_t rule, std::string_view key) {
+  std::vector<sluice::Decision> out(1);
+  REQUIRE(
+      backend.check_rules(std::vector<K>{{rule, key, 0}}, sluice::ConsumptionMode::kEveryRule, out)
+          .ok());
+  return out[0];
+}
+
+bool all_allowed(std::span<const sluice::Decision> out) {
+  return std::all_of(out.begin(), out.end(), [](const auto& d) { return d.allowed(); });
+}
+
+}  // namespace
+
+TEST_CASE("a key repeated in an all-or-nothing request is charged per occurrence when all fit",
+          "[attack]") {
+  sluice::ManualClock clock;
+  MemoryBackend backend = memory_backend(clock);
+  MemoryBackend reference = memory_backend(clock);
+  const std::vector<K> fresh = {{0, "a", 1}, {0, "a", 1}};
+  CHECK(all_or_nothing(backend, fresh) == checked_one_by_one(reference, fresh));
+  CHECK(peek(backend, 0, "a").remaining == 1);
+  const std::vector<K> tracked = {{0, "a", 0}, {0, "a", 1}};
+  CHECK(all_or_nothing(backend, tracked) == checked_one_by_one(reference, tracked));
+  CHECK(peek(backend, 0, "a").remaining == 0);
+}
+
+TEST_CASE("a repeated key whose later occurrence does not fit denies and consumes nothing",
+          "[attack]") {
+  sluice::ManualClock clock;
+  MemoryBackend backend = memory_backend(clock);
+  MemoryBackend reference = memory_backend(clock);
+  const std::vector<K> first = {{0, "a", 1}};
+  REQUIRE(all_or_nothing(backend, first)[0].allowed());
+  REQUIRE(checked_one_by_one(reference, first)[0].allowed());
+  const sluice::Decision before = peek(backend, 0, "a");
+  REQUIRE(before.remaining == 2);
+  // Two reservations of one cell, then a denial: both must be put back.
+  const std::vector<K> thrice = {{0, "a", 1}, {0, "a", 1}, {0, "a", 1}};
+  const std::vector<sluice::Decision> out = all_or_nothing(backend, thrice);
+  CHECK(out == checked_one_by_one(reference, thrice));
+  CHECK(out[0].remaining == 1);
+  CHECK(out[1].remaining == 0);
+  CHECK_FALSE(out[2].allowed());
+  CHECK(peek(backend, 0, "a") == before);
+}
+
+TEST_CASE("a new key repeated under a burst of 1 is denied the second time and consumes nothing",
+          "[attack]") {
+  sluice::ManualClock clock;
+  MemoryBackend backend = memory_backend(clock);
+  MemoryBackend reference = memory_backend(clock);
+  MemoryBackend untouched = memory_backend(clock);
+  const std::vector<K> twice = {{3, "f", 1}, {0, "b", 1}, {3, "f", 1}};
+  const std::vector<sluice::Decision> out = all_or_nothing(backend, twice);
+  CHECK(out == checked_one_by_one(reference, twice));
+  CHECK(out[0].allowed());
+  CHECK_FALSE(out[2].allowed());
+  CHECK(peek(backend, 3, "f") == peek(untouched, 3, "f"));
+  CHECK(peek(backend, 0, "b") == peek(untouched, 0, "b"));
+}
+
+TEST_CASE("a fixed window repeated in one request is decided in order and consumes nothing",
+          "[attack]") {
+  sluice::ManualClock clock;
+  MemoryBackend backend = memory_backend(clock);
+  MemoryBackend reference = memory_backend(clock);
+  MemoryBackend untouched = memory_backend(clock);
+  const std::vector<K> over = {{2, "t", 3}, {2, "t", 2}};  // a window of 4
+  const std::vector<sluice::Decision> out = all_or_nothing(backend, over);
+  CHECK(out == checked_one_by_one(reference, over));
+  CHECK_FALSE(out[1].allowed());
+  CHECK(peek(backend, 2, "t") == peek(untouched, 2, "t"));
+}
+
+TEST_CASE("more than eight keys with a repeated one are decided in order, all or nothing",
+          "[attack]") {
+  sluice::ManualClock clock;
+  MemoryBackend backend = memory_backend(clock);
+  MemoryBackend reference = memory_backend(clock);
+  MemoryBackend untouched = memory_backend(clock);
+  std::vector<K> nine = {{0, "k1", 1}, {0, "k2", 1}, {0, "k3", 1}, {0, "k4", 1}, {0, "k5", 1},
+                         {0, "k6", 1}, {0, "k7", 1}, {3, "h", 1},  {3, "h", 1}};
+  const std::vector<sluice::Decision> out = all_or_nothing(backend, nine);
+  CHECK(out == checked_one_by_one(reference, nine));
+  CHECK_FALSE(out[8].allowed());
+  for (const K& k : nine) CHECK(peek(backend, k.rule, k.key) == peek(untouched, k.rule, k.key));
+}
+
+TEST_CASE("check_rules_booking decides a repeated key in order and books nothing when denied",
+          "[attack]") {
+  sluice::ManualClock clock;
+  MemoryBackend backend = memory_backend(clock);
+  MemoryBackend reference = memory_backend(clock);
+  MemoryBackend untouched = memory_backend(clock);
+  std::vector<MemoryBackend::Booking> bookings;
+  const std::vector<K> twice = {{3, "f", 1}, {3, "f", 1}};
+  std::vector<sluice::Decision> out(twice.size());
+  REQUIRE(backend.check_rules_booking(twice, sluice::ConsumptionMode::kAllOrNothing, out, bookings)
+              .ok());
+  CHECK(out == checked_one_by_one(reference, twice));
+  CHECK(bookings.empty());
+  CHECK(peek(backend, 3, "f") == peek(untouched, 3, "f"));
+  // Both fit: each occurrence is decided after the one before it, and booked.
+  const std::vector<K> fits = {{0, "a", 1}, {0, "a", 2}};
+  out.assign(fits.size(), {});
+  REQUIRE(backend.check_rules_booking(fits, sluice::ConsumptionMode::kAllOrNothing, out, bookings)
+              .ok());
+  CHECK(out == checked_one_by_one(reference, fits));
+  CHECK(bookings.size() == 2);
+  CHECK(peek(backend, 0, "a").remaining == 0);
+}
+
+TEST_CASE("check_rules_as_they_stand reports a repeated key's admitting occurrence as it stood",
+          "[attack]") {
+  sluice::ManualClock clock;
+  MemoryBackend backend = memory_backend(clock);
+  MemoryBackend reference = memory_backend(clock);
+  MemoryBackend untouched = memory_backend(clock);
+  const std::vector<K> twice = {{3, "f", 1}, {0, "b", 1}, {3, "f", 1}};
+  std::vector<sluice::Decision> out(twice.size());
+  REQUIRE(backend.check_rules_as_they_stand(twice, out).ok());
+  const std::vector<sluice::Decision> in_order = checked_one_by_one(reference, twice);
+  // The denial after the first occurrence; the admitting ones as they stood before the request.
+  CHECK(out[2] == in_order[2]);
+  CHECK(out[0] == peek(untouched, 3, "f"));
+  CHECK(out[1] == peek(untouched, 0, "b"));
+  CHECK(peek(backend, 3, "f") == out[0]);
+  CHECK(peek(backend, 0, "b") == out[1]);
+}
+
+TEST_CASE("every_rule charges a repeated key once per admitted occurrence, in order", "[attack]") {
+  sluice::ManualClock clock;
+  MemoryBackend backend = memory_backend(clock);
+  MemoryBackend reference = memory_backend(clock);
+  const std::vector<K> thrice = {{3, "f", 1}, {0, "a", 2}, {3, "f", 1}, {0, "a", 2}};
+  std::vector<sluice::Decision> out(thrice.size());
+  REQUIRE(backend.check_rules(thrice, sluice::ConsumptionMode::kEveryRule, out).ok());
+  CHECK(out == checked_one_by_one(reference, thrice));
+  CHECK(peek(backend, 0, "a") == peek(reference, 0, "a"));
+  CHECK(peek(backend, 3, "f") == peek(reference, 3, "f"));
+}
+
+TEST_CASE("all-or-nothing requests with repeated keys answer as their items checked in order",
+          "[attack]") {
+  // Each request against a reference that replays, one item at a time, every earlier request
+  // that admitted (at its own time): a denied request must have consumed nothing.
+  sluice::ManualClock clock;
+  MemoryBackend backend = memory_backend(clock);
+  const std::vector<std::vector<K>> requests = sluice::testing::repeated_key_requests();
+  std::vector<std::size_t> admitted_requests;
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    INFO("request " << r);
+    clock.advance(111ms);
+    const std::vector<sluice::Decision> out = all_or_nothing(backend, requests[r]);
+    sluice::ManualClock replay_clock;
+    MemoryBackend reference = memory_backend(replay_clock);
+    for (std::size_t earlier : admitted_requests) {
+      replay_clock.set(111ms * static_cast<int>(earlier + 1));
+      REQUIRE(checked_one_by_one(reference, requests[earlier]).size() == requests[earlier].size());
+    }
+    replay_clock.set(clock.now());
+    CHECK(out == checked_one_by_one(reference, requests[r]));
+    if (all_allowed(out)) admitted_requests.push_back(r);
+  }
+  CHECK(admitted_requests.size() < requests.size());
+}

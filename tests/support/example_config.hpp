@@ -87,6 +87,67 @@ inline std::vector<std::vector<RuleKey>> standing_requests() {
   };
 }
 
+// standing_rules() and a fourth rule of 1 a second, burst 1: a key repeated in a request whose
+// second occurrence cannot fit after the first.
+inline std::vector<CompiledRule> repeat_rules() {
+  using namespace std::chrono_literals;
+  std::vector<CompiledRule> rules = standing_rules();
+  CompiledRule& one = rules.emplace_back();
+  one.windows = {{.requests = 1, .period = 1s, .burst = 1}};
+  one.label = one.identity = one.fingerprint = "rule 3";
+  return rules;
+}
+
+// Requests over repeat_rules() that name one (rule, key) more than once, one per 111 ms: both
+// occurrences fit; the second does not (a tracked key, a new key, a fixed window); more than
+// eight keys; a cost of 0 beside a repeated cost.
+inline std::vector<std::vector<RuleKey>> repeated_key_requests() {
+  return {
+      {{0, "a", 1}, {0, "a", 1}},               // a new key, both fit
+      {{0, "a", 1}, {0, "a", 1}, {0, "a", 1}},  // tracked: the third denies
+      {{3, "f", 1}, {3, "f", 1}},               // a new key, burst 1: the second denies
+      {{3, "g", 1}, {0, "a", 1}, {3, "g", 1}},  // the same between another rule's key
+      {{2, "t", 3}, {2, "t", 2}},               // a fixed window of 4: the second denies
+      {{2, "t", 2}, {2, "t", 2}},               // both fit the window
+      {{0, "k1", 1},
+       {0, "k2", 1},
+       {0, "k3", 1},
+       {0, "k4", 1},
+       {0, "k5", 1},
+       {0, "k6", 1},
+       {0, "k7", 1},
+       {3, "h", 1},
+       {3, "h", 1}},  // nine keys: h's second occurrence denies
+      {{0, "k1", 1},
+       {0, "k2", 1},
+       {0, "k3", 1},
+       {0, "k4", 1},
+       {0, "k5", 1},
+       {0, "k6", 1},
+       {0, "k7", 1},
+       {0, "k8", 1},
+       {1, "u", 1},
+       {1, "u", 1}},               // ten keys, all fit
+      {{1, "v", 2}, {1, "v", 0}},  // a peek after the cost sees it taken
+  };
+}
+
+// Each item checked alone, in order, at one time (one kEveryRule call per item): what an
+// all-or-nothing request of these items answers (consuming only if all admit).
+template <class Backend>
+std::vector<Decision> checked_one_by_one(Backend& backend, std::span<const RuleKey> keys) {
+  std::vector<Decision> out(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (!backend
+             .check_rules(keys.subspan(i, 1), ConsumptionMode::kEveryRule,
+                          std::span<Decision>(out).subspan(i, 1))
+             .ok()) {
+      return {};
+    }
+  }
+  return out;
+}
+
 // check_rules all or nothing, then, when a key denied, a peek at cost 0 for every admitting key:
 // the two calls a caller makes over a backend without StandingBackend. False if either failed.
 template <class Backend>
