@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -271,6 +272,20 @@ class FixedWindowLimiter {
                 decision.limit = windows_[0].limit;
                 return decision;
               });
+        },
+        store_);
+  }
+
+  // Decides `costs[k]` into `*outs[k]` in order at `now`, each after the admitted ones before it
+  // (a request naming the key more than once); commits nothing (a copy of the key's cell).
+  void decide_in_order_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
+                              std::span<const std::uint64_t> costs,
+                              std::span<Decision* const> outs) {
+    std::visit(
+        [&](auto& store) {
+          const auto* cell = store.find_locked(held, d, now);
+          auto copy = cell != nullptr ? *cell : std::remove_cvref_t<decltype(*cell)>{};
+          for (std::size_t k = 0; k < costs.size(); ++k) *outs[k] = decide(copy, now, costs[k]);
         },
         store_);
   }

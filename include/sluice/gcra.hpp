@@ -42,6 +42,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -501,6 +502,23 @@ class GcraLimiter {
                 store_full(full, out);
                 return false;
               });
+        },
+        store_);
+  }
+
+  // Decides `costs[k]` into `*outs[k]` in order at `now`, each after the admitted ones before it
+  // (a request naming the key more than once); commits nothing: a copy of the key's cell takes
+  // them, and an absent key is decided as a new one without being inserted.
+  void decide_in_order_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
+                              std::span<const std::uint64_t> costs,
+                              std::span<Decision* const> outs) {
+    std::visit(
+        [&](auto& store) {
+          const auto* cell = store.find_locked(held, d, now);
+          auto copy = cell != nullptr ? *cell : std::remove_cvref_t<decltype(*cell)>{};
+          for (std::size_t k = 0; k < costs.size(); ++k) {
+            detail::gcra_decide(params_.data(), copy, now, costs[k], true, *outs[k]);
+          }
         },
         store_);
   }

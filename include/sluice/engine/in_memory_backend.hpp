@@ -2,14 +2,17 @@
 //
 // `InMemoryBackend` models every power of sluice/engine/backend.hpp: one GcraLimiter per rule
 // (a FixedWindowLimiter for a fixed-window rule); an all-or-nothing request takes the shard locks
-// of all its keys (in one global order), decides every key, and commits only if all admit.
+// of all its keys (in one global order), decides every key (a (rule, key) the request repeats
+// after its earlier occurrences, on a copy of its cell), and commits only if all admit.
 // Bookings (settlement) cover GCRA rules: a request with a fixed-window rule books nothing.
 // check_rules_as_they_stand reports a denied request's admitting keys at cost 0 under the same
 // locks (StandingBackend).
 //
 // Thread-safety: check_rules, check_rules_as_they_stand, check_rules_booking, reset_key and
 // rule_store_stats may be called concurrently. Complexity: O(keys) per call, plus sorting the
-// keys' shard locks (a denied check_rules_as_they_stand decides its admitting keys twice).
+// keys' shard locks (a denied check_rules_as_they_stand decides its admitting keys twice), plus
+// O(keys²) comparisons of rule indices to find repeated keys (their digests compared only
+// within one rule).
 #ifndef SLUICE_ENGINE_IN_MEMORY_BACKEND_HPP_
 #define SLUICE_ENGINE_IN_MEMORY_BACKEND_HPP_
 
@@ -359,18 +362,19 @@ class InMemoryBackend {
     return absl::OkStatus();
   }
 
-  // Decides every key under `held` (all their shard locks); commits only if all admit. One pass
-  // when they do: each tracked key is reserved as it is decided, and put back if a later key
-  // denies (the locks are held throughout, so no other request sees the reservation). Keys
-  // absent from their store are only decided, and inserted once every key has admitted: nothing
-  // is inserted (or evicted) for a denied request, and no insertion moves a cell an undo points
-  // to. With Report::kAsTheyStand, a denied request's admitting keys are decided again at cost
-  // 0 once every reservation was put back.
+  // Decides every key under `held` (all their shard locks), in order, each after the earlier
+  // occurrences of its (rule, key); commits only if all admit. One pass when no key repeats: each
+  // tracked key is reserved as it is decided, and put back if a later key denies (the locks are
+  // held throughout, so no other request sees the reservation). Keys absent from their store are
+  // only decided, and inserted once every key has admitted: nothing is inserted (or evicted) for
+  // a denied request, and no insertion moves a cell an undo points to. With
+  // Report::kAsTheyStand, a denied request's admitting keys are decided again at cost 0 once
+  // every reservation was put back.
   void commit_all(const HeldShardLocks& held, std::span<const RuleKey> keys,
                   std::span<const KeyDigest> digests, std::span<Decision> out,
                   Report report = Report::kAtCost) {
     const std::int64_t now = detail::saturate_time(clock_.now().count());
-    if (keys.size() > kInline || has_fixed(keys)) {
+    if (keys.size() > kInline || has_fixed(keys) || has_repeats(keys, digests)) {
       return decide_then_commit(held, keys, digests, out, now, report);
     }
     std::array<typename GcraLimiter<ClockT>::Undo, kInline> undo;
@@ -402,17 +406,30 @@ class InMemoryBackend {
     }
   }
 
-  // commit_all for many keys, or with a fixed-window rule: decide every key without
-  // committing, then admit them all.
+  // Whether a (rule, key) occurs twice among at most kInline keys: pairwise, the rules compared
+  // first, so a request whose rules differ (the engine's) compares no digest.
+  static bool has_repeats(std::span<const RuleKey> keys, std::span<const KeyDigest> digests) {
+    for (std::size_t i = 1; i < keys.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        if (keys[i].rule == keys[j].rule && digests[i] == digests[j]) return true;
+      }
+    }
+    return false;
+  }
+
+  // commit_all for many keys, with a fixed-window rule or with a repeated (rule, key): decide
+  // every key without committing (a repeated one after its earlier occurrences), then admit them
+  // all in order.
   void decide_then_commit(const HeldShardLocks& held, std::span<const RuleKey> keys,
                           std::span<const KeyDigest> digests, std::span<Decision> out,
                           std::int64_t now, Report report) {
     bool all = true;
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      limiters_[keys[i].rule].visit(
-          [&](auto& l) { l.decide_locked(held, digests[i], now, keys[i].cost, false, out[i]); });
-      all = all && out[i].allowed();
+      if (!decided_with_earlier(keys, digests, i)) {
+        decide_occurrences(held, keys, digests, out, now, i);
+      }
     }
+    for (std::size_t i = 0; i < keys.size(); ++i) all = all && out[i].allowed();
     if (!all) {
       if (report == Report::kAsTheyStand) peek_admitted(held, keys, digests, out, now);
       return;
@@ -422,6 +439,32 @@ class InMemoryBackend {
       limiters_[keys[i].rule].visit(
           [&](auto& l) { l.admit_locked(held, digests[i], now, keys[i].cost); });
     }
+  }
+
+  // Whether key i repeats an earlier key's (rule, key), and so was decided with it. O(i).
+  static bool decided_with_earlier(std::span<const RuleKey> keys,
+                                   std::span<const KeyDigest> digests, std::size_t i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (keys[j].rule == keys[i].rule && digests[j] == digests[i]) return true;
+    }
+    return false;
+  }
+
+  // Decides key i and every later occurrence of its (rule, key), in order, without committing.
+  void decide_occurrences(const HeldShardLocks& held, std::span<const RuleKey> keys,
+                          std::span<const KeyDigest> digests, std::span<Decision> out,
+                          std::int64_t now, std::size_t i) {
+    absl::InlinedVector<std::uint64_t, kInline> costs;
+    absl::InlinedVector<Decision*, kInline> outs;
+    for (std::size_t j = i; j < keys.size(); ++j) {
+      if (keys[j].rule != keys[i].rule || digests[j] != digests[i]) continue;
+      costs.push_back(keys[j].cost);
+      outs.push_back(&out[j]);
+    }
+    limiters_[keys[i].rule].visit([&](auto& l) {
+      if (costs.size() == 1) return l.decide_locked(held, digests[i], now, costs[0], false, out[i]);
+      l.decide_in_order_locked(held, digests[i], now, costs, outs);
+    });
   }
 
   // A denied request's admitting keys, decided again at cost 0 (nothing was reserved).
