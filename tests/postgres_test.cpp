@@ -1684,3 +1684,29 @@ TEST_CASE("the engine backend over PostgreSQL reports a denied request's keys as
   }
   CHECK(denied_with_room >= 2);
 }
+
+TEST_CASE("a key repeated in one request over PostgreSQL is decided as in memory, in every way",
+          "[attack]") {
+  // The in-order semantics of check_rules (sluice/engine/backend.hpp): each way on keys of its
+  // own, field by field against the in-memory backend at the same instants (rule 2 GCRA: this
+  // backend has no fixed windows).
+  using sluice::testing::RepeatedWay;
+  auto database = make(sluice::postgres::PostgresEngineBackend::create(
+      sluice::testing::repeat_rules(false), nullptr, {.client = client()}));
+  for (RepeatedWay way :
+       {RepeatedWay::kAllOrNothing, RepeatedWay::kEveryRule, RepeatedWay::kAsTheyStand}) {
+    INFO("way " << static_cast<int>(way));
+    sluice::ManualClock clock;
+    auto memory = make(sluice::InMemoryBackend<sluice::ManualClock>::create(
+        sluice::testing::repeat_rules(false), nullptr, {.clock = clock}));
+    the_time.set(kT0);
+    const std::string prefix = "repeat-" + std::to_string(static_cast<int>(way)) + ":";
+    const auto expected = sluice::testing::run_repeated_key_requests(memory, clock, way);
+    const auto got = sluice::testing::run_repeated_key_requests(database, the_time, way, prefix);
+    REQUIRE(got.decisions.size() == expected.decisions.size());
+    for (std::size_t r = 0; r < expected.decisions.size(); ++r) {
+      INFO("request " << r);
+      CHECK(got.decisions[r] == expected.decisions[r]);
+    }
+  }
+}

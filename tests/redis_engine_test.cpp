@@ -845,3 +845,38 @@ TEST_CASE("a denied request over Redis reports its keys as they stand from its o
   }
   CHECK(denied_with_room >= 3);
 }
+
+TEST_CASE("a key repeated in one request over Redis is decided as in memory, in every way",
+          "[attack]") {
+  // The in-order semantics of check_rules (sluice/engine/backend.hpp): each way on keys of its
+  // own (prefix), field by field against the in-memory backend at the same instants.
+  using sluice::testing::RepeatedWay;
+  Server server;
+  int way_index = 0;
+  for (RepeatedWay way : {RepeatedWay::kAllOrNothing, RepeatedWay::kEveryRule,
+                          RepeatedWay::kAsTheyStand, RepeatedWay::kBooking}) {
+    INFO("way " << static_cast<int>(way));
+    sluice::ManualClock memory_clock;
+    sluice::ManualClock redis_clock;
+    auto memory = sluice::InMemoryBackend<sluice::ManualClock>::create(
+        sluice::testing::repeat_rules(), nullptr, {.clock = memory_clock});
+    REQUIRE(memory.ok());
+    sluice::redis::ClientOptions o = server.options();
+    o.key_prefix += "way" + std::to_string(way_index++) + ":";
+    o.time_source = [redis_clock] { return kT0 + redis_clock.now(); };
+    auto client = sluice::redis::Client::create(o);
+    REQUIRE(client.ok());
+    sluice_test::hold_keys(**client);
+    auto redis = RedisEngineBackend::create(sluice::testing::repeat_rules(), nullptr,
+                                            {.client = *std::move(client)});
+    REQUIRE(redis.ok());
+    const auto expected = sluice::testing::run_repeated_key_requests(*memory, memory_clock, way);
+    const auto got = sluice::testing::run_repeated_key_requests(*redis, redis_clock, way);
+    REQUIRE(got.decisions.size() == expected.decisions.size());
+    for (std::size_t r = 0; r < expected.decisions.size(); ++r) {
+      INFO("request " << r);
+      CHECK(got.decisions[r] == expected.decisions[r]);
+    }
+    CHECK(got.booked == expected.booked);
+  }
+}

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/policy.hpp"
 
@@ -88,10 +90,12 @@ inline std::vector<std::vector<RuleKey>> standing_requests() {
 }
 
 // standing_rules() and a fourth rule of 1 a second, burst 1: a key repeated in a request whose
-// second occurrence cannot fit after the first.
-inline std::vector<CompiledRule> repeat_rules() {
+// second occurrence cannot fit after the first. Without `fixed_window` (a backend that lacks
+// it), rule 2 is GCRA at the same rate.
+inline std::vector<CompiledRule> repeat_rules(bool fixed_window = true) {
   using namespace std::chrono_literals;
   std::vector<CompiledRule> rules = standing_rules();
+  if (!fixed_window) rules[2].algorithm = Algorithm::kGcra;
   CompiledRule& one = rules.emplace_back();
   one.windows = {{.requests = 1, .period = 1s, .burst = 1}};
   one.label = one.identity = one.fingerprint = "rule 3";
@@ -146,6 +150,53 @@ std::vector<Decision> checked_one_by_one(Backend& backend, std::span<const RuleK
     }
   }
   return out;
+}
+
+// How run_repeated_key_requests calls a backend: check_rules in either mode, the standing
+// report, or check_rules_booking all or nothing.
+enum class RepeatedWay { kAllOrNothing, kEveryRule, kAsTheyStand, kBooking };
+
+// What a backend answered to repeated_key_requests(): per request its decisions and (kBooking)
+// how many bookings it left.
+struct RepeatedAnswers {
+  std::vector<std::vector<Decision>> decisions;
+  std::vector<std::size_t> booked;
+  friend bool operator==(const RepeatedAnswers&, const RepeatedAnswers&) = default;
+};
+
+// repeated_key_requests() against `backend` in `way`, each key behind `prefix` (keys of their
+// own in a shared store), `clock` advanced 111 ms before each: the same sequence any backend
+// must answer identically. A failed call ends the answers early.
+template <class Backend>
+RepeatedAnswers run_repeated_key_requests(Backend& backend, ManualClock& clock, RepeatedWay way,
+                                          std::string_view prefix = "") {
+  using namespace std::chrono_literals;
+  RepeatedAnswers answers;
+  for (std::vector<RuleKey> keys : repeated_key_requests()) {
+    std::vector<std::string> named;
+    named.reserve(keys.size());
+    for (RuleKey& k : keys) k.key = named.emplace_back(std::string(prefix) + std::string(k.key));
+    clock.advance(111ms);
+    std::vector<Decision> out(keys.size());
+    absl::Status status;
+    if (way == RepeatedWay::kAsTheyStand) {
+      status = backend.check_rules_as_they_stand(keys, out);
+    } else if (way == RepeatedWay::kBooking) {
+      if constexpr (requires { typename Backend::Booking; }) {
+        std::vector<typename Backend::Booking> bookings;
+        status = backend.check_rules_booking(keys, ConsumptionMode::kAllOrNothing, out, bookings);
+        answers.booked.push_back(bookings.size());
+      }
+    } else {
+      status = backend.check_rules(keys,
+                                   way == RepeatedWay::kEveryRule ? ConsumptionMode::kEveryRule
+                                                                  : ConsumptionMode::kAllOrNothing,
+                                   out);
+    }
+    if (!status.ok()) break;
+    answers.decisions.push_back(std::move(out));
+  }
+  return answers;
 }
 
 // check_rules all or nothing, then, when a key denied, a peek at cost 0 for every admitting key:
