@@ -53,8 +53,15 @@ struct RuleKey {
 // Required. `check_rules(keys, mode, out)` decides every key at its own cost into `out` (one
 // Decision per key, same order): in ConsumptionMode::kAllOrNothing every key is decided and
 // either all admitting keys consume or, if any key denies, none does; in kEveryRule each
-// admitting key consumes. A cost no window can ever admit is InvalidArgument (the request's
-// fault); any other error is the backend's failure, and `out` is then unspecified.
+// admitting key consumes. Keys are decided in order at one time, as if each were checked alone
+// after the ones before it: a (rule, key) that `keys` names twice is decided the second time
+// after the first occurrence's consumption (the policy engine never repeats one; a custom
+// caller may). In kAllOrNothing that consumption is undone with the rest if any key denies:
+// `out` holds the in-order decisions, and a denied request consumed nothing. The same holds for
+// check_rules_booking and check_rules_as_they_stand below (there every admitting occurrence of a
+// denied request reports its key as it stood before the request). The in-memory, Redis and
+// PostgreSQL backends all decide so. A cost no window can ever admit is InvalidArgument (the
+// request's fault); any other error is the backend's failure, and `out` is then unspecified.
 // `rule_store_stats(rule)` reads one rule's store counters. `B::create(rules, previous,
 // options)` builds one generation: with `previous` (a reload), every rule whose fingerprint
 // `previous` has keeps its state. Thread-safety: check_rules and rule_store_stats may be called
