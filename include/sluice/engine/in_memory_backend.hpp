@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
@@ -374,7 +375,7 @@ class InMemoryBackend {
                   std::span<const KeyDigest> digests, std::span<Decision> out,
                   Report report = Report::kAtCost) {
     const std::int64_t now = detail::saturate_time(clock_.now().count());
-    if (keys.size() > kInline || has_fixed(keys) || has_repeats(keys, digests)) {
+    if (keys.size() > kInline || has_fixed(keys)) {
       return decide_then_commit(held, keys, digests, out, now, report);
     }
     std::array<typename GcraLimiter<ClockT>::Undo, kInline> undo;
@@ -387,13 +388,23 @@ class InMemoryBackend {
       }
       if (!out[i].allowed()) break;
     }
+    // A repeated key decided here saw its earlier occurrences only if it is tracked (reserved in
+    // its cell): every key admitted with no absent key repeated, the pass stands; otherwise the
+    // request is decided again in order (redo_in_order).
     if (i == keys.size()) {  // every key admitted: insert the absent ones
+      const std::uint32_t absent = ~reserved & ((std::uint32_t{1} << keys.size()) - 1);
+      if ((absent & (absent - 1)) != 0 && has_repeats(keys, digests, absent)) {
+        return redo_in_order(held, keys, digests, out, now, report, undo, reserved, keys.size());
+      }
       for (std::size_t j = 0; j < keys.size(); ++j) {
         if ((reserved >> j & 1U) == 0 && keys[j].cost != 0) {
           gcra_[keys[j].rule]->admit_locked(held, digests[j], now, keys[j].cost);
         }
       }
       return;
+    }
+    if (has_repeats(keys, digests, ~std::uint32_t{0})) {
+      return redo_in_order(held, keys, digests, out, now, report, undo, reserved, i);
     }
     // Key i denied: put the reserved keys back and decide every other key as it stands.
     for (std::size_t j = 0; j < keys.size(); ++j) {
@@ -406,12 +417,34 @@ class InMemoryBackend {
     }
   }
 
-  // Whether a (rule, key) occurs twice among at most kInline keys: pairwise, the rules compared
-  // first, so a request whose rules differ (the engine's) compares no digest.
-  static bool has_repeats(std::span<const RuleKey> keys, std::span<const KeyDigest> digests) {
+  // Puts back the reservations of the first `reached` keys, latest first, and decides the
+  // request in order (decide_then_commit): commit_all's way out when a key repeats. Out of line,
+  // so that the pass it leaves keeps its registers.
+  template <class Undos>
+  ABSL_ATTRIBUTE_NOINLINE void redo_in_order(const HeldShardLocks& held,
+                                             std::span<const RuleKey> keys,
+                                             std::span<const KeyDigest> digests,
+                                             std::span<Decision> out, std::int64_t now,
+                                             Report report, const Undos& undo,
+                                             std::uint32_t reserved, std::size_t reached) {
+    for (std::size_t j = reached; j-- > 0;) {
+      if ((reserved >> j & 1U) != 0) undo[j].restore();
+    }
+    decide_then_commit(held, keys, digests, out, now, report);
+  }
+
+  // Whether a (rule, key) occurs twice among the keys (at most kInline) whose bit `among` has:
+  // pairwise, the rules compared first, so a request whose rules differ (the engine's) compares
+  // no digest. Asked only when a request is denied or two of its keys are absent from their
+  // stores: a repeated tracked key, all admitted, was decided after its earlier occurrences.
+  static bool has_repeats(std::span<const RuleKey> keys, std::span<const KeyDigest> digests,
+                          std::uint32_t among) {
     for (std::size_t i = 1; i < keys.size(); ++i) {
+      if ((among >> i & 1U) == 0) continue;
       for (std::size_t j = 0; j < i; ++j) {
-        if (keys[i].rule == keys[j].rule && digests[i] == digests[j]) return true;
+        if ((among >> j & 1U) != 0 && keys[i].rule == keys[j].rule && digests[i] == digests[j]) {
+          return true;
+        }
       }
     }
     return false;
