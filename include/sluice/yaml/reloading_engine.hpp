@@ -85,8 +85,8 @@
 // endpoint); `reload()`, `poll()` and `require()` are serialized by a mutex that the request path
 // never takes (so the event hook, which a reload calls under it, must not call them).
 // Complexity: a reload is linear in the file and the config (and the requirements registered);
-// freeing what was handed back is linear
-// in the replaced generations still held, plus their destructors.
+// freeing what was handed back is linear in the replaced generations still held, plus their
+// destructors.
 #ifndef SLUICE_YAML_RELOADING_ENGINE_HPP_
 #define SLUICE_YAML_RELOADING_ENGINE_HPP_
 
