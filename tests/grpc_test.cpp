@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "names_config.hpp"
 #include "sluice/yaml/reloading_engine.hpp"
 #endif
 
@@ -643,23 +644,6 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
-
-// Listener `listener` and consumer `consumer`: each 2 calls per minute per address.
-void write_names_yaml(const std::string& path, const std::string& listener,
-                      const std::string& consumer) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << absl::StrCat(
-      "policies:\n"
-      "  - name: two-per-minute\n"
-      "    rate_limits:\n"
-      "      - { name: per-ip, selector: [ip], requests_per: { minute: 2 } }\n"
-      "listeners:\n"
-      "  - { name: ",
-      listener,
-      ", policies: [two-per-minute] }\n"
-      "consumers:\n"
-      "  - { name: ",
-      consumer, ", policies: [two-per-minute] }\n");
-}
 
 std::unique_ptr<Holder> make_holder(const std::string& path, sluice::ManualClock clock) {
   auto holder = Holder::create(path, {.backend = {.store = {.seed = 1}, .clock = clock}});

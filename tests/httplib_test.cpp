@@ -27,6 +27,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "names_config.hpp"
 #include "sluice/yaml/reloading_engine.hpp"
 #endif
 
@@ -649,23 +650,14 @@ TEST_CASE("install without a metrics path adds no route") {
 
 namespace {
 
-// Listener `listener`: 2 per minute per address. Consumer `consumer`: 2 per minute per address,
-// for the unknown credentials of an adapter that names it. Every request is on a listener or a
-// credential's consumer, so the only rules are theirs.
-void write_names_yaml(const std::string& path, const std::string& listener,
-                      const std::string& consumer) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << absl::StrCat(
-      "policies:\n"
-      "  - name: two-per-minute\n"
-      "    rate_limits:\n"
-      "      - { name: per-ip, selector: [ip], requests_per: { minute: 2 } }\n"
-      "listeners:\n"
-      "  - { name: ",
-      listener,
-      ", policies: [two-per-minute] }\n"
-      "consumers:\n"
-      "  - { name: ",
-      consumer, ", policies: [two-per-minute] }\n");
+// A holder over `path`, written with listener "public" and consumer "unknown".
+std::unique_ptr<sluice::yaml::ReloadingEngine<Engine>> names_holder(const std::string& path,
+                                                                    sluice::ManualClock clock) {
+  write_names_yaml(path, "public", "unknown");
+  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
+      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
+  REQUIRE(holder.ok());
+  return *std::move(holder);
 }
 
 // How many of `count` requests for /v1/items (with `headers`) were answered 200.
@@ -684,18 +676,15 @@ TEST_CASE(
   sluice::ManualClock clock;
   const TempDir dir;
   const std::string path = dir.file("gateway.yaml");
-  write_names_yaml(path, "public", "unknown");
-  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
-      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
-  REQUIRE(holder.ok());
+  const auto holder = names_holder(path, clock);
   Limiter::Options options = options_with();
   options.listener = "public";
   const TestServer server([&holder, &options](httplib::Server& s) {
-    REQUIRE(sluice::install(s, **holder, {.limiter = options, .metrics_path = ""}).ok());
+    REQUIRE(sluice::install(s, *holder, {.limiter = options, .metrics_path = ""}).ok());
   });
 
   write_names_yaml(path, "external", "unknown");  // renamed: the adapter's requests match none
-  const absl::Status reloaded = (*holder)->reload();
+  const absl::Status reloaded = holder->reload();
   if (reloaded.ok()) {  // what the adapter does then: its listener's limit never applies
     CHECK(passed(server, 5) == 5);
   }
@@ -708,7 +697,7 @@ TEST_CASE(
                      "\"public\" in listeners[], or give the adapter another listener (recreate "
                      "it) before removing this one"));
   CHECK(passed(server, 5) == 2);  // the running generation still limits the listener
-  CHECK((*holder)->current()->engine_stats().failed_reloads == 1);
+  CHECK(holder->current()->engine_stats().failed_reloads == 1);
 }
 
 TEST_CASE(
@@ -718,19 +707,16 @@ TEST_CASE(
   sluice::ManualClock clock;
   const TempDir dir;
   const std::string path = dir.file("gateway.yaml");
-  write_names_yaml(path, "public", "unknown");
-  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
-      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
-  REQUIRE(holder.ok());
+  const auto holder = names_holder(path, clock);
   Limiter::Options options = options_with();
   options.unknown_consumer = "unknown";
   const TestServer server([&holder, &options](httplib::Server& s) {
-    REQUIRE(sluice::install(s, **holder, {.limiter = options, .metrics_path = ""}).ok());
+    REQUIRE(sluice::install(s, *holder, {.limiter = options, .metrics_path = ""}).ok());
   });
   const httplib::Headers random_key = {{"Authorization", "Bearer random-1"}};
 
   write_names_yaml(path, "public", "anonymous");  // the adapter's unknown consumer is gone
-  const absl::Status reloaded = (*holder)->reload();
+  const absl::Status reloaded = holder->reload();
   if (reloaded.ok()) {  // what the adapter does then: every unknown key is refused with 401
     CHECK(passed(server, 5, random_key) == 0);
   }
@@ -744,21 +730,18 @@ TEST_CASE(
   sluice::ManualClock clock;
   const TempDir dir;
   const std::string path = dir.file("gateway.yaml");
-  write_names_yaml(path, "public", "unknown");
-  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
-      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
-  REQUIRE(holder.ok());
+  const auto holder = names_holder(path, clock);
   Limiter::Options options = options_with();
   options.listener = "public";
   options.unknown_consumer = "unknown";
-  const absl::StatusOr<Limiter> limiter = Limiter::create(**holder, options);
+  const absl::StatusOr<Limiter> limiter = Limiter::create(*holder, options);
   REQUIRE(limiter.ok());
   const TestServer server(*limiter);
   CHECK(passed(server, 2) == 2);
 
   std::ofstream(path, std::ios::app) << "  - { name: partner }\n";  // one more consumer
-  REQUIRE((*holder)->reload().ok());
-  CHECK((*holder)->current()->engine_stats().reloads == 1);
+  REQUIRE(holder->reload().ok());
+  CHECK(holder->current()->engine_stats().reloads == 1);
   CHECK(passed(server, 1) == 0);  // the listener's rule kept its state
 }
 
@@ -766,42 +749,36 @@ TEST_CASE("creating an adapter over a holder refuses a listener its current conf
   sluice::ManualClock clock;
   const TempDir dir;
   const std::string path = dir.file("gateway.yaml");
-  write_names_yaml(path, "public", "unknown");
-  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
-      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
-  REQUIRE(holder.ok());
+  const auto holder = names_holder(path, clock);
   Limiter::Options options = options_with();
   options.listener = "pubilc";  // a typo
-  const absl::StatusOr<Limiter> limiter = Limiter::create(**holder, options);
+  const absl::StatusOr<Limiter> limiter = Limiter::create(*holder, options);
   CHECK(limiter.status().code() == absl::StatusCode::kInvalidArgument);
   const TestServer untouched([&holder, &options](httplib::Server& s) {
-    CHECK(sluice::install(s, **holder, {.limiter = options}).code() ==
+    CHECK(sluice::install(s, *holder, {.limiter = options}).code() ==
           absl::StatusCode::kInvalidArgument);
   });
   CHECK(untouched.get("/v1/items").status == 200);  // nothing was installed
 
   write_names_yaml(path, "other", "anonymous");  // nothing was registered either
-  CHECK((*holder)->reload().ok());
+  CHECK(holder->reload().ok());
 }
 
 TEST_CASE("once an adapter over the holder is gone, a reload may drop the names it needed") {
   sluice::ManualClock clock;
   const TempDir dir;
   const std::string path = dir.file("gateway.yaml");
-  write_names_yaml(path, "public", "unknown");
-  auto holder = sluice::yaml::ReloadingEngine<Engine>::create(
-      path, {.backend = {.store = {.seed = 1}, .clock = clock}});
-  REQUIRE(holder.ok());
+  const auto holder = names_holder(path, clock);
   Limiter::Options options = options_with();
   options.listener = "public";
   {
-    const absl::StatusOr<Limiter> limiter = Limiter::create(**holder, options);
+    const absl::StatusOr<Limiter> limiter = Limiter::create(*holder, options);
     REQUIRE(limiter.ok());
     const Limiter copy = *limiter;  // a copy keeps the names required
     write_names_yaml(path, "external", "unknown");
-    CHECK((*holder)->reload().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(holder->reload().code() == absl::StatusCode::kFailedPrecondition);
   }
-  CHECK((*holder)->reload().ok());
+  CHECK(holder->reload().ok());
 }
 #endif
 
