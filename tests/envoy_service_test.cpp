@@ -1640,9 +1640,20 @@ TEST_CASE("envoy: --max-threads N decides N - 1 calls at once and refuses the re
 
 namespace {
 
-// Established TCP connections to 127.0.0.1:`port`, counted on their clients' side, from
-// /proc/net/tcp.
-int connections_to(int port) {
+// The established TCP connections process `pid` holds to port `port`: the sockets among its
+// open files (/proc/<pid>/fd) whose /proc/net/tcp line is ESTABLISHED with that remote port.
+// Sockets of other processes are not counted: tests running at the same time may hold
+// connections whose remote port is the same number (a client's ephemeral port).
+int connections_to(pid_t pid, int port) {
+  std::vector<std::string> inodes;
+  std::error_code error;
+  for (const auto& fd :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"), error)) {
+    const std::string target = std::filesystem::read_symlink(fd.path(), error).string();
+    if (!error && target.starts_with("socket:[") && target.ends_with("]")) {
+      inodes.push_back(target.substr(8, target.size() - 9));
+    }
+  }
   std::ifstream tcp("/proc/net/tcp");
   std::string line;
   std::getline(tcp, line);  // the header
@@ -1650,10 +1661,16 @@ int connections_to(int port) {
   std::snprintf(remote, sizeof remote, ":%04X", static_cast<unsigned>(port));
   int n = 0;
   while (std::getline(tcp, line)) {
+    // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
     std::istringstream fields(line);
-    std::string slot, local_address, remote_address, state;
-    fields >> slot >> local_address >> remote_address >> state;
-    if (state == "01" && remote_address.ends_with(remote)) ++n;
+    std::string slot, local_address, remote_address, state, queues, timer, retransmits, uid,
+        timeout, inode;
+    fields >> slot >> local_address >> remote_address >> state >> queues >> timer >> retransmits >>
+        uid >> timeout >> inode;
+    if (state == "01" && remote_address.ends_with(remote) &&
+        std::find(inodes.begin(), inodes.end(), inode) != inodes.end()) {
+      ++n;
+    }
   }
   return n;
 }
@@ -1676,7 +1693,7 @@ int peak_redis_connections(const std::vector<std::string>& flags, int calls) {
   {
     CallFlood flood(rls_process.stub(), request("d", {{{"k", "flood"}}}), calls);
     for (int i = 0; i < 4000 && !flood.wait_for(2ms); ++i) {  // sampling, not timing a rate
-      peak = std::max(peak, connections_to(redis.redis.port()));
+      peak = std::max(peak, connections_to(rls_process.pid(), redis.redis.port()));
     }
     REQUIRE(flood.wait_for(0ms));
   }
