@@ -28,10 +28,9 @@
 // Memory: the queue holds one entry per blocked caller (allocated by its check, shared with
 // whoever takes it out of the queue), so it is bounded by the number of threads checking at
 // once, each for at most its deadline; a batch holds at most `max_batch` items.
-// Locks: the queue's lock guards only the queue; each waiting check has its own lock, on which
-// it sleeps and is woken (taken after the queue's lock, never before it, and released before
-// the wake-up, so the woken check finds it free), so handing out a batch's results does not
-// make its members contend for the queue.
+// Locks: the queue's lock guards only the queue. Each waiting check sleeps on an event of its
+// own (event.hpp: one futex wake to hand it its result or the lead), so handing out a batch's
+// results does not make its members contend for the queue or for any lock.
 // Complexity: a check joins in O(1), leaves or leads in O(queued checks).
 // Thread-safety: thread-safe. `send` runs on the leading caller's thread, under no lock.
 #ifndef SLUICE_DETAIL_COALESCER_HPP_
@@ -52,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sluice/decision.hpp"
+#include "sluice/detail/event.hpp"
 #include "sluice/detail/mutex.hpp"
 
 namespace sluice::detail {
@@ -124,16 +124,17 @@ class Coalescer {
 
   // One caller's check. Others reach it only through the queue, or as a member of the batch or
   // the next leader they took out of it; they share it with its caller, so it lives until they
-  // have notified it (a notify after the unlock wakes a waiter that finds its lock free).
+  // have set its event. Whoever takes it out of the queue writes `phase` (and `result`) and then
+  // sets `signaled`, once; its caller reads them only after it has seen the event set.
   struct Waiter {
     Waiter(const Item& i, const Group& g, Deadline d) : item(i), group(g), deadline(d) {}
 
     const Item item;
     const Group group;
     const Deadline deadline;
-    sluice::detail::Mutex mu;
-    Phase phase ABSL_GUARDED_BY(mu) = Phase::kWaiting;
-    absl::StatusOr<Decision> result ABSL_GUARDED_BY(mu) = absl::UnknownError("sluice: not decided");
+    sluice::detail::Event signaled;
+    Phase phase = Phase::kWaiting;
+    absl::StatusOr<Decision> result;  // written before phase becomes kDone
   };
   using WaiterPtr = std::shared_ptr<Waiter>;
 
@@ -153,35 +154,17 @@ class Coalescer {
   // `me`'s result once it is done (decided in a batch, or out of time while queued); nullopt
   // once it is handed the lead.
   std::optional<absl::StatusOr<Decision>> wait(Waiter& me) {
-    absl::StatusOr<Decision> result = absl::UnknownError("sluice: not decided");
-    Phase phase = sleep(me, me.deadline, result);
-    if (phase == Phase::kWaiting) {
+    if (!me.signaled.wait_until(me.deadline)) {
       if (leave(me)) {
         return absl::StatusOr<Decision>(expired());
       }
       // Taken out of the queue already: into a batch, whose deadline is at most ours, or to lead.
-      while (phase == Phase::kWaiting) {
-        phase = sleep(me, std::chrono::steady_clock::now() + std::chrono::seconds(1), result);
-      }
+      me.signaled.wait_until(Deadline::max());
     }
-    if (phase == Phase::kLead) {
+    if (me.phase == Phase::kLead) {
       return std::nullopt;
     }
-    return result;
-  }
-
-  // Sleeps until `me` leaves kWaiting or `until` passes; returns its phase, and when it is done
-  // moves its result into `result`.
-  static Phase sleep(Waiter& me, Deadline until, absl::StatusOr<Decision>& result) {
-    sluice::detail::MutexLock lock(me.mu);
-    me.mu.wait_for(until - std::chrono::steady_clock::now(),
-                   [&me]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // called with me.mu held
-                     return me.phase != Phase::kWaiting;
-                   });
-    if (me.phase == Phase::kDone) {
-      result = std::move(me.result);
-    }
-    return me.phase;
+    return std::move(me.result);
   }
 
   // Out of time while queued: true if `me` was still queued, and now has left the queue.
@@ -216,7 +199,7 @@ class Coalescer {
         batch.size(), absl::InternalError("sluice: no result for a coalesced check"));
     send(std::span<const Item>(items), me->group, by, std::span<absl::StatusOr<Decision>>(results));
     hand_lead(pass_lead(batch.size()));
-    for (std::size_t i = 1; i < batch.size(); ++i) finish(*batch[i], results[i]);
+    for (std::size_t i = 1; i < batch.size(); ++i) finish(*batch[i], std::move(results[i]));
     return std::move(results[0]);
   }
 
@@ -256,25 +239,19 @@ class Coalescer {
     return next;
   }
 
-  // The caller holds `next` (or a share of `w`), so it outlives the notify after the unlock.
+  // The caller holds `next` (or a share of `w`), so it outlives the event's wake-up.
   static void hand_lead(const WaiterPtr& next) {
     if (next == nullptr) {
       return;
     }
-    {
-      sluice::detail::MutexLock lock(next->mu);
-      next->phase = Phase::kLead;
-    }
-    next->mu.notify_all();
+    next->phase = Phase::kLead;
+    next->signaled.set();
   }
 
-  static void finish(Waiter& w, const absl::StatusOr<Decision>& result) {
-    {
-      sluice::detail::MutexLock lock(w.mu);
-      w.result = result;
-      w.phase = Phase::kDone;
-    }
-    w.mu.notify_all();
+  static void finish(Waiter& w, absl::StatusOr<Decision> result) {
+    w.result = std::move(result);
+    w.phase = Phase::kDone;
+    w.signaled.set();
   }
 
   static absl::Status expired() {
