@@ -234,6 +234,23 @@ TEST_CASE("a mapped IPv4 address is keyed under the IPv4 prefix") {
   CHECK(key_bytes("::ffff:192.0.2.1") == key_bytes("192.0.2.1"));
 }
 
+// [attack] Behind a stateless translator every IPv4 client arrives as 64:ff9b::/96 and its own
+// address: under the /64 they all shared one key, so one client could exhaust everyone's limit.
+TEST_CASE("an address under 64:ff9b::/96 is keyed as the IPv4 address it embeds") {
+  CHECK(key_bytes("64:ff9b::192.0.2.1") == key_bytes("192.0.2.1"));
+  CHECK(key_bytes("64:ff9b::c000:201") == key_bytes("192.0.2.1"));
+  CHECK(key_bytes("64:ff9b::192.0.2.1") != key_bytes("64:ff9b::192.0.2.2"));
+  const AddressPrefixes per_24{.ipv4 = 24, .ipv6 = 64};
+  CHECK(key_bytes("64:ff9b::192.0.2.1", per_24) == key_bytes("64:ff9b::192.0.2.255", per_24));
+  CHECK(key_bytes("64:ff9b::192.0.2.1", per_24) != key_bytes("64:ff9b::192.0.3.1", per_24));
+  // Only the well-known /96: the rest of 64:ff9b::/64, and other prefixes, are IPv6 clients.
+  CHECK(key_bytes("64:ff9b::1:c000:201") == key_bytes("64:ff9b::2:c000:201"));
+  CHECK(key_bytes("64:ff9b:1::c000:201") != key_bytes("192.0.2.1"));
+  // The address itself, its text and its family, is unchanged: only the key embeds.
+  CHECK(ClientAddress::parse("64:ff9b::192.0.2.1").to_string() == "64:ff9b::c000:201");
+  CHECK(ClientAddress::parse("64:ff9b::192.0.2.1").is_ipv6());
+}
+
 TEST_CASE("prefix lengths are validated per family") {
   CHECK(sluice::validate(AddressPrefixes{}).ok());
   CHECK(sluice::validate(AddressPrefixes{.ipv4 = 0, .ipv6 = 128}).ok());
