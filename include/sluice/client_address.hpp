@@ -225,19 +225,33 @@ class NetworkKey {
 // The most bytes a network key has (family, prefix length, 16 address bytes).
 inline constexpr std::size_t kMaxNetworkKeySize = 18;
 
+// The well-known prefix of IPv4-embedded IPv6 addresses (RFC 6052), 64:ff9b::/96: an IPv4
+// client that reaches an IPv6-only service through a stateless translator (SIIT, NAT46) arrives
+// as this prefix and its IPv4 address.
+inline constexpr std::array<std::uint8_t, 12> kIpv4EmbeddingPrefix = {0, 0x64, 0xff, 0x9b, 0, 0,
+                                                                      0, 0,    0,    0,    0, 0};
+
 // Writes network_key(address, prefixes).bytes() at `out` (room for kMaxNetworkKeySize bytes)
 // and returns the byte after it: straight into a composite key, with no key object between.
+// An address under 64:ff9b::/96 is keyed as the IPv4 address it embeds, under the IPv4 prefix:
+// under the IPv6 prefix every IPv4 client of the translator would share one /64's key.
 inline char* write_network_key(char* out, const ClientAddress& address,
                                const AddressPrefixes& prefixes) noexcept {
   if (!address.valid()) {
     *out = 0;
     return out + 1;
   }
-  const int bits =
-      address.is_ipv4() ? std::clamp(prefixes.ipv4, 0, 32) : std::clamp(prefixes.ipv6, 0, 128);
-  const std::span<const std::uint8_t> bytes = address.bytes();
+  std::span<const std::uint8_t> bytes = address.bytes();
+  ClientAddress::Family family = address.family();
+  if (family == ClientAddress::Family::kIpv6 &&
+      std::equal(kIpv4EmbeddingPrefix.begin(), kIpv4EmbeddingPrefix.end(), bytes.begin())) {
+    family = ClientAddress::Family::kIpv4;
+    bytes = bytes.subspan(kIpv4EmbeddingPrefix.size());
+  }
+  const int bits = family == ClientAddress::Family::kIpv4 ? std::clamp(prefixes.ipv4, 0, 32)
+                                                          : std::clamp(prefixes.ipv6, 0, 128);
   const auto whole = static_cast<std::size_t>(bits / 8);
-  *out++ = static_cast<char>(address.family());
+  *out++ = static_cast<char>(family);
   *out++ = static_cast<char>(bits);
   std::memcpy(out, bytes.data(), whole);  // std::copy from bytes to chars copies byte by byte
   out += whole;
