@@ -248,7 +248,7 @@ class Coalescer {
     next->signaled.set();
   }
 
-  static void finish(Waiter& w, absl::StatusOr<Decision> result) {
+  static void finish(Waiter& w, absl::StatusOr<Decision>&& result) {
     w.result = std::move(result);
     w.phase = Phase::kDone;
     w.signaled.set();
