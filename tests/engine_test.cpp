@@ -1478,6 +1478,121 @@ TEST_CASE("check_rules_booking decides a repeated key in order and books nothing
   CHECK(peek(backend, 0, "a").remaining == 0);
 }
 
+TEST_CASE("each booking of a repeated key gives back only what its own occurrence holds ahead",
+          "[attack]") {
+  // Rule 0 refills one request per T = 1/3 s. Booked at t0, the first occurrence holds
+  // [t0, t0 + 2T) and the second [t0 + 2T, t0 + 3T); at t0 + 2.4T only the second holds anything
+  // ahead. Refunded in full, one after the other, each must give back what the same occurrence
+  // booked alone right after the one before it gives back: the first nothing, the second 0.6T.
+  sluice::ManualClock clock;
+  MemoryBackend backend = memory_backend(clock);
+  MemoryBackend reference = memory_backend(clock);
+  const std::vector<K> twice = {{0, "a", 2}, {0, "a", 1}};
+  std::vector<sluice::Decision> out(twice.size());
+  std::vector<sluice::Decision> in_order(twice.size());
+  std::vector<MemoryBackend::Booking> bookings;
+  std::vector<MemoryBackend::Booking> one_by_one;
+  REQUIRE(backend.check_rules_booking(twice, sluice::ConsumptionMode::kAllOrNothing, out, bookings)
+              .ok());
+  REQUIRE(reference
+              .check_rules_booking(twice, sluice::ConsumptionMode::kEveryRule, in_order, one_by_one)
+              .ok());
+  REQUIRE(out == in_order);
+  REQUIRE(bookings.size() == 2);
+  REQUIRE(one_by_one.size() == 2);
+  clock.advance(800ms);
+  const absl::StatusOr<sluice::Decision> first = MemoryBackend::settle_booking(bookings[0], 0);
+  const absl::StatusOr<sluice::Decision> first_alone =
+      MemoryBackend::settle_booking(one_by_one[0], 0);
+  REQUIRE(first.ok());
+  REQUIRE(first_alone.ok());
+  CHECK(first_alone->remaining == 2);  // nothing back: its booking lies behind now
+  CHECK(first->remaining == first_alone->remaining);
+  CHECK(*first == *first_alone);
+  const absl::StatusOr<sluice::Decision> second = MemoryBackend::settle_booking(bookings[1], 0);
+  const absl::StatusOr<sluice::Decision> second_alone =
+      MemoryBackend::settle_booking(one_by_one[1], 0);
+  REQUIRE(second.ok());
+  REQUIRE(second_alone.ok());
+  CHECK(second_alone->remaining == 3);  // 0.6T back: the bucket is full
+  CHECK(*second == *second_alone);
+}
+
+TEST_CASE("bookings of repeated keys settle as the same occurrences booked one by one",
+          "[attack]") {
+  // Each request all or nothing against the same keys booked one item at a time (kEveryRule),
+  // then every booking settled in order at the same later time and actual cost, field by field:
+  // new and tracked keys, stacked windows with fractional intervals (rule 1), more than eight
+  // keys, a cost of 0 between two costs; a reset between booking and settling voids both alike.
+  const std::vector<std::vector<K>> requests = {
+      {{0, "a", 1}, {0, "a", 1}, {0, "a", 1}},
+      {{0, "a", 2}, {1, "u", 1}, {0, "a", 1}},
+      {{1, "u", 1}, {1, "u", 0}, {1, "u", 1}},
+      {{0, "k1", 1},
+       {0, "k2", 1},
+       {0, "k3", 1},
+       {0, "k4", 1},
+       {0, "k5", 1},
+       {0, "k6", 1},
+       {0, "k7", 1},
+       {0, "b", 1},
+       {0, "b", 2}},
+  };
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    for (const bool tracked : {false, true}) {
+      for (const auto later : {0ms, 100ms, 400ms, 700ms, 1100ms}) {
+        for (const std::uint64_t actual : {0, 1}) {
+          for (const bool reset : {false, true}) {
+            INFO("request " << r << ", tracked " << tracked << ", " << later.count()
+                            << " ms later, actual " << actual << ", reset " << reset);
+            sluice::ManualClock clock;
+            MemoryBackend backend = memory_backend(clock);
+            MemoryBackend reference = memory_backend(clock);
+            const std::vector<K>& keys = requests[r];
+            if (tracked) {  // each key has a cell whose bucket is full again
+              for (const K& k : keys) {
+                all_or_nothing(backend, std::vector<K>{{k.rule, k.key, 1}});
+                all_or_nothing(reference, std::vector<K>{{k.rule, k.key, 1}});
+              }
+              clock.advance(10s);
+            }
+            std::vector<sluice::Decision> out(keys.size());
+            std::vector<sluice::Decision> in_order(keys.size());
+            std::vector<MemoryBackend::Booking> bookings;
+            std::vector<MemoryBackend::Booking> one_by_one;
+            REQUIRE(backend
+                        .check_rules_booking(keys, sluice::ConsumptionMode::kAllOrNothing, out,
+                                             bookings)
+                        .ok());
+            REQUIRE(reference
+                        .check_rules_booking(keys, sluice::ConsumptionMode::kEveryRule, in_order,
+                                             one_by_one)
+                        .ok());
+            REQUIRE(out == in_order);
+            REQUIRE(bookings.size() == keys.size());
+            REQUIRE(one_by_one.size() == keys.size());
+            clock.advance(later);
+            if (reset) {
+              REQUIRE(backend.reset_key(keys.back().rule, keys.back().key).ok());
+              REQUIRE(reference.reset_key(keys.back().rule, keys.back().key).ok());
+            }
+            for (std::size_t i = 0; i < keys.size(); ++i) {
+              INFO("occurrence " << i);
+              const absl::StatusOr<sluice::Decision> got =
+                  MemoryBackend::settle_booking(bookings[i], actual);
+              const absl::StatusOr<sluice::Decision> expected =
+                  MemoryBackend::settle_booking(one_by_one[i], actual);
+              REQUIRE(got.ok());
+              REQUIRE(expected.ok());
+              CHECK(*got == *expected);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("check_rules_as_they_stand reports a repeated key's admitting occurrence as it stood",
           "[attack]") {
   sluice::ManualClock clock;

@@ -1685,6 +1685,64 @@ TEST_CASE("the engine backend over PostgreSQL reports a denied request's keys as
   CHECK(denied_with_room >= 2);
 }
 
+TEST_CASE("a denied request whose second statement fails stays denied and the failure is counted") {
+  // The client has one connection, and its time source (read once per statement) leases it when
+  // `lease_at` reads have been taken: the second statement of check_rules_as_they_stand finds no
+  // free connection. The verdict stands, the admitting key reports its room less its cost, and
+  // standing_failures() counts the failure, in this generation and the next.
+  std::shared_ptr<Client> c;
+  std::optional<sluice::postgres::ConnectionPool::Lease> held;
+  int reads = 0;
+  int lease_at = 0;
+  sluice::postgres::ConnectionOptions one = connection();
+  one.max_connections = 1;
+  one.acquire_timeout = 50ms;
+  auto made = Client::create({.connection = one, .key_seed = 42, .time_source = [&] {
+                                if (++reads == lease_at) {
+                                  absl::StatusOr<sluice::postgres::ConnectionPool::Lease> lease =
+                                      c->pool().acquire();
+                                  if (lease.ok()) held.emplace(*std::move(lease));
+                                }
+                                return the_time.now();
+                              }});
+  REQUIRE(made.ok());
+  c = *std::move(made);
+  REQUIRE(sluice::postgres::migrate(c->pool()).ok());
+  const std::vector<sluice::CompiledRule> rules = {
+      {.label = "api/thirds", .windows = {{.requests = 3, .period = 1s, .burst = 3}}},
+      {.label = "api/one", .windows = {{.requests = 1, .period = 1s, .burst = 1}}}};
+  auto backend =
+      make(sluice::postgres::PostgresEngineBackend::create(rules, nullptr, {.client = c}));
+  using K = sluice::RuleKey;
+  the_time.set(kT0);
+  std::vector<Decision> out(1);
+  REQUIRE(backend
+              .check_rules(std::vector<K>{{1, "standing-fails:b", 1}},
+                           sluice::ConsumptionMode::kAllOrNothing, out)
+              .ok());
+  REQUIRE(out[0].allowed());
+  const std::vector<K> request = {{0, "standing-fails:a", 1}, {1, "standing-fails:b", 1}};
+  out.assign(request.size(), {});
+  reads = 0;
+  lease_at = 2;
+  const absl::Status status = backend.check_rules_as_they_stand(request, out);
+  lease_at = 0;
+  CHECK(held.has_value());
+  held.reset();
+  CHECK(status.ok());
+  CHECK(out[0].allowed());
+  CHECK(out[0].remaining == 2);  // at its cost: the room as it stands was not read
+  CHECK_FALSE(out[1].allowed());
+  CHECK(backend.standing_failures() == 1);
+  // The same request with a free connection: as it stands (nothing was consumed), not counted.
+  REQUIRE(backend.check_rules_as_they_stand(request, out).ok());
+  CHECK(out[0].remaining == 3);
+  CHECK_FALSE(out[1].allowed());
+  CHECK(backend.standing_failures() == 1);
+  auto next = make(sluice::postgres::PostgresEngineBackend::create(rules, &backend, {.client = c}));
+  CHECK(next.standing_failures() == 1);
+}
+
 TEST_CASE("a key repeated in one request over PostgreSQL is decided as in memory, in every way",
           "[attack]") {
   // The in-order semantics of check_rules (sluice/engine/backend.hpp): each way on keys of its

@@ -880,3 +880,47 @@ TEST_CASE("a key repeated in one request over Redis is decided as in memory, in 
     CHECK(got.booked == expected.booked);
   }
 }
+
+TEST_CASE("each booking of a key repeated over Redis gives back only what its own occurrence holds",
+          "[attack]") {
+  // As in memory (engine_test.cpp): booked at t0, rule 0's first occurrence holds [t0, t0 + 2T)
+  // and the second [t0 + 2T, t0 + 3T), T = 1/3 s; refunded in full at t0 + 2.4T, the first gives
+  // back nothing and the second 0.6T, field by field as the in-memory backend.
+  Server server;
+  sluice::ManualClock memory_clock;
+  sluice::ManualClock redis_clock;
+  using MemoryBackend = sluice::InMemoryBackend<sluice::ManualClock>;
+  auto memory =
+      MemoryBackend::create(sluice::testing::repeat_rules(), nullptr, {.clock = memory_clock});
+  REQUIRE(memory.ok());
+  auto redis = RedisEngineBackend::create(sluice::testing::repeat_rules(), nullptr,
+                                          {.client = server.client_holding_keys(redis_clock)});
+  REQUIRE(redis.ok());
+  const std::vector<sluice::RuleKey> twice = {{0, "a", 2}, {0, "a", 1}};
+  std::vector<Decision> in_memory(twice.size());
+  std::vector<Decision> over_redis(twice.size());
+  std::vector<MemoryBackend::Booking> memory_bookings;
+  std::vector<RedisEngineBackend::Booking> redis_bookings;
+  REQUIRE(memory
+              ->check_rules_booking(twice, sluice::ConsumptionMode::kAllOrNothing, in_memory,
+                                    memory_bookings)
+              .ok());
+  REQUIRE(redis
+              ->check_rules_booking(twice, sluice::ConsumptionMode::kAllOrNothing, over_redis,
+                                    redis_bookings)
+              .ok());
+  REQUIRE(over_redis == in_memory);
+  REQUIRE(redis_bookings.size() == 2);
+  REQUIRE(memory_bookings.size() == 2);
+  memory_clock.advance(800ms);
+  redis_clock.advance(800ms);
+  for (std::size_t i = 0; i < twice.size(); ++i) {
+    INFO("occurrence " << i);
+    const absl::StatusOr<Decision> expected = MemoryBackend::settle_booking(memory_bookings[i], 0);
+    const absl::StatusOr<Decision> got = RedisEngineBackend::settle_booking(redis_bookings[i], 0);
+    REQUIRE(expected.ok());
+    REQUIRE(got.ok());
+    CHECK(got->remaining == (i == 0 ? 2 : 3));
+    CHECK(*got == *expected);
+  }
+}

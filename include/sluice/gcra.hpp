@@ -573,10 +573,12 @@ class GcraLimiter {
     return result;
   }
 
-  // After an admission of `cost` under `held`: what the key's cell holds, as a booking (the
-  // engine's settlements).
+  // After an admission of `cost` under `held`, and of `later` more units admitted after it for
+  // the same key (a request that repeats the key): what the admission of `cost` left the key's
+  // cell holding, as a booking (the engine's settlements). Exact: once an admission of a cost of
+  // at least 1 put a TAT ahead of now, each later one adds exactly its cost·T to it.
   void record_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
-                     std::uint64_t cost, detail::GcraBooking& out) {
+                     std::uint64_t cost, std::uint64_t later, detail::GcraBooking& out) {
     std::visit(
         [&](auto& store) {
           out.digest = d;
@@ -585,7 +587,8 @@ class GcraLimiter {
               held, d, now,
               [&](auto& cell, std::int64_t) {
                 for (std::size_t i = 0; i < params_.size(); ++i) {
-                  out.booked[i] = detail::scaled_tat(cell.tat[i], params_[i].requests);
+                  out.booked[i] = detail::scaled_tat(cell.tat[i], params_[i].requests) -
+                                  detail::cost_scaled(params_[i], later);
                   out.added[i] = detail::cost_scaled(params_[i], cost);
                 }
                 return true;

@@ -182,9 +182,11 @@ class InMemoryBackend {
   };
 
   // `check_rules` that also records each key's booking when every key was admitted (else
-  // `bookings` is left empty). Each key's decision and booking are taken under its shard lock.
-  // A request with a fixed-window rule is only checked: it books nothing, so its settlement
-  // stays closed.
+  // `bookings` is left empty). Each key's decision and booking are taken under its shard lock;
+  // each occurrence of a (rule, key) the request repeats books the state it left, before the
+  // later occurrences, so that a refund gives back only what that occurrence holds ahead. A
+  // request with a fixed-window rule is only checked: it books nothing, so its settlement stays
+  // closed.
   absl::Status check_rules_booking(std::span<const RuleKey> keys, ConsumptionMode mode,
                                    std::span<Decision> out, std::vector<Booking>& bookings) {
     bookings.clear();
@@ -193,11 +195,12 @@ class InMemoryBackend {
     absl::InlinedVector<KeyDigest, 8> digests;
     for (const RuleKey& k : keys) digests.push_back(limiters_[k.rule].gcra->digest(k.key));
     const std::int64_t now = detail::saturate_time(clock_.now().count());
-    auto record = [&](const HeldShardLocks& held, std::size_t i) {
+    // Key i's booking, `later` units admitted after it for its (rule, key).
+    auto record = [&](const HeldShardLocks& held, std::size_t i, std::uint64_t later) {
       Booking b{.limiter = limiters_[keys[i].rule].gcra,
                 .lineage = limiters_[keys[i].rule].lineage,
                 .units = keys[i].cost};
-      b.limiter->record_locked(held, digests[i], now, keys[i].cost, b.booking);
+      b.limiter->record_locked(held, digests[i], now, keys[i].cost, later, b.booking);
       bookings.push_back(std::move(b));
     };
     bool all = true;
@@ -209,7 +212,7 @@ class InMemoryBackend {
         limiters_[keys[i].rule].gcra->decide_locked(held, digests[i], now, keys[i].cost, true,
                                                     out[i]);
         all = all && out[i].allowed();
-        if (all) record(held, i);
+        if (all) record(held, i, 0);
       }
     } else {
       ShardLockSet locks;
@@ -220,7 +223,9 @@ class InMemoryBackend {
       commit_all(held, keys, digests, out);
       for (std::size_t i = 0; i < keys.size(); ++i) all = all && out[i].allowed();
       if (all) {
-        for (std::size_t i = 0; i < keys.size(); ++i) record(held, i);
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+          record(held, i, cost_after(keys, digests, i));
+        }
       }
     }
     if (!all) bookings.clear();
@@ -481,6 +486,16 @@ class InMemoryBackend {
       if (keys[j].rule == keys[i].rule && digests[j] == digests[i]) return true;
     }
     return false;
+  }
+
+  // The cost of the occurrences of key i's (rule, key) after it. O(keys).
+  static std::uint64_t cost_after(std::span<const RuleKey> keys, std::span<const KeyDigest> digests,
+                                  std::size_t i) {
+    std::uint64_t cost = 0;
+    for (std::size_t j = i + 1; j < keys.size(); ++j) {
+      if (keys[j].rule == keys[i].rule && digests[j] == digests[i]) cost += keys[j].cost;
+    }
+    return cost;
   }
 
   // Decides key i and every later occurrence of its (rule, key), in order, without committing.

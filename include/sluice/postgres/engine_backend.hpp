@@ -23,12 +23,16 @@
 // sets (sluice/engine/carried_rules.hpp, sluice.check_carried_v1 in schema version 4). Old rows go
 // idle and are cleaned up.
 // Stats: `rule_store_stats` is all zeros (the rows are in the database).
-// A denied request reported as it stands (check_rules_as_they_stand) is two statements.
-// Thread-safety: `check_rules` and `check_rules_as_they_stand` may be called concurrently.
+// A denied request reported as it stands (check_rules_as_they_stand) is two statements; when the
+// second fails, the request stays denied and the failure is counted in `standing_failures()`,
+// which every generation of an engine shares.
+// Thread-safety: `check_rules`, `check_rules_as_they_stand` and `standing_failures` may be called
+// concurrently.
 #ifndef SLUICE_POSTGRES_ENGINE_BACKEND_HPP_
 #define SLUICE_POSTGRES_ENGINE_BACKEND_HPP_
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -76,6 +80,7 @@ class PostgresEngineBackend {
       return absl::InvalidArgumentError("sluice::postgres: the engine backend needs a client");
     }
     PostgresEngineBackend backend(options);
+    if (previous != nullptr) backend.standing_failures_ = previous->standing_failures_;
     for (const CompiledRule& rule : rules) {
       if (rule.adaptive) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -154,8 +159,8 @@ class PostgresEngineBackend {
   // check_rules in kAllOrNothing that reports a denied request's admitting keys as they stand
   // (StandingBackend). The database answers decisions, not the state they came from, so a denied
   // request costs a second statement: every key at cost 0 (it stores nothing). If that statement
-  // fails, the verdict stands: the call is OK, and the admitting keys report their decision at
-  // their cost (room as it stands, less their cost).
+  // fails, the verdict stands: the call is OK, the admitting keys report their decision at their
+  // cost (room as it stands, less their cost), and standing_failures() counts the failure.
   absl::Status check_rules_as_they_stand(std::span<const RuleKey> keys, std::span<Decision> out) {
     if (absl::Status s = check_rules(keys, ConsumptionMode::kAllOrNothing, out); !s.ok()) return s;
     if (std::all_of(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(keys.size()),
@@ -165,7 +170,10 @@ class PostgresEngineBackend {
     absl::InlinedVector<RuleKey, 8> peek(keys.begin(), keys.end());
     for (RuleKey& k : peek) k.cost = 0;
     absl::InlinedVector<Decision, 8> standing(keys.size());
-    if (!check_rules(peek, ConsumptionMode::kAllOrNothing, standing).ok()) return absl::OkStatus();
+    if (!check_rules(peek, ConsumptionMode::kAllOrNothing, standing).ok()) {
+      standing_failures_->fetch_add(1, std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
     for (std::size_t i = 0; i < keys.size(); ++i) {
       if (out[i].allowed()) out[i] = standing[i];
     }
@@ -174,6 +182,12 @@ class PostgresEngineBackend {
 
   // Zeros: the rows live in the database (see the header comment).
   StoreStats rule_store_stats(std::size_t /*rule*/) const { return {}; }
+
+  // Denied requests whose second statement (check_rules_as_they_stand) failed, over every
+  // generation since the first: each stayed denied, its admitting keys reported at their cost.
+  std::uint64_t standing_failures() const noexcept {
+    return standing_failures_->load(std::memory_order_relaxed);
+  }
 
   // Forgets rule `rule`'s state for `key` (BasicRateLimitEngine::reset): one round trip
   // (Client::reset; FailedPrecondition until the schema is migrated to version 2).
@@ -201,6 +215,9 @@ class PostgresEngineBackend {
   Options options_;
   std::vector<std::shared_ptr<const Limit>> limits_;         // per compiled rule
   std::vector<sluice::detail::CarriedRule<Limit>> carried_;  // per compiled rule
+  // Shared with every later generation (create's `previous`).
+  std::shared_ptr<std::atomic<std::uint64_t>> standing_failures_ =
+      std::make_shared<std::atomic<std::uint64_t>>(0);
 };
 
 static_assert(EngineBackend<PostgresEngineBackend> && StandingBackend<PostgresEngineBackend>);
