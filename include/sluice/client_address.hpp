@@ -226,9 +226,6 @@ class NetworkKey {
 // The most bytes a network key has (family, prefix length, 16 address bytes).
 inline constexpr std::size_t kMaxNetworkKeySize = 18;
 
-inline char* write_network_key(char* out, const ClientAddress& address,
-                               const AddressPrefixes& prefixes) noexcept;
-
 namespace detail {
 
 // The well-known prefix of IPv4-embedded IPv6 addresses (RFC 6052), 64:ff9b::/96: an IPv4
@@ -237,14 +234,30 @@ namespace detail {
 inline constexpr std::array<std::uint8_t, 12> kIpv4EmbeddingPrefix = {0, 0x64, 0xff, 0x9b, 0, 0,
                                                                       0, 0,    0,    0,    0, 0};
 
-// The key of the IPv4 address that an address under 64:ff9b::/96 embeds, at `out`. Out of line:
-// the common paths of write_network_key stay as short as they were.
+// Writes the key of the network of `family` whose first `bits` are those of `bytes`.
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline char* write_network_prefix(char* out,
+                                                               ClientAddress::Family family,
+                                                               int bits,
+                                                               const std::uint8_t* bytes) noexcept {
+  const auto whole = static_cast<std::size_t>(bits / 8);
+  *out++ = static_cast<char>(family);
+  *out++ = static_cast<char>(bits);
+  std::memcpy(out, bytes, whole);  // std::copy from bytes to chars copies byte by byte
+  out += whole;
+  if (const int rest = bits % 8; rest != 0) {
+    const auto mask = static_cast<std::uint8_t>(0xff << (8 - rest));
+    *out++ = static_cast<char>(bytes[whole] & mask);
+  }
+  return out;
+}
+
+// The key of the IPv4 address that an address under 64:ff9b::/96 embeds. Out of line: the
+// common paths of write_network_key stay as short as they were.
 ABSL_ATTRIBUTE_NOINLINE inline char* write_embedded_ipv4_key(char* out,
                                                              const ClientAddress& address,
                                                              int ipv4_bits) noexcept {
-  const std::span<const std::uint8_t> bytes = address.bytes();
-  return write_network_key(out, ClientAddress::ipv4({bytes[12], bytes[13], bytes[14], bytes[15]}),
-                           AddressPrefixes{.ipv4 = ipv4_bits});
+  return write_network_prefix(out, ClientAddress::Family::kIpv4, std::clamp(ipv4_bits, 0, 32),
+                              address.bytes().data() + kIpv4EmbeddingPrefix.size());
 }
 
 }  // namespace detail
@@ -259,23 +272,14 @@ inline char* write_network_key(char* out, const ClientAddress& address,
     *out = 0;
     return out + 1;
   }
-  const std::span<const std::uint8_t> bytes = address.bytes();
-  if (address.is_ipv6() && std::memcmp(bytes.data(), detail::kIpv4EmbeddingPrefix.data(),
+  const std::uint8_t* const bytes = address.bytes().data();
+  if (address.is_ipv6() && std::memcmp(bytes, detail::kIpv4EmbeddingPrefix.data(),
                                        detail::kIpv4EmbeddingPrefix.size()) == 0) {
     return detail::write_embedded_ipv4_key(out, address, prefixes.ipv4);
   }
   const int bits =
       address.is_ipv4() ? std::clamp(prefixes.ipv4, 0, 32) : std::clamp(prefixes.ipv6, 0, 128);
-  const auto whole = static_cast<std::size_t>(bits / 8);
-  *out++ = static_cast<char>(address.family());
-  *out++ = static_cast<char>(bits);
-  std::memcpy(out, bytes.data(), whole);  // std::copy from bytes to chars copies byte by byte
-  out += whole;
-  if (const int rest = bits % 8; rest != 0) {
-    const auto mask = static_cast<std::uint8_t>(0xff << (8 - rest));
-    *out++ = static_cast<char>(bytes[whole] & mask);
-  }
-  return out;
+  return detail::write_network_prefix(out, address.family(), bits, bytes);
 }
 
 inline NetworkKey network_key(const ClientAddress& address,
