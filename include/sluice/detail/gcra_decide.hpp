@@ -154,24 +154,31 @@ ABSL_ATTRIBUTE_NOINLINE void gcra_deny(const GcraParams* params, const GcraCell<
   out.binding_window = b;
 }
 
-// Writes the decision for `cell` at `now` into `out`, field by field (no Decision temporary is
-// copied); the cell advances in every window iff all admit and `commit_admitted`. The binding
-// window of an admission is the one with the least remaining (ties to the shorter period); only
-// it gets a reset_after.
-// One pass over the windows, each window's new TAT written straight into the cell (which the
-// shard lock holds exclusively) and put back from a copy when the request is denied or only
-// reported: no per-window arrays to keep in registers or on the stack.
-// Whether every window of `cell` starts afresh at now (its TAT not ahead of now): the state that
-// steady traffic below every window's rate finds on each check.
+// A TAT rounded up to the nanosecond: the window starts afresh at now (its TAT not ahead of now)
+// iff this is at most now.
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline std::int64_t gcra_tat_ceil(const GcraTat& t) {
+  return t.whole + (t.fraction != 0 ? 1 : 0);
+}
+
+// Whether every window of `cell` starts afresh at now: the state that steady traffic below every
+// window's rate finds on each check. Stops at the first window ahead of now, so that a key under
+// load, whose shortest window is ahead, pays for one window here.
 template <std::size_t N>
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool gcra_all_fresh(const GcraCell<N>& cell, std::int64_t now) {
-  bool fresh = true;
 #pragma GCC unroll 4
   for (std::size_t i = 0; i < N; ++i) {
-    const GcraTat& t = cell.tat[i];
-    fresh &= t.whole < now || (t.whole == now && t.fraction == 0);
+    if (gcra_tat_ceil(cell.tat[i]) > now) return false;
   }
-  return fresh;
+  return true;
+}
+
+// now + cost·T for a window that starts afresh at now: its fraction starts at 0, so no carry.
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline GcraTat gcra_fresh_tat(const GcraParams& p, std::int64_t now,
+                                                           std::uint64_t cost) {
+  if (cost == 1) return GcraTat{now + p.interval_whole, p.interval_fraction};
+  const absl::uint128 scaled = absl::uint128(cost) * static_cast<std::uint64_t>(p.period);
+  return GcraTat{now + static_cast<std::int64_t>(absl::Uint128Low64(scaled / p.requests)),
+                 absl::Uint128Low64(scaled % p.requests)};
 }
 
 // gcra_decide for a cell whose windows all start afresh, when `cost` fits the smallest burst: every
@@ -190,26 +197,27 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool gcra_decide_fresh(const GcraParams* par
   }
   const GcraParams& p = params[binding];
   if (cost > p.burst) return false;
-  std::int64_t whole = now;
-  std::uint64_t fraction = 0;
-  gcra_advance(whole, fraction, p, cost);
+  const GcraTat next = gcra_fresh_tat(p, now, cost);
   if (commit_admitted && cost != 0) {
 #pragma GCC unroll 4
-    for (std::size_t i = 0; i < N; ++i) {
-      GcraTat& t = cell.tat[i];
-      t = GcraTat{now, 0};
-      gcra_advance(t.whole, t.fraction, params[i], cost);
-    }
+    for (std::size_t i = 0; i < N; ++i) cell.tat[i] = gcra_fresh_tat(params[i], now, cost);
   }
   out.reason = Reason::kAllowed;
   out.limit = p.burst;
   out.remaining = p.burst - cost;
   out.retry_after = std::chrono::nanoseconds{0};
-  out.reset_after = std::chrono::nanoseconds{whole - now + (fraction != 0 ? 1 : 0)};
+  out.reset_after = std::chrono::nanoseconds{gcra_tat_ceil(next) - now};
   out.binding_window = binding;
   return true;
 }
 
+// Writes the decision for `cell` at `now` into `out`, field by field (no Decision temporary is
+// copied); the cell advances in every window iff all admit and `commit_admitted`. The binding
+// window of an admission is the one with the least remaining (ties to the shorter period); only
+// it gets a reset_after.
+// One pass over the windows, each window's new TAT written straight into the cell (which the
+// shard lock holds exclusively) and put back from a copy when the request is denied or only
+// reported: no per-window arrays to keep in registers or on the stack.
 template <std::size_t N>
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline void gcra_decide(const GcraParams* params, GcraCell<N>& cell,
                                                      std::int64_t now, std::uint64_t cost,
