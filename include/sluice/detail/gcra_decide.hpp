@@ -108,16 +108,26 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline std::uint64_t remaining_after(const GcraPara
 }
 
 // Whether window `p`, its TAT `ahead` + `fraction` ns ahead of now after an admission, has at
-// least `least` requests left: its room burst·period − scaled distance is at least
-// least·period (all scaled by requests, below 2^93). Exact, two products and no division: the
-// binding-window choice asks it of every window but the first, and computes remaining_after only
-// for a window that has fewer left.
+// least `least` requests left: its scaled distance ahead·requests + fraction is at most
+// (burst − least)·period. Exact. The binding-window choice asks it of every window but the first,
+// and computes remaining_after only for a window that has fewer left, so it is decided in whole
+// nanoseconds against (burst − least)·interval_whole, with one 64-bit product (at most
+// burst·T ≤ 2^60 ns); only a distance beyond that by a whole ns, when T is not a whole number of
+// ns, takes the 128-bit products.
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool has_at_least(const GcraParams& p, std::int64_t ahead,
                                                       std::uint64_t fraction, std::uint64_t least) {
-  const absl::uint128 room =
-      absl::uint128(static_cast<std::uint64_t>(p.tolerance_whole - ahead)) * p.requests +
-      p.tolerance_fraction - fraction;
-  return room >= absl::uint128(least) * static_cast<std::uint64_t>(p.period);
+  if (least > p.burst) return false;
+  const std::uint64_t spare = p.burst - least;
+  const auto spare_whole =
+      static_cast<std::int64_t>(spare * static_cast<std::uint64_t>(p.interval_whole));
+  // Below spare_whole, distance < spare_whole·requests ≤ spare·period; at it, only the fractions
+  // are left to compare (spare ≤ 2^32, interval_fraction < 2^32: the product fits 64 bits).
+  if (ahead < spare_whole) return true;
+  if (ahead == spare_whole) return fraction <= spare * p.interval_fraction;
+  if (p.interval_fraction == 0) return false;
+  const absl::uint128 distance =
+      absl::uint128(static_cast<std::uint64_t>(ahead)) * p.requests + fraction;
+  return distance <= absl::uint128(spare) * static_cast<std::uint64_t>(p.period);
 }
 
 // The denial: nothing changes; `cell` is the key's state as it stands. Writes its decision into
