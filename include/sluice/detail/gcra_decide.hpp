@@ -13,16 +13,18 @@
 #include <cstdint>
 
 #include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
 #include "absl/numeric/int128.h"
 #include "sluice/decision.hpp"
 #include "sluice/detail/gcra_cell.hpp"
 
 namespace sluice::detail {
 
-// TAT + cost·T, exact: whole and fraction parts with carry.
+// TAT + cost·T, exact: whole and fraction parts with carry. A unit cost, the common case, is laid
+// out in line: each stacked window would otherwise jump to it and back.
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline void gcra_advance(std::int64_t& whole, std::uint64_t& fraction,
                                                       const GcraParams& p, std::uint64_t cost) {
-  if (cost == 1) {
+  if (ABSL_PREDICT_TRUE(cost == 1)) {
     whole += p.interval_whole;
     fraction += p.interval_fraction;
   } else {
