@@ -166,20 +166,22 @@ ABSL_ATTRIBUTE_NOINLINE void gcra_deny(const GcraParams* params, const GcraCell<
   out.binding_window = b;
 }
 
-// A TAT rounded up to the nanosecond: the window starts afresh at now (its TAT not ahead of now)
-// iff this is at most now.
+// A TAT rounded up to the nanosecond.
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline std::int64_t gcra_tat_ceil(const GcraTat& t) {
   return t.whole + (t.fraction != 0 ? 1 : 0);
 }
 
-// Whether every window of `cell` starts afresh at now: the state that steady traffic below every
-// window's rate finds on each check. Stops at the first window ahead of now, so that a key under
-// load, whose shortest window is ahead, pays for one window here.
+// Whether every window of `cell` starts afresh at now (its TAT not ahead of now): the state that
+// steady traffic below every window's rate finds on each check. Stops at the first window ahead
+// of now, so that a key under load, whose shortest window is ahead, pays for one window here.
+// Two comparisons, not the rounded-up TAT against now: that is a comparison fewer but made one
+// window's check 0.5 ns slower on the bench host.
 template <std::size_t N>
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool gcra_all_fresh(const GcraCell<N>& cell, std::int64_t now) {
 #pragma GCC unroll 4
   for (std::size_t i = 0; i < N; ++i) {
-    if (gcra_tat_ceil(cell.tat[i]) > now) return false;
+    const GcraTat& t = cell.tat[i];
+    if (t.whole > now || (t.whole == now && t.fraction != 0)) return false;
   }
   return true;
 }
