@@ -11,6 +11,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "catch.hpp"
 #include "redis_fixture.hpp"
@@ -127,6 +128,52 @@ TEST_CASE(
     CHECK(d.status().code() == absl::StatusCode::kInternal);
     CHECK(d.status().message().find("left-over") == std::string_view::npos);
   }
+}
+
+// A batch of `n` distinct keys under one limit: a command of several megabytes.
+struct LargeBatch {
+  explicit LargeBatch(std::size_t n)
+      : limit(*sluice::redis::Limit::create({{.requests = 10, .period = seconds(3600)}})) {
+    keys.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) keys.push_back("key-" + std::to_string(i));
+    for (const std::string& k : keys) items.push_back({.key = k, .limit = &limit});
+  }
+  sluice::redis::Limit limit;
+  std::vector<std::string> keys;
+  std::vector<sluice::redis::CheckItem> items;
+};
+
+TEST_CASE("a server that stops reading cannot hold a large batch's write past its deadline") {
+  sluice_test::DeafPeer peer;
+  REQUIRE(peer.start().empty());
+  auto client = sluice::redis::Client::create(peer_options(peer.port(), milliseconds(300)));
+  REQUIRE(client.ok());
+  const LargeBatch batch(20'000);
+
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<Decision>> d = (*client)->check_all(batch.items);
+  const milliseconds elapsed = since(start);
+
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(elapsed < milliseconds(300 + 100));
+}
+
+TEST_CASE(
+    "a server that hangs up in the middle of a large batch fails the check, not the process") {
+  // Writing to a socket reset by its peer raises SIGPIPE, whose default action ends the process.
+  sluice_test::HangUpPeer peer;
+  REQUIRE(peer.start().empty());
+  auto client = sluice::redis::Client::create(peer_options(peer.port(), milliseconds(5000)));
+  REQUIRE(client.ok());
+  const LargeBatch batch(20'000);
+
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<Decision>> d = (*client)->check_all(batch.items);
+
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(since(start) < milliseconds(4000));  // at the reset, not at the deadline
 }
 
 TEST_CASE("the wait for a free connection counts against the same deadline as the reply") {

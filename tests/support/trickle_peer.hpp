@@ -16,6 +16,11 @@
 //
 //   sluice_test::FloodPeer peer("$2000000000\r\n", 256 << 20);  // 256 MiB of a "2 GB" string
 //
+// DeafPeer accepts a connection and never reads from it, so a command of a few hundred KiB fills
+// the socket's buffers and the writer blocks. HangUpPeer reads the first bytes of a command and
+// then closes the connection with the rest unread (the kernel answers further bytes with a reset)
+// while such a command is still being written.
+//
 // Thread-safety: construct, start and destroy from one thread; bytes_sent() from any.
 #ifndef SLUICE_TESTS_SUPPORT_TRICKLE_PEER_HPP_
 #define SLUICE_TESTS_SUPPORT_TRICKLE_PEER_HPP_
@@ -37,10 +42,17 @@
 namespace sluice_test {
 
 // A socket listening on a free port of 127.0.0.1 with `backlog`, its port in `port`; -1 if it
-// cannot listen (then nothing is left open).
-inline int listen_on_loopback(int backlog, int& port) {
+// cannot listen (then nothing is left open). `receive_buffer` > 0 sets the accepted sockets'
+// receive buffer (SO_RCVBUF, in bytes, which the kernel doubles), and with it the window a
+// sender may fill.
+inline int listen_on_loopback(int backlog, int& port, int receive_buffer = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
+  if (receive_buffer > 0 &&
+      setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer) != 0) {
+    close(fd);
+    return -1;
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -67,7 +79,7 @@ class FakePeer {
 
   // Listens on a free port; returns "" on success, else why not.
   std::string start() {
-    listener_ = listen_on_loopback(8, port_);
+    listener_ = listen_on_loopback(8, port_, receive_buffer_);
     if (listener_ < 0) return "cannot listen on 127.0.0.1";
     thread_ = std::thread([this] { run(); });
     return "";
@@ -77,6 +89,7 @@ class FakePeer {
 
  protected:
   FakePeer() = default;
+  explicit FakePeer(int receive_buffer) : receive_buffer_(receive_buffer) {}
 
   // Ends the serving thread; called by the derived destructor, and again here (a no-op then).
   void stop() {
@@ -107,6 +120,7 @@ class FakePeer {
     }
   }
 
+  int receive_buffer_ = 0;
   int listener_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
@@ -181,6 +195,27 @@ class FloodPeer : public FakePeer {
   const std::string head_;
   const std::size_t filler_;
   std::atomic<std::size_t> bytes_sent_{0};
+};
+
+class DeafPeer : public FakePeer {
+ public:
+  DeafPeer() : FakePeer(4096) {}  // a small window: a command of a few hundred KiB blocks
+  ~DeafPeer() override { stop(); }
+
+ private:
+  void serve(int fd) override { wait(fd, 0, 10'000); }  // holds the connection until stopped
+};
+
+class HangUpPeer : public FakePeer {
+ public:
+  HangUpPeer() : FakePeer(4096) {}  // a small window: the writer is still writing at the reset
+  ~HangUpPeer() override { stop(); }
+
+ private:
+  void serve(int fd) override {
+    char command[4096];
+    if (wait(fd, POLLIN, 10'000)) (void)read(fd, command, sizeof command);
+  }  // closed by run() with the rest of the command unread
 };
 
 }  // namespace sluice_test
