@@ -18,8 +18,8 @@
 //
 // DeafPeer accepts a connection and never reads from it, so a command of a few hundred KiB fills
 // the socket's buffers and the writer blocks. HangUpPeer reads the first bytes of a command and
-// then closes the connection with the rest unread (the kernel answers further bytes with a reset)
-// while such a command is still being written.
+// then ends the connection (an end of file, then a reset for the bytes left unread) while such a
+// command is still being written.
 //
 // Thread-safety: construct, start and destroy from one thread; bytes_sent() from any.
 #ifndef SLUICE_TESTS_SUPPORT_TRICKLE_PEER_HPP_
@@ -212,9 +212,12 @@ class HangUpPeer : public FakePeer {
   ~HangUpPeer() override { stop(); }
 
  private:
+  // The end of file first (the writer's socket then waits to close), then the reset: a write
+  // after both fails with EPIPE, the error that raises SIGPIPE.
   void serve(int fd) override {
     char command[4096];
     if (wait(fd, POLLIN, 10'000)) (void)read(fd, command, sizeof command);
+    shutdown(fd, SHUT_WR);
   }  // closed by run() with the rest of the command unread
 };
 

@@ -16,19 +16,22 @@
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 
 #include <chrono>
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "sluice/redis/detail/sigpipe_guard.hpp"
 #include "sluice/redis/detail/status.hpp"
 
 namespace sluice::redis::detail {
@@ -62,64 +65,56 @@ struct Command {
   }
 };
 
-// Arms a socket's send and receive timeouts with the time left before one deadline, before each
-// blocking call: a peer that answers a byte at a time cannot stretch a check past the deadline.
-// Re-arming is skipped within kRearmAfter of the last arming (two system calls saved on the
-// common one-write-one-read path), so a call may end up to kRearmAfter past the deadline.
-class SocketDeadline {
- public:
-  static constexpr std::chrono::microseconds kRearmAfter{1000};
-
-  SocketDeadline(redisContext& context, Deadline deadline) : context_(context), end_(deadline) {}
-
-  // DeadlineExceeded once the deadline has passed.
-  absl::Status arm() {
-    const auto now = std::chrono::steady_clock::now();
-    if (armed_ && now - armed_at_ < kRearmAfter) {
-      return absl::OkStatus();
-    }
-    const std::chrono::microseconds left = std::chrono::ceil<std::chrono::microseconds>(end_ - now);
-    if (left <= std::chrono::microseconds::zero()) {
+// Waits until `fd` is ready for `events` (or has an error, or the peer hung up: the next send or
+// recv tells which) by `end`: OK, or DeadlineExceeded once it has passed.
+inline absl::Status wait_until_ready(int fd, short events, Deadline end) {
+  for (;;) {
+    const auto left =
+        std::chrono::ceil<std::chrono::nanoseconds>(end - std::chrono::steady_clock::now());
+    if (left <= std::chrono::nanoseconds::zero()) {
       return absl::DeadlineExceededError("sluice::redis: no reply within the command timeout");
     }
-    if (redisSetTimeout(&context_, to_timeval(left)) != REDIS_OK) {
-      return io_status(context_, errno, "set timeout");
-    }
-    armed_ = true;
-    armed_at_ = now;
-    return absl::OkStatus();
+    const timespec timeout{static_cast<time_t>(left.count() / 1'000'000'000),
+                           static_cast<long>(left.count() % 1'000'000'000)};
+    pollfd p{.fd = fd, .events = events, .revents = 0};
+    const int n = ppoll(&p, 1, &timeout, nullptr);
+    if (n > 0) return absl::OkStatus();
+    if (n < 0 && errno != EINTR) return socket_status(errno, "wait");
   }
-
- private:
-  redisContext& context_;
-  const Deadline end_;
-  bool armed_ = false;
-  std::chrono::steady_clock::time_point armed_at_{};
-};
+}
 
 // Sends `commands` in one write (pipelined), by `end`. After an error the connection is unusable:
 // the caller closes it.
+//
+// The client writes and reads the socket itself, each call not blocking (MSG_DONTWAIT) and a
+// write never raising SIGPIPE (MSG_NOSIGNAL), and waits in ppoll(2) with the time left: so the
+// one deadline bounds every wait however a peer trickles or stalls, with no socket timeouts to
+// arm and no signal mask to change per call. hiredis encodes the commands and parses the replies.
 inline absl::Status send_on(redisContext* context, Deadline end,
                             std::span<const Command> commands) {
-  SigpipeGuard guard;
-  SocketDeadline deadline(*context, end);
-  const auto fail = [&](absl::Status status) {
-    guard.note_failure();
-    return status;
-  };
+  std::string bytes;
   for (const Command& command : commands) {
-    if (redisAppendCommandArgv(context, static_cast<int>(command.argv.size()),
-                               const_cast<const char**>(command.argv.data()),
-                               command.lengths.data()) != REDIS_OK) {
-      return fail(io_status(*context, errno, "append command"));
-    }
+    char* encoded = nullptr;
+    const int n = redisFormatCommandArgv(&encoded, static_cast<int>(command.argv.size()),
+                                         const_cast<const char**>(command.argv.data()),
+                                         command.lengths.data());
+    if (n < 0) return absl::ResourceExhaustedError("sluice::redis: cannot encode a command");
+    bytes.append(encoded, static_cast<std::size_t>(n));
+    redisFreeCommand(encoded);
   }
-  for (int written = 0; written == 0;) {
-    if (absl::Status armed = deadline.arm(); !armed.ok()) {
-      return fail(armed);
-    }
-    if (redisBufferWrite(context, &written) != REDIS_OK) {
-      return fail(io_status(*context, errno, "write"));
+  if (std::chrono::steady_clock::now() >= end) {
+    return absl::DeadlineExceededError("sluice::redis: no reply within the command timeout");
+  }
+  for (std::string_view left = bytes; !left.empty();) {
+    const ssize_t n = ::send(context->fd, left.data(), left.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n >= 0) {
+      left.remove_prefix(static_cast<std::size_t>(n));
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (absl::Status ready = wait_until_ready(context->fd, POLLOUT, end); !ready.ok()) {
+        return ready;
+      }
+    } else if (errno != EINTR) {
+      return socket_status(errno, "write");
     }
   }
   return absl::OkStatus();
@@ -147,10 +142,10 @@ inline std::size_t reply_budget(std::span<const Command> commands) {
 // read): the caller closes it.
 inline absl::StatusOr<std::vector<ReplyPtr>> receive_on(redisContext* context, Deadline end,
                                                         std::size_t count, std::size_t max_bytes) {
-  SocketDeadline deadline(*context, end);
   std::vector<ReplyPtr> replies;
   replies.reserve(count);
   std::size_t received = 0;
+  char buffer[16 * 1024];
   while (replies.size() < count) {
     void* reply = nullptr;
     if (redisGetReplyFromReader(context, &reply) != REDIS_OK) {
@@ -160,18 +155,26 @@ inline absl::StatusOr<std::vector<ReplyPtr>> receive_on(redisContext* context, D
       replies.emplace_back(static_cast<redisReply*>(reply));
       continue;
     }
-    if (absl::Status armed = deadline.arm(); !armed.ok()) {
-      return armed;
+    // A reply is never there at once after its command: wait first, then read.
+    if (absl::Status ready = wait_until_ready(context->fd, POLLIN, end); !ready.ok()) {
+      return ready;
     }
-    const std::size_t before = context->reader->len;  // a read only appends to the buffer
-    if (redisBufferRead(context) != REDIS_OK) {
-      return io_status(*context, errno, "read");
+    const ssize_t n = ::recv(context->fd, buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n == 0) {
+      return absl::UnavailableError("sluice::redis: read: the server closed the connection");
     }
-    received += context->reader->len - before;
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+      return socket_status(errno, "read");
+    }
+    received += static_cast<std::size_t>(n);
     if (received > max_bytes) {
       return absl::InternalError(absl::StrCat("sluice::redis: the server's reply exceeded ",
                                               max_bytes,
                                               " bytes, far more than these commands call for"));
+    }
+    if (redisReaderFeed(context->reader, buffer, static_cast<std::size_t>(n)) != REDIS_OK) {
+      return absl::ResourceExhaustedError("sluice::redis: cannot buffer a reply");
     }
   }
   if (context->reader->pos < context->reader->len) {

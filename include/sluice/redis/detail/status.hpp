@@ -18,6 +18,7 @@
 #include <array>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -42,6 +43,14 @@ inline absl::Status io_status(const redisContext& context, int saved_errno, std:
     return absl::InternalError(message);
   }
   return absl::UnavailableError(message);
+}
+
+// The status for a failed send, recv or ppoll on a connection's socket (`error`: its errno):
+// the connection is lost (reset, closed, or unusable).
+inline absl::Status socket_status(int error, std::string_view what) {
+  return absl::UnavailableError(
+      absl::StrCat("sluice::redis: ", absl::string_view(what.data(), what.size()), ": ",
+                   std::generic_category().message(error)));
 }
 
 // Maps an error reply from the server. Server states that pass (busy, loading, read-only after
