@@ -419,6 +419,13 @@ void BM_Direct_OneWindow_Frozen_Admit_CheckOne(benchmark::State& state) {
 }
 BENCHMARK(BM_Direct_OneWindow_Frozen_Admit_CheckOne)->UseRealTime();
 
+void BM_Direct_OneWindow_Frozen_Deny_CheckOne(benchmark::State& state) {
+  static DirectFrozen limiter =
+      must(DirectFrozen::create({{.requests = 1000, .period = 1s}}, sluice::ManualClock()));
+  for (auto _ : state) benchmark::DoNotOptimize(limiter.check_one());
+}
+BENCHMARK(BM_Direct_OneWindow_Frozen_Deny_CheckOne)->UseRealTime();
+
 void BM_Direct_OneWindow_Tick(benchmark::State& state) {
   static DirectTick limiter = must(DirectTick::create({{.requests = 1'000'000, .period = 1s}}));
   for (auto _ : state) {

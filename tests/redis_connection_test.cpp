@@ -160,7 +160,7 @@ TEST_CASE("a server that stops reading cannot hold a large batch's write past it
 }
 
 TEST_CASE(
-    "a server that hangs up in the middle of a large batch fails the check, not the process") {
+    "a server that hangs up in the middle of a large batch fails that check and not the process") {
   // Writing to a socket reset by its peer raises SIGPIPE, whose default action ends the process.
   sluice_test::HangUpPeer peer;
   REQUIRE(peer.start().empty());
