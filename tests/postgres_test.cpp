@@ -1685,11 +1685,13 @@ TEST_CASE("the engine backend over PostgreSQL reports a denied request's keys as
   CHECK(denied_with_room >= 2);
 }
 
-TEST_CASE("a denied request whose second statement fails stays denied and the failure is counted") {
+TEST_CASE(
+    "a denied request whose second statement fails stays denied and the failure is counted and "
+    "exported") {
   // The client has one connection, and its time source (read once per statement) leases it when
   // `lease_at` reads have been taken: the second statement of check_rules_as_they_stand finds no
   // free connection. The verdict stands, the admitting key reports its room less its cost, and
-  // standing_failures() counts the failure, in this generation and the next.
+  // standing_failures() counts the failure, in this generation and the next, which exports it.
   std::shared_ptr<Client> c;
   std::optional<sluice::postgres::ConnectionPool::Lease> held;
   int reads = 0;
@@ -1741,6 +1743,14 @@ TEST_CASE("a denied request whose second statement fails stays denied and the fa
   CHECK(backend.standing_failures() == 1);
   auto next = make(sluice::postgres::PostgresEngineBackend::create(rules, &backend, {.client = c}));
   CHECK(next.standing_failures() == 1);
+  std::string body;
+  sluice::postgres::append_prometheus_text(body, next);
+  CHECK(body ==
+        "# HELP sluice_postgres_standing_failures_total Denied requests whose second statement, "
+        "reading the room as it stands, failed.\n"
+        "# TYPE sluice_postgres_standing_failures_total counter\n"
+        "sluice_postgres_standing_failures_total 1\n");
+  sluice_test::check_promtool_accepts(body);
 }
 
 TEST_CASE("a key repeated in one request over PostgreSQL is decided as in memory, in every way",

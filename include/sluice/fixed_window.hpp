@@ -276,18 +276,14 @@ class FixedWindowLimiter {
         store_);
   }
 
-  // Decides `costs[k]` into `*outs[k]` in order at `now`, each after the admitted ones before it
-  // (a request naming the key more than once); commits nothing (a copy of the key's cell).
+  // Decides `costs[k]` into `*outs[k]` in order at `now`, each after the admitted ones before it,
+  // on a copy of the key's cell (detail::decide_in_order_locked): commits nothing.
   void decide_in_order_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
                               std::span<const std::uint64_t> costs,
                               std::span<Decision* const> outs) {
-    std::visit(
-        [&](auto& store) {
-          const auto* cell = store.find_locked(held, d, now);
-          auto copy = cell != nullptr ? *cell : std::remove_cvref_t<decltype(*cell)>{};
-          for (std::size_t k = 0; k < costs.size(); ++k) *outs[k] = decide(copy, now, costs[k]);
-        },
-        store_);
+    detail::decide_in_order_locked(store_, held, d, now, costs, outs,
+                                   [&](auto& cell, std::int64_t at, std::uint64_t cost,
+                                       Decision& out) { out = decide(cell, at, cost); });
   }
 
   FixedWindowLimiter(ClockT clock, const StoreOptions& options, std::vector<FixedWindow> windows)

@@ -1,11 +1,12 @@
 // Internal: what the in-memory limiters share — the window-count dispatch over stores of
-// fixed-size cells, time clamping and cost validation.
+// fixed-size cells, time clamping, cost validation and deciding a repeated key in order.
 #ifndef SLUICE_DETAIL_LIMITER_COMMON_HPP_
 #define SLUICE_DETAIL_LIMITER_COMMON_HPP_
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -111,6 +112,23 @@ LeastRemaining least_remaining(std::size_t n, Remaining&& remaining) {
     if (r < least.remaining) least = {i, r};
   }
   return least;
+}
+
+// Decides `costs[k]` into `*outs[k]` in order at `now`, each after the admitted ones before it
+// (a request naming the key more than once), on a copy of the key's cell in `stores` (a fresh
+// cell for an absent key, which is not inserted): commits nothing. `decide(cell, now, cost, out)`
+// decides one cost on the copy and takes it there when admitted.
+template <class Stores, class Decide>
+void decide_in_order_locked(Stores& stores, const HeldShardLocks& held, const KeyDigest& d,
+                            std::int64_t now, std::span<const std::uint64_t> costs,
+                            std::span<Decision* const> outs, Decide&& decide) {
+  std::visit(
+      [&](auto& store) {
+        const auto* cell = store.find_locked(held, d, now);
+        auto copy = cell != nullptr ? *cell : std::remove_cvref_t<decltype(*cell)>{};
+        for (std::size_t k = 0; k < costs.size(); ++k) decide(copy, now, costs[k], *outs[k]);
+      },
+      stores);
 }
 
 inline Decision store_full_decision(const StoreFull& full) {

@@ -25,7 +25,8 @@
 // Stats: `rule_store_stats` is all zeros (the rows are in the database).
 // A denied request reported as it stands (check_rules_as_they_stand) is two statements; when the
 // second fails, the request stays denied and the failure is counted in `standing_failures()`,
-// which every generation of an engine shares.
+// which every generation of an engine shares (sluice_postgres_standing_failures_total,
+// sluice/postgres/prometheus.hpp).
 // Thread-safety: `check_rules`, `check_rules_as_they_stand` and `standing_failures` may be called
 // concurrently.
 #ifndef SLUICE_POSTGRES_ENGINE_BACKEND_HPP_
