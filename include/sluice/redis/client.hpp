@@ -389,32 +389,7 @@ class Client {
       values.push_back(std::move((*state)->value));
       ttls.push_back(absl::StrCat((*state)->ttl_ms));
     }
-    return write_carried(new_keys, values, ttls, by);
-  }
-
-  // SET key value PX ttl NX for each carried state, one round trip; OK whether or not the key
-  // was absent (a key written since the script's CARRY reply keeps its state).
-  absl::Status write_carried(std::span<const std::string> keys, std::span<const std::string> values,
-                             std::span<const std::string> ttls, detail::Deadline by) {
-    std::vector<Call> writes;
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      Call& w = writes.emplace_back();
-      w.slot = transport_.slot_of(keys[i]);
-      for (std::string_view arg :
-           {std::string_view("SET"), std::string_view(keys[i]), std::string_view(values[i]),
-            std::string_view("PX"), std::string_view(ttls[i]), std::string_view("NX")}) {
-        w.command.add(arg);
-      }
-    }
-    if (writes.empty()) return absl::OkStatus();
-    transport_.call(writes, by);
-    for (const Call& w : writes) {
-      if (!w.reply.ok()) return w.reply.status();
-      if ((*w.reply)->type == REDIS_REPLY_ERROR) {
-        return detail::server_error_status(std::string_view((*w.reply)->str, (*w.reply)->len));
-      }
-    }
-    return absl::OkStatus();
+    return transport_.set_if_absent(new_keys, values, ttls, by);
   }
 
   absl::StatusOr<std::vector<Decision>> run_once(std::span<const CheckItem> items,

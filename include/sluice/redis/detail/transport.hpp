@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <thread>  // TRYAGAIN's pause
 #include <utility>
@@ -100,6 +101,31 @@ class Transport {
     for (const NodeBatch& b : batches) {
       for (std::size_t i : b.which) follow_redirects(calls[i], b.pool, deadline);
     }
+  }
+
+  // SET key value PX ttl NX for each key (ttl in ms), one round trip, by `deadline`: OK whether
+  // or not each key was absent (a key written meanwhile keeps its value).
+  absl::Status set_if_absent(std::span<const std::string> keys, std::span<const std::string> values,
+                             std::span<const std::string> ttls_ms, Deadline deadline) {
+    std::vector<Call> writes;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      Call& w = writes.emplace_back();
+      w.slot = slot_of(keys[i]);
+      for (std::string_view arg :
+           {std::string_view("SET"), std::string_view(keys[i]), std::string_view(values[i]),
+            std::string_view("PX"), std::string_view(ttls_ms[i]), std::string_view("NX")}) {
+        w.command.add(arg);
+      }
+    }
+    if (writes.empty()) return absl::OkStatus();
+    call(writes, deadline);
+    for (const Call& w : writes) {
+      if (!w.reply.ok()) return w.reply.status();
+      if ((*w.reply)->type == REDIS_REPLY_ERROR) {
+        return server_error_status(std::string_view((*w.reply)->str, (*w.reply)->len));
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Checks the server the options name (ConnectionPool::verify_server), by `deadline`.
