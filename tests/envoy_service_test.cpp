@@ -603,6 +603,27 @@ TEST_CASE("envoy: a long value is decided, never an error that a proxy would adm
             .limit_remaining() == 9);
 }
 
+TEST_CASE("envoy: a value that is not UTF-8 is decided, never an error that a proxy would admit",
+          "[envoy][attack]") {
+  // HTTP header values may hold any byte from 0x80 up (obs-text), and Envoy copies a header into
+  // a descriptor's value as it came: a client that sends one must not turn the call, and with
+  // it the blocked address beside it, into an error that Envoy's default failure mode admits.
+  EnvoyServer server(fixtures());
+  const auto padded = request("edge_proxy_per_ip", {{{"remote_address", "50.0.0.5"}},
+                                                    {{"user_agent", "caf\xe9 \xff\xfe"}}});
+  rls::RateLimitResponse r = server.ok(padded);
+  CHECK(r.overall_code() == kOverLimit);
+  CHECK(r.statuses(0).code() == kOverLimit);
+  CHECK(r.statuses(1).code() == kOk);  // no limit for `user_agent`
+  // A value that is not UTF-8 is counted under its own bytes like any other.
+  const auto mine = request("edge_proxy_per_ip", {{{"remote_address", "10.0.0.\xff"}}});
+  CHECK(server.ok(mine).statuses(0).limit_remaining() == 9);
+  CHECK(server.ok(mine).statuses(0).limit_remaining() == 8);
+  CHECK(server.ok(request("edge_proxy_per_ip", {{{"remote_address", "10.0.0.\xfe"}}}))
+            .statuses(0)
+            .limit_remaining() == 9);
+}
+
 TEST_CASE("envoy: overrides beyond the bound are decided as if absent", "[envoy]") {
   sluice::ManualClock clock;
   auto limiter = sluice::envoy::BasicLimiter<Backend>::create(
