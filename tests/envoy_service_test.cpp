@@ -729,6 +729,37 @@ descriptors:
   CHECK(stats[1].label == "d.a_b_c#2");
 }
 
+TEST_CASE("envoy: a limit on a value that is not UTF-8 is reported in UTF-8", "[envoy][attack]") {
+  // A file in Latin-1 blocks one user agent byte for byte. The limit's path names it in
+  // current_limit.name, a protobuf string: with the raw byte there, Envoy could not read the
+  // answer and its default failure mode would admit the very client the limit blocks.
+  const std::string latin1 = "caf\xe9";  // "café" in Latin-1
+  const std::string name = "t\xff";
+  auto domain = sluice::envoy::load_domain_config(
+      absl::StrCat("domain: d\ndescriptors:\n", "  - key: user_agent\n    value: ", latin1, "\n",
+                   "    rate_limit: {unit: second, requests_per_unit: 0}\n",
+                   "  - key: tenant\n    rate_limit: {name: \"", name, "\", unit: second, ",
+                   "requests_per_unit: 1}\n",
+                   "  - key: vip\n    rate_limit: {unit: second, requests_per_unit: 5, ",
+                   "replaces: [{name: \"", name, "\"}]}\n"),
+      "d.yaml");
+  REQUIRE(domain.ok());
+  EnvoyServer server({.domains = {*domain}});
+  rls::RateLimitResponse blocked = server.ok(request("d", {{{"user_agent", latin1.c_str()}}}));
+  CHECK(blocked.overall_code() == kOverLimit);
+  CHECK(blocked.statuses(0).current_limit().name() == "d.user_agent_caf\\xe9");
+  rls::RateLimitResponse named = server.ok(request("d", {{{"tenant", "a"}}}));
+  CHECK(named.statuses(0).current_limit().name() == "t\\xff");
+  // A replaces entry still names the limit it replaces.
+  rls::RateLimitResponse both = server.ok(request("d", {{{"tenant", "a"}}, {{"vip", "a"}}}));
+  CHECK(both.overall_code() == kOk);
+  CHECK_FALSE(both.statuses(0).has_current_limit());
+  std::string metrics;
+  sluice::envoy::append_prometheus_text(metrics, server.limiter());
+  CHECK(metrics.find("sluice_envoy_hits_total{limit=\"d.user_agent_caf\\\\xe9\"} 1\n") !=
+        std::string::npos);
+}
+
 TEST_CASE("envoy: a configured limit and an override never share a label or counters", "[envoy]") {
   // Domain "override", key "5/second": the path reads as the label of an override of 5/second.
   auto domain = sluice::envoy::load_domain_config(R"(domain: override
