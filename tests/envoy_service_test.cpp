@@ -758,6 +758,11 @@ TEST_CASE("envoy: a limit on a value that is not UTF-8 is reported in UTF-8", "[
   sluice::envoy::append_prometheus_text(metrics, server.limiter());
   CHECK(metrics.find("sluice_envoy_hits_total{limit=\"d.user_agent_caf\\\\xe9\"} 1\n") !=
         std::string::npos);
+  // Well-formed UTF-8 is kept as it is; an overlong form, a surrogate and a cut sequence are not.
+  CHECK(sluice::detail::utf8_escaped("caf\xc3\xa9 \xf0\x9f\x98\x80") ==
+        "caf\xc3\xa9 \xf0\x9f\x98\x80");
+  CHECK(sluice::detail::utf8_escaped("\xc0\xaf\xed\xa0\x80\xe2\x82") ==
+        "\\xc0\\xaf\\xed\\xa0\\x80\\xe2\\x82");
 }
 
 TEST_CASE("envoy: a configured limit and an override never share a label or counters", "[envoy]") {
