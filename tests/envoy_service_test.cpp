@@ -624,6 +624,27 @@ TEST_CASE("envoy: a value that is not UTF-8 is decided, never an error that a pr
             .limit_remaining() == 9);
 }
 
+TEST_CASE("envoy: an override of unknown unit is decided as if absent, never an error",
+          "[envoy][attack]") {
+  // An override comes from Envoy's metadata, which a filter may fill from anything: one without a
+  // unit must not turn the call into an error that Envoy's default failure mode admits, the
+  // blocked address beside it included.
+  EnvoyServer server(fixtures());
+  auto r = request("edge_proxy_per_ip",
+                   {{{"remote_address", "50.0.0.5"}}, {{"remote_address", "10.0.0.1"}}});
+  r.mutable_descriptors(1)->mutable_limit()->set_requests_per_unit(1000);  // unit UNKNOWN
+  rls::RateLimitResponse out = server.ok(r);
+  CHECK(out.overall_code() == kOverLimit);
+  CHECK(out.statuses(0).code() == kOverLimit);
+  CHECK(out.statuses(1).code() == kOk);
+  CHECK(out.statuses(1).current_limit().requests_per_unit() == 10);  // the configured limit
+  // A unit past Envoy's enum is unknown too.
+  r.mutable_descriptors(1)->mutable_limit()->set_unit(
+      static_cast<envoy::type::v3::RateLimitUnit>(99));
+  CHECK(server.ok(r).overall_code() == kOverLimit);
+  CHECK(server.limiter().ignored_overrides() == 2);
+}
+
 TEST_CASE("envoy: overrides beyond the bound are decided as if absent", "[envoy]") {
   sluice::ManualClock clock;
   auto limiter = sluice::envoy::BasicLimiter<Backend>::create(
