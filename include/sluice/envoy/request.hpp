@@ -32,7 +32,8 @@ struct Entry {
   std::string_view value{};
 };
 
-// A descriptor's own limit: `requests_per_unit` per `unit`, instead of the configured one.
+// A descriptor's own limit: `requests_per_unit` per `unit`, instead of the configured one (with
+// kUnknown, none: the configured one applies).
 struct LimitOverride {
   std::uint32_t requests_per_unit = 0;
   Unit unit = Unit::kUnknown;
