@@ -558,9 +558,6 @@ TEST_CASE("envoy: requests beyond the bounds answer INVALID_ARGUMENT", "[envoy]"
   rls::RateLimitRequest wide = request("messaging", {{{"to_number", "1"}}, {}});
   for (int i = 0; i < 100'000; ++i) wide.mutable_descriptors(1)->add_entries()->set_key("k");
   CHECK(server.call(wide, response).error_message() == "descriptors[1] has more than 32 entries");
-  rls::RateLimitRequest unit = request("messaging", {{{"to_number", "1"}}});
-  unit.mutable_descriptors(0)->mutable_limit()->set_requests_per_unit(5);
-  CHECK(refused(unit));  // unit UNKNOWN
   // Nothing was counted by the refused requests.
   CHECK(server.ok(request("messaging", {{{"to_number", "1"}}})).statuses(0).limit_remaining() ==
         99);
@@ -601,6 +598,48 @@ TEST_CASE("envoy: a long value is decided, never an error that a proxy would adm
   CHECK(server.ok(request("edge_proxy_per_ip", {{{"remote_address", "7"}}}))
             .statuses(0)
             .limit_remaining() == 9);
+}
+
+TEST_CASE("envoy: a value that is not UTF-8 is decided, never an error that a proxy would admit",
+          "[envoy][attack]") {
+  // HTTP header values may hold any byte from 0x80 up (obs-text), and Envoy copies a header into
+  // a descriptor's value as it came: a client that sends one must not turn the call, and with
+  // it the blocked address beside it, into an error that Envoy's default failure mode admits.
+  EnvoyServer server(fixtures());
+  const auto padded = request("edge_proxy_per_ip", {{{"remote_address", "50.0.0.5"}},
+                                                    {{"user_agent", "caf\xe9 \xff\xfe"}}});
+  rls::RateLimitResponse r = server.ok(padded);
+  CHECK(r.overall_code() == kOverLimit);
+  CHECK(r.statuses(0).code() == kOverLimit);
+  CHECK(r.statuses(1).code() == kOk);  // no limit for `user_agent`
+  // A value that is not UTF-8 is counted under its own bytes like any other.
+  const auto mine = request("edge_proxy_per_ip", {{{"remote_address", "10.0.0.\xff"}}});
+  CHECK(server.ok(mine).statuses(0).limit_remaining() == 9);
+  CHECK(server.ok(mine).statuses(0).limit_remaining() == 8);
+  CHECK(server.ok(request("edge_proxy_per_ip", {{{"remote_address", "10.0.0.\xfe"}}}))
+            .statuses(0)
+            .limit_remaining() == 9);
+}
+
+TEST_CASE("envoy: an override of unknown unit is decided as if absent, never an error",
+          "[envoy][attack]") {
+  // An override comes from Envoy's metadata, which a filter may fill from anything: one without a
+  // unit must not turn the call into an error that Envoy's default failure mode admits, the
+  // blocked address beside it included.
+  EnvoyServer server(fixtures());
+  auto r = request("edge_proxy_per_ip",
+                   {{{"remote_address", "50.0.0.5"}}, {{"remote_address", "10.0.0.1"}}});
+  r.mutable_descriptors(1)->mutable_limit()->set_requests_per_unit(1000);  // unit UNKNOWN
+  rls::RateLimitResponse out = server.ok(r);
+  CHECK(out.overall_code() == kOverLimit);
+  CHECK(out.statuses(0).code() == kOverLimit);
+  CHECK(out.statuses(1).code() == kOk);
+  CHECK(out.statuses(1).current_limit().requests_per_unit() == 10);  // the configured limit
+  // A unit past Envoy's enum is unknown too.
+  r.mutable_descriptors(1)->mutable_limit()->set_unit(
+      static_cast<envoy::type::v3::RateLimitUnit>(99));
+  CHECK(server.ok(r).overall_code() == kOverLimit);
+  CHECK(server.limiter().ignored_overrides() == 2);
 }
 
 TEST_CASE("envoy: overrides beyond the bound are decided as if absent", "[envoy]") {
@@ -706,6 +745,42 @@ descriptors:
   REQUIRE(stats.size() == 2);
   CHECK(stats[0].label == "d.a_b_c");
   CHECK(stats[1].label == "d.a_b_c#2");
+}
+
+TEST_CASE("envoy: a limit on a value that is not UTF-8 is reported in UTF-8", "[envoy][attack]") {
+  // A file in Latin-1 blocks one user agent byte for byte. The limit's path names it in
+  // current_limit.name, a protobuf string: with the raw byte there, Envoy could not read the
+  // answer and its default failure mode would admit the very client the limit blocks.
+  const std::string latin1 = "caf\xe9";  // "café" in Latin-1
+  const std::string name = "t\xff";
+  auto domain = sluice::envoy::load_domain_config(
+      absl::StrCat("domain: d\ndescriptors:\n", "  - key: user_agent\n    value: ", latin1, "\n",
+                   "    rate_limit: {unit: second, requests_per_unit: 0}\n",
+                   "  - key: tenant\n    rate_limit: {name: \"", name, "\", unit: second, ",
+                   "requests_per_unit: 1}\n",
+                   "  - key: vip\n    rate_limit: {unit: second, requests_per_unit: 5, ",
+                   "replaces: [{name: \"", name, "\"}]}\n"),
+      "d.yaml");
+  REQUIRE(domain.ok());
+  EnvoyServer server({.domains = {*domain}});
+  rls::RateLimitResponse blocked = server.ok(request("d", {{{"user_agent", latin1.c_str()}}}));
+  CHECK(blocked.overall_code() == kOverLimit);
+  CHECK(blocked.statuses(0).current_limit().name() == "d.user_agent_caf\\xe9");
+  rls::RateLimitResponse named = server.ok(request("d", {{{"tenant", "a"}}}));
+  CHECK(named.statuses(0).current_limit().name() == "t\\xff");
+  // A replaces entry still names the limit it replaces.
+  rls::RateLimitResponse both = server.ok(request("d", {{{"tenant", "a"}}, {{"vip", "a"}}}));
+  CHECK(both.overall_code() == kOk);
+  CHECK_FALSE(both.statuses(0).has_current_limit());
+  std::string metrics;
+  sluice::envoy::append_prometheus_text(metrics, server.limiter());
+  CHECK(metrics.find("sluice_envoy_hits_total{limit=\"d.user_agent_caf\\\\xe9\"} 1\n") !=
+        std::string::npos);
+  // Well-formed UTF-8 is kept as it is; an overlong form, a surrogate and a cut sequence are not.
+  CHECK(sluice::detail::utf8_escaped("caf\xc3\xa9 \xf0\x9f\x98\x80") ==
+        "caf\xc3\xa9 \xf0\x9f\x98\x80");
+  CHECK(sluice::detail::utf8_escaped("\xc0\xaf\xed\xa0\x80\xe2\x82") ==
+        "\\xc0\\xaf\\xed\\xa0\\x80\\xe2\\x82");
 }
 
 TEST_CASE("envoy: a configured limit and an override never share a label or counters", "[envoy]") {

@@ -3,6 +3,7 @@
 #ifndef SLUICE_DETAIL_TEXT_HPP_
 #define SLUICE_DETAIL_TEXT_HPP_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -44,6 +45,55 @@ inline std::string escaped(std::string_view text) {
     to.append("\\x");
     append_hex(to, byte, 2);
   });
+  return out;
+}
+
+// The length of the well-formed UTF-8 sequence (RFC 3629: no overlong form, surrogate or code
+// point past U+10FFFF) that starts at `text[at]`; 0 if none does.
+inline std::size_t utf8_sequence_size(std::string_view text, std::size_t at) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[at + k]); };
+  const unsigned char lead = byte(0);
+  if (lead < 0x80) return 1;
+  std::size_t size = 4;
+  unsigned char low = 0x80;  // the second byte's range; every later byte's is 0x80-0xBF
+  unsigned char high = 0xbf;
+  if (lead >= 0xc2 && lead <= 0xdf) {
+    size = 2;
+  } else if (lead >= 0xe0 && lead <= 0xef) {
+    size = 3;
+    if (lead == 0xe0) low = 0xa0;
+    if (lead == 0xed) high = 0x9f;
+  } else if (lead == 0xf0) {
+    low = 0x90;
+  } else if (lead == 0xf4) {
+    high = 0x8f;
+  } else if (lead < 0xf1 || lead > 0xf3) {
+    return 0;
+  }
+  if (text.size() - at < size || byte(1) < low || byte(1) > high) return 0;
+  for (std::size_t k = 2; k < size; ++k) {
+    if (byte(k) < 0x80 || byte(k) > 0xbf) return 0;
+  }
+  return size;
+}
+
+// `text` with every byte that is not part of well-formed UTF-8 written as \xNN: raw bytes (a
+// config value in Latin-1) made fit for where only UTF-8 may go (a protobuf string, a Prometheus
+// label). Well-formed UTF-8 comes back unchanged.
+inline std::string utf8_escaped(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t size = utf8_sequence_size(text, i);
+    if (size == 0) {
+      out.append("\\x");
+      append_hex(out, static_cast<unsigned char>(text[i]), 2);
+      ++i;
+    } else {
+      out.append(text.substr(i, size));
+      i += size;
+    }
+  }
   return out;
 }
 

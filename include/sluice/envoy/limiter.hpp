@@ -18,7 +18,8 @@
 //   override never runs in shadow mode. Overrides need a known domain, like every limit. Once
 //   RequestBounds::max_overrides have counters, a descriptor with another one is decided by the
 //   configured limits, as without an override (counted in ignored_overrides()); so is one the
-//   backend cannot hold (over Redis, a window that refills in over 2^52 ns: a yearly one).
+//   backend cannot hold (over Redis, a window that refills in over 2^52 ns: a yearly one), and
+//   one of unknown unit (UNKNOWN, or a value Envoy's enum lacks), which takes no place.
 // - A matched limit whose name another matched limit of the same request `replaces` does not
 //   apply. An `unlimited` limit applies and never limits (remaining 2^32-1).
 // - All or nothing: the enforcing limits of a request are decided together under all their
@@ -164,7 +165,7 @@ class BasicLimiter {
 
   // Decides `request` into `response` (cleared first). InvalidArgument when the request breaks
   // the bounds or the protocol (empty domain, no descriptors, a descriptor without entries, an
-  // empty key, an override of unknown unit); a backend failure is decided by the failure mode.
+  // empty key); a backend failure is decided by the failure mode.
   absl::Status should_rate_limit(const Request& request, Response& response) const {
     response.overall_code = Code::kOk;
     response.statuses.clear();
@@ -225,7 +226,8 @@ class BasicLimiter {
   // Backend calls decided on the local share (kLocal), over the limiter's life.
   std::uint64_t local_decisions() const { return local_decisions_.load(std::memory_order_relaxed); }
   // Descriptors whose override was decided as if absent: RequestBounds::max_overrides others
-  // had counters already. Over the limiter's life.
+  // had counters already, the backend could not hold it, or its unit was unknown. Over the
+  // limiter's life.
   std::uint64_t ignored_overrides() const {
     return ignored_overrides_.load(std::memory_order_relaxed);
   }
@@ -363,9 +365,6 @@ class BasicLimiter {
               absl::StrCat(at, " has an entry key longer than ", b.max_key_bytes, " bytes"));
         }
       }
-      if (d.limit && unit_period(d.limit->unit).count() == 0) {
-        return invalid(absl::StrCat(at, ".limit has an unknown unit"));
-      }
     }
     return absl::OkStatus();
   }
@@ -380,7 +379,11 @@ class BasicLimiter {
     if (!gen->limits->has_domain(request.domain)) return gen;
     const std::size_t max = options_.bounds.max_overrides;
     for (const Descriptor& d : request.descriptors) {
-      if (!d.limit || gen->settled(override_id(*d.limit), max)) continue;
+      // An unknown unit has no period: make_plan decides it as absent, as a refused one.
+      if (!d.limit || unit_period(d.limit->unit).count() == 0 ||
+          gen->settled(override_id(*d.limit), max)) {
+        continue;
+      }
       sluice::detail::MutexLock lock(reload_mutex_);
       gen = current();
       const std::uint64_t id = override_id(*d.limit);

@@ -32,7 +32,8 @@ struct Entry {
   std::string_view value{};
 };
 
-// A descriptor's own limit: `requests_per_unit` per `unit`, instead of the configured one.
+// A descriptor's own limit: `requests_per_unit` per `unit`, instead of the configured one (with
+// kUnknown, none: the configured one applies).
 struct LimitOverride {
   std::uint32_t requests_per_unit = 0;
   Unit unit = Unit::kUnknown;
@@ -58,7 +59,9 @@ enum class Code : int { kUnknown = 0, kOk = 1, kOverLimit = 2 };
 // one of the protocol's units is reported in the nearest unit (by ratio), its requests scaled to
 // that unit and rounded to the nearest integer, at least 1 (0 for a limit that admits nothing).
 struct CurrentLimit {
-  std::string name{};  // the limit's `name`, else its descriptor path ("domain.key_value.key")
+  // The limit's `name`, else its descriptor path ("domain.key_value.key"); each byte of either
+  // that is not UTF-8 written as \xNN, so that Envoy can read it.
+  std::string name{};
   std::uint32_t requests_per_unit = 0;
   Unit unit = Unit::kUnknown;
   friend bool operator==(const CurrentLimit&, const CurrentLimit&) = default;

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "sluice/detail/text.hpp"
 #include "sluice/envoy/config.hpp"
 #include "sluice/envoy/request.hpp"
 #include "sluice/key.hpp"
@@ -34,7 +35,9 @@ inline constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
 // Debian's Abseil has its own string_view: its hash maps and StrCat take that one.
 inline absl::string_view view(std::string_view s) { return {s.data(), s.size()}; }
 
-// One limit as the limiter applies it.
+// One limit as the limiter applies it. Its label, name and `replaces` are UTF-8: a byte of the
+// configuration that is not is written as \xNN (sluice::detail::utf8_escaped), since a name goes
+// to Envoy in a protobuf string, and Envoy cannot read an answer with such a byte in one.
 struct LimitRule {
   std::string label{};  // the descriptor path, "domain.key_value.key", as the reference names it
   std::string name{};   // the configured name, else the label
@@ -105,7 +108,8 @@ class CompiledLimits {
       std::string identity;
       append_key_part(identity, "envoy");
       append_key_part(identity, d.domain);
-      if (absl::Status s = out.add_tree(d, {d.domain, std::move(identity), &d.descriptors, root});
+      if (absl::Status s = out.add_tree(d, {sluice::detail::utf8_escaped(d.domain),
+                                            std::move(identity), &d.descriptors, root});
           !s.ok()) {
         return s;
       }
@@ -203,8 +207,11 @@ class CompiledLimits {
       pending.pop_back();
       absl::flat_hash_set<std::pair<std::string, std::string>> seen;
       for (const DescriptorConfig& c : *p.nodes) {
-        const std::string here = c.value.empty() ? absl::StrCat(p.path, ".", c.key)
-                                                 : absl::StrCat(p.path, ".", c.key, "_", c.value);
+        const std::string key = sluice::detail::utf8_escaped(c.key);
+        const std::string here =
+            c.value.empty()
+                ? absl::StrCat(p.path, ".", key)
+                : absl::StrCat(p.path, ".", key, "_", sluice::detail::utf8_escaped(c.value));
         if (c.key.empty()) return error(d, here, "a descriptor's key must not be empty");
         if (!seen.emplace(c.key, c.value).second) {
           return error(d, here, "duplicate descriptor (the same key and value twice in one level)");
@@ -265,11 +272,10 @@ class CompiledLimits {
                                        const std::string& identity, const Limit& limit,
                                        bool shadow) {
     LimitRule r{.label = path,
-                .name = limit.name.empty() ? path : limit.name,
+                .name = limit.name.empty() ? path : sluice::detail::utf8_escaped(limit.name),
                 .named = !limit.name.empty(),
                 .unlimited = limit.unlimited,
                 .shadow = shadow,
-                .replaces = limit.replaces,
                 .windows = limit.windows,
                 .algorithm = limit.algorithm};
     if (limit.unlimited != limit.windows.empty()) {
@@ -281,6 +287,7 @@ class CompiledLimits {
     for (const std::string& replaced : limit.replaces) {
       if (replaced.empty()) return error(d, path, "a replaces entry must name a limit");
       if (replaced == limit.name) return error(d, path, "a limit must not replace itself");
+      r.replaces.push_back(sluice::detail::utf8_escaped(replaced));
     }
     std::sort(r.windows.begin(), r.windows.end(),
               [](const GcraWindow& a, const GcraWindow& b) { return a.period < b.period; });
