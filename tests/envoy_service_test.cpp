@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
+#include "promtool.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/envoy.hpp"
 #ifdef SLUICE_TEST_REDIS
@@ -343,6 +344,13 @@ TEST_CASE("envoy: an unknown domain answers OK for every descriptor", "[envoy]")
     CHECK(s.code() == kOk);
     CHECK_FALSE(s.has_current_limit());
   }
+  // Counted, so that a domain misspelt on either side shows instead of limiting nothing quietly.
+  server.ok(request("edge_proxy_per_ip", {{{"remote_address", "10.0.0.1"}}}));
+  CHECK(server.limiter().unknown_domain_calls() == 1);
+  std::string metrics;
+  sluice::envoy::append_prometheus_text(metrics, server.limiter());
+  CHECK(metrics.find("\nsluice_envoy_unknown_domain_calls_total 1\n") != std::string::npos);
+  sluice_test::check_promtool_accepts(metrics);
 }
 
 TEST_CASE("envoy: shadow mode counts without denying and unlimited never limits", "[envoy]") {
@@ -640,6 +648,9 @@ TEST_CASE("envoy: an override of unknown unit is decided as if absent, never an 
       static_cast<envoy::type::v3::RateLimitUnit>(99));
   CHECK(server.ok(r).overall_code() == kOverLimit);
   CHECK(server.limiter().ignored_overrides() == 2);
+  std::string metrics;
+  sluice::envoy::append_prometheus_text(metrics, server.limiter());
+  CHECK(metrics.find("\nsluice_envoy_ignored_overrides_total 2\n") != std::string::npos);
 }
 
 TEST_CASE("envoy: overrides beyond the bound are decided as if absent", "[envoy]") {

@@ -177,6 +177,9 @@ class BasicLimiter {
     response.statuses.assign(request.descriptors.size(), DescriptorStatus{});
     absl::StatusOr<std::shared_ptr<const Generation>> gen = generation_for(request);
     if (!gen.ok()) return gen.status();
+    if (!(*gen)->limits->has_domain(request.domain)) {
+      unknown_domain_calls_.fetch_add(1, std::memory_order_relaxed);
+    }
     Plan plan = make_plan(**gen, request);
     if (plan.ignored_overrides != 0) {
       ignored_overrides_.fetch_add(plan.ignored_overrides, std::memory_order_relaxed);
@@ -230,6 +233,11 @@ class BasicLimiter {
   // limiter's life.
   std::uint64_t ignored_overrides() const {
     return ignored_overrides_.load(std::memory_order_relaxed);
+  }
+  // Calls whose domain no configuration file names (answered OK, limiting nothing: a domain
+  // misspelt in Envoy's configuration or in a file). Over the limiter's life.
+  std::uint64_t unknown_domain_calls() const {
+    return unknown_domain_calls_.load(std::memory_order_relaxed);
   }
 
   // Every limit's counters, configured limits first, in configuration order.
@@ -789,6 +797,7 @@ class BasicLimiter {
   mutable std::atomic<std::uint64_t> backend_errors_{0};
   mutable std::atomic<std::uint64_t> local_decisions_{0};
   mutable std::atomic<std::uint64_t> ignored_overrides_{0};
+  mutable std::atomic<std::uint64_t> unknown_domain_calls_{0};
   mutable sluice::detail::SpinLock current_lock_;
   mutable std::shared_ptr<const Generation> current_ ABSL_GUARDED_BY(current_lock_);
   mutable sluice::detail::Mutex reload_mutex_;  // serializes publishers; never taken to read

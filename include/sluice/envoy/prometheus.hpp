@@ -11,7 +11,10 @@
 // own), their meaning that of sluice::envoy::LimitStats; and
 // sluice_envoy_backend_errors_total with the label `failure_mode` (fail_open, fail_closed, local);
 // in the local failure mode also sluice_envoy_local_decisions_total (backend calls decided on the
-// replica's local share). Label values are escaped; no descriptor value a client sent is written.
+// replica's local share); and, without labels, sluice_envoy_ignored_overrides_total (descriptors
+// whose override was decided as if absent) and sluice_envoy_unknown_domain_calls_total (calls
+// that limited nothing because no file names their domain). Label values are escaped; no
+// descriptor value a client sent is written.
 //
 // Thread-safety: reads atomics; call it from any thread. Complexity: O(limits).
 #ifndef SLUICE_ENVOY_PROMETHEUS_HPP_
@@ -50,6 +53,13 @@ void append_prometheus_text(std::string& out, const BasicLimiter<Backend>& limit
   static constexpr sluice::detail::PrometheusFamily kLocalDecisions{
       "sluice_envoy_local_decisions_total", "counter",
       "Backend calls decided on this replica's local share while the backend failed."};
+  static constexpr sluice::detail::PrometheusFamily kIgnoredOverrides{
+      "sluice_envoy_ignored_overrides_total", "counter",
+      "Descriptors whose limit override was decided as if absent (bound reached, refused by the "
+      "backend, or an unknown unit)."};
+  static constexpr sluice::detail::PrometheusFamily kUnknownDomainCalls{
+      "sluice_envoy_unknown_domain_calls_total", "counter",
+      "Calls answered OK without a limit because no configuration names their domain."};
   const std::vector<LimitStats> stats = limiter.stats();
   for (const Family& f : kFamilies) {
     sluice::detail::append_prometheus_header(out, f.family);
@@ -65,6 +75,9 @@ void append_prometheus_text(std::string& out, const BasicLimiter<Backend>& limit
   if (limiter.failure_mode() == FailureMode::kLocal) {
     sluice::detail::append_prometheus_family(out, kLocalDecisions, limiter.local_decisions());
   }
+  sluice::detail::append_prometheus_family(out, kIgnoredOverrides, limiter.ignored_overrides());
+  sluice::detail::append_prometheus_family(out, kUnknownDomainCalls,
+                                           limiter.unknown_domain_calls());
 }
 
 }  // namespace sluice::envoy
