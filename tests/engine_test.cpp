@@ -627,6 +627,46 @@ TEST_CASE("a route that is not case_sensitive matches its prefix in any ASCII ca
   CHECK(route_of("/caf%C3%89") == "<unrouted>");  // not an ASCII letter: compared as it is
 }
 
+// An upstream that ignores case with Unicode's case mappings (Java's equalsIgnoreCase, Spring's
+// case-insensitive path patterns, which lower-case with Character.toLowerCase) reads four letters
+// outside ASCII as ASCII ones: dotless ı and dotted İ as i, long ſ as s, the Kelvin sign K as k.
+// It serves /log%C4%B1n from its /login handler; a route that compared them as other bytes would
+// leave it unrouted, and the client would escape the login throttle by spelling one letter.
+TEST_CASE("a route that ignores case matches the non-ASCII letters that fold to its ASCII ones",
+          "[attack]") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config{
+      .policies = {{.name = "throttle",
+                    .rate_limits = {rule("r", {Selector::kIp, Selector::kRoute}, {.minute = 1})}}},
+      .routes = {{.name = "login",
+                  .path_prefix = "/login",
+                  .case_sensitive = false,
+                  .policies = {"throttle"}},
+                 {.name = "session", .path_prefix = "/session", .case_sensitive = false},
+                 {.name = "keys", .path_prefix = "/keys", .case_sensitive = false},
+                 {.name = "kit", .path_prefix = "/kit"}}};
+  Engine engine = make_engine(config, clock);
+  const auto route_of = [&](std::string_view raw) {
+    const absl::StatusOr<std::string> path = sluice::normalize_request_path(raw);
+    REQUIRE(path.ok());
+    const auto match = engine.match_route("", *path);
+    return match ? std::string(match->route) : std::string("<unrouted>");
+  };
+  CHECK(route_of("/log%C4%B1n") == "login");        // ı (U+0131)
+  CHECK(route_of("/LOG%C4%B0N") == "login");        // İ (U+0130)
+  CHECK(route_of("/%C5%BFession") == "session");    // ſ (U+017F)
+  CHECK(route_of("/%E2%84%AAeys") == "keys");       // K (U+212A)
+  CHECK(route_of("/%E2%84%AAit") == "<unrouted>");  // a case_sensitive route: byte for byte
+  CHECK(route_of("/log%C3%AFn") == "<unrouted>");   // ï folds to no ASCII letter
+
+  const auto login = engine.match_route("", "/login");
+  const auto dotless = engine.match_route("", "/log%C4%B1n");
+  REQUIRE(login.has_value());
+  REQUIRE(dotless.has_value());
+  CHECK(admitted(engine, on_route("203.0.113.7", login->route), 1) == 1);
+  CHECK(admitted(engine, on_route("203.0.113.7", dotless->route), 1) == 0);  // the same bucket
+}
+
 TEST_CASE("a route that ignores case keeps the precedence: longest prefix, then the listener's") {
   sluice::ManualClock clock;
   for (bool listener_route_first : {true, false}) {

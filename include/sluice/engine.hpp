@@ -554,7 +554,8 @@ class BasicRateLimitEngine {
     std::optional<std::string_view> service{};
   };
   // The route with the longest path_prefix that starts `path`, among routes on `listener` (or
-  // on every listener); in any ASCII case for a route that is not case_sensitive. `path` must be
+  // on every listener); in any case for a route that is not case_sensitive (ASCII letters, and
+  // the letters outside ASCII that fold to one: path_starts_with_ignoring_case). `path` must be
   // normalized (sluice/request_path.hpp), and the request must be served on that same path: a
   // raw path climbs out of a prefix with dot segments.
   std::optional<RouteMatch> match_route(std::string_view listener, std::string_view path) const {

@@ -59,8 +59,8 @@
 //   address (never by the credential, so random keys do not buy fresh buckets). A lookup error,
 //   or a consumer the config does not define: limited by address, then 503
 //   `{"error":"credential store unavailable"}`.
-// - Route: the longest `path_prefix` that starts the normalized path (in any ASCII case for a
-//   route with `case_sensitive: false`, for an upstream that ignores case; sluice/request_path.hpp:
+// - Route: the longest `path_prefix` that starts the normalized path (in any case for a route
+//   with `case_sensitive: false`, for an upstream that ignores case; sluice/request_path.hpp:
 //   each character written one way whether sent raw or percent-encoded, dot segments removed,
 //   repeated '/' merged), taken from the request target as sent, never from cpp-httplib's decoded
 //   `request.path`, in which an encoded '/' is no longer told apart. `LimitedRequest::path` is

@@ -30,7 +30,14 @@
 // (/login;jsessionid=1) dropping them only shortens the path: a prefix that starts what is served
 // starts the path too.
 //
-// Thread-safety: a pure function. Complexity: linear in the path; the result is at most three
+// A normalized path is matched against a normalized prefix byte for byte, or, for an upstream
+// that ignores case, with `path_starts_with_ignoring_case`: ASCII letters in either case, and the
+// four letters outside ASCII whose Unicode case mapping is an ASCII letter (dotless i and dotted
+// I as i, long s as s, the Kelvin sign as k) read as that letter, as Java's equalsIgnoreCase and
+// Spring's case-insensitive path patterns read them: such an upstream serves /log%C4%B1n from its
+// /login handler.
+//
+// Thread-safety: pure functions. Complexity: linear in the path; the result is at most three
 // times as long (a raw byte written as %XX).
 #ifndef SLUICE_REQUEST_PATH_HPP_
 #define SLUICE_REQUEST_PATH_HPP_
@@ -43,6 +50,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 
 namespace sluice {
 namespace detail {
@@ -88,6 +96,46 @@ inline absl::StatusOr<std::string> normalize_request_path(std::string_view raw) 
 }
 
 namespace detail {
+std::size_t folded_letter_size(std::string_view path, char lower) noexcept;
+}  // namespace detail
+
+// Whether `prefix` starts `path`, both normalized, as an upstream that ignores case reads them
+// (see the file comment): ASCII letters in either case, and a letter outside ASCII that folds to
+// an ASCII letter of `prefix` as that letter; every other byte as it is. Both sides spell a
+// percent-encoding with upper-case hex digits, so escapes compare alike. O(prefix size); no
+// allocation.
+inline bool path_starts_with_ignoring_case(std::string_view path,
+                                           std::string_view prefix) noexcept {
+  std::size_t at = 0;  // into path; never past its end
+  for (const char c : prefix) {
+    const char lower = absl::ascii_tolower(static_cast<unsigned char>(c));
+    if (at < path.size() && absl::ascii_tolower(static_cast<unsigned char>(path[at])) == lower) {
+      ++at;
+      continue;
+    }
+    const std::size_t folded = detail::folded_letter_size(path.substr(at), lower);
+    if (folded == 0) return false;
+    at += folded;
+  }
+  return true;
+}
+
+namespace detail {
+
+// The size of the percent-encoded UTF-8 letter at the start of `path` whose Unicode case mapping
+// is the ASCII letter `lower` (lower case), or 0 when there is none.
+inline std::size_t folded_letter_size(std::string_view path, char lower) noexcept {
+  switch (lower) {
+    case 'i':  // U+0130 (dotted capital I: lower case i), U+0131 (dotless i: upper case I)
+      return path.starts_with("%C4%B0") || path.starts_with("%C4%B1") ? 6 : 0;
+    case 's':  // U+017F (long s: upper case S)
+      return path.starts_with("%C5%BF") ? 6 : 0;
+    case 'k':  // U+212A (Kelvin sign: lower case k)
+      return path.starts_with("%E2%84%AA") ? 9 : 0;
+    default:
+      return 0;
+  }
+}
 
 inline std::optional<int> hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';

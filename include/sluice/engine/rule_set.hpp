@@ -31,7 +31,6 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/adaptive.hpp"
 #include "sluice/client_address.hpp"
@@ -43,6 +42,7 @@
 #include "sluice/http_fields.hpp"
 #include "sluice/key.hpp"
 #include "sluice/policy.hpp"
+#include "sluice/request_path.hpp"
 
 namespace sluice {
 
@@ -329,14 +329,13 @@ class RuleSet {
     }
     return nullptr;
   }
-  // Whether `route`'s path_prefix starts `path`: byte for byte, or with ASCII letters in either
-  // case when the route is not case_sensitive. Both are normalized, so a percent-encoding's hex
-  // digits are upper case in both and fold alike; a non-ASCII byte (always percent-encoded) is
-  // compared as it is. In place: no allocation.
+  // Whether `route`'s path_prefix starts `path`: byte for byte, or as an upstream that ignores
+  // case reads them when the route is not case_sensitive (path_starts_with_ignoring_case: ASCII
+  // letters in either case, and the letters outside ASCII that fold to one as that letter). In
+  // place: no allocation.
   static bool prefix_starts(const Route& route, std::string_view path) {
     if (route.case_sensitive) return path.starts_with(route.path_prefix);
-    return absl::StartsWithIgnoreCase(absl::string_view(path.data(), path.size()),
-                                      route.path_prefix);
+    return path_starts_with_ignoring_case(path, route.path_prefix);
   }
   // The consumer that owns `credential`.
   std::optional<std::string_view> consumer_for(std::string_view credential) const {

@@ -127,7 +127,8 @@ struct Route {
   std::string service{};      // optional; names a service in `services` when set
   std::string listener{};     // optional; names a listener in `listeners` when set
   std::string path_prefix{};  // optional; starts with '/' when set ("" never matches)
-  // false: `path_prefix` matches with ASCII letters in either case, for an upstream that routes
+  // false: `path_prefix` matches with ASCII letters in either case, and with the letters outside
+  // ASCII that fold to one (dotless i, long s, ...) as that letter, for an upstream that routes
   // without regard to case (where /LOGIN is served as /login); requires a path_prefix.
   bool case_sensitive = true;
   std::vector<std::string> policies{};  // attached bundle names
