@@ -1795,7 +1795,10 @@ TEST_CASE("envoy: --redis-max-connections N holds at most N connections to Redis
           "[envoy][e2e][redis]") {
   constexpr int kCalls = 8;
   CHECK(peak_redis_connections({"--redis-max-connections", "3"}, kCalls) == 3);
-  CHECK(peak_redis_connections({}, kCalls) == kCalls);  // the default 16: one per call
+  // The default, 16, lets every call have a connection of its own and holds at most 16.
+  const int unbounded = peak_redis_connections({}, kCalls);
+  CHECK(unbounded >= kCalls);
+  CHECK(unbounded <= 16);
 }
 #endif  // SLUICE_TEST_REDIS
 #endif  // SLUICE_ENVOY_RLS_BINARY
