@@ -1,4 +1,4 @@
-// sluice/redis/detail/connection_pool.hpp — a bounded pool of blocking hiredis connections.
+// sluice/redis/detail/connection_pool.hpp — a bounded pool of hiredis connections.
 // Internal: `Client` owns one (tests and benchmarks reach it through `pool_for_testing`).
 //
 // A connection that failed is closed, never reused; the next acquire opens a fresh one (that is
