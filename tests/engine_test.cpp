@@ -602,6 +602,18 @@ TEST_CASE("the longest prefix wins and on an equal prefix a listener's own route
   }
 }
 
+namespace {
+
+// The route `engine` matches for the raw request path `raw`, or "<unrouted>".
+std::string routed(const Engine& engine, std::string_view raw) {
+  const absl::StatusOr<std::string> path = sluice::normalize_request_path(raw);
+  REQUIRE(path.ok());
+  const auto match = engine.match_route("", *path);
+  return match ? std::string(match->route) : std::string("<unrouted>");
+}
+
+}  // namespace
+
 TEST_CASE("a route that is not case_sensitive matches its prefix in any ASCII case, and only it") {
   sluice::ManualClock clock;
   sluice::PolicyConfig config{
@@ -609,12 +621,7 @@ TEST_CASE("a route that is not case_sensitive matches its prefix in any ASCII ca
                  {.name = "api", .path_prefix = "/Api"},
                  {.name = "cafe", .path_prefix = "/caf%C3%A9", .case_sensitive = false}}};
   Engine engine = make_engine(config, clock);
-  const auto route_of = [&](std::string_view raw) {
-    const absl::StatusOr<std::string> path = sluice::normalize_request_path(raw);
-    REQUIRE(path.ok());
-    const auto match = engine.match_route("", *path);
-    return match ? std::string(match->route) : std::string("<unrouted>");
-  };
+  const auto route_of = [&](std::string_view raw) { return routed(engine, raw); };
   CHECK(route_of("/login") == "login");
   CHECK(route_of("/LOGIN") == "login");
   CHECK(route_of("/LoGiN/reset") == "login");
@@ -646,12 +653,7 @@ TEST_CASE("a route that ignores case matches the non-ASCII letters that fold to 
                  {.name = "keys", .path_prefix = "/keys", .case_sensitive = false},
                  {.name = "kit", .path_prefix = "/kit"}}};
   Engine engine = make_engine(config, clock);
-  const auto route_of = [&](std::string_view raw) {
-    const absl::StatusOr<std::string> path = sluice::normalize_request_path(raw);
-    REQUIRE(path.ok());
-    const auto match = engine.match_route("", *path);
-    return match ? std::string(match->route) : std::string("<unrouted>");
-  };
+  const auto route_of = [&](std::string_view raw) { return routed(engine, raw); };
   CHECK(route_of("/log%C4%B1n") == "login");        // ı (U+0131)
   CHECK(route_of("/LOG%C4%B0N") == "login");        // İ (U+0130)
   CHECK(route_of("/%C5%BFession") == "session");    // ſ (U+017F)
