@@ -552,6 +552,26 @@ BENCHMARK(BM_ServerCostSluice)->MinTime(3.0)->UseRealTime();
 BENCHMARK(BM_ServerCostFloatReference)->MinTime(3.0)->UseRealTime();
 BENCHMARK(BM_ServerCostFloor)->MinTime(3.0)->UseRealTime();
 
+// What the coalescer adds to one lone check, with no server: its path around a `send` that
+// answers at once. A lone caller's every check takes this path (beside BM_SluiceCheck*, whose
+// round trip is ~40 µs).
+void BM_CoalescerLoneCheck(benchmark::State& state) {
+  sr::detail::Coalescer coalescer(64, 2);
+  const sr::CheckItem item{.key = "bench:lone", .limit = &*fixture->limit};
+  const auto send = [](std::span<const sr::CheckItem> items,
+                       std::optional<std::chrono::nanoseconds> /*at*/,
+                       sr::detail::Coalescer::Deadline /*by*/,
+                       std::span<absl::StatusOr<sluice::Decision>> results) {
+    for (std::size_t i = 0; i < items.size(); ++i) results[i] = sluice::Decision{};
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  for (auto _ : state) {
+    absl::StatusOr<sluice::Decision> d = coalescer.check(item, std::nullopt, deadline, send);
+    benchmark::DoNotOptimize(d);
+  }
+}
+BENCHMARK(BM_CoalescerLoneCheck);
+
 void concurrency(benchmark::internal::Benchmark* b) {
   b->Threads(1)->Threads(8)->Threads(32)->UseRealTime()->MinTime(2.0);
 }

@@ -85,11 +85,15 @@ class Coalescer {
   template <class Send>
   absl::StatusOr<Decision> check(const Item& item, const Group& group, Deadline deadline,
                                  Send&& send) {
+    if (claim()) {
+      return send_alone(item, group, deadline, send);
+    }
     const WaiterPtr me = std::make_shared<Waiter>(item, group, deadline);
-    if (!join(me)) {
-      if (std::optional<absl::StatusOr<Decision>> done = wait(*me)) {
-        return *std::move(done);  // decided in another's batch, or out of time while queued
-      }
+    if (join(me)) {
+      return send_alone(item, group, deadline, send);  // a call returned since claim()
+    }
+    if (std::optional<absl::StatusOr<Decision>> done = wait(*me)) {
+      return *std::move(done);  // decided in another's batch, or out of time while queued
     }
     if (std::chrono::steady_clock::now() >= deadline) {  // handed the lead too late to use it
       hand_lead(pass_lead(0));
@@ -138,17 +142,42 @@ class Coalescer {
   };
   using WaiterPtr = std::shared_ptr<Waiter>;
 
-  // True if fewer than max_in_flight calls are in flight: `me` leads at once. Otherwise `me` is
-  // queued.
+  // True if fewer than max_in_flight calls were in flight (then nothing is queued): the caller
+  // now holds one of the places in flight and sends its check at once.
+  bool claim() {
+    sluice::detail::MutexLock lock(mu_);
+    return claim_locked();
+  }
+  bool claim_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (in_flight_ >= max_in_flight_) {
+      return false;
+    }
+    ++in_flight_;
+    peak_in_flight_ = std::max(peak_in_flight_, in_flight_);
+    return true;
+  }
+
+  // claim(), or else `me` is queued (false).
   bool join(const WaiterPtr& me) {
     sluice::detail::MutexLock lock(mu_);
-    if (in_flight_ < max_in_flight_) {  // then nothing is queued
-      ++in_flight_;
-      peak_in_flight_ = std::max(peak_in_flight_, in_flight_);
+    if (claim_locked()) {
       return true;
     }
     queue_.push_back(me);
     return false;
+  }
+
+  // A check that found a place in flight: sent alone, with nothing allocated (a lone caller's
+  // every check). Checks that queue meanwhile go out with the next call a returning leader hands
+  // on, as they would if they had queued a moment later.
+  template <class Send>
+  absl::StatusOr<Decision> send_alone(const Item& item, const Group& group, Deadline deadline,
+                                      Send& send) {
+    absl::StatusOr<Decision> result = absl::InternalError("sluice: no result for a check");
+    send(std::span<const Item>(&item, 1), group, deadline,
+         std::span<absl::StatusOr<Decision>>(&result, 1));
+    hand_lead(pass_lead(1));
+    return result;
   }
 
   // `me`'s result once it is done (decided in a batch, or out of time while queued); nullopt
