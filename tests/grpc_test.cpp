@@ -598,6 +598,30 @@ TEST_CASE("keys from the service's store get their own bucket, unknown ones thei
   CHECK(server.service().handled() == 3);
 }
 
+TEST_CASE("a known key sent twice cannot pass its own limit as the unknown consumer's call",
+          "[attack]") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = per_credential();   // global: 1 per second per key (or address)
+  config.consumers.push_back({.name = "unknown"});  // unknown keys: the global rule by address
+  const Engine engine = make_engine(config, clock);
+  sluice::GrpcLimiterOptions options{.credential_metadata = "x-api-key", .credential_prefix = ""};
+  options.consumer_of = [](std::string_view key) -> absl::StatusOr<std::optional<std::string>> {
+    if (key.starts_with("key-")) return std::optional<std::string>("alice");
+    return std::optional<std::string>();
+  };
+  options.unknown_consumer = "unknown";
+  EchoServer server(engine, limiter(std::move(options)));
+  REQUIRE(server.started());
+  CHECK(server.call({{"x-api-key", "key-1"}}).code == grpc::StatusCode::OK);
+  CHECK(server.call({{"x-api-key", "key-1"}}).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // A handler reading client_metadata().find("x-api-key") gets key-1 again: the unknown
+  // consumer's bucket by address must not serve it past the key's limit.
+  const Reply twice = server.call({{"x-api-key", "key-1"}, {"x-api-key", "key-1"}});
+  CHECK(twice.code == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(twice.message == "unknown credential");
+  CHECK(server.service().handled() == 1);
+}
+
 namespace {
 
 // A holder as sluice::yaml::ReloadingEngine is one: the generation it serves now, or none.

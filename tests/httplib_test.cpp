@@ -1004,3 +1004,27 @@ TEST_CASE("an Authorization header sent twice, or Bearer and a tab, is an unknow
   CHECK(server.get("/v1/items", {{"Authorization", "Bearer\tk1"}}).status == 401);
   CHECK(server.get("/v1/items", {{"Authorization", "Basic dXNlcg=="}}).status == 200);  // none
 }
+
+TEST_CASE("a known API key sent twice cannot pass its own limit as the unknown consumer's request",
+          "[attack]") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  std::vector<std::string> consumers;
+  Limiter::Options options = api_key_options(resolver, "unknown");
+  options.on_evaluated = [&](const httplib::Request&, const Limiter::LimitedRequest& limited) {
+    consumers.push_back(std::string(limited.consumer.value_or("<none>")));
+  };
+  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 200);
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 200);
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 429);  // the key's 2 per minute
+  consumers.clear();
+  // The server's own handler reads the first value (get_header_value): key-1 again. The unknown
+  // consumer's bucket by address must not serve it past the key's limit.
+  const httplib::Response twice =
+      server.get("/v1/items", {{"X-Api-Key", "key-1"}, {"X-Api-Key", "key-1"}});
+  CHECK(twice.status == 401);
+  CHECK(twice.body == "{\"error\":\"unknown credential\"}\n");
+  CHECK(server.get("/v1/items", {{"X-Api-Key", "key-1"}, {"X-Api-Key", "key-2"}}).status == 401);
+  CHECK(consumers == std::vector<std::string>{"<none>", "<none>"});  // no class's bundles
+}
