@@ -988,11 +988,12 @@ TEST_CASE("a known API key sent twice is an unknown credential, not an anonymous
   options.on_evaluated = [&](const httplib::Request&, const Limiter::LimitedRequest& limited) {
     statuses.push_back(limited.credential_status);
   };
-  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+  const TestServer server(Limiter(make_engine(api_key_config(2), clock), std::move(options)));
   const httplib::Headers twice = {{"X-Api-Key", "key-1"}, {"X-Api-Key", "key-1"}};
-  // The unknown consumer's one bucket by address (1 per minute), never the anonymous 100.
-  CHECK(server.get("/v1/items", twice).status == 200);
-  for (int i = 0; i < 4; ++i) CHECK(server.get("/v1/items", twice).status == 429);
+  // Limited by address (2 per minute), then refused, never admitted as the anonymous caller.
+  CHECK(server.get("/v1/items", twice).status == 401);
+  CHECK(server.get("/v1/items", twice).status == 401);
+  for (int i = 0; i < 3; ++i) CHECK(server.get("/v1/items", twice).status == 429);
   CHECK(statuses == std::vector<sluice::CredentialStatus>(5, sluice::CredentialStatus::kUnknown));
 }
 

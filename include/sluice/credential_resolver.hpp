@@ -81,7 +81,8 @@ struct CredentialCacheOptions {
 enum class CredentialStatus {
   kNone,          // the request presented none: limited as an anonymous caller (by address)
   kKnown,         // it belongs to a consumer, and keys that consumer's `credential` rules
-  kUnknown,       // no one owns it: the adapter's unknown consumer, or refused (HTTP 401)
+  kUnknown,       // no one owns it: the adapter's unknown consumer, or refused (HTTP 401); a
+                  // credential sent twice (ambiguous) is always refused
   kLookupFailed,  // the lookup failed, or named a consumer the config lacks: limited by address,
                   // then answered 503
 };

@@ -36,12 +36,13 @@
 //   `credential_prefix` ("authorization: Bearer <token>" by default). It keys `credential` rules
 //   only when it belongs to a consumer: of the config (`engine.consumer_for`), or the one
 //   `consumer_of` names (the service's store, sluice/credential_resolver.hpp). A missing prefix
-//   counts as no credential (keyed by client address); an entry sent more than once as an unknown
-//   one, never as none, so that a known key sent twice does not escape its limits. An unknown
-//   credential is limited by address and ended with UNAUTHENTICATED ("unknown credential"), or
-//   gets the bundles of the config consumer `unknown_consumer`, keyed by address: a client cannot
-//   mint a fresh bucket per call. A lookup error, or a consumer the config does not define:
-//   limited by address, then UNAVAILABLE.
+//   counts as no credential (keyed by client address). An entry sent more than once is ambiguous
+//   (a handler may read the first as a known key): limited by address and ended with
+//   UNAUTHENTICATED, never the anonymous caller's or the unknown consumer's, so that a known key
+//   sent twice does not escape its limits. An unknown credential is limited by address and ended
+//   with UNAUTHENTICATED ("unknown credential"), or gets the bundles of the config consumer
+//   `unknown_consumer`, keyed by address: a client cannot mint a fresh bucket per call. A lookup
+//   error, or a consumer the config does not define: limited by address, then UNAVAILABLE.
 //
 // What the client receives:
 // - denied: status RESOURCE_EXHAUSTED ("rate limited; retry after <n> s") and trailing metadata

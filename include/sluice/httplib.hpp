@@ -50,7 +50,9 @@
 //   them applies from the next request on; `Options::proxy_headers` says which header to read.
 // - Credential: by default the token of `Authorization: Bearer <token>` (scheme in any case);
 //   `header_credential("X-Api-Key")` reads another header. A credential header sent more than
-//   once (or `Bearer` and a tab) is ambiguous: an unknown credential, never an anonymous caller.
+//   once (or `Bearer` and a tab) is ambiguous: the service may read it as a known key, so it is
+//   limited by address and refused with 401, never an anonymous caller's and never the unknown
+//   consumer's.
 //   Who owns it: the config's consumers[].credentials, or `Options::consumer_of`, the service's own
 //   store behind a bounded cache (sluice/credential_resolver.hpp). It keys `credential` rules only
 //   when it belongs to a consumer. An unknown credential never gets the anonymous caller's
@@ -275,8 +277,8 @@ class HttplibLimiter {
 
   // The token of `Authorization: Bearer <token>` (scheme case-insensitive), a view into
   // `request`; none when the header is absent, has another scheme or an empty token. Sent more
-  // than once, or `Bearer` followed by other whitespace than one space (a tab): ambiguous, read
-  // as an unknown credential (see the file comment), never as none.
+  // than once, or `Bearer` followed by other whitespace than one space (a tab): ambiguous,
+  // refused as an unknown credential (see the file comment), never read as none.
   static std::optional<std::string_view> bearer_token(const httplib::Request& request) {
     constexpr absl::string_view kScheme = "Bearer ";
     const std::size_t count = request.get_header_value_count("Authorization");
@@ -296,8 +298,8 @@ class HttplibLimiter {
   }
 
   // Reads the credential from header `name` (e.g. "X-Api-Key"), a view into the request; none
-  // when the header is absent or empty. Sent more than once: ambiguous, read as an unknown
-  // credential, never as none. For Options::credential.
+  // when the header is absent or empty. Sent more than once: ambiguous, refused as an unknown
+  // credential, never read as none. For Options::credential.
   static std::function<std::optional<std::string_view>(const httplib::Request&)> header_credential(
       std::string name) {
     return [name = std::move(name)](

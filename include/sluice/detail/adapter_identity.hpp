@@ -94,10 +94,11 @@ absl::Status check_config_names(const Engine* engine, std::string_view listener,
 
 // What an adapter reads for a credential it cannot read one way only (its header or metadata
 // entry sent more than once, or `Bearer` followed by whitespace other than one space): it is no
-// consumer's and is never looked up, so the request is an unknown credential's (refused, or the
-// unknown consumer's, keyed by address), never an anonymous one, whose limits a known key sent
-// twice would otherwise escape to. The NUL byte keeps it apart from every credential a config
-// can hold.
+// consumer's and is never looked up, and the request is limited by address and then refused as
+// an unknown credential's. Never an anonymous request, and never the unknown consumer's either:
+// the service may read the value as a known key (the first of two entries, say), which would
+// then escape that key's limits to the anonymous ones or the unknown consumer's bucket by
+// address. The NUL byte keeps it apart from every credential a config can hold.
 inline constexpr char kAmbiguousCredentialText[] = "\0sluice: ambiguous credential";
 inline constexpr std::string_view kAmbiguousCredential(kAmbiguousCredentialText,
                                                        sizeof(kAmbiguousCredentialText) - 1);
@@ -120,7 +121,9 @@ struct CredentialIdentity {
 //   nothing set;
 // - unknown: kUnknown, and `consumer` is the config's consumer `unknown_consumer` when it is
 //   non-empty and the config has one, without the credential (its rules key the address, so a
-//   client cannot pick a bucket per key); otherwise nothing set, and the adapter refuses it.
+//   client cannot pick a bucket per key); otherwise nothing set, and the adapter refuses it;
+// - ambiguous (kAmbiguousCredential): kUnknown, nothing set, whatever `unknown_consumer` says:
+//   the adapter refuses it.
 template <class Engine>
 CredentialIdentity identify_credential(const Engine& engine,
                                        std::optional<std::string_view> credential,
@@ -130,8 +133,10 @@ CredentialIdentity identify_credential(const Engine& engine,
   CredentialIdentity out;
   if (!credential || credential->empty()) return out;
   if (*credential == kAmbiguousCredential) {
-    // not asked of anyone: unknown
-  } else if (!consumer_of) {
+    out.status = CredentialStatus::kUnknown;  // asked of no one, and refused
+    return out;
+  }
+  if (!consumer_of) {
     out.consumer = engine.consumer_for(*credential);
   } else {
     absl::StatusOr<std::optional<std::string>> answer = consumer_of(*credential);
