@@ -369,6 +369,27 @@ TEST_CASE("a made-up, unprefixed or repeated credential is keyed by the client a
   CHECK(server.service().handled() == 2);
 }
 
+TEST_CASE("every spelling of a known bearer token is that token's call or refused", "[attack]") {
+  sluice::ManualClock clock;
+  const Engine engine = make_engine(per_credential(), clock);  // 1 per second per key or address
+  EchoServer server(engine, limiter());                        // authorization: Bearer <token>
+  REQUIRE(server.started());
+  CHECK(server.call({{"authorization", "Bearer alice-token"}}).code == grpc::StatusCode::OK);
+  // Whitespace around a value is no part of it (HTTP drops it), and RFC 6750 allows several
+  // spaces after the scheme: a handler that reads either as alice's token serves alice, so each
+  // is alice's call, denied for this second.
+  for (const char* spelling :
+       {" Bearer alice-token", "Bearer alice-token ", "Bearer  alice-token"}) {
+    CAPTURE(spelling);
+    CHECK(server.call({{"authorization", spelling}}).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  // A handler that splits on whitespace may read alice's token here too: ambiguous, so limited
+  // by the address (not spent by the calls above) and refused.
+  CHECK(server.call({{"authorization", "Bearer alice-token bob-token"}}).code ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(server.service().handled() == 1);
+}
+
 TEST_CASE("x-forwarded-for metadata picks the client only behind a trusted proxy") {
   sluice::ManualClock clock;
   sluice::PolicyConfig config = per_credential();  // anonymous calls: 1 per address

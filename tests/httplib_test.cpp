@@ -1029,3 +1029,26 @@ TEST_CASE("a known API key sent twice cannot pass its own limit as the unknown c
   CHECK(server.get("/v1/items", {{"X-Api-Key", "key-1"}, {"X-Api-Key", "key-2"}}).status == 401);
   CHECK(consumers == std::vector<std::string>{"<none>", "<none>"});  // no class's bundles
 }
+
+TEST_CASE(
+    "a bearer token after several spaces is that token and one followed by another word is "
+    "refused",
+    "[attack]") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  Limiter::Options options = options_with();  // the credential of Authorization: Bearer
+  options.consumer_of = resolver;
+  options.unknown_consumer = "unknown";
+  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+  const httplib::Headers bearer = {{"Authorization", "Bearer key-1"}};
+  CHECK(server.get("/v1/items", bearer).status == 200);
+  CHECK(server.get("/v1/items", bearer).status == 200);
+  CHECK(server.get("/v1/items", bearer).status == 429);  // the key's 2 per minute
+  // RFC 6750 allows one or more spaces after the scheme: a server that follows it reads key-1.
+  CHECK(server.get("/v1/items", {{"Authorization", "Bearer   key-1"}}).status == 429);
+  // A server that splits on whitespace may read key-1 here too: ambiguous, refused.
+  const httplib::Response two_words =
+      server.get("/v1/items", {{"Authorization", "Bearer key-1 key-9"}});
+  CHECK(two_words.status == 401);
+  CHECK(two_words.body == "{\"error\":\"unknown credential\"}\n");
+}
