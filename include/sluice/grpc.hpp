@@ -33,7 +33,10 @@
 //   The proxies are those of the engine generation `check` is given, so they follow reloads. A
 //   unix-socket peer has no address: all such callers share the one "invalid" address bucket.
 // - credential: the value of the metadata entry `credential_metadata` after
-//   `credential_prefix` ("authorization: Bearer <token>" by default). It keys `credential` rules
+//   `credential_prefix` ("authorization: Bearer <token>" by default), read as the HTTP adapter
+//   reads a header: spaces and tabs around the value are dropped, a prefix ending in a space is a
+//   scheme followed by one or more spaces, and other whitespace there or inside the token
+//   ("Bearer k1 k2") is ambiguous (below). It keys `credential` rules
 //   only when it belongs to a consumer: of the config (`engine.consumer_for`), or the one
 //   `consumer_of` names (the service's store, sluice/credential_resolver.hpp). A missing prefix
 //   counts as no credential (keyed by client address). An entry sent more than once is ambiguous
@@ -96,7 +99,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "sluice/client_address.hpp"
@@ -169,8 +171,10 @@ struct GrpcLimiterOptions {
   // The metadata key of the credential: lowercase letters, digits, '-', '_' and '.'; empty: calls
   // carry no credential. gRPC delivers `-bin` entries decoded.
   std::string credential_metadata = "authorization";
-  // What the entry's value must start with (compared ignoring ASCII case); the rest is the
-  // credential. Empty: the whole value.
+  // What the entry's value, without spaces or tabs around it, must start with (compared ignoring
+  // ASCII case); the rest is the credential. Ending in a space, it is a scheme: one or more
+  // spaces follow it, and other whitespace after it or in the credential makes the entry
+  // ambiguous. Empty: the whole value.
   std::string credential_prefix = "Bearer ";
   // Who owns a credential (e.g. a CredentialResolver); empty: the config's consumers[].credentials.
   ConsumerLookup consumer_of{};
@@ -347,20 +351,14 @@ class GrpcRateLimiter {
                                   options_.client_addresses.headers());
   }
 
-  // The credential of the call: the one entry `credential_metadata` after the prefix, if any.
+  // The credential of the call: the one entry `credential_metadata` after the prefix, if any,
+  // read as the HTTP adapter reads a header (detail::credential_in).
   std::optional<std::string_view> credential_of(const ::grpc::ServerContextBase& context) const {
     if (options_.credential_metadata.empty()) return std::nullopt;
     const auto [first, last] = context.client_metadata().equal_range(options_.credential_metadata);
     if (first == last) return std::nullopt;
     if (std::next(first) != last) return detail::kAmbiguousCredential;  // repeated
-    const std::string_view value = view(first->second);
-    const std::string_view prefix = options_.credential_prefix;
-    if (value.size() <= prefix.size() ||
-        !absl::StartsWithIgnoreCase(absl::string_view(value.data(), prefix.size()),
-                                    absl::string_view(prefix.data(), prefix.size()))) {
-      return std::nullopt;
-    }
-    return value.substr(prefix.size());
+    return detail::credential_in(view(first->second), options_.credential_prefix);
   }
 
   GrpcLimiterOptions options_;

@@ -48,7 +48,8 @@
 //   one of the config's `gateway.trusted_proxies` (none by default: headers are ignored). The
 //   proxies are those of the generation that evaluates the request, so a reload that changes
 //   them applies from the next request on; `Options::proxy_headers` says which header to read.
-// - Credential: by default the token of `Authorization: Bearer <token>` (scheme in any case);
+// - Credential: by default the token of `Authorization: Bearer <token>` (scheme in any case, then
+//   one or more spaces; a token with whitespace in it is ambiguous, as below);
 //   `header_credential("X-Api-Key")` reads another header. A credential header sent more than
 //   once (or `Bearer` and a tab) is ambiguous: the service may read it as a known key, so it is
 //   limited by address and refused with 401, never an anonymous caller's and never the unknown
@@ -103,7 +104,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "sluice/adaptive.hpp"
@@ -275,31 +275,21 @@ class HttplibLimiter {
     return handled;
   }
 
-  // The token of `Authorization: Bearer <token>` (scheme case-insensitive), a view into
-  // `request`; none when the header is absent, has another scheme or an empty token. Sent more
-  // than once, or `Bearer` followed by other whitespace than one space (a tab): ambiguous,
-  // refused as an unknown credential (see the file comment), never read as none.
+  // The token of `Authorization: Bearer <token>` (scheme case-insensitive, then one or more
+  // spaces, RFC 6750), a view into `request`; none when the header is absent, has another
+  // scheme or an empty token. Sent more than once, `Bearer` followed by other whitespace than
+  // spaces (a tab), or a token with whitespace in it ("Bearer k1 k2"): ambiguous, refused as an
+  // unknown credential (see the file comment), never read as none.
   static std::optional<std::string_view> bearer_token(const httplib::Request& request) {
-    constexpr absl::string_view kScheme = "Bearer ";
     const std::size_t count = request.get_header_value_count("Authorization");
     if (count == 0) return std::nullopt;
     if (count > 1) return detail::kAmbiguousCredential;
-    const std::string& value = request.headers.find("Authorization")->second;
-    const absl::string_view word = kScheme.substr(0, kScheme.size() - 1);
-    if (value.size() > word.size() && absl::StartsWithIgnoreCase(value, word) &&
-        value[word.size()] != ' ' &&
-        absl::ascii_isspace(static_cast<unsigned char>(value[word.size()]))) {
-      return detail::kAmbiguousCredential;
-    }
-    if (value.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(value, kScheme)) {
-      return std::nullopt;
-    }
-    return std::string_view(value).substr(kScheme.size());
+    return detail::credential_in(request.headers.find("Authorization")->second, "Bearer ");
   }
 
-  // Reads the credential from header `name` (e.g. "X-Api-Key"), a view into the request; none
-  // when the header is absent or empty. Sent more than once: ambiguous, refused as an unknown
-  // credential, never read as none. For Options::credential.
+  // Reads the credential from header `name` (e.g. "X-Api-Key"), a view into the request, without
+  // the spaces or tabs around it; none when the header is absent or empty. Sent more than once:
+  // ambiguous, refused as an unknown credential, never read as none. For Options::credential.
   static std::function<std::optional<std::string_view>(const httplib::Request&)> header_credential(
       std::string name) {
     return [name = std::move(name)](
@@ -307,9 +297,7 @@ class HttplibLimiter {
       const std::size_t count = request.get_header_value_count(name);
       if (count == 0) return std::nullopt;
       if (count > 1) return detail::kAmbiguousCredential;
-      const auto it = request.headers.find(name);
-      if (it->second.empty()) return std::nullopt;
-      return std::string_view(it->second);
+      return detail::credential_in(request.headers.find(name)->second, "");
     };
   }
 

@@ -14,11 +14,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "sluice/client_address.hpp"
 #include "sluice/credential_resolver.hpp"
+#include "sluice/detail/forwarded.hpp"
 #include "sluice/detail/text.hpp"
 
 namespace sluice::detail {
@@ -102,6 +105,36 @@ absl::Status check_config_names(const Engine* engine, std::string_view listener,
 inline constexpr char kAmbiguousCredentialText[] = "\0sluice: ambiguous credential";
 inline constexpr std::string_view kAmbiguousCredential(kAmbiguousCredentialText,
                                                        sizeof(kAmbiguousCredentialText) - 1);
+
+// The credential in one header or metadata value, read the same way by both adapters, so that a
+// secret has one spelling that reaches the lookup (a view into `value`):
+// - spaces and tabs around the value are no part of it (HTTP field values; cpp-httplib drops
+//   them, gRPC metadata keeps them);
+// - `prefix` "" takes the whole value; none when it is empty;
+// - `prefix` a scheme and a space ("Bearer "): the scheme in any case, one or more spaces (RFC
+//   6750), then the token; none for another scheme or no token. Other whitespace after the
+//   scheme, or inside the token ("Bearer\tk", "Bearer k1 k2"), is kAmbiguousCredential: a
+//   service that splits on whitespace reads a key there, which must not escape its limits;
+// - any other `prefix` is compared ignoring case, and the rest is the credential.
+// O(value size); no allocation.
+inline std::optional<std::string_view> credential_in(std::string_view value,
+                                                     std::string_view prefix) noexcept {
+  while (!value.empty() && optional_whitespace(value.front())) value.remove_prefix(1);
+  while (!value.empty() && optional_whitespace(value.back())) value.remove_suffix(1);
+  const std::string_view scheme = prefix.substr(0, prefix.find_last_not_of(' ') + 1);
+  if (value.size() <= scheme.size() ||
+      !absl::StartsWithIgnoreCase(absl::string_view(value.data(), scheme.size()),
+                                  absl::string_view(scheme.data(), scheme.size()))) {
+    return std::nullopt;
+  }
+  std::string_view rest = value.substr(scheme.size());
+  if (scheme.size() == prefix.size()) return rest;  // no separator to read
+  const auto space = [](char c) { return absl::ascii_isspace(static_cast<unsigned char>(c)); };
+  if (!space(rest.front())) return std::nullopt;    // another scheme ("Bearerish k")
+  rest.remove_prefix(rest.find_first_not_of(' '));  // value ends in no space: one remains
+  if (std::any_of(rest.begin(), rest.end(), space)) return kAmbiguousCredential;
+  return rest;
+}
 
 // A request's credential as the engine sees it: `credential` keys `credential` rules (set only
 // when known), `consumer` names the consumer whose bundles apply.
