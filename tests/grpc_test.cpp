@@ -390,6 +390,21 @@ TEST_CASE("every spelling of a known bearer token is that token's call or refuse
   CHECK(server.service().handled() == 1);
 }
 
+TEST_CASE("a binary credential entry is read byte for byte") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = per_credential();  // 1 per second per key or address
+  const std::string key(" \x01key\t", 6);          // bytes, whitespace at its edges included
+  config.consumers[0].credentials = {key};
+  const Engine engine = make_engine(config, clock);
+  EchoServer server(engine, limiter({.credential_metadata = "x-key-bin", .credential_prefix = ""}));
+  REQUIRE(server.started());
+  CHECK(server.call({{"x-key-bin", key}}).code == grpc::StatusCode::OK);
+  CHECK(server.call({{"x-key-bin", key}}).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Without its edge bytes it is another key, which no one owns.
+  CHECK(server.call({{"x-key-bin", std::string("\x01key", 4)}}).code ==
+        grpc::StatusCode::UNAUTHENTICATED);
+}
+
 TEST_CASE("x-forwarded-for metadata picks the client only behind a trusted proxy") {
   sluice::ManualClock clock;
   sluice::PolicyConfig config = per_credential();  // anonymous calls: 1 per address

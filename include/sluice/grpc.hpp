@@ -169,7 +169,8 @@ inline ClientAddress grpc_peer_address(std::string_view peer) noexcept {
 // How a server's calls map onto the engine's request context.
 struct GrpcLimiterOptions {
   // The metadata key of the credential: lowercase letters, digits, '-', '_' and '.'; empty: calls
-  // carry no credential. gRPC delivers `-bin` entries decoded.
+  // carry no credential. gRPC delivers `-bin` entries decoded; their bytes are read as they are
+  // (after the prefix), with no whitespace dropped or read as a separator.
   std::string credential_metadata = "authorization";
   // What the entry's value, without spaces or tabs around it, must start with (compared ignoring
   // ASCII case); the rest is the credential. Ending in a space, it is a scheme: one or more
@@ -358,7 +359,11 @@ class GrpcRateLimiter {
     const auto [first, last] = context.client_metadata().equal_range(options_.credential_metadata);
     if (first == last) return std::nullopt;
     if (std::next(first) != last) return detail::kAmbiguousCredential;  // repeated
-    return detail::credential_in(view(first->second), options_.credential_prefix);
+    const std::string_view value = view(first->second);
+    if (options_.credential_metadata.ends_with("-bin")) {  // bytes, not text: nothing to trim
+      return detail::after_prefix(value, options_.credential_prefix);
+    }
+    return detail::credential_in(value, options_.credential_prefix);
   }
 
   GrpcLimiterOptions options_;

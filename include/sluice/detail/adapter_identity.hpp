@@ -106,6 +106,18 @@ inline constexpr char kAmbiguousCredentialText[] = "\0sluice: ambiguous credenti
 inline constexpr std::string_view kAmbiguousCredential(kAmbiguousCredentialText,
                                                        sizeof(kAmbiguousCredentialText) - 1);
 
+// `value` after `prefix` (compared ignoring ASCII case), byte for byte; none when `value` does not
+// start with it or nothing follows. O(prefix size).
+inline std::optional<std::string_view> after_prefix(std::string_view value,
+                                                    std::string_view prefix) noexcept {
+  if (value.size() <= prefix.size() ||
+      !absl::StartsWithIgnoreCase(absl::string_view(value.data(), prefix.size()),
+                                  absl::string_view(prefix.data(), prefix.size()))) {
+    return std::nullopt;
+  }
+  return value.substr(prefix.size());
+}
+
 // The credential in one header or metadata value, read the same way by both adapters, so that a
 // secret has one spelling that reaches the lookup (a view into `value`):
 // - spaces and tabs around the value are no part of it (HTTP field values; cpp-httplib drops
@@ -121,18 +133,13 @@ inline std::optional<std::string_view> credential_in(std::string_view value,
                                                      std::string_view prefix) noexcept {
   while (!value.empty() && optional_whitespace(value.front())) value.remove_prefix(1);
   while (!value.empty() && optional_whitespace(value.back())) value.remove_suffix(1);
-  const std::string_view scheme = prefix.substr(0, prefix.find_last_not_of(' ') + 1);
-  if (value.size() <= scheme.size() ||
-      !absl::StartsWithIgnoreCase(absl::string_view(value.data(), scheme.size()),
-                                  absl::string_view(scheme.data(), scheme.size()))) {
-    return std::nullopt;
-  }
-  std::string_view rest = value.substr(scheme.size());
-  if (scheme.size() == prefix.size()) return rest;  // no separator to read
+  if (!prefix.ends_with(' ')) return after_prefix(value, prefix);
+  std::optional<std::string_view> rest =
+      after_prefix(value, prefix.substr(0, prefix.find_last_not_of(' ') + 1));
   const auto space = [](char c) { return absl::ascii_isspace(static_cast<unsigned char>(c)); };
-  if (!space(rest.front())) return std::nullopt;    // another scheme ("Bearerish k")
-  rest.remove_prefix(rest.find_first_not_of(' '));  // value ends in no space: one remains
-  if (std::any_of(rest.begin(), rest.end(), space)) return kAmbiguousCredential;
+  if (!rest || !space(rest->front())) return std::nullopt;  // another scheme ("Bearerish k")
+  rest->remove_prefix(rest->find_first_not_of(' '));        // value ends in no space
+  if (std::any_of(rest->begin(), rest->end(), space)) return kAmbiguousCredential;
   return rest;
 }
 
