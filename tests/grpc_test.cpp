@@ -277,6 +277,17 @@ TEST_CASE("a credential metadata key that gRPC would not carry is refused") {
   CHECK(sluice::GrpcRateLimiter::create({.credential_metadata = ""}).ok());  // no credential
 }
 
+TEST_CASE("a credential prefix that starts with whitespace is refused, since no value matches it") {
+  CHECK(sluice::GrpcRateLimiter::create({.credential_prefix = " Bearer "}).status().message() ==
+        "credential_prefix \" Bearer \": the spaces and tabs before a value are dropped before the "
+        "prefix is compared, so a prefix that starts with one matches no call and every "
+        "credential would count as none; write it without them");
+  // A binary entry's bytes are compared as they are.
+  CHECK(sluice::GrpcRateLimiter::create(
+            {.credential_metadata = "x-key-bin", .credential_prefix = " "})
+            .ok());
+}
+
 TEST_CASE("admitted gRPC calls reach the handler with the rate-limit fields in trailing metadata") {
   sluice::ManualClock clock;
   const Engine engine = make_engine(per_ip_on_echo(), clock);

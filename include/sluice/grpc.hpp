@@ -105,6 +105,7 @@
 #include "sluice/config_requirement.hpp"
 #include "sluice/credential_resolver.hpp"
 #include "sluice/detail/adapter_identity.hpp"
+#include "sluice/detail/forwarded.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
@@ -175,7 +176,8 @@ struct GrpcLimiterOptions {
   // What the entry's value, without spaces or tabs around it, must start with (compared ignoring
   // ASCII case); the rest is the credential. Ending in a space, it is a scheme: one or more
   // spaces follow it, and other whitespace after it or in the credential makes the entry
-  // ambiguous. Empty: the whole value.
+  // ambiguous. Empty: the whole value. `create` refuses one that starts with a space or a tab,
+  // which no value would match (but for a `-bin` entry).
   std::string credential_prefix = "Bearer ";
   // Who owns a credential (e.g. a CredentialResolver); empty: the config's consumers[].credentials.
   ConsumerLookup consumer_of{};
@@ -197,7 +199,8 @@ struct GrpcLimiterOptions {
 // Evaluates gRPC calls through an engine (see the header comment). Immutable after `create`.
 class GrpcRateLimiter {
  public:
-  // InvalidArgument when `credential_metadata` is not a legal gRPC metadata key, or when
+  // InvalidArgument when `credential_metadata` is not a legal gRPC metadata key, or
+  // `credential_prefix` starts with a space or a tab (no text entry would match it), or when
   // `client_addresses` has trusted networks that contradict `engine`'s gateway.trusted_proxies
   // (the message names both lists), or when `listener` or `unknown_consumer` is none of
   // `engine`'s config's listeners or consumers (its bundles and routes would never apply; every
@@ -310,6 +313,14 @@ class GrpcRateLimiter {
     if (key.starts_with("grpc-")) {
       return absl::InvalidArgumentError(
           absl::StrCat("credential_metadata ", detail::quoted(key), ": grpc- keys are gRPC's own"));
+    }
+    const std::string& prefix = options.credential_prefix;
+    if (!key.ends_with("-bin") && !prefix.empty() && detail::optional_whitespace(prefix.front())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "credential_prefix ", detail::quoted(prefix),
+          ": the spaces and tabs before a value are dropped before the prefix is compared, so a "
+          "prefix that starts with one matches no call and every credential would count as none; "
+          "write it without them"));
     }
     if (absl::Status s =
             detail::check_trusted_proxies(engine, options.client_addresses.trusted_networks(),
