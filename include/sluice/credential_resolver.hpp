@@ -26,8 +26,10 @@
 // Keys are compared byte for byte: a store whose lookup ignores case (or trims) answers for every
 // spelling of a key, and each spelling is then a key, and a bucket, of its own in `credential`
 // rules; make the lookup exact. Every request whose key is not cached asks the store, a request
-// its limits then deny included, so a client that makes up keys costs one lookup per request
-// (its address's limits bound how many it sends).
+// its limits then deny included, so a client that makes up keys costs one lookup per request,
+// however many of them its address's limits deny: the limits bound what reaches the service, not
+// the lookups. Let the lookup refuse a key of the wrong shape (length, alphabet, checksum)
+// without a query, and keep the store's own capacity in mind.
 //
 // Bounds: at most `max_entries` keys are cached (least recently used goes first; an unknown key
 // takes room only from other unknown keys, never from a known one). A key is cached as a 128-bit
