@@ -337,9 +337,12 @@ class HttplibLimiter {
   void evaluate(const httplib::Request& request, LimitedRequest& limited,
                 std::optional<std::string>& consumer_name) const {
     const Engine& engine = *limited.engine;
-    limited.client = detail::resolve_client(
-        engine, ClientAddress::parse(request.remote_addr), joined(request, "Forwarded"),
-        joined(request, "X-Forwarded-For"), options_.proxy_headers);
+    limited.client = ClientAddress::parse(request.remote_addr);
+    if (engine.client_addresses().trusted(limited.client)) {  // else the headers are not read
+      limited.client =
+          detail::resolve_client(engine, limited.client, joined(request, "Forwarded"),
+                                 joined(request, "X-Forwarded-For"), options_.proxy_headers);
+    }
     limited.listener = options_.listener;
     absl::StatusOr<std::string> path = normalize_request_path(raw_path(request));
     if (path.ok()) {
