@@ -1052,3 +1052,25 @@ TEST_CASE(
   CHECK(two_words.status == 401);
   CHECK(two_words.body == "{\"error\":\"unknown credential\"}\n");
 }
+
+TEST_CASE("a known API key followed by a NUL byte cannot pass its own limit", "[attack]") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  std::vector<std::string> read_by_server;  // the value as a handler's get_header_value reads it
+  std::vector<std::string> presented;       // the credential as the limiter reads it
+  Limiter::Options options = api_key_options(resolver, "unknown");
+  options.on_evaluated = [&](const httplib::Request& request,
+                             const Limiter::LimitedRequest& limited) {
+    read_by_server.push_back(request.get_header_value("X-Api-Key"));
+    presented.push_back(std::string(limited.credential.value_or("<none>")));
+  };
+  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 200);
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 200);
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 429);  // the key's 2 per minute
+  // cpp-httplib decodes %00 in a header value; get_header_value stops at the NUL: key-1.
+  CHECK(server.get("/v1/items", api_key("key-1%00x")).status == 401);
+  REQUIRE(read_by_server.size() == 4);
+  CHECK(read_by_server.back() == "key-1");
+  CHECK(presented.back() != "key-1");  // the limiter saw other bytes than the handler reads
+}
