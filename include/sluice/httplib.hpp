@@ -51,7 +51,9 @@
 // - Credential: by default the token of `Authorization: Bearer <token>` (scheme in any case, then
 //   one or more spaces; a token with whitespace in it is ambiguous, as below);
 //   `header_credential("X-Api-Key")` reads another header. A credential header sent more than
-//   once (or `Bearer` and a tab) is ambiguous: the service may read it as a known key, so it is
+//   once, `Bearer` and a tab, or a value with a control byte (a NUL: cpp-httplib decodes "%00" in
+//   header values, and `get_header_value` stops there) is ambiguous: the service may read it as
+//   a known key, so it is
 //   limited by address and refused with 401, never an anonymous caller's and never the unknown
 //   consumer's.
 //   Who owns it: the config's consumers[].credentials, or `Options::consumer_of`, the service's own

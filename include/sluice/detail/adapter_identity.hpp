@@ -122,6 +122,9 @@ inline std::optional<std::string_view> after_prefix(std::string_view value,
 // secret has one spelling that reaches the lookup (a view into `value`):
 // - spaces and tabs around the value are no part of it (HTTP field values; cpp-httplib drops
 //   them, gRPC metadata keeps them);
+// - a value with a control byte other than a tab (NUL, CR, LF, DEL) is kAmbiguousCredential: a
+//   C string ends at a NUL, so a service may read "key\0x" (cpp-httplib decodes "%00" in a
+//   header) as "key", and such a key must not escape its limits;
 // - `prefix` "" takes the whole value; none when it is empty;
 // - `prefix` a scheme and a space ("Bearer "): the scheme in any case, one or more spaces (RFC
 //   6750), then the token; none for another scheme or no token. Other whitespace after the
@@ -133,6 +136,12 @@ inline std::optional<std::string_view> credential_in(std::string_view value,
                                                      std::string_view prefix) noexcept {
   while (!value.empty() && optional_whitespace(value.front())) value.remove_prefix(1);
   while (!value.empty() && optional_whitespace(value.back())) value.remove_suffix(1);
+  if (std::any_of(value.begin(), value.end(), [](char c) {
+        const auto byte = static_cast<unsigned char>(c);
+        return (byte < 0x20 && c != '\t') || byte == 0x7f;
+      })) {
+    return kAmbiguousCredential;
+  }
   if (!prefix.ends_with(' ')) return after_prefix(value, prefix);
   std::optional<std::string_view> rest =
       after_prefix(value, prefix.substr(0, prefix.find_last_not_of(' ') + 1));
