@@ -369,6 +369,86 @@ TEST_CASE("a coalesced call of both algorithms leaves each key as separate check
   }
 }
 
+// The tag that ended the last script call the server logged since `reset_slowlog` (the slow
+// log holds every call once its threshold is 0; a script's own commands are not logged).
+void reset_slowlog(Server& s) {
+  s.redis.command({"CONFIG", "SET", "slowlog-log-slower-than", "0"});
+  s.redis.command({"SLOWLOG", "RESET"});
+}
+std::string last_script_tag(Server& s) {
+  sluice_test::Reply log = s.redis.command({"SLOWLOG", "GET", "100"});
+  REQUIRE((log && log->type == REDIS_REPLY_ARRAY));
+  for (std::size_t i = 0; i < log->elements; ++i) {  // newest first
+    const redisReply* args = log->element[i]->element[3];
+    if (args->elements > 0 && std::string_view(args->element[0]->str) == "EVALSHA") {
+      const redisReply* tag = args->element[args->elements - 1];
+      return std::string(tag->str, tag->len);
+    }
+  }
+  return "";
+}
+
+TEST_CASE("a coalesced call of distinct keys decides and writes each as separate checks would") {
+  Server s;
+  server_time.set(kT0);
+  std::shared_ptr<sr::Client> together = make_client(timed(s.options()));
+  sr::ClientOptions apart_options = timed(s.options());
+  apart_options.key_prefix = "apart:";
+  apart_options.coalesce = false;
+  std::shared_ptr<sr::Client> apart = make_client(apart_options);
+  const sr::Limit slow = make_limit({{.requests = 4, .period = seconds(40)}});
+  const sr::Limit stacked = make_limit(
+      {{.requests = 2, .period = seconds(20), .burst = 3}, {.requests = 4, .period = seconds(80)}});
+  absl::StatusOr<sr::Limit> fixed = sr::Limit::fixed_window(
+      {{.limit = 3, .window = seconds(30)}, {.limit = 5, .window = seconds(90)}});
+  REQUIRE(fixed.ok());
+  const sr::Limit once = make_limit({{.requests = 1, .period = seconds(40)}});
+  // Admissions of each algorithm, a key admitted once and then denied, a peek (cost 0).
+  const std::vector<sr::CheckItem> items = {{.key = "g", .limit = &slow, .cost = 2},
+                                            {.key = "f", .limit = &*fixed, .cost = 2},
+                                            {.key = "s", .limit = &stacked, .cost = 2},
+                                            {.key = "d", .limit = &once},
+                                            {.key = "p", .limit = &slow, .cost = 0}};
+  for (const nanoseconds t : {kT0, kT0 + seconds(5), kT0 + seconds(6)}) {
+    reset_slowlog(s);
+    const std::vector<absl::StatusOr<Decision>> coalesced = coalesced_at(*together, items, t);
+    CHECK(last_script_tag(s) == sr::kDistinctIndependentItems);
+    REQUIRE(coalesced.size() == items.size());
+    CHECK((coalesced[3].ok() && coalesced[3]->allowed() == (t == kT0)));
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      INFO("at +" << (t - kT0).count() << " ns, item " << i);
+      absl::StatusOr<std::vector<Decision>> alone = checked_at(*apart, std::span(&items[i], 1), t);
+      REQUIRE(alone.ok());
+      INFO(coalesced[i].status());
+      REQUIRE(coalesced[i].ok());
+      CHECK(*coalesced[i] == (*alone)[0]);
+    }
+  }
+  for (const sr::CheckItem& item : items) {
+    INFO("key " << item.key);
+    const std::string mine = together->redis_key(item.key, *item.limit);
+    const std::string theirs = apart->redis_key(item.key, *item.limit);
+    sluice_test::Reply a = s.redis.command({"GET", mine});
+    sluice_test::Reply b = s.redis.command({"GET", theirs});
+    REQUIRE((a && b && a->type == b->type));
+    if (a->type == REDIS_REPLY_STRING) {
+      CHECK(std::string_view(a->str, a->len) == std::string_view(b->str, b->len));
+    }
+    sluice_test::Reply ta = s.redis.command({"PTTL", mine});
+    sluice_test::Reply tb = s.redis.command({"PTTL", theirs});
+    REQUIRE((ta && tb && ta->type == REDIS_REPLY_INTEGER && tb->type == REDIS_REPLY_INTEGER));
+    CHECK(std::abs(ta->integer - tb->integer) < 1'000);
+  }
+  // The peeking key holds no state.
+  CHECK(s.redis.command({"EXISTS", together->redis_key("g", slow)})->integer == 1);
+  CHECK(s.redis.command({"EXISTS", together->redis_key("p", slow)})->integer == 0);
+  // A repeated key takes the mode that tracks the keys it has met.
+  reset_slowlog(s);
+  const std::vector<sr::CheckItem> repeated = {items[0], items[1], items[0]};
+  coalesced_at(*together, repeated, kT0 + seconds(7));
+  CHECK(last_script_tag(s) == sr::kIndependentItems);
+}
+
 TEST_CASE("a key of the wrong type fails only its own check in a coalesced call") {
   Server s;
   server_time.set(kT0);
