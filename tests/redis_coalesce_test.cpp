@@ -465,6 +465,22 @@ TEST_CASE("a key of the wrong type fails only its own check in a coalesced call"
   CHECK((results[2].ok() && results[2]->allowed()));
   absl::StatusOr<std::vector<Decision>> alone = checked_at(*client, std::span(&items[1], 1), kT0);
   CHECK(alone.status().code() == absl::StatusCode::kInternal);
+  // First in its call, or peeked at (cost 0: nothing to write), or with the key repeated: the
+  // same, and the other type's value is left as it was.
+  for (const std::vector<sr::CheckItem>& call :
+       {std::vector<sr::CheckItem>{items[1], items[0]},
+        std::vector<sr::CheckItem>{items[0], {.key = "bad", .limit = &limit, .cost = 0}},
+        std::vector<sr::CheckItem>{items[1], items[0], items[1]}}) {
+    const std::vector<absl::StatusOr<Decision>> r = coalesced_at(*client, call, kT0);
+    for (std::size_t i = 0; i < call.size(); ++i) {
+      INFO("item " << i << " of " << call.size() << ": " << r[i].status());
+      CHECK(r[i].ok() == (call[i].key != "bad"));
+      if (call[i].key == "bad") CHECK(r[i].status().code() == absl::StatusCode::kInternal);
+    }
+  }
+  sluice_test::Reply type = s.redis.command({"TYPE", bad});
+  REQUIRE(type);
+  CHECK(std::string_view(type->str, type->len) == "hash");
 }
 
 TEST_CASE("a server that refuses writes fails each admitted check of a call, as it would alone") {

@@ -178,6 +178,7 @@ if each then
   local replies, known, ttls = redis.call('MGET', unpack(keys)), {}, nil
   local admitted, denied = spack('<ddd', 1, now_s, now_ns), nil
   local wrote = false
+  local wrongtype = 'WRONGTYPE Operation against a key holding the wrong kind of value'
   -- The items mostly share their limit: the parameters met last and, for GCRA parameters, their
   -- first window.
   local last_p, cn, cf, bn, bf, r
@@ -187,8 +188,9 @@ if each then
     if not distinct then s = known[key] end
     if s == nil then
       s = replies[i]
-      -- MGET reads a key of another type as nil: only GET tells it from no key.
-      if not s then
+      -- MGET reads a key of another type as nil: only GET tells it from no key. With distinct
+      -- keys, a write asks SET to write only where no key is (NX) instead, below.
+      if not (s or distinct) then
         s = redis.pcall('GET', key)
         if type(s) == 'table' then err = s.err end
       end
@@ -201,7 +203,19 @@ if each then
         if #p >= 40 and #p % 40 == 0 then cn, cf, bn, bf, r = sunpack('<ddddd', p) end
       end
       err, ok, packed, ttl = decide(p, s, cn, cf, bn, bf, r)
-      if packed and (distinct or not wrote) then
+      if distinct and not s and not err then
+        -- No state read: the key is absent or of another type, which SET NX (or GET, when
+        -- nothing is written) tells apart without touching it.
+        local w
+        if packed then
+          w = redis.pcall('SET', key, packed, 'PX', ttl, 'NX')
+          if not w then w = {err = wrongtype} end
+        else
+          w = redis.pcall('GET', key)
+        end
+        if type(w) == 'table' then err = w.err end
+        if packed and not err then wrote = true end
+      elseif packed and (distinct or not wrote) then
         local set = redis.pcall('SET', key, packed, 'PX', ttl)
         if set.err then err = set.err else wrote = true end
       elseif packed then
