@@ -136,7 +136,14 @@ def instructions(subject, n, repo):
             if os.path.exists(sock):
                 break
             time.sleep(0.05)
-        conn = Connection(sock)
+        for attempt in range(600):  # the socket file can appear before the server listens
+            try:
+                conn = Connection(sock)
+                break
+            except ConnectionRefusedError:
+                if attempt == 599:
+                    raise
+                time.sleep(0.05)
         calls, admitted = calls_of(subject, conn, repo)
         if not subject.startswith("fresh"):
             for c in calls:  # every key holds state before the calls that count
