@@ -1142,6 +1142,45 @@ TEST_CASE("envoy: a bucket the limiter cannot hold is refused at load with its p
         "empty bucket takes to refill) must be at most 2^60 ns, about 36 years");
 }
 
+TEST_CASE("envoy: a load error shows a configuration's control bytes escaped", "[envoy][attack]") {
+  // Whoever writes into the directory picks file names, domains, keys and values; the errors go
+  // to a log, where an escape sequence or a line break would forge or hide lines.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    absl::StrCat("sluice_envoy_control_bytes_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  struct RemovedAtEnd {
+    std::filesystem::path dir;
+    ~RemovedAtEnd() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } const removed{dir};
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+  };
+  auto message = [&] {
+    const absl::StatusOr<sluice::envoy::ServiceConfig> loaded =
+        sluice::envoy::load_config_directory(dir.string());
+    REQUIRE_FALSE(loaded.ok());
+    return std::string(loaded.status().message());
+  };
+  const std::string limit =
+      "descriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n";
+  // The same domain in two files.
+  write("a.yaml", "domain: \"d\\e[2J\\nforged\"\n" + limit);
+  write("b.yaml", "domain: \"d\\e[2J\\nforged\"\n" + limit);
+  CHECK(message() ==
+        absl::StrCat(dir.string(), "/b.yaml: duplicate domain \"d\\x1b[2J\\x0aforged\""));
+  std::filesystem::remove(dir / "a.yaml");
+  std::filesystem::remove(dir / "b.yaml");
+  // A file name.
+  write("\x1b[2J\nforged.yaml", "domain: d\nlimit: 1\n");
+  CHECK(message() == absl::StrCat("\"", dir.string(),
+                                  "/\\x1b[2J\\x0aforged.yaml\":2:1: (root): unknown key \"limit\" "
+                                  "(expected one of domain, descriptors, limits_nothing)"));
+}
+
 #ifdef SLUICE_ENVOY_RLS_BINARY
 namespace {
 
