@@ -27,8 +27,10 @@
 // `detailed_metric` is accepted and has no effect.
 //
 // Errors: InvalidArgument "<file>:<line>:<column>: <where>: <what>"; NotFound etc. when a file or
-// the directory cannot be read. Files are bounded like sluice's other YAML
-// (sluice/yaml/limits.hpp). Thread-safety: reentrant. Complexity: linear in the files.
+// the directory cannot be read. A value from a file, and a file's path unless it is printable
+// ASCII, appear quoted and escaped (\xNN), so that no file can forge or break a log line. Files are
+// bounded like sluice's other YAML (sluice/yaml/limits.hpp). Thread-safety: reentrant. Complexity:
+// linear in the files.
 #ifndef SLUICE_ENVOY_LOAD_CONFIG_HPP_
 #define SLUICE_ENVOY_LOAD_CONFIG_HPP_
 
@@ -265,7 +267,8 @@ class DomainReader : public yaml::detail::NodeReader {
 inline absl::StatusOr<DomainConfig> load_domain_config(std::string_view text,
                                                        std::string_view source) {
   using yaml::detail::format_error;
-  const std::string prefix = source.empty() ? "" : absl::StrCat(detail::view(source), ":");
+  const std::string prefix =
+      source.empty() ? "" : absl::StrCat(sluice::detail::plain_or_quoted(source), ":");
   if (text.size() > yaml::kMaxConfigBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         prefix, format_error({}, "", absl::StrCat("more than ", yaml::kMaxConfigBytes, " bytes"))));

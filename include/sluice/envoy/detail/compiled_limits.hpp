@@ -102,7 +102,7 @@ class CompiledLimits {
       if (d.domain.empty()) return error(d, "", "a domain must not be empty");
       const std::size_t root = out.levels_.size();
       if (!out.domains_.emplace(d.domain, root).second) {
-        return error(d, "", absl::StrCat("duplicate domain \"", d.domain, "\""));
+        return error(d, "", absl::StrCat("duplicate domain ", sluice::detail::quoted(d.domain)));
       }
       out.levels_.emplace_back();
       std::string identity;
@@ -324,10 +324,13 @@ class CompiledLimits {
                         .identity = identity};
   }
 
+  // "<source>: <path>: <what>"; the source and the path (built of the file's keys and values)
+  // quoted and escaped unless they are printable ASCII, so that no file can forge a log line.
   static absl::Status error(const DomainConfig& d, std::string_view path, std::string_view what) {
+    using sluice::detail::plain_or_quoted;
     return absl::InvalidArgumentError(
-        absl::StrCat(d.source.empty() ? "" : absl::StrCat(d.source, ": "), view(path),
-                     path.empty() ? "" : ": ", view(what)));
+        absl::StrCat(d.source.empty() ? "" : absl::StrCat(plain_or_quoted(d.source), ": "),
+                     plain_or_quoted(path), path.empty() ? "" : ": ", view(what)));
   }
 
   absl::flat_hash_map<std::string, std::size_t> domains_;  // -> root level
