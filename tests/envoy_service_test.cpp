@@ -1142,6 +1142,51 @@ TEST_CASE("envoy: a bucket the limiter cannot hold is refused at load with its p
         "empty bucket takes to refill) must be at most 2^60 ns, about 36 years");
 }
 
+TEST_CASE("envoy: a replaces entry that names no limit of its domain is refused with the fix",
+          "[envoy][attack]") {
+  // A typo in the name: the VIP limit would never replace the per-tenant one, and every VIP
+  // tenant would be held to 3 a minute.
+  const absl::StatusOr<sluice::envoy::DomainConfig> typo = sluice::envoy::load_domain_config(
+      "domain: d\ndescriptors:\n"
+      "  - key: tenant\n"
+      "    rate_limit: {name: per_tenant, unit: minute, requests_per_unit: 3}\n"
+      "  - key: tenant_vip\n"
+      "    rate_limit: {name: vip, unit: minute, requests_per_unit: 1000,\n"
+      "                 replaces: [{name: per_tenant}, {name: per_tenat}]}\n",
+      "f.yaml");
+  REQUIRE(typo.ok());
+  const auto refused = sluice::envoy::Limiter::create({.domains = {*typo}});
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(refused.status().message() ==
+        "f.yaml: d.tenant_vip: replaces \"per_tenat\", but no limit of domain \"d\" has that "
+        "name, so it replaces nothing; set the name of the limit it should replace "
+        "(rate_limit.name), or drop the entry");
+  // A name given in a nested level of the domain counts.
+  const absl::StatusOr<sluice::envoy::DomainConfig> nested = sluice::envoy::load_domain_config(
+      "domain: d\ndescriptors:\n"
+      "  - key: org\n"
+      "    descriptors:\n"
+      "      - key: tenant\n"
+      "        rate_limit: {name: per_tenant, unit: minute, requests_per_unit: 3}\n"
+      "  - key: tenant_vip\n"
+      "    rate_limit: {unit: minute, requests_per_unit: 1000, replaces: [{name: per_tenant}]}\n",
+      "f.yaml");
+  REQUIRE(nested.ok());
+  CHECK(sluice::envoy::Limiter::create({.domains = {*nested}}).ok());
+  // The descriptor's path shows the file's bytes escaped (the error goes to a log).
+  const absl::StatusOr<sluice::envoy::DomainConfig> control = sluice::envoy::load_domain_config(
+      "domain: d\ndescriptors:\n"
+      "  - key: \"k\\e[2J\"\n"
+      "    rate_limit: {unit: minute, requests_per_unit: 1, replaces: [{name: nobody}]}\n",
+      "f.yaml");
+  REQUIRE(control.ok());
+  const auto escaped = sluice::envoy::Limiter::create({.domains = {*control}});
+  REQUIRE_FALSE(escaped.ok());
+  CHECK(std::string(escaped.status().message())
+            .starts_with("f.yaml: \"d.k\\x1b[2J\": replaces \"nobody\""));
+}
+
 TEST_CASE("envoy: a load error shows a configuration's control bytes escaped", "[envoy][attack]") {
   // Whoever writes into the directory picks file names, domains, keys and values; the errors go
   // to a log, where an escape sequence or a line break would forge or hide lines.
