@@ -7,7 +7,8 @@
 //
 // A directory holds one file per domain: every regular file whose name ends in `.yaml` or `.yml`
 // (not hidden, not in subdirectories), loaded in name order; two files of one domain are an error.
-// The reference's format loads unchanged (docs/envoy.md):
+// The reference's format loads unchanged (docs/envoy.md), except that a `replaces` entry must name
+// a limit of its domain (one that does not could replace nothing, so a typo is refused):
 //
 //   domain: edge
 //   descriptors:

@@ -108,11 +108,13 @@ class CompiledLimits {
       std::string identity;
       append_key_part(identity, "envoy");
       append_key_part(identity, d.domain);
+      const std::size_t first_rule = out.rules_.size();
       if (absl::Status s = out.add_tree(d, {sluice::detail::utf8_escaped(d.domain),
                                             std::move(identity), &d.descriptors, root});
           !s.ok()) {
         return s;
       }
+      if (absl::Status s = out.check_replaced_names(d, first_rule); !s.ok()) return s;
     }
     out.make_labels_unique();
     return out;
@@ -231,6 +233,27 @@ class CompiledLimits {
           pending.push_back({here, std::move(id), &c.descriptors, node.level});
         }
         place(levels_[p.level].by_key[c.key], c.value, node);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Every name in a `replaces` of domain `d` (its rules from `first` on) is the name of one of its
+  // limits: replaces acts only among the limits of one call, which are all of one domain, so any
+  // other name replaces nothing, and the limit a typo meant would still apply.
+  absl::Status check_replaced_names(const DomainConfig& d, std::size_t first) const {
+    absl::flat_hash_set<absl::string_view> names;
+    for (std::size_t i = first; i < rules_.size(); ++i) {
+      if (rules_[i].named) names.insert(rules_[i].name);
+    }
+    for (std::size_t i = first; i < rules_.size(); ++i) {
+      for (const std::string& replaced : rules_[i].replaces) {
+        if (names.contains(replaced)) continue;
+        return error(d, rules_[i].label,
+                     absl::StrCat("replaces ", sluice::detail::quoted(replaced),
+                                  ", but no limit of domain ", sluice::detail::quoted(d.domain),
+                                  " has that name, so it replaces nothing; set the name of the "
+                                  "limit it should replace (rate_limit.name), or drop the entry"));
       }
     }
     return absl::OkStatus();
