@@ -1226,6 +1226,44 @@ TEST_CASE("envoy: a load error shows a configuration's control bytes escaped", "
                                   "(expected one of domain, descriptors, limits_nothing)"));
 }
 
+TEST_CASE("envoy: a domain file that cannot be read fails the load and is named",
+          "[envoy][attack]") {
+  // A symlink whose target is gone (a volume not mounted yet) or is no file: skipping it would
+  // publish a configuration without its domain, whose calls are then never limited.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("sluice_envoy_unreadable_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  struct RemovedAtEnd {
+    std::filesystem::path dir;
+    ~RemovedAtEnd() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } const removed{dir};
+  std::ofstream(dir / "a.yaml")
+      << "domain: a\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n";
+  std::filesystem::create_symlink(dir / "missing.yaml", dir / "b.yaml");
+  absl::StatusOr<sluice::envoy::ServiceConfig> loaded =
+      sluice::envoy::load_config_directory(dir.string());
+  REQUIRE_FALSE(loaded.ok());
+  CHECK(loaded.status().code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(loaded.status().message())
+            .starts_with(absl::StrCat(dir.string(), "/b.yaml: cannot open the config file")));
+  std::filesystem::remove(dir / "b.yaml");
+  std::filesystem::create_symlink("/dev/null", dir / "c.yaml");
+  loaded = sluice::envoy::load_config_directory(dir.string());
+  REQUIRE_FALSE(loaded.ok());
+  CHECK(loaded.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(loaded.status().message() ==
+        absl::StrCat(dir.string(),
+                     "/c.yaml: the config file is not a regular file (a character device)"));
+  // A subdirectory is skipped, whatever its name.
+  std::filesystem::remove(dir / "c.yaml");
+  std::filesystem::create_directories(dir / "d.yaml");
+  CHECK(sluice::envoy::load_config_directory(dir.string()).ok());
+}
+
 #ifdef SLUICE_ENVOY_RLS_BINARY
 namespace {
 
