@@ -5,8 +5,9 @@
 //       sluice::envoy::load_config_directory("/etc/ratelimit/config");
 //   if (!config.ok()) std::cerr << config.status().message();  // "edge.yaml:7:18: ..."
 //
-// A directory holds one file per domain: every regular file whose name ends in `.yaml` or `.yml`
-// (not hidden, not in subdirectories), loaded in name order; two files of one domain are an error.
+// A directory holds one file per domain: every file whose name ends in `.yaml` or `.yml` (not
+// hidden, not in subdirectories), loaded in name order; two files of one domain are an error, and
+// so is such an entry that is not a readable regular file (a broken symlink, a device).
 // The reference's format loads unchanged (docs/envoy.md), except that a `replaces` entry must name
 // a limit of its domain (one that does not could replace nothing, so a typo is refused):
 //
@@ -297,13 +298,17 @@ inline absl::StatusOr<DomainConfig> load_domain_config(std::string_view text,
 // configuration that loads here is accepted by the in-memory limiter; over Redis a limit must
 // also refill within 2^52 ns, sluice/redis/limit.hpp).
 inline absl::StatusOr<ServiceConfig> load_config_directory(const std::string& directory) {
-  std::error_code error;
+  std::error_code error;  // the directory's
   std::vector<std::string> paths;
-  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
-    const std::string name = entry.path().filename().string();
+  for (std::filesystem::directory_iterator it(directory, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
     const bool yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-    if (yaml && !name.starts_with(".") && entry.is_regular_file(error)) {
-      paths.push_back(entry.path().string());
+    // Every such entry but a subdirectory is read, so that one that is no file (a broken
+    // symlink, a device) fails the load by its name instead of dropping its domain's limits.
+    std::error_code ignored;  // an entry it cannot stat is read, and reading it names the error
+    if (yaml && !name.starts_with(".") && !it->is_directory(ignored)) {
+      paths.push_back(it->path().string());
     }
   }
   if (error) {
