@@ -865,6 +865,41 @@ TEST_CASE("envoy: a reload that drops every enforcing limit is refused unless it
   CHECK(server.ok(blocked).overall_code() == kOk);
 }
 
+TEST_CASE(
+    "envoy: a reload that drops every enforcing limit of one domain is refused unless it "
+    "says so",
+    "[envoy][attack]") {
+  const sluice::envoy::ServiceConfig config = fixtures();
+  EnvoyServer server(config);
+  const auto blocked = request("edge_proxy_per_ip", {{{"remote_address", "50.0.0.5"}}});
+  REQUIRE(server.ok(blocked).overall_code() == kOverLimit);
+  // One domain's file caught while it was written; the other domains' files are whole.
+  auto with_edge = [&](std::string_view text) {
+    absl::StatusOr<sluice::envoy::DomainConfig> edge =
+        sluice::envoy::load_domain_config(text, "edge.yaml");
+    REQUIRE(edge.ok());
+    sluice::envoy::ServiceConfig next = config;
+    for (auto& d : next.domains) {
+      if (d.domain == "edge_proxy_per_ip") d = *edge;
+    }
+    return next;
+  };
+  const absl::Status refused = server.limiter().reload(
+      with_edge("domain: edge_proxy_per_ip\ndescriptors:\n  - key: remote_address\n"));
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(refused.message() ==
+        "edge.yaml: domain \"edge_proxy_per_ip\" has no limit that can deny a request, where the "
+        "running one has 2, so it would limit none of its calls; if the file is still being "
+        "written, replace it atomically instead (write a temporary file, then rename it over "
+        "this one); to remove every limit of the domain on purpose, add `limits_nothing: true` "
+        "to its file");
+  CHECK(server.ok(blocked).overall_code() == kOverLimit);  // the running config still limits
+  // Said on purpose, it loads.
+  REQUIRE(
+      server.limiter().reload(with_edge("domain: edge_proxy_per_ip\nlimits_nothing: true\n")).ok());
+  CHECK(server.ok(blocked).overall_code() == kOk);
+}
+
 TEST_CASE("envoy: a reload keeps every unchanged limit's counters", "[envoy]") {
   sluice::envoy::ServiceConfig config = fixtures();
   EnvoyServer server(config);
