@@ -855,8 +855,8 @@ TEST_CASE("envoy: a reload that drops every enforcing limit is refused unless it
   for (auto& d : observing.domains) {
     for (auto& node : d.descriptors) node.shadow_mode = true;
   }
-  // (nested limits stay enforcing, so this one is accepted)
-  CHECK(server.limiter().reload(observing).ok());
+  // Other domains' nested limits stay enforcing, but edge_proxy_per_ip keeps none.
+  CHECK(server.limiter().reload(observing).code() == absl::StatusCode::kFailedPrecondition);
   // Said on purpose, it loads.
   auto empty = sluice::envoy::load_domain_config(
       "domain: edge_proxy_per_ip\nlimits_nothing: true\n", "edge.yaml");

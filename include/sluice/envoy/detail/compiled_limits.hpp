@@ -115,6 +115,9 @@ class CompiledLimits {
         return s;
       }
       if (absl::Status s = out.check_replaced_names(d, first_rule); !s.ok()) return s;
+      out.enforcing_by_domain_[d.domain] = static_cast<std::size_t>(
+          std::count_if(out.rules_.begin() + static_cast<std::ptrdiff_t>(first_rule),
+                        out.rules_.end(), can_deny));
     }
     out.make_labels_unique();
     return out;
@@ -122,9 +125,13 @@ class CompiledLimits {
 
   // The rules that can deny a request: neither shadow mode nor unlimited.
   std::size_t enforcing_rule_count() const {
-    return static_cast<std::size_t>(
-        std::count_if(rules_.begin(), rules_.end(),
-                      [](const LimitRule& r) { return !r.shadow && !r.unlimited; }));
+    return static_cast<std::size_t>(std::count_if(rules_.begin(), rules_.end(), can_deny));
+  }
+
+  // Those of `domain` (0 for a domain it does not have).
+  std::size_t enforcing_rule_count(std::string_view domain) const {
+    auto it = enforcing_by_domain_.find(view(domain));
+    return it == enforcing_by_domain_.end() ? 0 : it->second;
   }
 
   bool has_domain(std::string_view domain) const { return domains_.contains(view(domain)); }
@@ -180,6 +187,8 @@ class CompiledLimits {
   }
 
  private:
+  static bool can_deny(const LimitRule& r) { return !r.shadow && !r.unlimited; }
+
   static const Node* find(const Level& level, const Entry& entry) {
     auto key = level.by_key.find(view(entry.key));
     if (key == level.by_key.end()) return nullptr;
@@ -356,7 +365,8 @@ class CompiledLimits {
                      plain_or_quoted(path), path.empty() ? "" : ": ", view(what)));
   }
 
-  absl::flat_hash_map<std::string, std::size_t> domains_;  // -> root level
+  absl::flat_hash_map<std::string, std::size_t> domains_;              // -> root level
+  absl::flat_hash_map<std::string, std::size_t> enforcing_by_domain_;  // -> rules that can deny
   std::vector<Level> levels_;
   std::vector<LimitRule> rules_;
   std::vector<CompiledRule> backend_rules_;
