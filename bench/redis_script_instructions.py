@@ -13,7 +13,11 @@ Subjects:
              per call, with the arguments bench/redis_interleaved.hpp sends.
   lone       kGcraScript (include/sluice/redis/script.hpp), one key: a lone check.
   eachK      kGcraScript in the independent-items mode, K own keys per call (each8: eight
-             concurrent checks coalesced into one call), as the coalescing client sends them.
+             concurrent checks coalesced into one call), tagged "each" (keys may repeat).
+  distinctK  the same, tagged "distinct", as the coalescing client sends K keys no two of
+             which are equal.
+  freshX     X (eachK or distinctK) with keys that hold no state (each call's keys are new):
+             what a check of a key not seen within its limit's period costs.
 The sluice calls read the server's clock (time "" ""), as the client does. Their limit is 1,000
 per 1,000 s with a burst of 10^6, cost 1: redis_bench's 1,000/s would leave a 1 ms debt that
 expires between two visits of a key under callgrind; this one keeps every key's state, so that
@@ -105,13 +109,18 @@ def calls_of(subject, conn, repo):
     if subject == "lone":
         calls = [["EVALSHA", sha, "1", "sluice:{%032x}" % i, "", "", PARAMS] for i in range(16)]
         return calls, lambda r: r[:8] == ADMITTED and r[24:25] == b"1"
-    k = int(subject[len("each"):])
+    tag = re.sub(r"\d+$", "", subject)
+    k = int(subject[len(tag):])
+    fresh = tag.startswith("fresh")
+    tag = tag[len("fresh"):] if fresh else tag
     calls = []
-    for j in range(2):  # two calls of k own keys each, alternating
+    # Two calls of k own keys each, alternating; fresh: a call per check count, no key repeated.
+    for j in range(1300 if fresh else 2):
         keys = ["sluice:{%032x}" % (j * 1000 + i) for i in range(k)]
-        calls.append(["EVALSHA", sha, str(k)] + keys + ["", ""] + [PARAMS] * k + ["each"])
+        calls.append(["EVALSHA", sha, str(k)] + keys + ["", ""] + [PARAMS] * k + [tag])
+    had = b"0" if fresh else b"1"
     return calls, lambda r: (isinstance(r, list) and len(r) == k and
-                             all(x[:8] == ADMITTED and x[24:25] == b"1" for x in r))
+                             all(x[:8] == ADMITTED and x[24:25] == had for x in r))
 
 
 def instructions(subject, n, repo):
@@ -127,10 +136,18 @@ def instructions(subject, n, repo):
             if os.path.exists(sock):
                 break
             time.sleep(0.05)
-        conn = Connection(sock)
+        for attempt in range(600):  # the socket file can appear before the server listens
+            try:
+                conn = Connection(sock)
+                break
+            except ConnectionRefusedError:
+                if attempt == 599:
+                    raise
+                time.sleep(0.05)
         calls, admitted = calls_of(subject, conn, repo)
-        for c in calls:  # every key holds state before the calls that count
-            conn.call(*c)
+        if not subject.startswith("fresh"):
+            for c in calls:  # every key holds state before the calls that count
+                conn.call(*c)
         for i in range(n):
             reply = conn.call(*calls[i % len(calls)])
             if not admitted(reply):
@@ -150,13 +167,13 @@ def main():
     parser.add_argument("subjects", nargs="*", default=["reference", "lone", "each8"])
     args = parser.parse_args()
     for s in args.subjects:
-        if s not in ("reference", "lone") and not re.fullmatch(r"each[1-9][0-9]*", s):
+        if s not in ("reference", "lone") and not re.fullmatch(r"(fresh)?(each|distinct)[1-9][0-9]*", s):
             sys.exit("redis_script_instructions: unknown subject '%s'" % s)
     print("| subject | instructions per call | checks per call | instructions per check |")
     print("| --- | ---: | ---: | ---: |")
     for s in args.subjects:
         per_call = (instructions(s, 1200, args.repo) - instructions(s, 200, args.repo)) / 1000
-        k = int(s[len("each"):]) if s.startswith("each") else 1
+        k = int(re.sub(r"^\D+", "", s)) if s[-1].isdigit() else 1
         print("| %s | %.0f | %d | %.0f |" % (s, per_call, k, per_call / k), flush=True)
 
 

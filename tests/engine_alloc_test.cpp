@@ -2,9 +2,11 @@
 // counted, and evaluating the documented example after a warm-up must not call it. The bytes are
 // counted too: the credential cache holds as many per entry whatever a client sends.
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <new>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/credential_resolver.hpp"
+#include "sluice/detail/coalescer.hpp"
 #include "sluice/engine.hpp"
 
 namespace {
@@ -218,4 +221,29 @@ TEST_CASE("a cached credential takes as much memory whatever its length", "[atta
   const std::size_t longest_keys = bytes_to_cache(sluice::kMaxCredentialBytes);
   CAPTURE(short_keys, longest_keys);
   CHECK(longest_keys <= 2 * short_keys);
+}
+
+TEST_CASE("a coalesced check that finds a call slot free allocates nothing around its call") {
+  sluice::detail::Coalescer<int, int> coalescer(64, 2);
+  const auto deadline = std::chrono::steady_clock::now() + 1h;
+  std::vector<int> sent;
+  sent.reserve(100);
+  const auto send = [&](std::span<const int> items, int /*group*/,
+                        sluice::detail::CoalescerDeadline /*by*/,
+                        std::span<absl::StatusOr<sluice::Decision>> results) {
+    sent.insert(sent.end(), items.begin(), items.end());
+    for (absl::StatusOr<sluice::Decision>& r : results) r = sluice::Decision{.remaining = 7};
+  };
+  REQUIRE(coalescer.check(-1, 0, deadline, send).ok());  // warm-up: made its shared status once
+  sent.clear();
+  const std::size_t before = allocations.load();
+  for (int i = 0; i < 100; ++i) {
+    absl::StatusOr<sluice::Decision> d = coalescer.check(i, 0, deadline, send);
+    if (!d.ok() || d->remaining != 7) FAIL("check " << i << ": " << d.status());
+  }
+  const std::size_t allocated = allocations.load() - before;
+  CHECK(allocated == 0);
+  CHECK(sent.size() == 100);  // each sent alone, in its own call
+  CHECK(coalescer.calls() == 101);
+  CHECK(coalescer.coalesced_checks() == 0);
 }

@@ -855,13 +855,48 @@ TEST_CASE("envoy: a reload that drops every enforcing limit is refused unless it
   for (auto& d : observing.domains) {
     for (auto& node : d.descriptors) node.shadow_mode = true;
   }
-  // (nested limits stay enforcing, so this one is accepted)
-  CHECK(server.limiter().reload(observing).ok());
+  // Other domains' nested limits stay enforcing, but edge_proxy_per_ip keeps none.
+  CHECK(server.limiter().reload(observing).code() == absl::StatusCode::kFailedPrecondition);
   // Said on purpose, it loads.
   auto empty = sluice::envoy::load_domain_config(
       "domain: edge_proxy_per_ip\nlimits_nothing: true\n", "edge.yaml");
   REQUIRE(empty.ok());
   REQUIRE(server.limiter().reload({.domains = {*empty}}).ok());
+  CHECK(server.ok(blocked).overall_code() == kOk);
+}
+
+TEST_CASE(
+    "envoy: a reload that drops every enforcing limit of one domain is refused unless it "
+    "says so",
+    "[envoy][attack]") {
+  const sluice::envoy::ServiceConfig config = fixtures();
+  EnvoyServer server(config);
+  const auto blocked = request("edge_proxy_per_ip", {{{"remote_address", "50.0.0.5"}}});
+  REQUIRE(server.ok(blocked).overall_code() == kOverLimit);
+  // One domain's file caught while it was written; the other domains' files are whole.
+  auto with_edge = [&](std::string_view text) {
+    absl::StatusOr<sluice::envoy::DomainConfig> edge =
+        sluice::envoy::load_domain_config(text, "edge.yaml");
+    REQUIRE(edge.ok());
+    sluice::envoy::ServiceConfig next = config;
+    for (auto& d : next.domains) {
+      if (d.domain == "edge_proxy_per_ip") d = *edge;
+    }
+    return next;
+  };
+  const absl::Status refused = server.limiter().reload(
+      with_edge("domain: edge_proxy_per_ip\ndescriptors:\n  - key: remote_address\n"));
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(refused.message() ==
+        "edge.yaml: domain \"edge_proxy_per_ip\" has no limit that can deny a request, where the "
+        "running one has 2, so it would limit none of its calls; if the file is still being "
+        "written, replace it atomically instead (write a temporary file, then rename it over "
+        "this one); to remove every limit of the domain on purpose, add `limits_nothing: true` "
+        "to its file");
+  CHECK(server.ok(blocked).overall_code() == kOverLimit);  // the running config still limits
+  // Said on purpose, it loads.
+  REQUIRE(
+      server.limiter().reload(with_edge("domain: edge_proxy_per_ip\nlimits_nothing: true\n")).ok());
   CHECK(server.ok(blocked).overall_code() == kOk);
 }
 
@@ -1140,6 +1175,128 @@ TEST_CASE("envoy: a bucket the limiter cannot hold is refused at load with its p
   CHECK(loaded.status().message() ==
         "f.yaml:4:17: descriptors[0].rate_limit: burst × period / requests_per_unit (the time an "
         "empty bucket takes to refill) must be at most 2^60 ns, about 36 years");
+}
+
+TEST_CASE("envoy: a replaces entry that names no limit of its domain is refused with the fix",
+          "[envoy][attack]") {
+  // A typo in the name: the VIP limit would never replace the per-tenant one, and every VIP
+  // tenant would be held to 3 a minute.
+  const absl::StatusOr<sluice::envoy::DomainConfig> typo = sluice::envoy::load_domain_config(
+      "domain: d\ndescriptors:\n"
+      "  - key: tenant\n"
+      "    rate_limit: {name: per_tenant, unit: minute, requests_per_unit: 3}\n"
+      "  - key: tenant_vip\n"
+      "    rate_limit: {name: vip, unit: minute, requests_per_unit: 1000,\n"
+      "                 replaces: [{name: per_tenant}, {name: per_tenat}]}\n",
+      "f.yaml");
+  REQUIRE(typo.ok());
+  const auto refused = sluice::envoy::Limiter::create({.domains = {*typo}});
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(refused.status().message() ==
+        "f.yaml: d.tenant_vip: replaces \"per_tenat\", but no limit of domain \"d\" has that "
+        "name, so it replaces nothing; set the name of the limit it should replace "
+        "(rate_limit.name), or drop the entry");
+  // A name given in a nested level of the domain counts.
+  const absl::StatusOr<sluice::envoy::DomainConfig> nested = sluice::envoy::load_domain_config(
+      "domain: d\ndescriptors:\n"
+      "  - key: org\n"
+      "    descriptors:\n"
+      "      - key: tenant\n"
+      "        rate_limit: {name: per_tenant, unit: minute, requests_per_unit: 3}\n"
+      "  - key: tenant_vip\n"
+      "    rate_limit: {unit: minute, requests_per_unit: 1000, replaces: [{name: per_tenant}]}\n",
+      "f.yaml");
+  REQUIRE(nested.ok());
+  CHECK(sluice::envoy::Limiter::create({.domains = {*nested}}).ok());
+  // The descriptor's path shows the file's bytes escaped (the error goes to a log).
+  const absl::StatusOr<sluice::envoy::DomainConfig> control = sluice::envoy::load_domain_config(
+      "domain: d\ndescriptors:\n"
+      "  - key: \"k\\e[2J\"\n"
+      "    rate_limit: {unit: minute, requests_per_unit: 1, replaces: [{name: nobody}]}\n",
+      "f.yaml");
+  REQUIRE(control.ok());
+  const auto escaped = sluice::envoy::Limiter::create({.domains = {*control}});
+  REQUIRE_FALSE(escaped.ok());
+  CHECK(std::string(escaped.status().message())
+            .starts_with("f.yaml: \"d.k\\x1b[2J\": replaces \"nobody\""));
+}
+
+TEST_CASE("envoy: a load error shows a configuration's control bytes escaped", "[envoy][attack]") {
+  // Whoever writes into the directory picks file names, domains, keys and values; the errors go
+  // to a log, where an escape sequence or a line break would forge or hide lines.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    absl::StrCat("sluice_envoy_control_bytes_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  struct RemovedAtEnd {
+    std::filesystem::path dir;
+    ~RemovedAtEnd() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } const removed{dir};
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+  };
+  auto message = [&] {
+    const absl::StatusOr<sluice::envoy::ServiceConfig> loaded =
+        sluice::envoy::load_config_directory(dir.string());
+    REQUIRE_FALSE(loaded.ok());
+    return std::string(loaded.status().message());
+  };
+  const std::string limit =
+      "descriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n";
+  // The same domain in two files.
+  write("a.yaml", "domain: \"d\\e[2J\\nforged\"\n" + limit);
+  write("b.yaml", "domain: \"d\\e[2J\\nforged\"\n" + limit);
+  CHECK(message() ==
+        absl::StrCat(dir.string(), "/b.yaml: duplicate domain \"d\\x1b[2J\\x0aforged\""));
+  std::filesystem::remove(dir / "a.yaml");
+  std::filesystem::remove(dir / "b.yaml");
+  // A file name.
+  write("\x1b[2J\nforged.yaml", "domain: d\nlimit: 1\n");
+  CHECK(message() == absl::StrCat("\"", dir.string(),
+                                  "/\\x1b[2J\\x0aforged.yaml\":2:1: (root): unknown key \"limit\" "
+                                  "(expected one of domain, descriptors, limits_nothing)"));
+}
+
+TEST_CASE("envoy: a domain file that cannot be read fails the load and is named",
+          "[envoy][attack]") {
+  // A symlink whose target is gone (a volume not mounted yet) or is no file: skipping it would
+  // publish a configuration without its domain, whose calls are then never limited.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("sluice_envoy_unreadable_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  struct RemovedAtEnd {
+    std::filesystem::path dir;
+    ~RemovedAtEnd() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } const removed{dir};
+  std::ofstream(dir / "a.yaml")
+      << "domain: a\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n";
+  std::filesystem::create_symlink(dir / "missing.yaml", dir / "b.yaml");
+  absl::StatusOr<sluice::envoy::ServiceConfig> loaded =
+      sluice::envoy::load_config_directory(dir.string());
+  REQUIRE_FALSE(loaded.ok());
+  CHECK(loaded.status().code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(loaded.status().message())
+            .starts_with(absl::StrCat(dir.string(), "/b.yaml: cannot open the config file")));
+  std::filesystem::remove(dir / "b.yaml");
+  std::filesystem::create_symlink("/dev/null", dir / "c.yaml");
+  loaded = sluice::envoy::load_config_directory(dir.string());
+  REQUIRE_FALSE(loaded.ok());
+  CHECK(loaded.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(loaded.status().message() ==
+        absl::StrCat(dir.string(),
+                     "/c.yaml: the config file is not a regular file (a character device)"));
+  // A subdirectory is skipped, whatever its name.
+  std::filesystem::remove(dir / "c.yaml");
+  std::filesystem::create_directories(dir / "d.yaml");
+  CHECK(sluice::envoy::load_config_directory(dir.string()).ok());
 }
 
 #ifdef SLUICE_ENVOY_RLS_BINARY

@@ -276,14 +276,62 @@ TEST_CASE("max_coalesced_checks outside 1..1000 is an invalid argument") {
 
 // --- each check decided on its own --------------------------------------------------------------
 
-TEST_CASE("a coalesced call decides each check exactly as separate checks in that order") {
+// A client that checks one by one, beside a coalescing client of the same server: the same keys,
+// in state of their own.
+std::shared_ptr<sr::Client> make_apart_client(Server& s) {
+  sr::ClientOptions options = timed(s.options());
+  options.key_prefix = "apart:";
+  options.coalesce = false;
+  return make_client(options);
+}
+
+// Limits of both algorithms with debts of seconds, so that a key's expiry tells which of its
+// checks it was written by.
+struct SlowLimits {
+  sr::Limit slow = make_limit({{.requests = 4, .period = seconds(40)}});
+  sr::Limit stacked = make_limit(
+      {{.requests = 2, .period = seconds(20), .burst = 3}, {.requests = 4, .period = seconds(80)}});
+  sr::Limit fixed = make_fixed();
+
+  static sr::Limit make_fixed() {
+    absl::StatusOr<sr::Limit> limit = sr::Limit::fixed_window(
+        {{.limit = 3, .window = seconds(30)}, {.limit = 5, .window = seconds(90)}});
+    REQUIRE(limit.ok());
+    return *std::move(limit);
+  }
+};
+
+// A coalescing client and one that checks one by one (make_apart_client), of one server whose
+// time is kT0.
+struct TwoClients {
+  TwoClients() { server_time.set(kT0); }
   Server s;
-  server_time.set(kT0);
   std::shared_ptr<sr::Client> together = make_client(timed(s.options()));
-  sr::ClientOptions apart_options = timed(s.options());
-  apart_options.key_prefix = "apart:";  // the same keys, in state of their own
-  apart_options.coalesce = false;
-  std::shared_ptr<sr::Client> apart = make_client(apart_options);
+  std::shared_ptr<sr::Client> apart = make_apart_client(s);
+};
+
+// `item`'s key holds the same value (or none) under both clients, written at one server time
+// with the same PX: the expiries differ by the ms between the writes. Returns the key's PTTL.
+long long check_same_state(Server& s, sr::Client& together, sr::Client& apart,
+                           const sr::CheckItem& item) {
+  INFO("key " << item.key);
+  const std::string mine = together.redis_key(item.key, *item.limit);
+  const std::string theirs = apart.redis_key(item.key, *item.limit);
+  sluice_test::Reply a = s.redis.command({"GET", mine});
+  sluice_test::Reply b = s.redis.command({"GET", theirs});
+  REQUIRE((a && b && a->type == b->type));
+  if (a->type == REDIS_REPLY_STRING) {
+    CHECK(std::string_view(a->str, a->len) == std::string_view(b->str, b->len));
+  }
+  sluice_test::Reply ta = s.redis.command({"PTTL", mine});
+  sluice_test::Reply tb = s.redis.command({"PTTL", theirs});
+  REQUIRE((ta && tb && ta->type == REDIS_REPLY_INTEGER && tb->type == REDIS_REPLY_INTEGER));
+  CHECK(std::abs(ta->integer - tb->integer) < 1'000);
+  return ta->integer;
+}
+
+TEST_CASE("a coalesced call decides each check exactly as separate checks in that order") {
+  TwoClients c;
   const sr::Limit three = make_limit({{.requests = 3, .period = seconds(1)}});
   const sr::Limit stacked = make_limit(
       {{.requests = 2, .period = seconds(1), .burst = 3}, {.requests = 4, .period = seconds(60)}});
@@ -300,11 +348,12 @@ TEST_CASE("a coalesced call decides each check exactly as separate checks in tha
                                             {.key = "b", .limit = &three},
                                             {.key = "c", .limit = &three, .cost = 0}};
   for (const nanoseconds t : {kT0, kT0 + milliseconds(400), kT0 + milliseconds(401)}) {
-    const std::vector<absl::StatusOr<Decision>> coalesced = coalesced_at(*together, items, t);
+    const std::vector<absl::StatusOr<Decision>> coalesced = coalesced_at(*c.together, items, t);
     REQUIRE(coalesced.size() == items.size());
     for (std::size_t i = 0; i < items.size(); ++i) {
       INFO("at +" << (t - kT0).count() << " ns, item " << i);
-      absl::StatusOr<std::vector<Decision>> alone = checked_at(*apart, std::span(&items[i], 1), t);
+      absl::StatusOr<std::vector<Decision>> alone =
+          checked_at(*c.apart, std::span(&items[i], 1), t);
       REQUIRE(alone.ok());
       REQUIRE(coalesced[i].ok());
       CHECK(*coalesced[i] == (*alone)[0]);
@@ -312,7 +361,7 @@ TEST_CASE("a coalesced call decides each check exactly as separate checks in tha
   }
   // At the first instant: a(1) admitted, a(2) admitted, a(1) denied, b(3) admitted.
   const std::vector<absl::StatusOr<Decision>> first =
-      coalesced_at(*together, items, kT0 + seconds(10));
+      coalesced_at(*c.together, items, kT0 + seconds(10));
   CHECK((first[0].ok() && first[0]->allowed()));
   CHECK((first[1].ok() && first[1]->allowed()));
   CHECK((first[2].ok() && !first[2]->allowed()));
@@ -320,53 +369,88 @@ TEST_CASE("a coalesced call decides each check exactly as separate checks in tha
 }
 
 TEST_CASE("a coalesced call of both algorithms leaves each key as separate checks would") {
-  Server s;
-  server_time.set(kT0);
-  std::shared_ptr<sr::Client> together = make_client(timed(s.options()));
-  sr::ClientOptions apart_options = timed(s.options());
-  apart_options.key_prefix = "apart:";
-  apart_options.coalesce = false;
-  std::shared_ptr<sr::Client> apart = make_client(apart_options);
-  // Debts of seconds, so that a key's expiry tells which of its checks it was written by.
-  const sr::Limit slow = make_limit({{.requests = 4, .period = seconds(40)}});
-  const sr::Limit stacked = make_limit(
-      {{.requests = 2, .period = seconds(20), .burst = 3}, {.requests = 4, .period = seconds(80)}});
-  absl::StatusOr<sr::Limit> fixed = sr::Limit::fixed_window(
-      {{.limit = 3, .window = seconds(30)}, {.limit = 5, .window = seconds(90)}});
-  REQUIRE(fixed.ok());
+  TwoClients c;
+  const SlowLimits limits;
+  const sr::Limit* fixed = &limits.fixed;
   // Limits alternate (a fixed window between GCRA items of one limit); keys repeat after a write.
-  const std::vector<sr::CheckItem> items = {{.key = "g", .limit = &slow},
-                                            {.key = "f", .limit = &*fixed},
-                                            {.key = "g", .limit = &slow, .cost = 2},
-                                            {.key = "s", .limit = &stacked},
-                                            {.key = "f", .limit = &*fixed, .cost = 2},
-                                            {.key = "g", .limit = &slow, .cost = 2},
-                                            {.key = "f", .limit = &*fixed},
-                                            {.key = "s", .limit = &stacked, .cost = 2}};
-  const std::vector<absl::StatusOr<Decision>> coalesced = coalesced_at(*together, items, kT0);
+  const std::vector<sr::CheckItem> items = {{.key = "g", .limit = &limits.slow},
+                                            {.key = "f", .limit = fixed},
+                                            {.key = "g", .limit = &limits.slow, .cost = 2},
+                                            {.key = "s", .limit = &limits.stacked},
+                                            {.key = "f", .limit = fixed, .cost = 2},
+                                            {.key = "g", .limit = &limits.slow, .cost = 2},
+                                            {.key = "f", .limit = fixed},
+                                            {.key = "s", .limit = &limits.stacked, .cost = 2}};
+  const std::vector<absl::StatusOr<Decision>> coalesced = coalesced_at(*c.together, items, kT0);
   REQUIRE(coalesced.size() == items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
     INFO("item " << i);
-    absl::StatusOr<std::vector<Decision>> alone = checked_at(*apart, std::span(&items[i], 1), kT0);
+    absl::StatusOr<std::vector<Decision>> alone =
+        checked_at(*c.apart, std::span(&items[i], 1), kT0);
     REQUIRE(alone.ok());
     REQUIRE(coalesced[i].ok());
     CHECK(*coalesced[i] == (*alone)[0]);
   }
   for (const sr::CheckItem& item : {items[0], items[1], items[3]}) {
-    INFO("key " << item.key);
-    const std::string mine = together->redis_key(item.key, *item.limit);
-    const std::string theirs = apart->redis_key(item.key, *item.limit);
-    sluice_test::Reply a = s.redis.command({"GET", mine});
-    sluice_test::Reply b = s.redis.command({"GET", theirs});
-    REQUIRE((a && b && a->type == REDIS_REPLY_STRING && b->type == REDIS_REPLY_STRING));
-    CHECK(std::string_view(a->str, a->len) == std::string_view(b->str, b->len));
-    // Written at one server time with the same PX: the expiries differ by the ms between writes.
-    sluice_test::Reply ta = s.redis.command({"PTTL", mine});
-    sluice_test::Reply tb = s.redis.command({"PTTL", theirs});
-    REQUIRE((ta && tb && ta->type == REDIS_REPLY_INTEGER && tb->type == REDIS_REPLY_INTEGER));
-    CHECK(ta->integer > 10'000);
-    CHECK(std::abs(ta->integer - tb->integer) < 1'000);
+    CHECK(check_same_state(c.s, *c.together, *c.apart, item) > 10'000);
   }
+}
+
+// The tag that ended the last script call the server logged since `reset_slowlog` (the slow
+// log holds every call once its threshold is 0; a script's own commands are not logged).
+void reset_slowlog(Server& s) {
+  s.redis.command({"CONFIG", "SET", "slowlog-log-slower-than", "0"});
+  s.redis.command({"SLOWLOG", "RESET"});
+}
+std::string last_script_tag(Server& s) {
+  sluice_test::Reply log = s.redis.command({"SLOWLOG", "GET", "100"});
+  REQUIRE((log && log->type == REDIS_REPLY_ARRAY));
+  for (std::size_t i = 0; i < log->elements; ++i) {  // newest first
+    const redisReply* args = log->element[i]->element[3];
+    if (args->elements > 0 && std::string_view(args->element[0]->str) == "EVALSHA") {
+      const redisReply* tag = args->element[args->elements - 1];
+      return std::string(tag->str, tag->len);
+    }
+  }
+  return "";
+}
+
+TEST_CASE("a coalesced call of distinct keys decides and writes each as separate checks would") {
+  TwoClients c;
+  const SlowLimits limits;
+  const sr::Limit* fixed = &limits.fixed;
+  const sr::Limit once = make_limit({{.requests = 1, .period = seconds(40)}});
+  // Admissions of each algorithm, a key admitted once and then denied, a peek (cost 0).
+  const std::vector<sr::CheckItem> items = {{.key = "g", .limit = &limits.slow, .cost = 2},
+                                            {.key = "f", .limit = fixed, .cost = 2},
+                                            {.key = "s", .limit = &limits.stacked, .cost = 2},
+                                            {.key = "d", .limit = &once},
+                                            {.key = "p", .limit = &limits.slow, .cost = 0}};
+  for (const nanoseconds t : {kT0, kT0 + seconds(5), kT0 + seconds(6)}) {
+    reset_slowlog(c.s);
+    const std::vector<absl::StatusOr<Decision>> coalesced = coalesced_at(*c.together, items, t);
+    CHECK(last_script_tag(c.s) == sr::kDistinctIndependentItems);
+    REQUIRE(coalesced.size() == items.size());
+    CHECK((coalesced[3].ok() && coalesced[3]->allowed() == (t == kT0)));
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      INFO("at +" << (t - kT0).count() << " ns, item " << i);
+      absl::StatusOr<std::vector<Decision>> alone =
+          checked_at(*c.apart, std::span(&items[i], 1), t);
+      REQUIRE(alone.ok());
+      INFO(coalesced[i].status());
+      REQUIRE(coalesced[i].ok());
+      CHECK(*coalesced[i] == (*alone)[0]);
+    }
+  }
+  for (const sr::CheckItem& item : items) check_same_state(c.s, *c.together, *c.apart, item);
+  // The peeking key holds no state.
+  CHECK(c.s.redis.command({"EXISTS", c.together->redis_key("g", limits.slow)})->integer == 1);
+  CHECK(c.s.redis.command({"EXISTS", c.together->redis_key("p", limits.slow)})->integer == 0);
+  // A repeated key takes the mode that tracks the keys it has met.
+  reset_slowlog(c.s);
+  const std::vector<sr::CheckItem> repeated = {items[0], items[1], items[0]};
+  coalesced_at(*c.together, repeated, kT0 + seconds(7));
+  CHECK(last_script_tag(c.s) == sr::kIndependentItems);
 }
 
 TEST_CASE("a key of the wrong type fails only its own check in a coalesced call") {
@@ -385,6 +469,22 @@ TEST_CASE("a key of the wrong type fails only its own check in a coalesced call"
   CHECK((results[2].ok() && results[2]->allowed()));
   absl::StatusOr<std::vector<Decision>> alone = checked_at(*client, std::span(&items[1], 1), kT0);
   CHECK(alone.status().code() == absl::StatusCode::kInternal);
+  // First in its call, or peeked at (cost 0: nothing to write), or with the key repeated: the
+  // same, and the other type's value is left as it was.
+  for (const std::vector<sr::CheckItem>& call :
+       {std::vector<sr::CheckItem>{items[1], items[0]},
+        std::vector<sr::CheckItem>{items[0], {.key = "bad", .limit = &limit, .cost = 0}},
+        std::vector<sr::CheckItem>{items[1], items[0], items[1]}}) {
+    const std::vector<absl::StatusOr<Decision>> r = coalesced_at(*client, call, kT0);
+    for (std::size_t i = 0; i < call.size(); ++i) {
+      INFO("item " << i << " of " << call.size() << ": " << r[i].status());
+      CHECK(r[i].ok() == (call[i].key != "bad"));
+      if (call[i].key == "bad") CHECK(r[i].status().code() == absl::StatusCode::kInternal);
+    }
+  }
+  sluice_test::Reply type = s.redis.command({"TYPE", bad});
+  REQUIRE(type);
+  CHECK(std::string_view(type->str, type->len) == "hash");
 }
 
 TEST_CASE("a server that refuses writes fails each admitted check of a call, as it would alone") {

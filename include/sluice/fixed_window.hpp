@@ -256,14 +256,13 @@ class FixedWindowLimiter {
   // Without `commit` an absent key is decided as a fresh one and not inserted.
   void decide_locked(const HeldShardLocks& held, const KeyDigest& d, std::int64_t now,
                      std::uint64_t cost, bool commit, Decision& out) {
+    if (!commit) {
+      Decision* const outs[] = {&out};
+      decide_in_order_locked(held, d, now, std::span(&cost, 1), outs);
+      return;
+    }
     std::visit(
         [&](auto& store) {
-          if (!commit) {
-            const auto* cell = store.find_locked(held, d, now);
-            auto copy = cell != nullptr ? *cell : std::remove_cvref_t<decltype(*cell)>{};
-            out = decide(copy, now, cost);
-            return;
-          }
           out = store.update_locked(
               held, d, now,
               [&](auto& cell, std::int64_t clamped) { return decide(cell, clamped, cost); },

@@ -173,7 +173,7 @@ class Coalescer {
   template <class Send>
   absl::StatusOr<Decision> send_alone(const Item& item, const Group& group, Deadline deadline,
                                       Send& send) {
-    absl::StatusOr<Decision> result = absl::InternalError("sluice: no result for a check");
+    absl::StatusOr<Decision> result = no_result();
     send(std::span<const Item>(&item, 1), group, deadline,
          std::span<absl::StatusOr<Decision>>(&result, 1));
     hand_lead(pass_lead(1));
@@ -224,8 +224,7 @@ class Coalescer {
       items.push_back(w->item);
       by = std::min(by, w->deadline);
     }
-    std::vector<absl::StatusOr<Decision>> results(
-        batch.size(), absl::InternalError("sluice: no result for a coalesced check"));
+    std::vector<absl::StatusOr<Decision>> results(batch.size(), no_result());
     send(std::span<const Item>(items), me->group, by, std::span<absl::StatusOr<Decision>>(results));
     hand_lead(pass_lead(batch.size()));
     for (std::size_t i = 1; i < batch.size(); ++i) finish(*batch[i], std::move(results[i]));
@@ -281,6 +280,14 @@ class Coalescer {
     w.result = std::move(result);
     w.phase = Phase::kDone;
     w.signaled.set();
+  }
+
+  // What a check whose `send` filled no result gets. One status shared by every copy (a copy
+  // takes a reference), so that a lone check allocates nothing for it.
+  static const absl::Status& no_result() {
+    static const absl::Status* const status =
+        new absl::Status(absl::InternalError("sluice: no result for a coalesced check"));
+    return *status;
   }
 
   static absl::Status expired() {

@@ -109,6 +109,13 @@ inline bool printable(std::string_view text) {
   return true;
 }
 
+// `text` as it is when it is printable ASCII, else quoted(text): how a name that is plain as a
+// rule (a file's path, a descriptor's path) appears in a message, so that one built from untrusted
+// input (a file name in a directory others write to) can neither forge nor break a log line.
+inline std::string plain_or_quoted(std::string_view text) {
+  return printable(text) ? std::string(text) : quoted(text);
+}
+
 }  // namespace sluice::detail
 
 #endif  // SLUICE_DETAIL_TEXT_HPP_

@@ -108,9 +108,12 @@ inline std::optional<Unit> parse_unit(std::string_view text) {
 // A window with `requests` 0 admits nothing (the reference's `requests_per_unit: 0`).
 struct Limit {
   std::string name{};  // reported in DescriptorStatus.current_limit.name; `replaces` refers to it
-  bool unlimited = false;               // matches, never limits; `windows` is then empty
-  std::vector<GcraWindow> windows{};    // at least one unless unlimited; burst 0 means requests
-  std::vector<std::string> replaces{};  // names of limits this one replaces in the same request
+  bool unlimited = false;             // matches, never limits; `windows` is then empty
+  std::vector<GcraWindow> windows{};  // at least one unless unlimited; burst 0 means requests
+  // Names of limits this one replaces in the same request; each must be the name of a limit of
+  // the same domain (the limiter refuses a configuration where one is not: it would replace
+  // nothing).
+  std::vector<std::string> replaces{};
   // kFixedWindow: every window is a fixed window of `requests` per `period` (sluice::Algorithm);
   // each window's burst must then be 0 or equal its requests.
   Algorithm algorithm = Algorithm::kGcra;

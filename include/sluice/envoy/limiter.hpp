@@ -83,6 +83,7 @@
 #include "sluice/detail/mutex.hpp"
 #include "sluice/detail/retirement.hpp"
 #include "sluice/detail/spin_lock.hpp"
+#include "sluice/detail/text.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/engine/backend.hpp"
 #include "sluice/engine/local_share.hpp"
@@ -192,8 +193,9 @@ class BasicLimiter {
   // unchanged keeps its counters; one whose windows changed carries each key's spent share (the
   // in-memory backend); overrides keep theirs. On error the running configuration stays.
   // FailedPrecondition when `config` has no limit that can deny (none, or only shadow mode and
-  // unlimited ones) while the running one has, unless a domain says `limits_nothing`: a file
-  // read while it is being written often looks like that.
+  // unlimited ones) while the running one has, unless a domain says `limits_nothing`, and when a
+  // domain has none left that can deny while its running version has, unless that domain says
+  // `limits_nothing`: a file read while it is being written often looks like that.
   //
   // Returns without waiting for the calls still deciding on the configuration it replaced. No
   // call pays for freeing that one (its tables, and the counters of every limit the reload
@@ -323,22 +325,45 @@ class BasicLimiter {
     return replaced_.size();
   }
 
+  // A file read while it is being written often has no limit yet, and would stop limiting by
+  // accident: FailedPrecondition when `next` has no limit that can deny while `running` has,
+  // unless a domain says `limits_nothing`, or when a domain of both has none left that can while
+  // it had, unless that domain says `limits_nothing`. A domain whose file is gone may go.
+  static absl::Status check_still_limits(const ServiceConfig& config,
+                                         const detail::CompiledLimits& next,
+                                         const detail::CompiledLimits& running) {
+    const bool on_purpose = std::any_of(config.domains.begin(), config.domains.end(),
+                                        [](const DomainConfig& d) { return d.limits_nothing; });
+    if (!on_purpose && next.enforcing_rule_count() == 0 && running.enforcing_rule_count() > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the new configuration has no limit that can deny a request, where the running one has ",
+          running.enforcing_rule_count(),
+          ", so it would limit nothing; if a file is still being written, replace it atomically "
+          "instead (write a temporary file, then rename it over this one); to remove every limit "
+          "on purpose, add `limits_nothing: true` to a domain file"));
+    }
+    for (const DomainConfig& d : config.domains) {
+      const std::size_t had = running.enforcing_rule_count(d.domain);
+      if (d.limits_nothing || had == 0 || next.enforcing_rule_count(d.domain) > 0) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          d.source.empty() ? "" : absl::StrCat(sluice::detail::plain_or_quoted(d.source), ": "),
+          "domain ", sluice::detail::quoted(d.domain),
+          " has no limit that can deny a request, where the running one has ", had,
+          ", so it would limit none of its calls; if the file is still being written, replace it "
+          "atomically instead (write a temporary file, then rename it over this one); to remove "
+          "every limit of the domain on purpose, add `limits_nothing: true` to its file"));
+    }
+    return absl::OkStatus();
+  }
+
   // reload() under the reload mutex: publishes `compiled`; the generation it replaced (nullptr
   // for the first).
   absl::StatusOr<std::shared_ptr<const Generation>> replace(const ServiceConfig& config,
                                                             detail::CompiledLimits compiled) {
     sluice::detail::MutexLock lock(reload_mutex_);
     std::shared_ptr<const Generation> now = current();
-    const bool on_purpose = std::any_of(config.domains.begin(), config.domains.end(),
-                                        [](const DomainConfig& d) { return d.limits_nothing; });
-    if (now != nullptr && !on_purpose && compiled.enforcing_rule_count() == 0 &&
-        now->limits->enforcing_rule_count() > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the new configuration has no limit that can deny a request, where the running one has ",
-          now->limits->enforcing_rule_count(),
-          ", so it would limit nothing; if a file is still being written, replace it atomically "
-          "instead (write a temporary file, then rename it over this one); to remove every limit "
-          "on purpose, add `limits_nothing: true` to a domain file"));
+    if (now != nullptr) {
+      if (absl::Status s = check_still_limits(config, compiled, *now->limits); !s.ok()) return s;
     }
     auto limits = std::make_shared<const detail::CompiledLimits>(std::move(compiled));
     absl::StatusOr<std::shared_ptr<const Generation>> next =

@@ -5,9 +5,11 @@
 //       sluice::envoy::load_config_directory("/etc/ratelimit/config");
 //   if (!config.ok()) std::cerr << config.status().message();  // "edge.yaml:7:18: ..."
 //
-// A directory holds one file per domain: every regular file whose name ends in `.yaml` or `.yml`
-// (not hidden, not in subdirectories), loaded in name order; two files of one domain are an error.
-// The reference's format loads unchanged (docs/envoy.md):
+// A directory holds one file per domain: every file whose name ends in `.yaml` or `.yml` (not
+// hidden, not in subdirectories), loaded in name order; two files of one domain are an error, and
+// so is such an entry that is not a readable regular file (a broken symlink, a device).
+// The reference's format loads unchanged (docs/envoy.md), except that a `replaces` entry must name
+// a limit of its domain (one that does not could replace nothing, so a typo is refused):
 //
 //   domain: edge
 //   descriptors:
@@ -27,8 +29,10 @@
 // `detailed_metric` is accepted and has no effect.
 //
 // Errors: InvalidArgument "<file>:<line>:<column>: <where>: <what>"; NotFound etc. when a file or
-// the directory cannot be read. Files are bounded like sluice's other YAML
-// (sluice/yaml/limits.hpp). Thread-safety: reentrant. Complexity: linear in the files.
+// the directory cannot be read. A value from a file, and a file's path unless it is printable
+// ASCII, appear quoted and escaped (\xNN), so that no file can forge or break a log line. Files are
+// bounded like sluice's other YAML (sluice/yaml/limits.hpp). Thread-safety: reentrant. Complexity:
+// linear in the files.
 #ifndef SLUICE_ENVOY_LOAD_CONFIG_HPP_
 #define SLUICE_ENVOY_LOAD_CONFIG_HPP_
 
@@ -265,7 +269,8 @@ class DomainReader : public yaml::detail::NodeReader {
 inline absl::StatusOr<DomainConfig> load_domain_config(std::string_view text,
                                                        std::string_view source) {
   using yaml::detail::format_error;
-  const std::string prefix = source.empty() ? "" : absl::StrCat(detail::view(source), ":");
+  const std::string prefix =
+      source.empty() ? "" : absl::StrCat(sluice::detail::plain_or_quoted(source), ":");
   if (text.size() > yaml::kMaxConfigBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         prefix, format_error({}, "", absl::StrCat("more than ", yaml::kMaxConfigBytes, " bytes"))));
@@ -293,13 +298,17 @@ inline absl::StatusOr<DomainConfig> load_domain_config(std::string_view text,
 // configuration that loads here is accepted by the in-memory limiter; over Redis a limit must
 // also refill within 2^52 ns, sluice/redis/limit.hpp).
 inline absl::StatusOr<ServiceConfig> load_config_directory(const std::string& directory) {
-  std::error_code error;
+  std::error_code error;  // the directory's
   std::vector<std::string> paths;
-  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
-    const std::string name = entry.path().filename().string();
+  for (std::filesystem::directory_iterator it(directory, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
     const bool yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-    if (yaml && !name.starts_with(".") && entry.is_regular_file(error)) {
-      paths.push_back(entry.path().string());
+    // Every such entry but a subdirectory is read, so that one that is no file (a broken
+    // symlink, a device) fails the load by its name instead of dropping its domain's limits.
+    std::error_code ignored;  // an entry it cannot stat is read, and reading it names the error
+    if (yaml && !name.starts_with(".") && !it->is_directory(ignored)) {
+      paths.push_back(it->path().string());
     }
   }
   if (error) {

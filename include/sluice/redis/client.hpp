@@ -430,7 +430,9 @@ class Client {
                 detail::Deadline deadline, std::span<absl::StatusOr<Decision>> results) {
     const detail::ScriptCall script = make_call(items, time, /*marked=*/false);
     Call call{.command = script.evalsha(script_sha_), .script = script_, .sha = script_sha_};
-    if (items.size() > 1) call.command.add(kIndependentItems);
+    if (items.size() > 1) {
+      call.command.add(script.keys_distinct() ? kDistinctIndependentItems : kIndependentItems);
+    }
     transport_.call(std::span(&call, 1), deadline);
     if (!call.reply.ok()) {
       std::fill(results.begin(), results.end(), call.reply.status());

@@ -21,6 +21,8 @@
 //        i's reply as a lone check's (below) or that item's own error (a key of another type;
 //        a write the server refuses, OOM or READONLY, as it would refuse each lone check's).
 //        Never atomic across items; not for booking checks.
+//        `kDistinctIndependentItems` ("distinct") instead of "each" when no two of the keys are
+//        equal: the same decisions and replies, each admitted item written at once.
 //        Carried keys: `<mask> carry` after params_k (not with "each"), the mask one byte per
 //        item, '1' for an item whose key may still have its state under an earlier limit (a rule
 //        whose windows a reload changed). If any such key holds no state, the script changes
@@ -69,7 +71,8 @@ else
   now_s, now_ns = tonumber(ARGV[1]), tonumber(ARGV[2])
 end
 local sunpack, spack = struct.unpack, struct.pack
-local each = ARGV[#ARGV] == 'each'
+local distinct = ARGV[#ARGV] == 'distinct'
+local each = distinct or ARGV[#ARGV] == 'each'
 local carry = ARGV[#ARGV] == 'carry' and ARGV[#ARGV - 1]
 local nkeys = #ARGV - 2
 if each then nkeys = nkeys - 1 end
@@ -169,20 +172,25 @@ if each then
   -- its error, as a lone check's would be. After one has, Redis refuses no later write of this
   -- script: each key changed since is written once, at the end, with its last state and TTL.
   -- MGET's array becomes the reply: item i's reply replaces element i once it has been read.
+  -- With distinct keys no item sees another's write: each admitted item writes at once, and no
+  -- table of the keys met is kept.
   local keys, argv = KEYS, ARGV
   local replies, known, ttls = redis.call('MGET', unpack(keys)), {}, nil
   local admitted, denied = spack('<ddd', 1, now_s, now_ns), nil
   local wrote = false
+  local wrongtype = 'WRONGTYPE Operation against a key holding the wrong kind of value'
   -- The items mostly share their limit: the parameters met last and, for GCRA parameters, their
   -- first window.
   local last_p, cn, cf, bn, bf, r
   for i = 1, nkeys do
     local key = keys[i]
-    local s, err = known[key], nil
+    local s, err = nil, nil
+    if not distinct then s = known[key] end
     if s == nil then
       s = replies[i]
-      -- MGET reads a key of another type as nil: only GET tells it from no key.
-      if not s then
+      -- MGET reads a key of another type as nil: only GET tells it from no key. With distinct
+      -- keys, a write asks SET to write only where no key is (NX) instead, below.
+      if not (s or distinct) then
         s = redis.pcall('GET', key)
         if type(s) == 'table' then err = s.err end
       end
@@ -195,14 +203,26 @@ if each then
         if #p >= 40 and #p % 40 == 0 then cn, cf, bn, bf, r = sunpack('<ddddd', p) end
       end
       err, ok, packed, ttl = decide(p, s, cn, cf, bn, bf, r)
-      if packed and not wrote then
+      if distinct and not s and not err then
+        -- No state read: the key is absent or of another type, which SET NX (or GET, when
+        -- nothing is written) tells apart without touching it.
+        local w
+        if packed then
+          w = redis.pcall('SET', key, packed, 'PX', ttl, 'NX')
+          if not w then w = {err = wrongtype} end
+        else
+          w = redis.pcall('GET', key)
+        end
+        if type(w) == 'table' then err = w.err end
+        if packed and not err then wrote = true end
+      elseif packed and (distinct or not wrote) then
         local set = redis.pcall('SET', key, packed, 'PX', ttl)
         if set.err then err = set.err else wrote = true end
       elseif packed then
         ttls = ttls or {}
         ttls[key] = ttl
       end
-      if not err then known[key] = packed or s end
+      if not (err or distinct) then known[key] = packed or s end
     end
     if err then
       replies[i] = redis.error_reply(err)
@@ -313,8 +333,10 @@ if changed == 1 and ttl > 0 then redis.call('SET', KEYS[1], out, 'PX', ttl) end
 return changed
 )lua";
 
-// The tag that, after the parameters, selects the independent-items mode (see above).
+// The tags that, after the parameters, select the independent-items mode (see above): for any
+// keys, and for keys of which no two are equal.
 inline constexpr std::string_view kIndependentItems = "each";
+inline constexpr std::string_view kDistinctIndependentItems = "distinct";
 
 }  // namespace sluice::redis
 

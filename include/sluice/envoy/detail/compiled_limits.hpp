@@ -102,17 +102,22 @@ class CompiledLimits {
       if (d.domain.empty()) return error(d, "", "a domain must not be empty");
       const std::size_t root = out.levels_.size();
       if (!out.domains_.emplace(d.domain, root).second) {
-        return error(d, "", absl::StrCat("duplicate domain \"", d.domain, "\""));
+        return error(d, "", absl::StrCat("duplicate domain ", sluice::detail::quoted(d.domain)));
       }
       out.levels_.emplace_back();
       std::string identity;
       append_key_part(identity, "envoy");
       append_key_part(identity, d.domain);
+      const std::size_t first_rule = out.rules_.size();
       if (absl::Status s = out.add_tree(d, {sluice::detail::utf8_escaped(d.domain),
                                             std::move(identity), &d.descriptors, root});
           !s.ok()) {
         return s;
       }
+      if (absl::Status s = out.check_replaced_names(d, first_rule); !s.ok()) return s;
+      out.enforcing_by_domain_[d.domain] = static_cast<std::size_t>(
+          std::count_if(out.rules_.begin() + static_cast<std::ptrdiff_t>(first_rule),
+                        out.rules_.end(), can_deny));
     }
     out.make_labels_unique();
     return out;
@@ -120,9 +125,13 @@ class CompiledLimits {
 
   // The rules that can deny a request: neither shadow mode nor unlimited.
   std::size_t enforcing_rule_count() const {
-    return static_cast<std::size_t>(
-        std::count_if(rules_.begin(), rules_.end(),
-                      [](const LimitRule& r) { return !r.shadow && !r.unlimited; }));
+    return static_cast<std::size_t>(std::count_if(rules_.begin(), rules_.end(), can_deny));
+  }
+
+  // Those of `domain` (0 for a domain it does not have).
+  std::size_t enforcing_rule_count(std::string_view domain) const {
+    auto it = enforcing_by_domain_.find(view(domain));
+    return it == enforcing_by_domain_.end() ? 0 : it->second;
   }
 
   bool has_domain(std::string_view domain) const { return domains_.contains(view(domain)); }
@@ -178,6 +187,8 @@ class CompiledLimits {
   }
 
  private:
+  static bool can_deny(const LimitRule& r) { return !r.shadow && !r.unlimited; }
+
   static const Node* find(const Level& level, const Entry& entry) {
     auto key = level.by_key.find(view(entry.key));
     if (key == level.by_key.end()) return nullptr;
@@ -231,6 +242,27 @@ class CompiledLimits {
           pending.push_back({here, std::move(id), &c.descriptors, node.level});
         }
         place(levels_[p.level].by_key[c.key], c.value, node);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Every name in a `replaces` of domain `d` (its rules from `first` on) is the name of one of its
+  // limits: replaces acts only among the limits of one call, which are all of one domain, so any
+  // other name replaces nothing, and the limit a typo meant would still apply.
+  absl::Status check_replaced_names(const DomainConfig& d, std::size_t first) const {
+    absl::flat_hash_set<absl::string_view> names;
+    for (std::size_t i = first; i < rules_.size(); ++i) {
+      if (rules_[i].named) names.insert(rules_[i].name);
+    }
+    for (std::size_t i = first; i < rules_.size(); ++i) {
+      for (const std::string& replaced : rules_[i].replaces) {
+        if (names.contains(replaced)) continue;
+        return error(d, rules_[i].label,
+                     absl::StrCat("replaces ", sluice::detail::quoted(replaced),
+                                  ", but no limit of domain ", sluice::detail::quoted(d.domain),
+                                  " has that name, so it replaces nothing; set the name of the "
+                                  "limit it should replace (rate_limit.name), or drop the entry"));
       }
     }
     return absl::OkStatus();
@@ -324,13 +356,17 @@ class CompiledLimits {
                         .identity = identity};
   }
 
+  // "<source>: <path>: <what>"; the source and the path (built of the file's keys and values)
+  // quoted and escaped unless they are printable ASCII, so that no file can forge a log line.
   static absl::Status error(const DomainConfig& d, std::string_view path, std::string_view what) {
+    using sluice::detail::plain_or_quoted;
     return absl::InvalidArgumentError(
-        absl::StrCat(d.source.empty() ? "" : absl::StrCat(d.source, ": "), view(path),
-                     path.empty() ? "" : ": ", view(what)));
+        absl::StrCat(d.source.empty() ? "" : absl::StrCat(plain_or_quoted(d.source), ": "),
+                     plain_or_quoted(path), path.empty() ? "" : ": ", view(what)));
   }
 
-  absl::flat_hash_map<std::string, std::size_t> domains_;  // -> root level
+  absl::flat_hash_map<std::string, std::size_t> domains_;              // -> root level
+  absl::flat_hash_map<std::string, std::size_t> enforcing_by_domain_;  // -> rules that can deny
   std::vector<Level> levels_;
   std::vector<LimitRule> rules_;
   std::vector<CompiledRule> backend_rules_;

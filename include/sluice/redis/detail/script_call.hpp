@@ -12,6 +12,7 @@
 #ifndef SLUICE_REDIS_DETAIL_SCRIPT_CALL_HPP_
 #define SLUICE_REDIS_DETAIL_SCRIPT_CALL_HPP_
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -94,6 +95,13 @@ struct ScriptCall {
       append_double(p, static_cast<std::uint64_t>(w.period.count()));
     }
     return p;
+  }
+
+  // True if no two of `keys` are equal. O(k log k).
+  bool keys_distinct() const {
+    std::vector<std::string_view> sorted(keys.begin(), keys.end());
+    std::sort(sorted.begin(), sorted.end());
+    return std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
   }
 
   // The EVALSHA of the script cached under `sha`; refers to this call's strings and `sha`.

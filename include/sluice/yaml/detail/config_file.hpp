@@ -1,5 +1,7 @@
 // Internal to sluice::yaml: reads a config file (a regular file only), at most kMaxConfigBytes of
-// it, and what stat(2) says of it around the read. POSIX only.
+// it, and what stat(2) says of it around the read. POSIX only. Messages name the file by its path,
+// quoted and escaped unless it is printable ASCII (a directory's files are named by whoever writes
+// into it).
 // Thread-safety: reentrant (reads errno of the calling thread). O(file size), bounded.
 #ifndef SLUICE_YAML_DETAIL_CONFIG_FILE_HPP_
 #define SLUICE_YAML_DETAIL_CONFIG_FILE_HPP_
@@ -22,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "sluice/detail/text.hpp"
 #include "sluice/yaml/detail/error.hpp"
 #include "sluice/yaml/limits.hpp"
 
@@ -30,7 +33,7 @@ namespace sluice::yaml::detail {
 // `what` failed on `path` with the current errno: NotFound, PermissionDenied or Unavailable.
 inline absl::Status file_error(const std::string& path, absl::string_view what) {
   const int error = errno;
-  std::string message = absl::StrCat(path, ": ", what, ": ",
+  std::string message = absl::StrCat(sluice::detail::plain_or_quoted(path), ": ", what, ": ",
                                      std::error_code(error, std::generic_category()).message());
   if (error == ENOENT) return absl::NotFoundError(message);
   if (error == EACCES) return absl::PermissionDeniedError(message);
@@ -74,8 +77,9 @@ inline absl::StatusOr<std::string> read_config_file(const std::string& path) {
   struct stat info {};
   if (::fstat(file.get(), &info) != 0) return file_error(path, "cannot stat the config file");
   if (!S_ISREG(info.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, ": the config file is not a regular file (", file_kind(info.st_mode), ")"));
+    return absl::FailedPreconditionError(absl::StrCat(sluice::detail::plain_or_quoted(path),
+                                                      ": the config file is not a regular file (",
+                                                      file_kind(info.st_mode), ")"));
   }
   std::string text;
   try {
@@ -93,7 +97,7 @@ inline absl::StatusOr<std::string> read_config_file(const std::string& path) {
   }
   if (text.size() > kMaxConfigBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ":",
+        sluice::detail::plain_or_quoted(path), ":",
         format_error({}, "", absl::StrCat("the config is more than ", kMaxConfigBytes, " bytes"))));
   }
   return text;
