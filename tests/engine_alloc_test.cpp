@@ -1,5 +1,6 @@
 // The engine's steady state allocates nothing: every global operator new of this executable is
-// counted, and evaluating the documented example after a warm-up must not call it.
+// counted, and evaluating the documented example after a warm-up must not call it. The bytes are
+// counted too: the credential cache holds as many per entry whatever a client sends.
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -13,15 +14,18 @@
 #include "engine_fixture.hpp"
 #include "example_config.hpp"
 #include "sluice/clock.hpp"
+#include "sluice/credential_resolver.hpp"
 #include "sluice/detail/coalescer.hpp"
 #include "sluice/engine.hpp"
 
 namespace {
 
 std::atomic<std::size_t> allocations{0};
+std::atomic<std::size_t> allocated_bytes{0};
 
 void* counted(std::size_t size, std::size_t alignment) {
   allocations.fetch_add(1, std::memory_order_relaxed);
+  allocated_bytes.fetch_add(size, std::memory_order_relaxed);
   if (size == 0) size = 1;
   void* p = alignment <= alignof(std::max_align_t)
                 ? std::malloc(size)
@@ -191,6 +195,32 @@ TEST_CASE("an evaluation that asks for no fields allocates nothing and writes th
     engine.write_fields(e, wall);
     REQUIRE(e.fields == expected.fields);
   }
+}
+
+TEST_CASE("a cached credential takes as much memory whatever its length", "[attack]") {
+  // Bytes allocated to cache 256 made-up keys of `size` bytes (each distinct, none owned).
+  const auto bytes_to_cache = [](std::size_t size) {
+    auto resolver = sluice::CredentialResolver<sluice::ManualClock>::create(
+        [](std::string_view) -> absl::StatusOr<std::optional<std::string>> {
+          return std::optional<std::string>();
+        },
+        {.max_entries = 256}, sluice::ManualClock());
+    REQUIRE(resolver.ok());
+    std::vector<std::string> keys;
+    for (int i = 0; i < 256; ++i) {
+      keys.push_back(std::to_string(i));
+      keys.back().resize(size, 'k');
+    }
+    const std::size_t before = allocated_bytes.load();
+    for (const std::string& key : keys) REQUIRE(resolver->resolve(key).ok());
+    return allocated_bytes.load() - before;
+  };
+  // A client that sends the longest keys a lookup takes holds no more of the process's memory
+  // than one that sends short ones (up to how the cache's tables happened to grow).
+  const std::size_t short_keys = bytes_to_cache(8);
+  const std::size_t longest_keys = bytes_to_cache(sluice::kMaxCredentialBytes);
+  CAPTURE(short_keys, longest_keys);
+  CHECK(longest_keys <= 2 * short_keys);
 }
 
 TEST_CASE("a coalesced check that finds a call slot free allocates nothing around its call") {

@@ -277,6 +277,17 @@ TEST_CASE("a credential metadata key that gRPC would not carry is refused") {
   CHECK(sluice::GrpcRateLimiter::create({.credential_metadata = ""}).ok());  // no credential
 }
 
+TEST_CASE("a credential prefix that starts with whitespace is refused, since no value matches it") {
+  CHECK(sluice::GrpcRateLimiter::create({.credential_prefix = " Bearer "}).status().message() ==
+        "credential_prefix \" Bearer \": the spaces and tabs before a value are dropped before the "
+        "prefix is compared, so a prefix that starts with one matches no call and every "
+        "credential would count as none; write it without them");
+  // A binary entry's bytes are compared as they are.
+  CHECK(sluice::GrpcRateLimiter::create(
+            {.credential_metadata = "x-key-bin", .credential_prefix = " "})
+            .ok());
+}
+
 TEST_CASE("admitted gRPC calls reach the handler with the rate-limit fields in trailing metadata") {
   sluice::ManualClock clock;
   const Engine engine = make_engine(per_ip_on_echo(), clock);
@@ -367,6 +378,42 @@ TEST_CASE("a made-up, unprefixed or repeated credential is keyed by the client a
   // The real credential, with the scheme in any case, has its own bucket.
   CHECK(server.call({{"authorization", "bearer alice-token"}}).code == grpc::StatusCode::OK);
   CHECK(server.service().handled() == 2);
+}
+
+TEST_CASE("every spelling of a known bearer token is that token's call or refused", "[attack]") {
+  sluice::ManualClock clock;
+  const Engine engine = make_engine(per_credential(), clock);  // 1 per second per key or address
+  EchoServer server(engine, limiter());                        // authorization: Bearer <token>
+  REQUIRE(server.started());
+  CHECK(server.call({{"authorization", "Bearer alice-token"}}).code == grpc::StatusCode::OK);
+  // Whitespace around a value is no part of it (HTTP drops it), and RFC 6750 allows several
+  // spaces after the scheme: a handler that reads either as alice's token serves alice, so each
+  // is alice's call, denied for this second.
+  for (const char* spelling :
+       {" Bearer alice-token", "Bearer alice-token ", "Bearer  alice-token"}) {
+    CAPTURE(spelling);
+    CHECK(server.call({{"authorization", spelling}}).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  // A handler that splits on whitespace may read alice's token here too: ambiguous, so limited
+  // by the address (not spent by the calls above) and refused.
+  CHECK(server.call({{"authorization", "Bearer alice-token bob-token"}}).code ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(server.service().handled() == 1);
+}
+
+TEST_CASE("a binary credential entry is read byte for byte") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = per_credential();  // 1 per second per key or address
+  const std::string key(" \x01key\t", 6);          // bytes, whitespace at its edges included
+  config.consumers[0].credentials = {key};
+  const Engine engine = make_engine(config, clock);
+  EchoServer server(engine, limiter({.credential_metadata = "x-key-bin", .credential_prefix = ""}));
+  REQUIRE(server.started());
+  CHECK(server.call({{"x-key-bin", key}}).code == grpc::StatusCode::OK);
+  CHECK(server.call({{"x-key-bin", key}}).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Without its edge bytes it is another key, which no one owns.
+  CHECK(server.call({{"x-key-bin", std::string("\x01key", 4)}}).code ==
+        grpc::StatusCode::UNAUTHENTICATED);
 }
 
 TEST_CASE("x-forwarded-for metadata picks the client only behind a trusted proxy") {
@@ -596,6 +643,30 @@ TEST_CASE("keys from the service's store get their own bucket, unknown ones thei
   // Another made-up key: the class's one bucket for this address, not a fresh one.
   CHECK(server.call({{"x-api-key", "random-2"}}).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
   CHECK(server.service().handled() == 3);
+}
+
+TEST_CASE("a known key sent twice cannot pass its own limit as the unknown consumer's call",
+          "[attack]") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = per_credential();   // global: 1 per second per key (or address)
+  config.consumers.push_back({.name = "unknown"});  // unknown keys: the global rule by address
+  const Engine engine = make_engine(config, clock);
+  sluice::GrpcLimiterOptions options{.credential_metadata = "x-api-key", .credential_prefix = ""};
+  options.consumer_of = [](std::string_view key) -> absl::StatusOr<std::optional<std::string>> {
+    if (key.starts_with("key-")) return std::optional<std::string>("alice");
+    return std::optional<std::string>();
+  };
+  options.unknown_consumer = "unknown";
+  EchoServer server(engine, limiter(std::move(options)));
+  REQUIRE(server.started());
+  CHECK(server.call({{"x-api-key", "key-1"}}).code == grpc::StatusCode::OK);
+  CHECK(server.call({{"x-api-key", "key-1"}}).code == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // A handler reading client_metadata().find("x-api-key") gets key-1 again: the unknown
+  // consumer's bucket by address must not serve it past the key's limit.
+  const Reply twice = server.call({{"x-api-key", "key-1"}, {"x-api-key", "key-1"}});
+  CHECK(twice.code == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(twice.message == "unknown credential");
+  CHECK(server.service().handled() == 1);
 }
 
 namespace {

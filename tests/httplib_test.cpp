@@ -988,11 +988,12 @@ TEST_CASE("a known API key sent twice is an unknown credential, not an anonymous
   options.on_evaluated = [&](const httplib::Request&, const Limiter::LimitedRequest& limited) {
     statuses.push_back(limited.credential_status);
   };
-  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+  const TestServer server(Limiter(make_engine(api_key_config(2), clock), std::move(options)));
   const httplib::Headers twice = {{"X-Api-Key", "key-1"}, {"X-Api-Key", "key-1"}};
-  // The unknown consumer's one bucket by address (1 per minute), never the anonymous 100.
-  CHECK(server.get("/v1/items", twice).status == 200);
-  for (int i = 0; i < 4; ++i) CHECK(server.get("/v1/items", twice).status == 429);
+  // Limited by address (2 per minute), then refused, never admitted as the anonymous caller.
+  CHECK(server.get("/v1/items", twice).status == 401);
+  CHECK(server.get("/v1/items", twice).status == 401);
+  for (int i = 0; i < 3; ++i) CHECK(server.get("/v1/items", twice).status == 429);
   CHECK(statuses == std::vector<sluice::CredentialStatus>(5, sluice::CredentialStatus::kUnknown));
 }
 
@@ -1003,4 +1004,73 @@ TEST_CASE("an Authorization header sent twice, or Bearer and a tab, is an unknow
             .status == 401);
   CHECK(server.get("/v1/items", {{"Authorization", "Bearer\tk1"}}).status == 401);
   CHECK(server.get("/v1/items", {{"Authorization", "Basic dXNlcg=="}}).status == 200);  // none
+}
+
+TEST_CASE("a known API key sent twice cannot pass its own limit as the unknown consumer's request",
+          "[attack]") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  std::vector<std::string> consumers;
+  Limiter::Options options = api_key_options(resolver, "unknown");
+  options.on_evaluated = [&](const httplib::Request&, const Limiter::LimitedRequest& limited) {
+    consumers.push_back(std::string(limited.consumer.value_or("<none>")));
+  };
+  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 200);
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 200);
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 429);  // the key's 2 per minute
+  consumers.clear();
+  // The server's own handler reads the first value (get_header_value): key-1 again. The unknown
+  // consumer's bucket by address must not serve it past the key's limit.
+  const httplib::Response twice =
+      server.get("/v1/items", {{"X-Api-Key", "key-1"}, {"X-Api-Key", "key-1"}});
+  CHECK(twice.status == 401);
+  CHECK(twice.body == "{\"error\":\"unknown credential\"}\n");
+  CHECK(server.get("/v1/items", {{"X-Api-Key", "key-1"}, {"X-Api-Key", "key-2"}}).status == 401);
+  CHECK(consumers == std::vector<std::string>{"<none>", "<none>"});  // no class's bundles
+}
+
+TEST_CASE(
+    "a bearer token after several spaces is that token and one followed by another word is "
+    "refused",
+    "[attack]") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  Limiter::Options options = options_with();  // the credential of Authorization: Bearer
+  options.consumer_of = resolver;
+  options.unknown_consumer = "unknown";
+  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+  const httplib::Headers bearer = {{"Authorization", "Bearer key-1"}};
+  CHECK(server.get("/v1/items", bearer).status == 200);
+  CHECK(server.get("/v1/items", bearer).status == 200);
+  CHECK(server.get("/v1/items", bearer).status == 429);  // the key's 2 per minute
+  // RFC 6750 allows one or more spaces after the scheme: a server that follows it reads key-1.
+  CHECK(server.get("/v1/items", {{"Authorization", "Bearer   key-1"}}).status == 429);
+  // A server that splits on whitespace may read key-1 here too: ambiguous, refused.
+  const httplib::Response two_words =
+      server.get("/v1/items", {{"Authorization", "Bearer key-1 key-9"}});
+  CHECK(two_words.status == 401);
+  CHECK(two_words.body == "{\"error\":\"unknown credential\"}\n");
+}
+
+TEST_CASE("a known API key followed by a NUL byte cannot pass its own limit", "[attack]") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  std::vector<std::string> read_by_server;  // the value as a handler's get_header_value reads it
+  std::vector<std::string> presented;       // the credential as the limiter reads it
+  Limiter::Options options = api_key_options(resolver, "unknown");
+  options.on_evaluated = [&](const httplib::Request& request,
+                             const Limiter::LimitedRequest& limited) {
+    read_by_server.push_back(request.get_header_value("X-Api-Key"));
+    presented.push_back(std::string(limited.credential.value_or("<none>")));
+  };
+  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 200);
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 200);
+  CHECK(server.get("/v1/items", api_key("key-1")).status == 429);  // the key's 2 per minute
+  // cpp-httplib decodes %00 in a header value; get_header_value stops at the NUL: key-1.
+  CHECK(server.get("/v1/items", api_key("key-1%00x")).status == 401);
+  REQUIRE(read_by_server.size() == 4);
+  CHECK(read_by_server.back() == "key-1");
+  CHECK(presented.back() != "key-1");  // the limiter saw other bytes than the handler reads
 }

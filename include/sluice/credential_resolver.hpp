@@ -26,20 +26,23 @@
 // Keys are compared byte for byte: a store whose lookup ignores case (or trims) answers for every
 // spelling of a key, and each spelling is then a key, and a bucket, of its own in `credential`
 // rules; make the lookup exact. Every request whose key is not cached asks the store, a request
-// its limits then deny included, so a client that makes up keys costs one lookup per request
-// (its address's limits bound how many it sends).
+// its limits then deny included, so a client that makes up keys costs one lookup per request,
+// however many of them its address's limits deny: the limits bound what reaches the service, not
+// the lookups. Let the lookup refuse a key of the wrong shape (length, alphabet, checksum)
+// without a query, and keep the store's own capacity in mind.
 //
 // Bounds: at most `max_entries` keys are cached (least recently used goes first; an unknown key
-// takes room only from other unknown keys, never from a known one), each at most
-// kMaxCredentialBytes long (a longer key is unknown without asking the store, and is not cached),
-// so the cache holds at most max_entries × (kMaxCredentialBytes + consumer name + ~100) bytes
-// whatever keys clients send. A lookup error is passed on and never cached.
+// takes room only from other unknown keys, never from a known one). A key is cached as a 128-bit
+// digest under a seed of the resolver's own (sluice/key.hpp), never as its bytes: the cache holds
+// no secret, and at most max_entries × (consumer name + ~250) bytes whatever keys clients send,
+// the longest included. A key longer than kMaxCredentialBytes is unknown without asking the store,
+// and is not cached. A lookup error is passed on and never cached.
 //
 // Thread-safety: `resolve` (and `operator()`) may run on any number of threads at once; the
 // cache is split into shards, each behind its own mutex, and the store's lookup runs without any
 // lock held (two threads that miss on one key may both ask the store). Copies share one cache.
-// Complexity: O(key bytes) per call, plus one lookup on a miss. Time is integer nanoseconds
-// from `Clock` (a ManualClock in tests); no floating point, no exceptions thrown here.
+// Complexity: O(key bytes) per call (one digest), plus one lookup on a miss. Time is integer
+// nanoseconds from `Clock` (a ManualClock in tests); no floating point, no exceptions thrown here.
 #ifndef SLUICE_CREDENTIAL_RESOLVER_HPP_
 #define SLUICE_CREDENTIAL_RESOLVER_HPP_
 
@@ -57,12 +60,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "sluice/clock.hpp"
 #include "sluice/detail/mutex.hpp"
+#include "sluice/key.hpp"
 #include "sluice/policy/model.hpp"
 
 namespace sluice {
@@ -81,7 +84,8 @@ struct CredentialCacheOptions {
 enum class CredentialStatus {
   kNone,          // the request presented none: limited as an anonymous caller (by address)
   kKnown,         // it belongs to a consumer, and keys that consumer's `credential` rules
-  kUnknown,       // no one owns it: the adapter's unknown consumer, or refused (HTTP 401)
+  kUnknown,       // no one owns it: the adapter's unknown consumer, or refused (HTTP 401); a
+                  // credential sent twice (ambiguous) is always refused
   kLookupFailed,  // the lookup failed, or named a consumer the config lacks: limited by address,
                   // then answered 503
 };
@@ -89,7 +93,8 @@ enum class CredentialStatus {
 template <Clock C = SteadyClock>
 class CredentialResolver {
  public:
-  // InvalidArgument for an empty lookup, max_entries 0, known_ttl <= 0 or unknown_ttl < 0.
+  // InvalidArgument for an empty lookup, max_entries 0, known_ttl <= 0 or unknown_ttl < 0. The
+  // digest seed is random.
   static absl::StatusOr<CredentialResolver> create(ConsumerLookup lookup,
                                                    CredentialCacheOptions options = {},
                                                    C clock = C{}) {
@@ -102,7 +107,8 @@ class CredentialResolver {
           absl::StrCat("CredentialResolver: known_ttl must be > 0 and unknown_ttl >= 0 (got ",
                        options.known_ttl.count(), " ns and ", options.unknown_ttl.count(), " ns)"));
     }
-    return CredentialResolver(std::make_shared<State>(std::move(lookup), options, clock));
+    return CredentialResolver(
+        std::make_shared<State>(std::move(lookup), options, std::move(clock), KeyHasher()));
   }
 
   // The consumer of `credential`: from the cache while its answer is fresh, else from the lookup
@@ -110,15 +116,16 @@ class CredentialResolver {
   absl::StatusOr<std::optional<std::string>> resolve(std::string_view credential) const {
     if (credential.empty() || credential.size() > kMaxCredentialBytes) return std::nullopt;
     State& state = *state_;
-    Shard& shard = state.shard_for(credential);
+    const KeyDigest digest = state.hasher(credential);
+    Shard& shard = state.shard_for(digest);
     const std::chrono::nanoseconds now = state.clock.now();
-    if (std::optional<std::optional<std::string>> hit = shard.find(credential, now)) {
+    if (std::optional<std::optional<std::string>> hit = shard.find(digest, now)) {
       return *std::move(hit);
     }
     absl::StatusOr<std::optional<std::string>> answer = state.lookup(credential);
     if (!answer.ok()) return answer;
     const std::chrono::nanoseconds ttl = answer->has_value() ? state.known_ttl : state.unknown_ttl;
-    if (ttl.count() > 0) shard.store(credential, *answer, now + ttl, state.per_shard);
+    if (ttl.count() > 0) shard.store(digest, *answer, now + ttl, state.per_shard);
     return answer;
   }
   absl::StatusOr<std::optional<std::string>> operator()(std::string_view credential) const {
@@ -140,9 +147,15 @@ class CredentialResolver {
   static constexpr std::size_t kShards = 16;
 
   struct Entry {
-    std::string credential;
+    KeyDigest credential;  // the key's digest: its bytes are never kept
     std::optional<std::string> consumer;
     std::chrono::nanoseconds expires{0};  // on the resolver's clock
+  };
+  // Digests are seeded XXH3: their low half is a hash already (the high half picks the shard).
+  struct DigestHash {
+    std::size_t operator()(const KeyDigest& digest) const noexcept {
+      return static_cast<std::size_t>(digest.low);
+    }
   };
 
   // One shard: its known and its unknown keys, each in recency order (most recent first),
@@ -150,7 +163,7 @@ class CredentialResolver {
   // makes up cannot push the known ones out.
   class Shard {
    public:
-    std::optional<std::optional<std::string>> find(std::string_view credential,
+    std::optional<std::optional<std::string>> find(const KeyDigest& credential,
                                                    std::chrono::nanoseconds now) {
       detail::MutexLock lock(mutex_);
       const auto it = index_.find(credential);
@@ -164,7 +177,7 @@ class CredentialResolver {
       order.splice(order.begin(), order, it->second);
       return it->second->consumer;
     }
-    void store(std::string_view credential, const std::optional<std::string>& consumer,
+    void store(const KeyDigest& credential, const std::optional<std::string>& consumer,
                std::chrono::nanoseconds expires, std::size_t capacity) {
       detail::MutexLock lock(mutex_);
       if (const auto it = index_.find(credential); it != index_.end()) {
@@ -174,12 +187,12 @@ class CredentialResolver {
       while (known_.size() + unknown_.size() >= capacity) {
         std::list<Entry>& victims = unknown_.empty() ? known_ : unknown_;
         if (!consumer && &victims == &known_) return;  // no room an unknown key may take
-        index_.erase(std::string_view(victims.back().credential));
+        index_.erase(victims.back().credential);
         victims.pop_back();
       }
       std::list<Entry>& order = consumer ? known_ : unknown_;
-      order.push_front(Entry{std::string(credential), consumer, expires});
-      index_.emplace(std::string_view(order.front().credential), order.begin());
+      order.push_front(Entry{credential, consumer, expires});
+      index_.emplace(credential, order.begin());
     }
     std::size_t size() {
       detail::MutexLock lock(mutex_);
@@ -198,27 +211,27 @@ class CredentialResolver {
     }
 
     detail::Mutex mutex_;
-    // Keys view the credential of their entry; list nodes never move.
     std::list<Entry> known_ ABSL_GUARDED_BY(mutex_);
     std::list<Entry> unknown_ ABSL_GUARDED_BY(mutex_);
-    absl::flat_hash_map<std::string_view, typename std::list<Entry>::iterator> index_
+    absl::flat_hash_map<KeyDigest, typename std::list<Entry>::iterator, DigestHash> index_
         ABSL_GUARDED_BY(mutex_);
   };
 
   struct State {
-    State(ConsumerLookup lookup_in, const CredentialCacheOptions& options, C clock_in)
+    State(ConsumerLookup lookup_in, const CredentialCacheOptions& options, C clock_in,
+          KeyHasher hasher_in)
         : lookup(std::move(lookup_in)),
           clock(std::move(clock_in)),
+          hasher(hasher_in),
           known_ttl(options.known_ttl),
           unknown_ttl(options.unknown_ttl),
           // The bound holds in total: each shard keeps its share, at least one entry.
           per_shard(std::max<std::size_t>(1, options.max_entries / kShards)),
           shard_count(std::min(kShards, options.max_entries)) {}
-    Shard& shard_for(std::string_view credential) {
-      return shards[absl::HashOf(credential) % shard_count];
-    }
+    Shard& shard_for(const KeyDigest& credential) { return shards[credential.high % shard_count]; }
     ConsumerLookup lookup;
     C clock;
+    KeyHasher hasher;
     std::chrono::nanoseconds known_ttl, unknown_ttl;
     std::size_t per_shard;
     std::size_t shard_count;  // shards in use: fewer than kShards when max_entries is small

@@ -33,15 +33,19 @@
 //   The proxies are those of the engine generation `check` is given, so they follow reloads. A
 //   unix-socket peer has no address: all such callers share the one "invalid" address bucket.
 // - credential: the value of the metadata entry `credential_metadata` after
-//   `credential_prefix` ("authorization: Bearer <token>" by default). It keys `credential` rules
+//   `credential_prefix` ("authorization: Bearer <token>" by default), read as the HTTP adapter
+//   reads a header: spaces and tabs around the value are dropped, a prefix ending in a space is a
+//   scheme followed by one or more spaces, and other whitespace there or inside the token
+//   ("Bearer k1 k2") is ambiguous (below). It keys `credential` rules
 //   only when it belongs to a consumer: of the config (`engine.consumer_for`), or the one
 //   `consumer_of` names (the service's store, sluice/credential_resolver.hpp). A missing prefix
-//   counts as no credential (keyed by client address); an entry sent more than once as an unknown
-//   one, never as none, so that a known key sent twice does not escape its limits. An unknown
-//   credential is limited by address and ended with UNAUTHENTICATED ("unknown credential"), or
-//   gets the bundles of the config consumer `unknown_consumer`, keyed by address: a client cannot
-//   mint a fresh bucket per call. A lookup error, or a consumer the config does not define:
-//   limited by address, then UNAVAILABLE.
+//   counts as no credential (keyed by client address). An entry sent more than once is ambiguous
+//   (a handler may read the first as a known key): limited by address and ended with
+//   UNAUTHENTICATED, never the anonymous caller's or the unknown consumer's, so that a known key
+//   sent twice does not escape its limits. An unknown credential is limited by address and ended
+//   with UNAUTHENTICATED ("unknown credential"), or gets the bundles of the config consumer
+//   `unknown_consumer`, keyed by address: a client cannot mint a fresh bucket per call. A lookup
+//   error, or a consumer the config does not define: limited by address, then UNAVAILABLE.
 //
 // What the client receives:
 // - denied: status RESOURCE_EXHAUSTED ("rate limited; retry after <n> s") and trailing metadata
@@ -95,13 +99,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "sluice/client_address.hpp"
 #include "sluice/config_requirement.hpp"
 #include "sluice/credential_resolver.hpp"
 #include "sluice/detail/adapter_identity.hpp"
+#include "sluice/detail/forwarded.hpp"
 #include "sluice/detail/text.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/http_fields.hpp"
@@ -166,10 +170,14 @@ inline ClientAddress grpc_peer_address(std::string_view peer) noexcept {
 // How a server's calls map onto the engine's request context.
 struct GrpcLimiterOptions {
   // The metadata key of the credential: lowercase letters, digits, '-', '_' and '.'; empty: calls
-  // carry no credential. gRPC delivers `-bin` entries decoded.
+  // carry no credential. gRPC delivers `-bin` entries decoded; their bytes are read as they are
+  // (after the prefix), with no whitespace dropped or read as a separator.
   std::string credential_metadata = "authorization";
-  // What the entry's value must start with (compared ignoring ASCII case); the rest is the
-  // credential. Empty: the whole value.
+  // What the entry's value, without spaces or tabs around it, must start with (compared ignoring
+  // ASCII case); the rest is the credential. Ending in a space, it is a scheme: one or more
+  // spaces follow it, and other whitespace after it or in the credential makes the entry
+  // ambiguous. Empty: the whole value. `create` refuses one that starts with a space or a tab,
+  // which no value would match (but for a `-bin` entry).
   std::string credential_prefix = "Bearer ";
   // Who owns a credential (e.g. a CredentialResolver); empty: the config's consumers[].credentials.
   ConsumerLookup consumer_of{};
@@ -191,7 +199,8 @@ struct GrpcLimiterOptions {
 // Evaluates gRPC calls through an engine (see the header comment). Immutable after `create`.
 class GrpcRateLimiter {
  public:
-  // InvalidArgument when `credential_metadata` is not a legal gRPC metadata key, or when
+  // InvalidArgument when `credential_metadata` is not a legal gRPC metadata key, or
+  // `credential_prefix` starts with a space or a tab (no text entry would match it), or when
   // `client_addresses` has trusted networks that contradict `engine`'s gateway.trusted_proxies
   // (the message names both lists), or when `listener` or `unknown_consumer` is none of
   // `engine`'s config's listeners or consumers (its bundles and routes would never apply; every
@@ -305,6 +314,14 @@ class GrpcRateLimiter {
       return absl::InvalidArgumentError(
           absl::StrCat("credential_metadata ", detail::quoted(key), ": grpc- keys are gRPC's own"));
     }
+    const std::string& prefix = options.credential_prefix;
+    if (!key.ends_with("-bin") && !prefix.empty() && detail::optional_whitespace(prefix.front())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "credential_prefix ", detail::quoted(prefix),
+          ": the spaces and tabs before a value are dropped before the prefix is compared, so a "
+          "prefix that starts with one matches no call and every credential would count as none; "
+          "write it without them"));
+    }
     if (absl::Status s =
             detail::check_trusted_proxies(engine, options.client_addresses.trusted_networks(),
                                           "GrpcLimiterOptions::client_addresses' trusted proxies");
@@ -346,20 +363,18 @@ class GrpcRateLimiter {
                                   options_.client_addresses.headers());
   }
 
-  // The credential of the call: the one entry `credential_metadata` after the prefix, if any.
+  // The credential of the call: the one entry `credential_metadata` after the prefix, if any,
+  // read as the HTTP adapter reads a header (detail::credential_in).
   std::optional<std::string_view> credential_of(const ::grpc::ServerContextBase& context) const {
     if (options_.credential_metadata.empty()) return std::nullopt;
     const auto [first, last] = context.client_metadata().equal_range(options_.credential_metadata);
     if (first == last) return std::nullopt;
     if (std::next(first) != last) return detail::kAmbiguousCredential;  // repeated
     const std::string_view value = view(first->second);
-    const std::string_view prefix = options_.credential_prefix;
-    if (value.size() <= prefix.size() ||
-        !absl::StartsWithIgnoreCase(absl::string_view(value.data(), prefix.size()),
-                                    absl::string_view(prefix.data(), prefix.size()))) {
-      return std::nullopt;
+    if (options_.credential_metadata.ends_with("-bin")) {  // bytes, not text: nothing to trim
+      return detail::after_prefix(value, options_.credential_prefix);
     }
-    return value.substr(prefix.size());
+    return detail::credential_in(value, options_.credential_prefix);
   }
 
   GrpcLimiterOptions options_;

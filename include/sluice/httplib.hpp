@@ -48,9 +48,14 @@
 //   one of the config's `gateway.trusted_proxies` (none by default: headers are ignored). The
 //   proxies are those of the generation that evaluates the request, so a reload that changes
 //   them applies from the next request on; `Options::proxy_headers` says which header to read.
-// - Credential: by default the token of `Authorization: Bearer <token>` (scheme in any case);
+// - Credential: by default the token of `Authorization: Bearer <token>` (scheme in any case, then
+//   one or more spaces; a token with whitespace in it is ambiguous, as below);
 //   `header_credential("X-Api-Key")` reads another header. A credential header sent more than
-//   once (or `Bearer` and a tab) is ambiguous: an unknown credential, never an anonymous caller.
+//   once, `Bearer` and a tab, or a value with a control byte (a NUL: cpp-httplib decodes "%00" in
+//   header values, and `get_header_value` stops there) is ambiguous: the service may read it as
+//   a known key, so it is
+//   limited by address and refused with 401, never an anonymous caller's and never the unknown
+//   consumer's.
 //   Who owns it: the config's consumers[].credentials, or `Options::consumer_of`, the service's own
 //   store behind a bounded cache (sluice/credential_resolver.hpp). It keys `credential` rules only
 //   when it belongs to a consumer. An unknown credential never gets the anonymous caller's
@@ -101,7 +106,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "sluice/adaptive.hpp"
@@ -273,31 +277,21 @@ class HttplibLimiter {
     return handled;
   }
 
-  // The token of `Authorization: Bearer <token>` (scheme case-insensitive), a view into
-  // `request`; none when the header is absent, has another scheme or an empty token. Sent more
-  // than once, or `Bearer` followed by other whitespace than one space (a tab): ambiguous, read
-  // as an unknown credential (see the file comment), never as none.
+  // The token of `Authorization: Bearer <token>` (scheme case-insensitive, then one or more
+  // spaces, RFC 6750), a view into `request`; none when the header is absent, has another
+  // scheme or an empty token. Sent more than once, `Bearer` followed by other whitespace than
+  // spaces (a tab), or a token with whitespace in it ("Bearer k1 k2"): ambiguous, refused as an
+  // unknown credential (see the file comment), never read as none.
   static std::optional<std::string_view> bearer_token(const httplib::Request& request) {
-    constexpr absl::string_view kScheme = "Bearer ";
     const std::size_t count = request.get_header_value_count("Authorization");
     if (count == 0) return std::nullopt;
     if (count > 1) return detail::kAmbiguousCredential;
-    const std::string& value = request.headers.find("Authorization")->second;
-    const absl::string_view word = kScheme.substr(0, kScheme.size() - 1);
-    if (value.size() > word.size() && absl::StartsWithIgnoreCase(value, word) &&
-        value[word.size()] != ' ' &&
-        absl::ascii_isspace(static_cast<unsigned char>(value[word.size()]))) {
-      return detail::kAmbiguousCredential;
-    }
-    if (value.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(value, kScheme)) {
-      return std::nullopt;
-    }
-    return std::string_view(value).substr(kScheme.size());
+    return detail::credential_in(request.headers.find("Authorization")->second, "Bearer ");
   }
 
-  // Reads the credential from header `name` (e.g. "X-Api-Key"), a view into the request; none
-  // when the header is absent or empty. Sent more than once: ambiguous, read as an unknown
-  // credential, never as none. For Options::credential.
+  // Reads the credential from header `name` (e.g. "X-Api-Key"), a view into the request, without
+  // the spaces or tabs around it; none when the header is absent or empty. Sent more than once:
+  // ambiguous, refused as an unknown credential, never read as none. For Options::credential.
   static std::function<std::optional<std::string_view>(const httplib::Request&)> header_credential(
       std::string name) {
     return [name = std::move(name)](
@@ -305,9 +299,7 @@ class HttplibLimiter {
       const std::size_t count = request.get_header_value_count(name);
       if (count == 0) return std::nullopt;
       if (count > 1) return detail::kAmbiguousCredential;
-      const auto it = request.headers.find(name);
-      if (it->second.empty()) return std::nullopt;
-      return std::string_view(it->second);
+      return detail::credential_in(request.headers.find(name)->second, "");
     };
   }
 
@@ -347,9 +339,12 @@ class HttplibLimiter {
   void evaluate(const httplib::Request& request, LimitedRequest& limited,
                 std::optional<std::string>& consumer_name) const {
     const Engine& engine = *limited.engine;
-    limited.client = detail::resolve_client(
-        engine, ClientAddress::parse(request.remote_addr), joined(request, "Forwarded"),
-        joined(request, "X-Forwarded-For"), options_.proxy_headers);
+    limited.client = ClientAddress::parse(request.remote_addr);
+    if (engine.client_addresses().trusted(limited.client)) {  // else the headers are not read
+      limited.client =
+          detail::resolve_client(engine, limited.client, joined(request, "Forwarded"),
+                                 joined(request, "X-Forwarded-For"), options_.proxy_headers);
+    }
     limited.listener = options_.listener;
     absl::StatusOr<std::string> path = normalize_request_path(raw_path(request));
     if (path.ok()) {

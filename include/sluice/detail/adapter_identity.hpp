@@ -14,11 +14,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "sluice/client_address.hpp"
 #include "sluice/credential_resolver.hpp"
+#include "sluice/detail/forwarded.hpp"
 #include "sluice/detail/text.hpp"
 
 namespace sluice::detail {
@@ -94,13 +97,60 @@ absl::Status check_config_names(const Engine* engine, std::string_view listener,
 
 // What an adapter reads for a credential it cannot read one way only (its header or metadata
 // entry sent more than once, or `Bearer` followed by whitespace other than one space): it is no
-// consumer's and is never looked up, so the request is an unknown credential's (refused, or the
-// unknown consumer's, keyed by address), never an anonymous one, whose limits a known key sent
-// twice would otherwise escape to. The NUL byte keeps it apart from every credential a config
-// can hold.
+// consumer's and is never looked up, and the request is limited by address and then refused as
+// an unknown credential's. Never an anonymous request, and never the unknown consumer's either:
+// the service may read the value as a known key (the first of two entries, say), which would
+// then escape that key's limits to the anonymous ones or the unknown consumer's bucket by
+// address. The NUL byte keeps it apart from every credential a config can hold.
 inline constexpr char kAmbiguousCredentialText[] = "\0sluice: ambiguous credential";
 inline constexpr std::string_view kAmbiguousCredential(kAmbiguousCredentialText,
                                                        sizeof(kAmbiguousCredentialText) - 1);
+
+// `value` after `prefix` (compared ignoring ASCII case), byte for byte; none when `value` does not
+// start with it or nothing follows. O(prefix size).
+inline std::optional<std::string_view> after_prefix(std::string_view value,
+                                                    std::string_view prefix) noexcept {
+  if (value.size() <= prefix.size() ||
+      !absl::StartsWithIgnoreCase(absl::string_view(value.data(), prefix.size()),
+                                  absl::string_view(prefix.data(), prefix.size()))) {
+    return std::nullopt;
+  }
+  return value.substr(prefix.size());
+}
+
+// The credential in one header or metadata value, read the same way by both adapters, so that a
+// secret has one spelling that reaches the lookup (a view into `value`):
+// - spaces and tabs around the value are no part of it (HTTP field values; cpp-httplib drops
+//   them, gRPC metadata keeps them);
+// - a value with a control byte other than a tab (NUL, CR, LF, DEL) is kAmbiguousCredential: a
+//   C string ends at a NUL, so a service may read "key\0x" (cpp-httplib decodes "%00" in a
+//   header) as "key", and such a key must not escape its limits;
+// - `prefix` "" takes the whole value; none when it is empty;
+// - `prefix` a scheme and a space ("Bearer "): the scheme in any case, one or more spaces (RFC
+//   6750), then the token; none for another scheme or no token. Other whitespace after the
+//   scheme, or inside the token ("Bearer\tk", "Bearer k1 k2"), is kAmbiguousCredential: a
+//   service that splits on whitespace reads a key there, which must not escape its limits;
+// - any other `prefix` is compared ignoring case, and the rest is the credential.
+// O(value size); no allocation.
+inline std::optional<std::string_view> credential_in(std::string_view value,
+                                                     std::string_view prefix) noexcept {
+  while (!value.empty() && optional_whitespace(value.front())) value.remove_prefix(1);
+  while (!value.empty() && optional_whitespace(value.back())) value.remove_suffix(1);
+  if (std::any_of(value.begin(), value.end(), [](char c) {
+        const auto byte = static_cast<unsigned char>(c);
+        return (byte < 0x20 && c != '\t') || byte == 0x7f;
+      })) {
+    return kAmbiguousCredential;
+  }
+  if (!prefix.ends_with(' ')) return after_prefix(value, prefix);
+  std::optional<std::string_view> rest =
+      after_prefix(value, prefix.substr(0, prefix.find_last_not_of(' ') + 1));
+  const auto space = [](char c) { return absl::ascii_isspace(static_cast<unsigned char>(c)); };
+  if (!rest || !space(rest->front())) return std::nullopt;  // another scheme ("Bearerish k")
+  rest->remove_prefix(rest->find_first_not_of(' '));        // value ends in no space
+  if (std::any_of(rest->begin(), rest->end(), space)) return kAmbiguousCredential;
+  return rest;
+}
 
 // A request's credential as the engine sees it: `credential` keys `credential` rules (set only
 // when known), `consumer` names the consumer whose bundles apply.
@@ -120,7 +170,9 @@ struct CredentialIdentity {
 //   nothing set;
 // - unknown: kUnknown, and `consumer` is the config's consumer `unknown_consumer` when it is
 //   non-empty and the config has one, without the credential (its rules key the address, so a
-//   client cannot pick a bucket per key); otherwise nothing set, and the adapter refuses it.
+//   client cannot pick a bucket per key); otherwise nothing set, and the adapter refuses it;
+// - ambiguous (kAmbiguousCredential): kUnknown, nothing set, whatever `unknown_consumer` says:
+//   the adapter refuses it.
 template <class Engine>
 CredentialIdentity identify_credential(const Engine& engine,
                                        std::optional<std::string_view> credential,
@@ -130,8 +182,10 @@ CredentialIdentity identify_credential(const Engine& engine,
   CredentialIdentity out;
   if (!credential || credential->empty()) return out;
   if (*credential == kAmbiguousCredential) {
-    // not asked of anyone: unknown
-  } else if (!consumer_of) {
+    out.status = CredentialStatus::kUnknown;  // asked of no one, and refused
+    return out;
+  }
+  if (!consumer_of) {
     out.consumer = engine.consumer_for(*credential);
   } else {
     absl::StatusOr<std::optional<std::string>> answer = consumer_of(*credential);
