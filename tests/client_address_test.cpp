@@ -385,7 +385,29 @@ TEST_CASE("a resolver refuses trusted networks that hold every address of a fami
   CHECK(ClientAddressResolver::create({"::/0"}, sluice::ProxyHeaders::kXForwardedForOnly)
             .status()
             .code() == absl::StatusCode::kInvalidArgument);
-  CHECK(ClientAddressResolver::create({"0.0.0.0/1", "::/1", "::ffff:0.0.0.0/97"}).ok());
+  CHECK(ClientAddressResolver::create({"0.0.0.0/1", "2000::/4", "::ffff:0.0.0.0/97"}).ok());
+}
+
+TEST_CASE("a resolver refuses trusted networks that hold every public address of a family",
+          "[attack]") {
+  // Every unicast IPv4 address (only multicast and the reserved 240/4 left out), and every global
+  // unicast IPv6 address: no client on the internet is outside them, so each could name its own
+  // address in X-Forwarded-For.
+  for (const std::vector<std::string>& networks : std::vector<std::vector<std::string>>{
+           {"0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3"},
+           {"1.0.0.0/8", "2.0.0.0/7", "4.0.0.0/6", "8.0.0.0/5", "16.0.0.0/4", "32.0.0.0/3",
+            "64.0.0.0/2", "128.0.0.0/2", "192.0.0.0/3"},
+           {"::/1"},
+           {"2000::/3"},
+           {"2000::/4", "3000::/4"}}) {
+    CAPTURE(networks);
+    absl::StatusOr<ClientAddressResolver> resolver = ClientAddressResolver::create(networks);
+    CHECK(resolver.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(message_of(resolver.status()), "every public IPv"));
+  }
+  // One public network left untrusted: its clients cannot name their own addresses.
+  CHECK(ClientAddressResolver::create({"0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/4"}).ok());
+  CHECK(ClientAddressResolver::create({"2000::/4", "3000::/5"}).ok());
 }
 
 TEST_CASE("a resolver refuses more trusted networks than its cap") {
