@@ -377,11 +377,11 @@ TEST_CASE("a resolver refuses trusted networks that hold every address of a fami
       ClientAddressResolver::create({"10.0.0.0/8", "0.0.0.0/1", "128.0.0.0/1"});
   CHECK(all_v4.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(message_of(all_v4.status()) ==
-        "trusted_networks: the networks hold every IPv4 address, so every client would be a "
+        "trusted_networks: the networks hold every public IPv4 address, so every client would be a "
         "trusted proxy and name its own address (its own key) in X-Forwarded-For or Forwarded; "
         "list only the networks of your own proxies");
   CHECK(absl::StrContains(message_of(ClientAddressResolver::create({"::/0"}).status()),
-                          "hold every IPv6 address"));
+                          "hold every public IPv6 address"));
   CHECK(ClientAddressResolver::create({"::/0"}, sluice::ProxyHeaders::kXForwardedForOnly)
             .status()
             .code() == absl::StatusCode::kInvalidArgument);

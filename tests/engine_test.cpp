@@ -839,9 +839,13 @@ TEST_CASE(
     CHECK(allowed == 3);  // one client, one bucket
   }
   const std::vector<std::vector<std::string>> every_address = {
-      {"0.0.0.0/0"},         {"::/0"}, {"10.0.0.0/8", "0.0.0.0/1", "128.0.0.0/1"},
+      {"0.0.0.0/0"},
+      {"::/0"},
+      {"10.0.0.0/8", "0.0.0.0/1", "128.0.0.0/1"},
       {"::ffff:0.0.0.0/96"},  // every IPv4 address in its IPv4-mapped form
       {"::/1", "8000::/1"},
+      {"0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3"},  // every unicast IPv4 address
+      {"::/1"},                                     // every global unicast IPv6 address
   };
   for (const std::vector<std::string>& proxies : every_address) {
     CAPTURE(proxies);
@@ -852,7 +856,7 @@ TEST_CASE(
   }
   // Wide lists that leave some address untrusted are the operator's to choose.
   for (const std::vector<std::string>& proxies : std::vector<std::vector<std::string>>{
-           {"0.0.0.0/1"}, {"0.0.0.0/1", "128.0.0.0/2"}, {"::/1", "::ffff:10.0.0.0/104"}}) {
+           {"0.0.0.0/1"}, {"0.0.0.0/1", "128.0.0.0/2"}, {"2000::/4", "::ffff:10.0.0.0/104"}}) {
     CAPTURE(proxies);
     config.gateway.trusted_proxies = proxies;
     CHECK(sluice::validate(config).ok());

@@ -418,17 +418,43 @@ inline bool cover(std::vector<std::pair<absl::uint128, absl::uint128>> ranges, a
   return false;
 }
 
-// OK unless `networks` together hold every IPv4 address (IPv4 networks and IPv6 ones inside the
-// IPv4-mapped range) or every IPv6 address outside that range. Behind such a list every client
-// is a trusted proxy, so the walk never meets an untrusted hop and the leftmost address, which
-// the client writes itself, is the client: each request may name its own key. InvalidArgument
+// IPv4 networks no client on the internet connects from (special-purpose blocks: "this"
+// network, private, shared, loopback, link-local, protocol assignments, documentation,
+// benchmarking, multicast and reserved), as (first four bytes, prefix length).
+inline constexpr std::array<std::pair<std::array<std::uint8_t, 4>, int>, 13> kNonPublicIpv4 = {{
+    {{0, 0, 0, 0}, 8},
+    {{10, 0, 0, 0}, 8},
+    {{100, 64, 0, 0}, 10},
+    {{127, 0, 0, 0}, 8},
+    {{169, 254, 0, 0}, 16},
+    {{172, 16, 0, 0}, 12},
+    {{192, 0, 0, 0}, 24},
+    {{192, 0, 2, 0}, 24},
+    {{192, 168, 0, 0}, 16},
+    {{198, 18, 0, 0}, 15},
+    {{198, 51, 100, 0}, 24},
+    {{203, 0, 113, 0}, 24},
+    {{224, 0, 0, 0}, 3},  // multicast 224/4 and reserved 240/4
+}};
+
+// OK unless `networks` together hold every public IPv4 address (IPv4 networks and IPv6 ones
+// inside the IPv4-mapped range; kNonPublicIpv4 aside) or every global unicast IPv6 address
+// (2000::/3, where every IPv6 client on the internet is). Behind such a list every client is a
+// trusted proxy, so the walk never meets an untrusted hop and the leftmost address, which the
+// client writes itself, is the client: each request may name its own key. InvalidArgument
 // "<name>: ..." naming the fix. O(networks × log networks).
 inline absl::Status check_some_address_untrusted(std::span<const Cidr> networks,
                                                  std::string_view name) {
   constexpr std::array<std::uint8_t, 12> kMappedPrefix = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   std::vector<std::pair<absl::uint128, absl::uint128>> v4;
-  // The IPv4-mapped range holds IPv4 clients, counted with v4.
-  std::vector<std::pair<absl::uint128, absl::uint128>> v6 = {address_range(kMappedPrefix, 96, 128)};
+  for (const auto& [network, length] : kNonPublicIpv4)
+    v4.push_back(address_range(network, length, 32));
+  // Held already: every IPv6 address outside 2000::/3 (the IPv4-mapped range among them: its
+  // clients are counted with v4).
+  const absl::uint128 global_first = absl::MakeUint128(0x2000'0000'0000'0000U, 0);
+  const absl::uint128 global_last = absl::MakeUint128(0x3fff'ffff'ffff'ffffU, ~std::uint64_t{0});
+  std::vector<std::pair<absl::uint128, absl::uint128>> v6 = {{0, global_first - 1},
+                                                             {global_last + 1, ~absl::uint128(0)}};
   for (const Cidr& cidr : networks) {
     const std::span<const std::uint8_t> bytes = cidr.bytes();
     if (cidr.family() == ClientAddress::Family::kIpv4) {
@@ -446,7 +472,7 @@ inline absl::Status check_some_address_untrusted(std::span<const Cidr> networks,
                                                              : nullptr;
   if (family == nullptr) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      absl::string_view(name.data(), name.size()), ": the networks hold every ", family,
+      absl::string_view(name.data(), name.size()), ": the networks hold every public ", family,
       " address, so every client would be a trusted proxy and name its own address (its own key) "
       "in X-Forwarded-For or Forwarded; list only the networks of your own proxies"));
 }
