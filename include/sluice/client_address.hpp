@@ -447,8 +447,10 @@ inline absl::Status check_some_address_untrusted(std::span<const Cidr> networks,
                                                  std::string_view name) {
   constexpr std::array<std::uint8_t, 12> kMappedPrefix = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   std::vector<std::pair<absl::uint128, absl::uint128>> v4;
-  for (const auto& [network, length] : kNonPublicIpv4)
+  v4.reserve(kNonPublicIpv4.size() + networks.size());
+  for (const auto& [network, length] : kNonPublicIpv4) {
     v4.push_back(address_range(network, length, 32));
+  }
   // Held already: every IPv6 address outside 2000::/3 (the IPv4-mapped range among them: its
   // clients are counted with v4).
   const absl::uint128 global_first = absl::MakeUint128(0x2000'0000'0000'0000U, 0);
