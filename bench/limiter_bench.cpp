@@ -495,6 +495,15 @@ void BM_AtomicGcraBaseline_Frozen_Admit_Decision(benchmark::State& state) {
 }
 BENCHMARK(BM_AtomicGcraBaseline_Frozen_Admit_Decision)->UseRealTime();
 
+// The floor of any admission: one locked read-modify-write of one word (`lock xadd`), nothing
+// else. Every admission must change the limiter's state atomically, so no admitting check can
+// take less than this on the host it runs on.
+void BM_AtomicFetchAddFloor(benchmark::State& state) {
+  static std::atomic<std::int64_t> word{0};
+  for (auto _ : state) benchmark::DoNotOptimize(word.fetch_add(1, std::memory_order_relaxed));
+}
+BENCHMARK(BM_AtomicFetchAddFloor)->UseRealTime();
+
 void BM_AtomicGcraBaseline_Tick(benchmark::State& state) {
   static AtomicGcra limiter(kStep, 1'000'000'000);
   for (auto _ : state) {
