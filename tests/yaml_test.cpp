@@ -633,6 +633,21 @@ TEST_CASE("a file error names the file before the line and column") {
         "(expected all_or_nothing or every_rule)");
 }
 
+TEST_CASE("[attack] a content error quotes a file name with control bytes") {
+  // The reloading holder logs these messages: a file named by whoever controls the config
+  // directory must not write raw control bytes (a terminal escape, a forged log line) into it.
+  const std::string path = "yaml_test_\x1b[2J\nforged.yaml";
+  {
+    std::ofstream out(path);
+    out << "engine:\n  consumption: all\n";
+  }
+  auto config = sluice::yaml::load_config_file(path);
+  std::remove(path.c_str());
+  CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(config.status().message())
+            .starts_with("\"yaml_test_\\x1b[2J\\x0aforged.yaml\":2:16: engine.consumption: "));
+}
+
 TEST_CASE("a missing file is NotFound naming the file") {
   auto config = sluice::yaml::load_config_file("no/such/config.yaml");
   CHECK(config.status().code() == absl::StatusCode::kNotFound);
