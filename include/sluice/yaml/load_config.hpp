@@ -84,15 +84,17 @@ inline absl::StatusOr<PolicyConfig> load_config(std::string_view text) {
 }
 
 // Reads the file at `path` (at most kMaxConfigBytes) and loads it; every InvalidArgument message
-// starts with "<path>:" (e.g. "gateway.yaml:3:9: ..."). NotFound / PermissionDenied / Unavailable
-// when the file cannot be read; FailedPrecondition, at once, when `path` (after symlinks) is not a
-// regular file (a FIFO would otherwise wait for a writer).
+// starts with "<path>:" (e.g. "gateway.yaml:3:9: ..."; a path with a byte that is not printable
+// ASCII is quoted and escaped, "\"a\\x0ab.yaml\":3:9: ..."). NotFound / PermissionDenied /
+// Unavailable when the file cannot be read; FailedPrecondition, at once, when `path` (after
+// symlinks) is not a regular file (a FIFO would otherwise wait for a writer).
 inline absl::StatusOr<PolicyConfig> load_config_file(const std::string& path) {
   absl::StatusOr<std::string> text = detail::read_config_file(path);
   if (!text.ok()) return text.status();
   absl::StatusOr<PolicyConfig> config = load_config(*text);
   if (!config.ok() && config.status().code() == absl::StatusCode::kInvalidArgument) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ":", config.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(sluice::detail::plain_or_quoted(path), ":", config.status().message()));
   }
   return config;
 }

@@ -92,8 +92,8 @@ inline absl::StatusOr<std::string> read_config_file(const std::string& path) {
       text.append(chunk.data(), static_cast<std::size_t>(got));
     }
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(path, ": out of memory while reading the config file"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        sluice::detail::plain_or_quoted(path), ": out of memory while reading the config file"));
   }
   if (text.size() > kMaxConfigBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
