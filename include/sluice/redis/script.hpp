@@ -180,8 +180,10 @@ if each then
   local wrote = false
   local wrongtype = 'WRONGTYPE Operation against a key holding the wrong kind of value'
   -- The items mostly share their limit: the parameters met last and, for GCRA parameters, their
-  -- first window.
+  -- first window; and the verdict on a key without state under the parameters met last there,
+  -- which depends on nothing else (its time to live as text: converted once, not per key).
   local last_p, cn, cf, bn, bf, r
+  local fresh_p, fresh_err, fresh_ok, fresh_packed, fresh_ttl
   for i = 1, nkeys do
     local key = keys[i]
     local s, err = nil, nil
@@ -202,7 +204,16 @@ if each then
         last_p, cn, cf, bn, bf, r = p, nil, nil, nil, nil, nil
         if #p >= 40 and #p % 40 == 0 then cn, cf, bn, bf, r = sunpack('<ddddd', p) end
       end
-      err, ok, packed, ttl = decide(p, s, cn, cf, bn, bf, r)
+      if s then
+        err, ok, packed, ttl = decide(p, s, cn, cf, bn, bf, r)
+      else
+        if p ~= fresh_p then
+          fresh_p = p
+          fresh_err, fresh_ok, fresh_packed, fresh_ttl = decide(p, s, cn, cf, bn, bf, r)
+          if fresh_ttl then fresh_ttl = tostring(fresh_ttl) end
+        end
+        err, ok, packed, ttl = fresh_err, fresh_ok, fresh_packed, fresh_ttl
+      end
       if distinct and not s and not err then
         -- No state read: the key is absent or of another type, which SET NX (or GET, when
         -- nothing is written) tells apart without touching it.
