@@ -674,3 +674,85 @@ TEST_CASE("behind a proxy that appends Forwarded, a client's own X-Forwarded-For
   CHECK(resolver.resolve(proxy, "for=203.0.113.9, for=10.0.0.8", "203.0.113.9, 10.0.0.8") ==
         ClientAddress::parse("203.0.113.9"));
 }
+
+// --- the resolver: IPv4 clients behind a translator ---------------------------------------------
+
+// [attack] Behind a stateless translator with a prefix of its own, every IPv4 client arrives as
+// one IPv6 /64: keyed as IPv6, one client spends the budget of every IPv4 client.
+TEST_CASE("under an operator's translation prefix an IPv4 client is keyed as its IPv4 address") {
+  const std::string_view prefix[] = {"2001:db8:46::/96"};
+  auto resolver = ClientAddressResolver::create(std::initializer_list<std::string_view>{},
+                                                ProxyHeaders::kEither, prefix);
+  REQUIRE(resolver.ok());
+  const ClientAddress a = resolver->resolve("2001:db8:46::c633:6401", "", "");
+  const ClientAddress b = resolver->resolve("2001:db8:46::c633:6402", "", "");
+  CHECK(a == ClientAddress::parse("198.51.100.1"));
+  CHECK(b == ClientAddress::parse("198.51.100.2"));
+  CHECK(network_key(a, {}) != network_key(b, {}));
+  // Without the prefix the two share the translator's /64.
+  auto plain = ClientAddressResolver::create(std::initializer_list<std::string_view>{});
+  REQUIRE(plain.ok());
+  CHECK(network_key(plain->resolve("2001:db8:46::c633:6401", "", ""), {}) ==
+        network_key(plain->resolve("2001:db8:46::c633:6402", "", ""), {}));
+  // Other IPv6 clients stay IPv6; IPv4 peers are untouched.
+  CHECK(resolver->resolve("2001:db8:47::1", "", "") == ClientAddress::parse("2001:db8:47::1"));
+  CHECK(resolver->resolve("203.0.113.7", "", "") == ClientAddress::parse("203.0.113.7"));
+}
+
+TEST_CASE("every RFC 6052 prefix length finds the IPv4 address past bits 64 to 71") {
+  // 192.0.2.33 embedded under each length, as RFC 6052's table lays it out.
+  const std::pair<std::string_view, std::string_view> cases[] = {
+      {"2001:db8::/32", "2001:db8:c000:221::"},
+      {"2001:db8:100::/40", "2001:db8:1c0:2:21::"},
+      {"2001:db8:122::/48", "2001:db8:122:c000:2:2100::"},
+      {"2001:db8:122:300::/56", "2001:db8:122:3c0:0:221::"},
+      {"2001:db8:122:344::/64", "2001:db8:122:344:c0:2:2100:0"},
+      {"2001:db8:122:344::/96", "2001:db8:122:344::192.0.2.33"},
+  };
+  for (const auto& [prefix, address] : cases) {
+    INFO(prefix << " " << address);
+    const std::string_view prefixes[] = {prefix};
+    auto resolver = ClientAddressResolver::create(std::initializer_list<std::string_view>{},
+                                                  ProxyHeaders::kEither, prefixes);
+    REQUIRE(resolver.ok());
+    CHECK(resolver->translated(ClientAddress::parse(address)) ==
+          ClientAddress::parse("192.0.2.33"));
+  }
+  // Bits 64-71 and the suffix are no part of the client: a set bit there names the same client.
+  const std::string_view prefixes[] = {"2001:db8:122::/48"};
+  auto resolver = ClientAddressResolver::create(std::initializer_list<std::string_view>{},
+                                                ProxyHeaders::kEither, prefixes);
+  REQUIRE(resolver.ok());
+  CHECK(resolver->translated(ClientAddress::parse("2001:db8:122:c000:ff02:2100:ffff:1")) ==
+        ClientAddress::parse("192.0.2.33"));
+}
+
+TEST_CASE("behind trusted proxies the client the walk settles on is translated") {
+  const std::string_view trusted[] = {"10.0.0.0/8"};
+  const std::string_view prefixes[] = {"2001:db8:46::/96"};
+  auto resolver = ClientAddressResolver::create(trusted, ProxyHeaders::kEither, prefixes);
+  REQUIRE(resolver.ok());
+  CHECK(resolver->resolve("10.0.0.5", "", "2001:db8:46::c633:6401") ==
+        ClientAddress::parse("198.51.100.1"));
+  CHECK(resolver->resolve("10.0.0.5", "for=\"[2001:db8:46::c633:6402]\"", "") ==
+        ClientAddress::parse("198.51.100.2"));
+}
+
+TEST_CASE("a translation prefix must be an IPv6 prefix of an RFC 6052 length") {
+  for (const char* bad : {"10.0.0.0/8", "2001:db8::/72", "2001:db8::/128", "2001:db8::1/96",
+                          "2001:db8::/33", "nonsense"}) {
+    INFO(bad);
+    const std::string_view prefixes[] = {bad};
+    auto resolver = ClientAddressResolver::create(std::initializer_list<std::string_view>{},
+                                                  ProxyHeaders::kEither, prefixes);
+    REQUIRE_FALSE(resolver.ok());
+    CHECK(resolver.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(message_of(resolver.status()).starts_with("ipv4_translation_prefixes[0]: "));
+  }
+  std::vector<std::string> many(ClientAddressResolver::kMaxTranslationPrefixes + 1,
+                                "2001:db8::/32");
+  auto resolver = ClientAddressResolver::create(std::initializer_list<std::string_view>{},
+                                                ProxyHeaders::kEither, many);
+  REQUIRE_FALSE(resolver.ok());
+  CHECK(message_of(resolver.status()) == "ipv4_translation_prefixes: more than 16 prefixes");
+}

@@ -195,6 +195,29 @@ TEST_CASE("behind a trusted proxy the client is the rightmost untrusted X-Forwar
   CHECK(server.get("/v1/items", {{"X-Forwarded-For", "198.51.100.8"}}).status == 200);
 }
 
+// [attack] An IPv6-only service behind a stateless translator with a prefix of its own sees
+// every IPv4 client in one /64: one client spends the per-ip budget of all of them.
+TEST_CASE("IPv4 clients behind the config's translation prefix have a bucket each") {
+  sluice::ManualClock clock;
+  sluice::PolicyConfig config = items_behind({"127.0.0.1/32"});
+  const TestServer shared(Limiter(make_engine(config, clock), options_with()));
+  CHECK(shared.get("/v1/items", {{"X-Forwarded-For", "2001:db8:46::c633:6401"}}).status == 200);
+  CHECK(shared.get("/v1/items", {{"X-Forwarded-For", "2001:db8:46::c633:6402"}}).status == 200);
+  CHECK(shared.get("/v1/items", {{"X-Forwarded-For", "2001:db8:46::c633:6403"}}).status == 429);
+
+  config.gateway.ipv4_translation_prefixes = {"2001:db8:46::/96"};
+  const TestServer own(Limiter(make_engine(config, clock), options_with()));
+  for (const char* client :
+       {"2001:db8:46::c633:6401", "2001:db8:46::c633:6402", "2001:db8:46::c633:6403"}) {
+    INFO(client);
+    CHECK(own.get("/v1/items", {{"X-Forwarded-For", client}}).status == 200);
+    CHECK(own.get("/v1/items", {{"X-Forwarded-For", client}}).status == 200);
+    CHECK(own.get("/v1/items", {{"X-Forwarded-For", client}}).status == 429);
+  }
+  // The client is the IPv4 address: the same client written in IPv4 (a dual path) shares it.
+  CHECK(own.get("/v1/items", {{"X-Forwarded-For", "198.51.100.1"}}).status == 429);
+}
+
 TEST_CASE(
     "a consumer's token is limited on its own bucket; an unknown token is limited by "
     "address, then refused with 401") {

@@ -687,6 +687,18 @@ gateway:
   CHECK(config->gateway.trusted_proxies == std::vector<std::string>{"10.0.0.0/8", "2001:db8::/32"});
 }
 
+TEST_CASE("IPv4 translation prefixes load per gateway and a bad one is named") {
+  auto config = sluice::yaml::load_config(
+      "gateway:\n  ipv4_translation_prefixes: [\"2001:db8:46::/96\", \"2001:db8:100::/40\"]\n");
+  REQUIRE(config.ok());
+  CHECK(config->gateway.ipv4_translation_prefixes ==
+        std::vector<std::string>{"2001:db8:46::/96", "2001:db8:100::/40"});
+  CHECK(error_of("gateway:\n  ipv4_translation_prefixes: [10.0.0.0/8]\n")
+            .starts_with("2:31: gateway.ipv4_translation_prefixes[0]: translation prefix "
+                         "\"10.0.0.0/8\": must be an IPv6 prefix of 32, 40, 48, 56, 64 or 96 "
+                         "bits"));
+}
+
 TEST_CASE("a bad prefix or proxy network is reported at its line and path") {
   CHECK(error_of("gateway:\n  address_prefixes: { ipv4: 40 }\n") ==
         "2:29: gateway.address_prefixes.ipv4: must be in [0, 32], got 40");

@@ -7,7 +7,8 @@
 //   IPv4 by /32). Every unparsable input shares one "invalid" key; raw text is never keyed.
 // - `Cidr`: a network such as "10.0.0.0/8", and whether it contains an address.
 // - `ClientAddressResolver`: the client behind trusted proxies, from the connection's peer
-//   address and the `Forwarded` (RFC 7239) or `X-Forwarded-For` header.
+//   address and the `Forwarded` (RFC 7239) or `X-Forwarded-For` header; behind a stateless
+//   translator's IPv6 prefix (`parse_ipv4_translation_prefix`), the IPv4 client it embeds.
 //
 //   auto resolver = sluice::ClientAddressResolver::create({"10.0.0.0/8"});  // the load balancers
 //   if (!resolver.ok()) return resolver.status();  // InvalidArgument names the bad entry
@@ -479,7 +480,41 @@ inline absl::Status check_some_address_untrusted(std::span<const Cidr> networks,
       "in X-Forwarded-For or Forwarded; list only the networks of your own proxies"));
 }
 
+// The IPv4 address that an IPv6 address under a translation prefix of `length` bits embeds
+// (RFC 6052): its 32 bits follow the prefix, skipping bits 64 to 71. Those bits and the suffix
+// after the IPv4 address are ignored, so an address cannot differ from its translator's form in
+// them to be another client. O(1).
+inline ClientAddress embedded_ipv4(const ClientAddress& address, int length) noexcept {
+  const std::span<const std::uint8_t> bytes = address.bytes();
+  std::array<std::uint8_t, 4> ipv4{};
+  auto at = static_cast<std::size_t>(length / 8);
+  for (std::uint8_t& byte : ipv4) {
+    if (at == 8) ++at;  // bits 64-71 hold no address bits
+    byte = bytes[at++];
+  }
+  return ClientAddress::ipv4(ipv4);
+}
+
 }  // namespace detail
+
+// An IPv6 prefix under which a stateless translator (SIIT, NAT46; RFC 6052, RFC 7915) presents
+// IPv4 clients to an IPv6-only service: "2001:db8:46::/96", or any of the lengths 32, 40, 48, 56
+// and 64. InvalidArgument, naming the text, for anything else (an IPv4 network, another length,
+// host bits set). 64:ff9b::/96, the well-known prefix, needs no listing: its addresses are keyed
+// as the IPv4 address they embed anyway (`network_key`).
+inline absl::StatusOr<Cidr> parse_ipv4_translation_prefix(std::string_view text) {
+  absl::StatusOr<Cidr> prefix = Cidr::parse(text);
+  if (!prefix.ok()) return prefix.status();
+  const int length = prefix->prefix_length();
+  if (prefix->family() != ClientAddress::Family::kIpv6 ||
+      (length != 32 && length != 40 && length != 48 && length != 56 && length != 64 &&
+       length != 96)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("translation prefix ", sluice::detail::quoted(text),
+                     ": must be an IPv6 prefix of 32, 40, 48, 56, 64 or 96 bits (RFC 6052)"));
+  }
+  return prefix;
+}
 
 // Which forwarding header lists the hops; see the header comment.
 enum class ProxyHeaders : std::uint8_t {
@@ -496,6 +531,7 @@ class ClientAddressResolver {
   static constexpr std::size_t kMaxTrustedNetworks = 256;
   static constexpr std::size_t kMaxHops = 20;  // hop list elements examined
   static constexpr std::size_t kMaxHeaderBytes = detail::kMaxHeaderBytes;  // read per header
+  static constexpr std::size_t kMaxTranslationPrefixes = 16;
 
   // No trusted networks: every request's client is its peer.
   ClientAddressResolver() = default;
@@ -504,12 +540,33 @@ class ClientAddressResolver {
   // ("trusted_networks[2]: network \"10.0.0.1/8\": host bits are set; ...") or when there are
   // more than kMaxTrustedNetworks, or when together they hold every IPv4 or every IPv6 address
   // ("0.0.0.0/0", "::/0"): every client would then be a trusted proxy and name its own address.
-  template <std::ranges::input_range Range>
-  requires std::convertible_to<std::ranges::range_reference_t<Range>, std::string_view>
+  // `ipv4_translation_prefixes` (parse_ipv4_translation_prefix; at most kMaxTranslationPrefixes,
+  // the entry named by index as above): a client the resolver settles on under one of them is
+  // the IPv4 address it embeds (`translated`). Behind a translator with a prefix of its own,
+  // every IPv4 client would otherwise share one IPv6 /64's key, and one of them could spend the
+  // budget of all.
+  template <std::ranges::input_range Range,
+            std::ranges::input_range Prefixes = std::initializer_list<std::string_view>>
+  requires std::convertible_to<std::ranges::range_reference_t<Range>, std::string_view> &&
+      std::convertible_to<std::ranges::range_reference_t<Prefixes>, std::string_view>
   static absl::StatusOr<ClientAddressResolver> create(
-      const Range& trusted_networks, ProxyHeaders headers = ProxyHeaders::kEither) {
+      const Range& trusted_networks, ProxyHeaders headers = ProxyHeaders::kEither,
+      const Prefixes& ipv4_translation_prefixes = {}) {
     ClientAddressResolver resolver;
     resolver.headers_ = headers;
+    for (std::string_view text : ipv4_translation_prefixes) {
+      const std::size_t index = resolver.translation_.size();
+      if (index == kMaxTranslationPrefixes) {
+        return absl::InvalidArgumentError(absl::StrCat("ipv4_translation_prefixes: more than ",
+                                                       kMaxTranslationPrefixes, " prefixes"));
+      }
+      absl::StatusOr<Cidr> prefix = parse_ipv4_translation_prefix(text);
+      if (!prefix.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ipv4_translation_prefixes[", index, "]: ", prefix.status().message()));
+      }
+      resolver.translation_.push_back(*prefix);
+    }
     for (std::string_view text : trusted_networks) {
       const std::size_t index = resolver.trusted_.size();
       if (index == kMaxTrustedNetworks) {
@@ -551,6 +608,35 @@ class ClientAddressResolver {
   // trusted networks from its engine's config and the header choice from its own options.
   ClientAddress resolve(const ClientAddress& peer, std::string_view forwarded,
                         std::string_view x_forwarded_for, ProxyHeaders headers) const noexcept {
+    return translated(resolve_hops(peer, forwarded, x_forwarded_for, headers));
+  }
+
+  // `address`, or the IPv4 address it embeds when it is under one of the translation prefixes.
+  // An adapter that skips `resolve` for an untrusted peer passes the peer through this. O(number
+  // of translation prefixes).
+  ClientAddress translated(const ClientAddress& address) const noexcept {
+    if (translation_.empty() || !address.is_ipv6()) return address;
+    for (const Cidr& prefix : translation_) {
+      if (prefix.contains(address)) return detail::embedded_ipv4(address, prefix.prefix_length());
+    }
+    return address;
+  }
+
+  // True iff `address` is in a trusted network. O(trusted networks).
+  bool trusted(const ClientAddress& address) const noexcept {
+    return std::any_of(trusted_.begin(), trusted_.end(),
+                       [&address](const Cidr& cidr) { return cidr.contains(address); });
+  }
+
+  std::span<const Cidr> trusted_networks() const noexcept { return trusted_; }
+  std::span<const Cidr> ipv4_translation_prefixes() const noexcept { return translation_; }
+  ProxyHeaders headers() const noexcept { return headers_; }
+
+ private:
+  // The client before translation: the peer, or the hop the walk settles on.
+  ClientAddress resolve_hops(const ClientAddress& peer, std::string_view forwarded,
+                             std::string_view x_forwarded_for,
+                             ProxyHeaders headers) const noexcept {
     if (!trusted(peer)) return peer;  // also: no trusted networks
     switch (headers) {
       case ProxyHeaders::kForwardedOnly:
@@ -575,16 +661,6 @@ class ClientAddressResolver {
     return peer;
   }
 
-  // True iff `address` is in a trusted network. O(trusted networks).
-  bool trusted(const ClientAddress& address) const noexcept {
-    return std::any_of(trusted_.begin(), trusted_.end(),
-                       [&address](const Cidr& cidr) { return cidr.contains(address); });
-  }
-
-  std::span<const Cidr> trusted_networks() const noexcept { return trusted_; }
-  ProxyHeaders headers() const noexcept { return headers_; }
-
- private:
   // A `Forwarded` node ("192.0.2.1", "[2001:db8::1]:4711", "unknown", "_hidden"): RFC 7239
   // brackets every IPv6 address and allows an obfuscated port (":_x"); anything else is invalid.
   static ClientAddress parse_forwarded_node(std::string_view node) noexcept {
@@ -639,6 +715,7 @@ class ClientAddressResolver {
   }
 
   std::vector<Cidr> trusted_;
+  std::vector<Cidr> translation_;  // ipv4_translation_prefixes
   ProxyHeaders headers_ = ProxyHeaders::kEither;
 };
 

@@ -357,7 +357,7 @@ class GrpcRateLimiter {
   ClientAddress client_address(const Engine& engine,
                                const ::grpc::ServerContextBase& context) const {
     const ClientAddress peer = grpc_peer_address(context.peer());
-    if (!engine.client_addresses().trusted(peer)) return peer;
+    if (!engine.client_addresses().trusted(peer)) return engine.client_addresses().translated(peer);
     return detail::resolve_client(engine, peer, joined(context, "forwarded"),
                                   joined(context, "x-forwarded-for"),
                                   options_.client_addresses.headers());

@@ -344,6 +344,8 @@ class HttplibLimiter {
       limited.client =
           detail::resolve_client(engine, limited.client, joined(request, "Forwarded"),
                                  joined(request, "X-Forwarded-For"), options_.proxy_headers);
+    } else {
+      limited.client = engine.client_addresses().translated(limited.client);
     }
     limited.listener = options_.listener;
     absl::StatusOr<std::string> path = normalize_request_path(raw_path(request));

@@ -119,7 +119,8 @@ class RuleSet {
     set.build_plans(config);
     // validate() has parsed every entry already, so this does not fail on a validated config.
     absl::StatusOr<ClientAddressResolver> proxies =
-        ClientAddressResolver::create(config.gateway.trusted_proxies);
+        ClientAddressResolver::create(config.gateway.trusted_proxies, ProxyHeaders::kEither,
+                                      config.gateway.ipv4_translation_prefixes);
     if (!proxies.ok()) return proxies.status();
     set.client_addresses_ = *std::move(proxies);
     return set;
@@ -548,7 +549,7 @@ class RuleSet {
   std::size_t prefix_size_ = 0;       // of every key: kRuleKeyPrefixSize, or 0 (per-rule state)
   std::vector<Route> routes_;         // in match_route's precedence order
   absl::flat_hash_map<std::string, std::string> credentials_;  // -> consumer
-  ClientAddressResolver client_addresses_;                     // gateway.trusted_proxies
+  ClientAddressResolver client_addresses_;  // gateway.trusted_proxies, ipv4_translation_prefixes
 };
 
 }  // namespace sluice

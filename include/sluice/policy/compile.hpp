@@ -652,6 +652,20 @@ inline absl::Status validate_gateway(const Gateway& gateway, const NameIndex& bu
     }
     proxies.push_back(*cidr);
   }
+  if (absl::Status s =
+          check_size(gateway.ipv4_translation_prefixes, "gateway.ipv4_translation_prefixes",
+                     ClientAddressResolver::kMaxTranslationPrefixes, "translation prefixes");
+      !s.ok()) {
+    return s;
+  }
+  for (std::size_t i = 0; i < gateway.ipv4_translation_prefixes.size(); ++i) {
+    if (absl::StatusOr<Cidr> prefix =
+            parse_ipv4_translation_prefix(gateway.ipv4_translation_prefixes[i]);
+        !prefix.ok()) {
+      return detail::invalid(detail::element("gateway", "ipv4_translation_prefixes", i), ": ",
+                             prefix.status().message());
+    }
+  }
   return detail::check_some_address_untrusted(proxies, "gateway.trusted_proxies");
 }
 

@@ -163,6 +163,11 @@ struct Gateway {
   // Proxies (CIDR, e.g. "10.0.0.0/8") whose Forwarded / X-Forwarded-For headers the gateway
   // believes; empty: every client is its peer. Used by the gateway's ClientAddressResolver.
   std::vector<std::string> trusted_proxies{};
+  // IPv6 prefixes of stateless translators (SIIT, NAT46; e.g. "2001:db8:46::/96", lengths 32,
+  // 40, 48, 56, 64 or 96) that present IPv4 clients to an IPv6-only gateway: such a client is
+  // the IPv4 address its address embeds, keyed under the IPv4 prefix. Without it every IPv4
+  // client of the translator shares one IPv6 /64. 64:ff9b::/96 needs no listing.
+  std::vector<std::string> ipv4_translation_prefixes{};
 
   friend bool operator==(const Gateway&, const Gateway&) = default;
 };

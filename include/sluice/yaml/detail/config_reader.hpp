@@ -299,15 +299,17 @@ class ConfigReader final : public NodeReader {
 
   Gateway read_gateway(const YAML::Node& node, const std::string& path) {
     Gateway gateway;
-    for (const Field& f :
-         fields(node, path,
-                {"global_policies", "exempt_paths", "address_prefixes", "trusted_proxies"})) {
+    for (const Field& f : fields(node, path,
+                                 {"global_policies", "exempt_paths", "address_prefixes",
+                                  "trusted_proxies", "ipv4_translation_prefixes"})) {
       if (f.key == "address_prefixes") {
         gateway.address_prefixes = read_prefixes(f.value, f.path);
       } else {
-        (f.key == "global_policies" ? gateway.global_policies
-         : f.key == "exempt_paths"  ? gateway.exempt_paths
-                                    : gateway.trusted_proxies) = read_strings(f.value, f.path);
+        (f.key == "global_policies"   ? gateway.global_policies
+         : f.key == "exempt_paths"    ? gateway.exempt_paths
+         : f.key == "trusted_proxies" ? gateway.trusted_proxies
+                                      : gateway.ipv4_translation_prefixes) =
+            read_strings(f.value, f.path);
       }
     }
     return gateway;
