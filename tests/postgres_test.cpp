@@ -1281,6 +1281,87 @@ TEST_CASE("a reply later than the deadline is an unknown outcome, never retried"
   CHECK(checked(limiter, "k", 0, kT0).ok());  // the frozen connection was dropped, a new one works
 }
 
+// Freezes (SIGSTOP) the sluice backends open now and then the postmaster, so that a pooled
+// connection's statement and a new connection both wait without an answer; resumes them all
+// (SIGCONT) when it ends, however the test case ends.
+class FrozenServer {
+ public:
+  FrozenServer() {
+    const std::string pids = query(
+        "SELECT coalesce(string_agg(pid::text, ','), '') FROM pg_catalog.pg_stat_activity "
+        "WHERE application_name = 'sluice'");
+    for (std::string_view rest = pids; !rest.empty();) {
+      const std::size_t comma = std::min(rest.find(','), rest.size());
+      frozen_.push_back(std::stoi(std::string(rest.substr(0, comma))));
+      rest.remove_prefix(std::min(comma + 1, rest.size()));
+    }
+    frozen_.push_back(server().pid());
+    for (const pid_t pid : frozen_) ::kill(pid, SIGSTOP);
+  }
+  FrozenServer(const FrozenServer&) = delete;
+  FrozenServer& operator=(const FrozenServer&) = delete;
+  ~FrozenServer() {
+    for (const pid_t pid : frozen_) ::kill(pid, SIGCONT);
+  }
+
+ private:
+  std::vector<pid_t> frozen_;
+};
+
+// How late past its deadline a check may return under a sanitizer's scheduling.
+#if defined(ABSL_HAVE_THREAD_SANITIZER) || defined(ABSL_HAVE_ADDRESS_SANITIZER)
+constexpr auto kReturnSlack = 400ms;
+#else
+constexpr auto kReturnSlack = 150ms;
+#endif
+
+TEST_CASE(
+    "checks queued behind a frozen server return by their deadline when the next must connect",
+    "[attack]") {
+  client();  // the schema is installed
+  // The defaults' timeouts: a call's deadline is 400 ms, a new connection may take 1 s.
+  auto c = Client::create(
+      {.connection = {.conninfo = server().conninfo()}, .key_seed = 42, .max_coalesced_calls = 1});
+  REQUIRE(c.ok());
+  const auto deadline =
+      (*c)->pool().options().statement_timeout + (*c)->pool().options().reply_grace;
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 1000, .period = 1h}}, *c, "frozen-queue"));
+  REQUIRE(limiter.check("warm").ok());  // one pooled connection, its statements prepared
+  constexpr int kQueued = 6;
+  absl::StatusOr<Decision> first = absl::UnknownError("not run");
+  std::vector<absl::StatusOr<Decision>> queued(kQueued, absl::UnknownError("not run"));
+  std::vector<milliseconds> took(kQueued);
+  {
+    FrozenServer frozen;
+    // The first check goes out alone on the pooled connection, whose backend never answers; its
+    // connection is then dropped, so the next statement needs a new one.
+    std::thread in_flight([&] { first = limiter.check("k-first"); });
+    std::this_thread::sleep_for(100ms);  // orders the checks: the others queue behind it
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kQueued; ++t) {
+      threads.emplace_back([&, t] {
+        const auto start = std::chrono::steady_clock::now();
+        queued[t] = limiter.check(absl::StrCat("k", t));
+        took[t] =
+            std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+      });
+    }
+    in_flight.join();
+    for (std::thread& t : threads) t.join();
+  }
+  CHECK(!first.ok());
+  for (int t = 0; t < kQueued; ++t) {
+    INFO("queued check " << t << ": " << queued[t].status() << " after " << took[t].count()
+                         << " ms");
+    CHECK(!queued[t].ok());
+    CHECK(took[t] < deadline + kReturnSlack);
+  }
+  absl::StatusOr<Decision> after = limiter.check("after", 0);
+  for (int i = 0; i < 10 && !after.ok(); ++i) after = limiter.check("after", 0);
+  CHECK(after.ok());  // the server answers again once resumed
+}
+
 TEST_CASE("backends terminated mid-run give errors that never overstate what was consumed") {
   constexpr std::uint64_t kBurst = 1000;
   auto c = client();
