@@ -1362,6 +1362,38 @@ TEST_CASE(
   CHECK(after.ok());  // the server answers again once resumed
 }
 
+TEST_CASE("a check that waits out its deadline for a connection is never sent and consumes nothing",
+          "[attack]") {
+  client();  // the schema is installed
+  // One connection, and a wait for it longer than a call's 400 ms deadline.
+  auto c = Client::create({.connection = {.conninfo = server().conninfo(),
+                                          .acquire_timeout = 1000ms,
+                                          .statement_timeout = 200ms,
+                                          .reply_grace = 200ms,
+                                          .max_connections = 1},
+                           .key_seed = 42});
+  REQUIRE(c.ok());
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 5, .period = 1h}}, *c, "late-connection"));
+  REQUIRE(limiter.check("k").value().remaining == 4);  // the row exists, the statements prepared
+  std::atomic<bool> held{false};
+  std::thread holder([&] {
+    absl::StatusOr<sluice::postgres::ConnectionPool::Lease> lease = (*c)->pool().acquire();
+    REQUIRE(lease.ok());
+    held = true;
+    std::this_thread::sleep_for(600ms);  // holds the only connection past the check's deadline
+  });
+  while (!held.load()) std::this_thread::yield();
+  const auto start = std::chrono::steady_clock::now();
+  const absl::StatusOr<Decision> d = limiter.check("k");
+  const auto took = std::chrono::steady_clock::now() - start;
+  holder.join();
+  INFO(d.status() << " after " << std::chrono::duration_cast<milliseconds>(took).count() << " ms");
+  CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took < 400ms + kReturnSlack);
+  CHECK(limiter.check("k", 0).value().remaining == 4);  // nothing was consumed
+}
+
 TEST_CASE("backends terminated mid-run give errors that never overstate what was consumed") {
   constexpr std::uint64_t kBurst = 1000;
   auto c = client();
