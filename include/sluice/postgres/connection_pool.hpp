@@ -3,8 +3,9 @@
 // Every limiter, migration and cleanup call borrows a connection from a `ConnectionPool` for one
 // request. A borrow waits at most `acquire_timeout` for a free connection; a request waits at
 // most `statement_timeout` (enforced by the server, which then rolls the statement back) plus
-// `reply_grace` for its reply. A connection that failed is closed, never reused; the next borrow
-// opens a fresh one (that is the reconnect).
+// `reply_grace` for its reply. A check's borrow, connect and request all end by its one deadline,
+// and a request is never sent after it. A connection that failed is closed, never reused; the
+// next borrow opens a fresh one (that is the reconnect).
 //
 //   auto pool = sluice::postgres::ConnectionPool::create(
 //       {.conninfo = "host=/run/postgresql dbname=app user=app",
