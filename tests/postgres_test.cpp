@@ -1394,6 +1394,60 @@ TEST_CASE("a check that waits out its deadline for a connection is never sent an
   CHECK(limiter.check("k", 0).value().remaining == 4);  // nothing was consumed
 }
 
+// Known hole, not fixed: the statement that coalesced checks share takes the shard locks of all
+// its keys first (ascending, so that it cannot deadlock with check_v2), while a lone check of a
+// key that has a row takes no shard lock. So one shard held by another session (a large batch, a
+// cleanup) fails every check that shares a statement with a key of that shard. Remove
+// [!shouldfail] once the statement decides keys that have rows without their shard locks.
+TEST_CASE("checks of keys with rows sharing a statement with a key of a held shard still pass",
+          "[attack][!shouldfail]") {
+  client();  // the schema is installed
+  auto c =
+      Client::create({.connection = connection(300ms), .key_seed = 42, .max_coalesced_calls = 1});
+  REQUIRE(c.ok());
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 1000, .period = 1h}}, *c, "held-shard-set"));
+  const auto shard_of = [&](const std::string& key) {
+    return static_cast<int>((*c)->digest(key, limiter.limit()).high >> 56);
+  };
+  const std::vector<std::string> keys = {"w", "y1", "y2", "y3", "y4", "y5"};
+  for (const std::string& key : keys) REQUIRE(limiter.check(key).ok());  // each has a row
+  const int shard = shard_of("w");
+  std::string fresh = "fresh-0";  // a key without a row in w's shard: it needs the shard lock
+  for (int i = 1; shard_of(fresh) != shard; ++i) fresh = absl::StrCat("fresh-", i);
+  PGconn* holder = PQconnectdb(server().conninfo().c_str());
+  REQUIRE(PQstatus(holder) == CONNECTION_OK);
+  PQclear(PQexec(holder,
+                 ("SELECT pg_advisory_lock(1936483173, " + std::to_string(shard) + ")").c_str()));
+  // The fresh key's lone statement waits for the shard until its lock timeout; meanwhile the
+  // others queue, then go out together.
+  std::thread in_flight([&] { (void)limiter.check(fresh); });
+  std::this_thread::sleep_for(50ms);  // orders the checks: the others queue behind it
+  std::vector<absl::StatusOr<Decision>> results(keys.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    threads.emplace_back([&, k] { results[k] = limiter.check(keys[k]); });
+  }
+  in_flight.join();
+  for (std::thread& t : threads) t.join();
+  // The same checks one at a time, on a client that never coalesces, while the shard is held.
+  auto apart_client =
+      Client::create({.connection = connection(300ms), .key_seed = 42, .coalesce = false});
+  REQUIRE(apart_client.ok());
+  auto apart = make(PostgresGcraLimiter::create({{.requests = 1000, .period = 1h}}, *apart_client,
+                                                "held-shard-set"));
+  std::vector<absl::StatusOr<Decision>> alone;
+  for (const std::string& key : keys) alone.push_back(apart.check(key));
+  PQfinish(holder);
+  CHECK((*c)->coalesced_checks() > 0);
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    INFO("key " << keys[k] << ": coalesced " << results[k].status() << ", alone "
+                << alone[k].status());
+    REQUIRE((alone[k].ok() && alone[k]->allowed()));
+    CHECK((results[k].ok() && results[k]->allowed()));
+  }
+}
+
 TEST_CASE("backends terminated mid-run give errors that never overstate what was consumed") {
   constexpr std::uint64_t kBurst = 1000;
   auto c = client();
