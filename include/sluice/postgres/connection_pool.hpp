@@ -167,10 +167,14 @@ class ConnectionPool {
     {
       std::unique_lock lock(mu_);
       const auto now = std::chrono::steady_clock::now();
-      const bool ready = now < deadline &&
-                         available_.wait_until(
-                             lock, std::min(deadline, now + options_.acquire_timeout),
-                             [this] { return !idle_.empty() || open_ < options_.max_connections; });
+      if (now >= deadline) {
+        return absl::DeadlineExceededError(
+            "sluice::postgres: the call's deadline passed before it took a connection; nothing "
+            "ran");
+      }
+      const bool ready = available_.wait_until(
+          lock, std::min(deadline, now + options_.acquire_timeout),
+          [this] { return !idle_.empty() || open_ < options_.max_connections; });
       if (!ready) {
         return absl::DeadlineExceededError(
             "sluice::postgres: no free connection within the acquire timeout or before the "
