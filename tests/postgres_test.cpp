@@ -1281,6 +1281,173 @@ TEST_CASE("a reply later than the deadline is an unknown outcome, never retried"
   CHECK(checked(limiter, "k", 0, kT0).ok());  // the frozen connection was dropped, a new one works
 }
 
+// Freezes (SIGSTOP) the sluice backends open now and then the postmaster, so that a pooled
+// connection's statement and a new connection both wait without an answer; resumes them all
+// (SIGCONT) when it ends, however the test case ends.
+class FrozenServer {
+ public:
+  FrozenServer() {
+    const std::string pids = query(
+        "SELECT coalesce(string_agg(pid::text, ','), '') FROM pg_catalog.pg_stat_activity "
+        "WHERE application_name = 'sluice'");
+    for (std::string_view rest = pids; !rest.empty();) {
+      const std::size_t comma = std::min(rest.find(','), rest.size());
+      frozen_.push_back(std::stoi(std::string(rest.substr(0, comma))));
+      rest.remove_prefix(std::min(comma + 1, rest.size()));
+    }
+    frozen_.push_back(server().pid());
+    for (const pid_t pid : frozen_) ::kill(pid, SIGSTOP);
+  }
+  FrozenServer(const FrozenServer&) = delete;
+  FrozenServer& operator=(const FrozenServer&) = delete;
+  ~FrozenServer() {
+    for (const pid_t pid : frozen_) ::kill(pid, SIGCONT);
+  }
+
+ private:
+  std::vector<pid_t> frozen_;
+};
+
+// How late past its deadline a check may return under a sanitizer's scheduling.
+#if defined(ABSL_HAVE_THREAD_SANITIZER) || defined(ABSL_HAVE_ADDRESS_SANITIZER)
+constexpr auto kReturnSlack = 400ms;
+#else
+constexpr auto kReturnSlack = 150ms;
+#endif
+
+TEST_CASE(
+    "checks queued behind a frozen server return by their deadline when the next must connect",
+    "[attack]") {
+  client();  // the schema is installed
+  // The defaults' timeouts: a call's deadline is 400 ms, a new connection may take 1 s.
+  auto c = Client::create(
+      {.connection = {.conninfo = server().conninfo()}, .key_seed = 42, .max_coalesced_calls = 1});
+  REQUIRE(c.ok());
+  const auto deadline =
+      (*c)->pool().options().statement_timeout + (*c)->pool().options().reply_grace;
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 1000, .period = 1h}}, *c, "frozen-queue"));
+  REQUIRE(limiter.check("warm").ok());  // one pooled connection, its statements prepared
+  constexpr int kQueued = 6;
+  absl::StatusOr<Decision> first = absl::UnknownError("not run");
+  std::vector<absl::StatusOr<Decision>> queued(kQueued, absl::UnknownError("not run"));
+  std::vector<milliseconds> took(kQueued);
+  {
+    FrozenServer frozen;
+    // The first check goes out alone on the pooled connection, whose backend never answers; its
+    // connection is then dropped, so the next statement needs a new one.
+    std::thread in_flight([&] { first = limiter.check("k-first"); });
+    std::this_thread::sleep_for(100ms);  // orders the checks: the others queue behind it
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kQueued; ++t) {
+      threads.emplace_back([&, t] {
+        const auto start = std::chrono::steady_clock::now();
+        queued[t] = limiter.check(absl::StrCat("k", t));
+        took[t] =
+            std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+      });
+    }
+    in_flight.join();
+    for (std::thread& t : threads) t.join();
+  }
+  CHECK(!first.ok());
+  for (int t = 0; t < kQueued; ++t) {
+    INFO("queued check " << t << ": " << queued[t].status() << " after " << took[t].count()
+                         << " ms");
+    CHECK(!queued[t].ok());
+    CHECK(took[t] < deadline + kReturnSlack);
+  }
+  absl::StatusOr<Decision> after = limiter.check("after", 0);
+  for (int i = 0; i < 10 && !after.ok(); ++i) after = limiter.check("after", 0);
+  CHECK(after.ok());  // the server answers again once resumed
+}
+
+TEST_CASE("a check that waits out its deadline for a connection is never sent and consumes nothing",
+          "[attack]") {
+  client();  // the schema is installed
+  // One connection, and a wait for it longer than a call's 400 ms deadline.
+  auto c = Client::create({.connection = {.conninfo = server().conninfo(),
+                                          .acquire_timeout = 1000ms,
+                                          .statement_timeout = 200ms,
+                                          .reply_grace = 200ms,
+                                          .max_connections = 1},
+                           .key_seed = 42});
+  REQUIRE(c.ok());
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 5, .period = 1h}}, *c, "late-connection"));
+  REQUIRE(limiter.check("k").value().remaining == 4);  // the row exists, the statements prepared
+  std::atomic<bool> held{false};
+  std::thread holder([&] {
+    absl::StatusOr<sluice::postgres::ConnectionPool::Lease> lease = (*c)->pool().acquire();
+    REQUIRE(lease.ok());
+    held = true;
+    std::this_thread::sleep_for(600ms);  // holds the only connection past the check's deadline
+  });
+  while (!held.load()) std::this_thread::yield();
+  const auto start = std::chrono::steady_clock::now();
+  const absl::StatusOr<Decision> d = limiter.check("k");
+  const auto took = std::chrono::steady_clock::now() - start;
+  holder.join();
+  INFO(d.status() << " after " << std::chrono::duration_cast<milliseconds>(took).count() << " ms");
+  CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took < 400ms + kReturnSlack);
+  CHECK(limiter.check("k", 0).value().remaining == 4);  // nothing was consumed
+}
+
+// Known hole, not fixed: the statement that coalesced checks share takes the shard locks of all
+// its keys first (ascending, so that it cannot deadlock with check_v2), while a lone check of a
+// key that has a row takes no shard lock. So one shard held by another session (a large batch, a
+// cleanup) fails every check that shares a statement with a key of that shard. Remove
+// [!shouldfail] once the statement decides keys that have rows without their shard locks.
+TEST_CASE("checks of keys with rows sharing a statement with a key of a held shard still pass",
+          "[attack][!shouldfail]") {
+  client();  // the schema is installed
+  auto c =
+      Client::create({.connection = connection(300ms), .key_seed = 42, .max_coalesced_calls = 1});
+  REQUIRE(c.ok());
+  auto limiter =
+      make(PostgresGcraLimiter::create({{.requests = 1000, .period = 1h}}, *c, "held-shard-set"));
+  const auto shard_of = [&](const std::string& key) {
+    return static_cast<int>((*c)->digest(key, limiter.limit()).high >> 56);
+  };
+  const std::vector<std::string> keys = {"w", "y1", "y2", "y3", "y4", "y5"};
+  for (const std::string& key : keys) REQUIRE(limiter.check(key).ok());  // each has a row
+  const int shard = shard_of("w");
+  std::string fresh = "fresh-0";  // a key without a row in w's shard: it needs the shard lock
+  for (int i = 1; shard_of(fresh) != shard; ++i) fresh = absl::StrCat("fresh-", i);
+  PGconn* holder = PQconnectdb(server().conninfo().c_str());
+  REQUIRE(PQstatus(holder) == CONNECTION_OK);
+  PQclear(PQexec(holder,
+                 ("SELECT pg_advisory_lock(1936483173, " + std::to_string(shard) + ")").c_str()));
+  // The fresh key's lone statement waits for the shard until its lock timeout; meanwhile the
+  // others queue, then go out together.
+  std::thread in_flight([&] { (void)limiter.check(fresh); });
+  std::this_thread::sleep_for(50ms);  // orders the checks: the others queue behind it
+  std::vector<absl::StatusOr<Decision>> results(keys.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    threads.emplace_back([&, k] { results[k] = limiter.check(keys[k]); });
+  }
+  in_flight.join();
+  for (std::thread& t : threads) t.join();
+  // The same checks one at a time, on a client that never coalesces, while the shard is held.
+  auto apart_client =
+      Client::create({.connection = connection(300ms), .key_seed = 42, .coalesce = false});
+  REQUIRE(apart_client.ok());
+  auto apart = make(PostgresGcraLimiter::create({{.requests = 1000, .period = 1h}}, *apart_client,
+                                                "held-shard-set"));
+  std::vector<absl::StatusOr<Decision>> alone;
+  for (const std::string& key : keys) alone.push_back(apart.check(key));
+  PQfinish(holder);
+  CHECK((*c)->coalesced_checks() > 0);
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    INFO("key " << keys[k] << ": coalesced " << results[k].status() << ", alone "
+                << alone[k].status());
+    REQUIRE((alone[k].ok() && alone[k]->allowed()));
+    CHECK((results[k].ok() && results[k]->allowed()));
+  }
+}
+
 TEST_CASE("backends terminated mid-run give errors that never overstate what was consumed") {
   constexpr std::uint64_t kBurst = 1000;
   auto c = client();

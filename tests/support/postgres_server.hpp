@@ -89,6 +89,9 @@ class PostgresServer {
   }
 
   bool running() const { return pid_ > 0; }
+  // The postmaster's pid (0 when stopped), to freeze it with SIGSTOP: a new connection then
+  // waits for a server that accepted it and never answers.
+  pid_t pid() const { return pid_; }
   int port() const { return port_; }
   const std::string& socket_dir() const { return dir_; }
   // Over the unix socket; `tcp_conninfo()` over 127.0.0.1.

@@ -285,7 +285,7 @@ class Client {
   absl::StatusOr<detail::ResultPtr> run(const char* name, const char* sql,
                                         std::span<const Param> params, detail::Effect effect,
                                         detail::Deadline deadline) {
-    absl::StatusOr<ConnectionPool::Lease> lease = pool_->acquire();
+    absl::StatusOr<ConnectionPool::Lease> lease = pool_->acquire(deadline);
     if (!lease.ok()) return lease.status();
     return lease->run(name, sql, params, effect, deadline);
   }

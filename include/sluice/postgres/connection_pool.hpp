@@ -3,8 +3,9 @@
 // Every limiter, migration and cleanup call borrows a connection from a `ConnectionPool` for one
 // request. A borrow waits at most `acquire_timeout` for a free connection; a request waits at
 // most `statement_timeout` (enforced by the server, which then rolls the statement back) plus
-// `reply_grace` for its reply. A connection that failed is closed, never reused; the next borrow
-// opens a fresh one (that is the reconnect).
+// `reply_grace` for its reply. A check's borrow, connect and request all end by its one deadline,
+// and a request is never sent after it. A connection that failed is closed, never reused; the
+// next borrow opens a fresh one (that is the reconnect).
 //
 //   auto pool = sluice::postgres::ConnectionPool::create(
 //       {.conninfo = "host=/run/postgresql dbname=app user=app",
@@ -159,15 +160,25 @@ class ConnectionPool {
   // An idle connection, or a new one while fewer than max_connections are open; waits at most
   // acquire_timeout for one to come back (then DeadlineExceeded). A new connection that cannot
   // be opened within connect_timeout is Unavailable (or DeadlineExceeded on timeout).
-  absl::StatusOr<Lease> acquire() {
+  absl::StatusOr<Lease> acquire() { return acquire(detail::Deadline::max()); }
+  // The same for a call that must end by `deadline`: the wait and the connect end by it too
+  // (DeadlineExceeded), so that a call never starts what it has no time left to finish.
+  absl::StatusOr<Lease> acquire(detail::Deadline deadline) {
     {
       std::unique_lock lock(mu_);
-      const bool ready = available_.wait_for(lock, options_.acquire_timeout, [this] {
-        return !idle_.empty() || open_ < options_.max_connections;
-      });
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        return absl::DeadlineExceededError(
+            "sluice::postgres: the call's deadline passed before it took a connection; nothing "
+            "ran");
+      }
+      const bool ready = available_.wait_until(
+          lock, std::min(deadline, now + options_.acquire_timeout),
+          [this] { return !idle_.empty() || open_ < options_.max_connections; });
       if (!ready) {
         return absl::DeadlineExceededError(
-            "sluice::postgres: no free connection within the acquire timeout");
+            "sluice::postgres: no free connection within the acquire timeout or before the "
+            "call's deadline");
       }
       if (!idle_.empty()) {
         Connection* c = idle_.back();
@@ -178,7 +189,7 @@ class ConnectionPool {
         ++open_;
       }
     }
-    absl::StatusOr<Connection*> c = connect();
+    absl::StatusOr<Connection*> c = connect(deadline);
     if (!c.ok()) {
       release(nullptr);
       return c.status();
@@ -259,10 +270,11 @@ class ConnectionPool {
                         "; SET plan_cache_mode = force_generic_plan");
   }
 
-  // Opens a connection without blocking past connect_timeout, then sets the session's
-  // statement_timeout in the same budget.
-  absl::StatusOr<Connection*> connect() const {
-    const detail::Deadline deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
+  // Opens a connection without blocking past connect_timeout or the call's `by`, then sets the
+  // session's statement_timeout in the same budget.
+  absl::StatusOr<Connection*> connect(detail::Deadline by) const {
+    const detail::Deadline deadline =
+        std::min(by, std::chrono::steady_clock::now() + options_.connect_timeout);
     absl::StatusOr<detail::ConnectParams> params = target_->resolve(deadline);
     if (!params.ok()) return params.status();
     std::vector<const char*> keys, values;
@@ -294,7 +306,8 @@ class ConnectionPool {
       const short events = state == PGRES_POLLING_READING ? POLLIN : POLLOUT;
       if (!detail::wait_fd(PQsocket(c->conn), events, deadline)) {
         return fail(absl::DeadlineExceededError(
-            "sluice::postgres: connect: no connection within the connect timeout"));
+            "sluice::postgres: connect: no connection within the connect timeout or before "
+            "the call's deadline"));
       }
       state = PQconnectPoll(c->conn);
     }
@@ -360,8 +373,16 @@ inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::run(const char* 
                                                                     std::span<const Param> params,
                                                                     detail::Effect effect,
                                                                     detail::Deadline deadline) {
+  // A request sent after its deadline could commit with no time left to tell its caller: it is
+  // not sent at all (DeadlineExceeded, nothing ran), and the connection stays as it was.
+  const auto too_late = [deadline] { return std::chrono::steady_clock::now() >= deadline; };
+  const auto not_sent = [] {
+    return absl::DeadlineExceededError(
+        "sluice::postgres: the call's deadline passed before its request was sent; nothing ran");
+  };
   std::vector<std::string>& prepared = connection_->prepared;
   if (std::find(prepared.begin(), prepared.end(), name) == prepared.end()) {
+    if (too_late()) return not_sent();
     if (absl::Status sent = flush(PQsendPrepare(get(), name, sql, 0, nullptr), deadline);
         !sent.ok()) {
       return sent;
@@ -377,6 +398,7 @@ inline absl::StatusOr<detail::ResultPtr> ConnectionPool::Lease::run(const char* 
     lengths.push_back(static_cast<int>(p.value.size()));
     formats.push_back(p.binary ? 1 : 0);
   }
+  if (too_late()) return not_sent();
   const int queued = PQsendQueryPrepared(get(), name, static_cast<int>(params.size()),
                                          values.data(), lengths.data(), formats.data(),
                                          /*resultFormat=*/0);
