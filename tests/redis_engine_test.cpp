@@ -518,6 +518,27 @@ TEST_CASE("a lowered limit over Redis is carried in both modes and for a settled
   }
 }
 
+TEST_CASE("a charge settled over Redis after a reload and the key's next check lands as in memory",
+          "[attack]") {
+  Server server;
+  sluice::ManualClock clock;
+  Twins t = twins(server, clock, per_ip({.minute = 100}));
+  const sluice::RequestContext a = on_route("10.0.0.1", "x");
+  sluice::Evaluation r, m;
+  RedisRateLimitEngine::Settlement booked;
+  MemoryEngine::Settlement expected;
+  t.redis.evaluate(a, r, booked);
+  t.memory.evaluate(a, m, expected);
+  REQUIRE(booked.open());
+  REQUIRE(expected.open());
+  t.reload(per_ip({.minute = 200}));
+  CHECK(t.same(a, 1) == 1);  // the key's first check in the new generation carries it
+  // The request turned out to cost 150: 149 more units, charged under the new rule too.
+  REQUIRE(t.redis.settle(booked, 150).ok());
+  REQUIRE(t.memory.settle(expected, 150).ok());
+  CHECK(t.same(a, 100) == 48);  // 200 − 2 carried and checked − 150 settled
+}
+
 TEST_CASE("a reset after a limit change over Redis gives the new burst, not a carried one") {
   Server server;
   sluice::ManualClock clock;
