@@ -66,6 +66,8 @@ namespace sluice::redis {
 
 class RedisEngineBackend {
  public:
+  using Lineage = sluice::detail::WindowSetLineage<Limit>;
+
   struct Options {
     // Required; shared by every generation of the engine. Its ClientOptions::time_source, when
     // set, is the engine's time too.
@@ -96,6 +98,8 @@ class RedisEngineBackend {
       }
       backend.limits_.push_back(std::make_shared<const Limit>(*std::move(limit)));
       backend.labels_.push_back(rule.label);
+      backend.lineages_.push_back(lineage_of(rule, previous));
+      backend.lineages_.back()->add(backend.limits_.back(), rule_key_prefix(rule.fingerprint));
       backend.carried_.push_back(
           {.identity = rule.identity,
            .fingerprint = rule.fingerprint,
@@ -186,12 +190,17 @@ class RedisEngineBackend {
   }
 
   // One live rule's admission of a request, kept to settle its cost later
-  // (BasicRateLimitEngine::settle). It holds the client and the rule's limit, so it outlives
-  // reloads.
+  // (BasicRateLimitEngine::settle). It holds the client, the rule's limit and its lineage, so it
+  // outlives reloads.
   struct Booking {
     std::shared_ptr<Client> client{};
     std::shared_ptr<const Limit> limit{};
     detail::Receipt receipt{};  // the Redis key, the TATs booked, the reset count, the cost
+    std::shared_ptr<const Lineage> lineage{};
+    // The engine key (rule prefix, then the request's key parts): the key under the rule's other
+    // window sets, for a charge. Held until settled, never sent or logged.
+    std::string key{};
+    std::size_t prefix_size = 0;  // of `key`: rule_key_prefix(fingerprint).size()
   };
 
   // `check_rules` that also records each key's booking when every key was admitted (else
@@ -236,15 +245,34 @@ class RedisEngineBackend {
                           .receipt = {.key = options_.client->redis_key(keys[i].key, *limit),
                                       .tats = std::move(booked[i].tats),
                                       .serial = booked[i].serial,
-                                      .estimate = keys[i].cost}});
+                                      .estimate = keys[i].cost},
+                          .lineage = lineages_[keys[i].rule],
+                          .key = std::string(keys[i].key),
+                          .prefix_size = prefix_size(keys[i].rule)});
     }
     return absl::OkStatus();
   }
 
   // Settles one booking at `units` (RedisGcraLimiter::settle's rules, one round trip): the key's
-  // state after it.
+  // state after it. A charge also lands on the key under every other window set its rule has had
+  // (a reload changed its windows) where that key holds state, one more round trip each, as in
+  // memory: a key carried into a new generation before the settlement owes the charge there. A
+  // key not carried yet is not written: its first check carries the charged state. Charging first
+  // the booked key, then the others, a charge never escapes; a check that carries the key between
+  // the two charges it twice. A refund stays on the booked key. After an error on the booked key
+  // (a stalled server) the others are not tried.
   static absl::StatusOr<Decision> settle_booking(const Booking& b, std::uint64_t units) {
-    return detail::settle_receipt(*b.client, *b.limit, b.receipt, units);
+    absl::StatusOr<Decision> settled =
+        detail::settle_receipt(*b.client, *b.limit, b.receipt, units);
+    if (!settled.ok() || units <= b.receipt.estimate || b.lineage == nullptr) return settled;
+    const std::string_view own = std::string_view(b.key).substr(0, b.prefix_size);
+    for (const Lineage::Member& other : b.lineage->others(own)) {
+      const std::string key = absl::StrCat(other.key_prefix, b.key.substr(b.prefix_size));
+      (void)detail::call_booking(*b.client, b.client->redis_key(key, *other.limit), "k",
+                                 detail::booking_params(*other.limit, units - b.receipt.estimate),
+                                 "");
+    }
+    return settled;
   }
 
   // Zeros: the keys live in Redis (see the class comment).
@@ -280,6 +308,17 @@ class RedisEngineBackend {
   }
 
   using CarriedKeys = sluice::detail::CarriedKeys<Limit, CarriedFrom>;
+
+  // The lineage of `rule`'s identity: the previous generation's, or a new one.
+  static std::shared_ptr<Lineage> lineage_of(const CompiledRule& rule,
+                                             const RedisEngineBackend* previous) {
+    if (previous != nullptr) {
+      for (std::size_t i = 0; i < previous->carried_.size(); ++i) {
+        if (previous->carried_[i].identity == rule.identity) return previous->lineages_[i];
+      }
+    }
+    return std::make_shared<Lineage>();
+  }
 
   std::size_t prefix_size(std::size_t rule) const {
     return rule_key_prefix(carried_[rule].fingerprint).size();
@@ -319,6 +358,7 @@ class RedisEngineBackend {
   std::vector<std::shared_ptr<const Limit>> limits_;  // per compiled rule; bookings share them
   std::vector<std::string> labels_;                   // per compiled rule, for errors
   std::vector<sluice::detail::CarriedRule<Limit>> carried_;  // per compiled rule
+  std::vector<std::shared_ptr<Lineage>> lineages_;           // per compiled rule
 };
 
 static_assert(sluice::EngineBackend<RedisEngineBackend> &&
