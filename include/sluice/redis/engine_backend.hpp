@@ -267,6 +267,7 @@ class RedisEngineBackend {
     if (!settled.ok() || units <= b.receipt.estimate || b.lineage == nullptr) return settled;
     const std::string_view own = std::string_view(b.key).substr(0, b.prefix_size);
     for (const Lineage::Member& other : b.lineage->others(own)) {
+      if (other.limit->algorithm() != sluice::Algorithm::kGcra) continue;  // never carried
       const std::string key = absl::StrCat(other.key_prefix, b.key.substr(b.prefix_size));
       (void)detail::call_booking(*b.client, b.client->redis_key(key, *other.limit), "k",
                                  detail::booking_params(*other.limit, units - b.receipt.estimate),
