@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/config.h"
+#include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "example_config.hpp"
 #include "redis_fixture.hpp"
@@ -537,6 +539,34 @@ TEST_CASE("a charge settled over Redis after a reload and the key's next check l
   REQUIRE(t.redis.settle(booked, 150).ok());
   REQUIRE(t.memory.settle(expected, 150).ok());
   CHECK(t.same(a, 100) == 48);  // 200 − 2 carried and checked − 150 settled
+}
+
+TEST_CASE("settling a request of six rules waits for a stalled Redis one command timeout",
+          "[attack]") {
+#if defined(ABSL_HAVE_THREAD_SANITIZER) || defined(ABSL_HAVE_ADDRESS_SANITIZER)
+  constexpr milliseconds kSlack(1500);
+#else
+  constexpr milliseconds kSlack(500);
+#endif
+  Server server;
+  sluice::PolicyConfig config{.routes = {{.name = "x", .policies = {"p"}}}};
+  config.policies.push_back({.name = "p"});
+  for (int r = 1; r <= 6; ++r) {
+    config.policies[0].rate_limits.push_back(
+        rule(absl::StrCat("rule-", r), {Selector::kIp}, {.minute = 100u * r}));
+  }
+  RedisRateLimitEngine engine = make(config, {.client = server.client(300ms)});
+  sluice::Evaluation e;
+  RedisRateLimitEngine::Settlement settlement;
+  engine.evaluate(on_route("10.0.0.1", "x"), e, settlement);
+  REQUIRE(settlement.open());
+  server.redis.stop();
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status settled = engine.settle(settlement, 50);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  server.redis.resume();
+  CHECK(settled.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(elapsed < 300ms + kSlack);
 }
 
 TEST_CASE("a reset after a limit change over Redis gives the new burst, not a carried one") {
