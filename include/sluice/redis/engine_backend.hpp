@@ -254,25 +254,43 @@ class RedisEngineBackend {
   }
 
   // Settles one booking at `units` (RedisGcraLimiter::settle's rules, one round trip): the key's
-  // state after it. A charge also lands on the key under every other window set its rule has had
-  // (a reload changed its windows) where that key holds state, one more round trip each, as in
-  // memory: a key carried into a new generation before the settlement owes the charge there. A
-  // key not carried yet is not written: its first check carries the charged state. Charging first
-  // the booked key, then the others, a charge never escapes; a check that carries the key between
-  // the two charges it twice. A refund stays on the booked key. After an error on the booked key
-  // (a stalled server) the others are not tried.
+  // state after it. As settle_bookings for one booking.
   static absl::StatusOr<Decision> settle_booking(const Booking& b, std::uint64_t units) {
-    absl::StatusOr<Decision> settled =
-        detail::settle_receipt(*b.client, *b.limit, b.receipt, units);
-    if (!settled.ok() || units <= b.receipt.estimate || b.lineage == nullptr) return settled;
-    const std::string_view own = std::string_view(b.key).substr(0, b.prefix_size);
-    for (const Lineage::Member& other : b.lineage->others(own)) {
-      if (other.limit->algorithm() != sluice::Algorithm::kGcra) continue;  // never carried
-      const std::string key = absl::StrCat(other.key_prefix, b.key.substr(b.prefix_size));
-      (void)detail::call_booking(*b.client, b.client->redis_key(key, *other.limit), "k",
-                                 detail::booking_params(*other.limit, units - b.receipt.estimate),
-                                 "");
+    const Booking* one = &b;
+    return std::move(settle_bookings(std::span(&one, 1), std::span(&units, 1))[0]);
+  }
+
+  // Settles *bookings[i] at units[i], all by one deadline (the client's command timeout from now):
+  // one pipelined round trip for every booking, the nodes of a Cluster in parallel; each key's
+  // state after it, in order. A charge also lands on the key under every other window set its rule
+  // has had (a reload changed its windows) where that key holds state, in a second round trip by
+  // the same deadline, as in memory: a key carried into a new generation before the settlement owes
+  // the charge there. A key not carried yet is not written: its first check carries the charged
+  // state. Charging first the booked key, then the others, a charge never escapes; a check that
+  // carries the key between the two charges it twice. A refund stays on the booked key; a booking
+  // whose own call failed (a stalled server) charges no other key.
+  static std::vector<absl::StatusOr<Decision>> settle_bookings(
+      std::span<const Booking* const> bookings, std::span<const std::uint64_t> units) {
+    std::vector<absl::StatusOr<Decision>> settled;
+    if (bookings.empty()) return settled;
+    Client& client = *bookings[0]->client;  // every generation of an engine shares its client
+    const detail::Deadline deadline =
+        std::chrono::steady_clock::now() + client.options().connection.command_timeout;
+    std::vector<std::vector<std::string>> calls;
+    for (std::size_t i = 0; i < bookings.size(); ++i) {
+      calls.push_back(
+          detail::settle_args(client, *bookings[i]->limit, bookings[i]->receipt, units[i]));
     }
+    std::vector<absl::StatusOr<detail::ReplyPtr>> replies = client.run_bookings(calls, deadline);
+    calls.clear();
+    for (std::size_t i = 0; i < bookings.size(); ++i) {
+      const Booking& b = *bookings[i];
+      settled.push_back(detail::settled_state(*b.limit, detail::booking_ints(replies[i])));
+      if (settled.back().ok() && units[i] > b.receipt.estimate) {
+        charge_other_window_sets(b, units[i] - b.receipt.estimate, calls);
+      }
+    }
+    if (!calls.empty()) (void)client.run_bookings(calls, deadline);
     return settled;
   }
 
@@ -309,6 +327,20 @@ class RedisEngineBackend {
   }
 
   using CarriedKeys = sluice::detail::CarriedKeys<Limit, CarriedFrom>;
+
+  // Adds to `calls` a charge of `extra` units on `b`'s key under each other GCRA window set of its
+  // rule that holds state there ('k').
+  static void charge_other_window_sets(const Booking& b, std::uint64_t extra,
+                                       std::vector<std::vector<std::string>>& calls) {
+    if (b.lineage == nullptr) return;
+    const std::string_view own = std::string_view(b.key).substr(0, b.prefix_size);
+    for (const Lineage::Member& other : b.lineage->others(own)) {
+      if (other.limit->algorithm() != sluice::Algorithm::kGcra) continue;  // never carried
+      const std::string key = absl::StrCat(other.key_prefix, b.key.substr(b.prefix_size));
+      calls.push_back(detail::booking_args(*b.client, b.client->redis_key(key, *other.limit), "k",
+                                           detail::booking_params(*other.limit, extra), ""));
+    }
+  }
 
   // The lineage of `rule`'s identity: the previous generation's, or a new one.
   static std::shared_ptr<Lineage> lineage_of(const CompiledRule& rule,
@@ -363,7 +395,8 @@ class RedisEngineBackend {
 };
 
 static_assert(sluice::EngineBackend<RedisEngineBackend> &&
-              sluice::StandingBackend<RedisEngineBackend>);
+              sluice::StandingBackend<RedisEngineBackend> &&
+              sluice::BatchSettlingBackend<RedisEngineBackend>);
 
 // The policy engine with every rule's state in Redis (fleet-wide limits).
 using RedisRateLimitEngine = sluice::BasicRateLimitEngine<RedisEngineBackend>;
