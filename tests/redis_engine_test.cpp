@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/config.h"
+#include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "example_config.hpp"
 #include "redis_fixture.hpp"
@@ -516,6 +518,55 @@ TEST_CASE("a lowered limit over Redis is carried in both modes and for a settled
     REQUIRE(t.memory.settle(expected, 3).ok());
     CHECK(t.same(a, 10) == 1);  // 4 carried, 3 settled
   }
+}
+
+TEST_CASE("a charge settled over Redis after a reload and the key's next check lands as in memory",
+          "[attack]") {
+  Server server;
+  sluice::ManualClock clock;
+  Twins t = twins(server, clock, per_ip({.minute = 100}));
+  const sluice::RequestContext a = on_route("10.0.0.1", "x");
+  sluice::Evaluation r, m;
+  RedisRateLimitEngine::Settlement booked;
+  MemoryEngine::Settlement expected;
+  t.redis.evaluate(a, r, booked);
+  t.memory.evaluate(a, m, expected);
+  REQUIRE(booked.open());
+  REQUIRE(expected.open());
+  t.reload(per_ip({.minute = 200}));
+  CHECK(t.same(a, 1) == 1);  // the key's first check in the new generation carries it
+  // The request turned out to cost 150: 149 more units, charged under the new rule too.
+  REQUIRE(t.redis.settle(booked, 150).ok());
+  REQUIRE(t.memory.settle(expected, 150).ok());
+  CHECK(t.same(a, 100) == 48);  // 200 − 2 carried and checked − 150 settled
+}
+
+TEST_CASE("settling a request of six rules waits for a stalled Redis one command timeout",
+          "[attack]") {
+#if defined(ABSL_HAVE_THREAD_SANITIZER) || defined(ABSL_HAVE_ADDRESS_SANITIZER)
+  constexpr milliseconds kSlack(1500);
+#else
+  constexpr milliseconds kSlack(500);
+#endif
+  Server server;
+  sluice::PolicyConfig config{.routes = {{.name = "x", .policies = {"p"}}}};
+  config.policies.push_back({.name = "p"});
+  for (int r = 1; r <= 6; ++r) {
+    config.policies[0].rate_limits.push_back(
+        rule(absl::StrCat("rule-", r), {Selector::kIp}, {.minute = 100u * r}));
+  }
+  RedisRateLimitEngine engine = make(config, {.client = server.client(300ms)});
+  sluice::Evaluation e;
+  RedisRateLimitEngine::Settlement settlement;
+  engine.evaluate(on_route("10.0.0.1", "x"), e, settlement);
+  REQUIRE(settlement.open());
+  server.redis.stop();
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status settled = engine.settle(settlement, 50);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  server.redis.resume();
+  CHECK(settled.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(elapsed < 300ms + kSlack);
 }
 
 TEST_CASE("a reset after a limit change over Redis gives the new burst, not a carried one") {

@@ -519,3 +519,36 @@ TEST_CASE("concurrent reservations, cancels and checks book exactly the burst") 
                        [&] { return direct->check()->allowed(); }) == 500);
   }
 }
+
+TEST_CASE("a reservation or receipt of another limiter gives nothing back there", "[attack]") {
+  sluice::ManualClock clock;
+  // Two unkeyed limiters of one configuration: nothing names which one booked a reservation.
+  auto booked = Direct::create({{.requests = 1, .period = 1min}}, clock);
+  auto other = Direct::create({{.requests = 1, .period = 1min}}, clock);
+  REQUIRE(booked.ok());
+  REQUIRE(other.ok());
+  auto direct = booked->reserve(1);
+  REQUIRE(direct.ok());
+  REQUIRE(other->check()->allowed());
+  CHECK_FALSE(other->cancel(*direct));
+  CHECK_FALSE(other->check()->allowed());  // its one request a minute is spent
+  CHECK(direct->cancellable());            // still its own limiter's to cancel
+  CHECK(booked->cancel(*direct));
+
+  // Two keyed limiters under one digest seed (a fixed seed, as replicas or tests use).
+  Gcra first = make(clock, {{.requests = 1, .period = 1min}});
+  Gcra second = make(clock, {{.requests = 1, .period = 1min}});
+  Gcra::Reservation r = reserve(first, "k");
+  REQUIRE(check(second, "k").allowed());
+  CHECK_FALSE(second.cancel(r));
+  CHECK_FALSE(check(second, "k").allowed());
+  CHECK(r.cancellable());
+
+  auto estimated = first.check_estimated("j", 1);
+  REQUIRE(estimated.ok());
+  REQUIRE(estimated->decision.allowed());
+  REQUIRE(check(second, "j").allowed());
+  CHECK(second.settle(estimated->receipt, 0).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_FALSE(check(second, "j").allowed());
+  CHECK(estimated->receipt.open());
+}

@@ -171,7 +171,8 @@ class DirectGcraLimiter {
         max_cost_(other.max_cost_),
         epoch_(other.epoch_),
         earliest_(other.earliest_),
-        latest_allowed_(other.latest_allowed_) {
+        latest_allowed_(other.latest_allowed_),
+        id_(other.id_) {
     for (std::size_t i = 0; i < kMaxWindows; ++i) {
       state_.tat[i].store(other.state_.tat[i].load(std::memory_order_relaxed),
                           std::memory_order_relaxed);
@@ -240,7 +241,8 @@ class DirectGcraLimiter {
     std::int64_t instant_ = 0;
     std::int64_t wait_ = 0;
     std::uint64_t cost_ = 0;
-    detail::OpenFlag open_;  // move-only: acted on at most once
+    std::uint64_t limiter_ = 0;  // the booking limiter's id_
+    detail::OpenFlag open_;      // move-only: acted on at most once
   };
 
   static constexpr std::chrono::nanoseconds kNoMaxWait = std::chrono::nanoseconds::max();
@@ -266,9 +268,10 @@ class DirectGcraLimiter {
   }
 
   // Gives back what `reservation` booked unless the clock has moved past its instant; true iff
-  // it did (or a reset has already given everything back). Exactly GcraLimiter::cancel's rule.
+  // it did (or a reset has already given everything back). Exactly GcraLimiter::cancel's rule:
+  // a reservation another limiter booked gives nothing back here (false) and stays open.
   bool cancel(Reservation& reservation) {
-    if (!reservation.open_.take()) return false;
+    if (reservation.limiter_ != id_ || !reservation.open_.take()) return false;
     bool cancelled = false;
     transact(relative(clock_.now().count()), [&](Words& tat, std::int64_t now) {
       cancelled = now + epoch_ <= reservation.instant_;
@@ -392,6 +395,7 @@ class DirectGcraLimiter {
     }
     tat = next;
     out.resets_ = state_.resets.load(std::memory_order_acquire);
+    out.limiter_ = id_;
     out.instant_ = static_cast<std::int64_t>(instant) + epoch_;
     out.wait_ = static_cast<std::int64_t>(wait);
     out.cost_ = cost;
@@ -571,6 +575,7 @@ class DirectGcraLimiter {
   std::int64_t epoch_ = 0;           // ns: the clock reading at creation
   std::int64_t earliest_ = 0;        // ns: readings are saturated to [earliest_, latest_allowed_]
   std::int64_t latest_allowed_ = 0;  // ns
+  std::uint64_t id_ = detail::new_limiter_id();  // names it in its reservations
   State state_;
 };
 

@@ -190,7 +190,8 @@ class GcraLimiter {
     std::int64_t instant_ = 0;
     std::int64_t wait_ = 0;
     std::uint64_t cost_ = 0;
-    detail::OpenFlag open_;  // move-only: acted on at most once
+    std::uint64_t limiter_ = 0;  // the booking limiter's id_
+    detail::OpenFlag open_;      // move-only: acted on at most once
   };
 
   // No limit on a reservation's wait (up to the supported 2^61 ns).
@@ -218,6 +219,7 @@ class GcraLimiter {
               out.booking_.digest, at,
               [&](auto& cell, std::int64_t clamped) {
                 out.booking_.forgotten = store.forgotten_in_shard(out.booking_.digest);
+                out.limiter_ = id_;
                 return book_earliest(cell, clamped, cost, max_wait.count(), out);
               },
               [](const StoreFull& full) {
@@ -239,8 +241,9 @@ class GcraLimiter {
   // booked behind it move up by what it gave back. If a live key of its shard was reset or
   // evicted since the reservation (possibly this key), it gives nothing back: the booking may be
   // gone, and what the key holds now may be other requests' (1 shard in 64 per such event).
+  // A reservation another limiter booked gives nothing back here (false) and stays open.
   bool cancel(Reservation& reservation) {
-    if (!reservation.open_.take()) return false;
+    if (reservation.limiter_ != id_ || !reservation.open_.take()) return false;
     const std::int64_t at = now();
     return std::visit(
         [&](auto& store) {
@@ -297,7 +300,8 @@ class GcraLimiter {
     friend class GcraLimiter;
     detail::GcraBooking booking_{};
     std::uint64_t estimate_ = 0;
-    detail::OpenFlag open_;  // move-only: acted on at most once
+    std::uint64_t limiter_ = 0;  // the booking limiter's id_
+    detail::OpenFlag open_;      // move-only: acted on at most once
   };
   struct Estimated {
     Decision decision;
@@ -320,6 +324,7 @@ class GcraLimiter {
                 if (out.decision.allowed()) {
                   out.receipt.booking_.forgotten =
                       store.forgotten_in_shard(out.receipt.booking_.digest);
+                  out.receipt.limiter_ = id_;
                   record_booking(cell, estimate, out.receipt);
                 }
                 return true;
@@ -341,13 +346,17 @@ class GcraLimiter {
   // refunded twice), never past a full bucket, so the key never ends with more room than it
   // would have had if the check had asked for `actual`; nothing is refunded if a live key of its
   // shard was reset or evicted since the check (as for `cancel`). FailedPrecondition if the receipt
-  // is not open (denied, or settled already); InvalidArgument if actual > 2^32; ResourceExhausted
+  // is not open (denied, or settled already); InvalidArgument if actual > 2^32 or if another
+  // limiter booked the receipt (it stays open, nothing changes); ResourceExhausted
   // if a charge falls on a key that was evicted meanwhile and whose shard is full (nothing
   // charged).
   absl::StatusOr<Decision> settle(Receipt& receipt, std::uint64_t actual) {
     if (actual > kMaxSettledCost) {
       return absl::InvalidArgumentError(
           absl::StrCat("an actual cost must be at most 2^32, got ", actual));
+    }
+    if (receipt.open_.is_open() && receipt.limiter_ != id_) {
+      return absl::InvalidArgumentError("the receipt was booked on another limiter");
     }
     if (!receipt.open_.take()) {
       return absl::FailedPreconditionError("the receipt was settled already or never admitted");
@@ -652,6 +661,7 @@ class GcraLimiter {
   std::vector<detail::GcraParams> params_;
   std::uint64_t max_cost_ = std::numeric_limits<std::uint64_t>::max();
   detail::StoreVariant<detail::GcraCell> store_;
+  std::uint64_t id_ = detail::new_limiter_id();  // names it in its reservations and receipts
 };
 
 static_assert(RateLimiter<GcraLimiter<SteadyClock>>);

@@ -79,6 +79,7 @@ using RuntimeBackendOf =
     typename detail::BuiltBackends<Memory>::all::template apply<VariantBackend>;
 
 using RuntimeBackend = RuntimeBackendOf<>;
+static_assert(BatchSettlingBackend<RuntimeBackend>);
 
 // The engine over it.
 using RuntimeRateLimitEngine = BasicRateLimitEngine<RuntimeBackend>;

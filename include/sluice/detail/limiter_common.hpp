@@ -4,6 +4,7 @@
 #define SLUICE_DETAIL_LIMITER_COMMON_HPP_
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -32,6 +33,14 @@ inline constexpr std::int64_t kMaxTime = std::int64_t{1} << 62;
 
 inline std::int64_t saturate_time(std::int64_t now) noexcept {
   return now > kMaxTime ? kMaxTime : (now < -kMaxTime ? -kMaxTime : now);
+}
+
+// A number no other limiter of the process was given (1, 2, ...): the limiter a reservation or
+// receipt was booked on records it, so that another limiter, even one under the same digest seed,
+// never gives back what it did not book. Thread-safe.
+inline std::uint64_t new_limiter_id() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 // A ShardedStore for each supported window count; a limiter holds the one for its count.

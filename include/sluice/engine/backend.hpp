@@ -6,6 +6,7 @@
 //
 //   EngineBackend       required: decide rules all-or-nothing or rule by rule; store counters
 //   BookingBackend      bookings: record what an admission took, settle it later at another cost
+//   BatchSettlingBackend  a request's bookings settled together, by one deadline
 //   ResettableBackend   reset: forget one rule's state for one key
 //   StandingBackend     a denied all-or-nothing request reports its admitting keys as they
 //                       stand (a peek at cost 0) from the same call
@@ -88,6 +89,17 @@ concept BookingBackend = EngineBackend<B> &&
              const typename B::Booking& booking) {
   { backend.check_rules_booking(keys, mode, out, bookings) } -> std::same_as<absl::Status>;
   { B::settle_booking(booking, std::uint64_t{}) } -> std::same_as<absl::StatusOr<Decision>>;
+};
+
+// Settling a request's bookings together. `B::settle_bookings(bookings, units)` settles
+// *bookings[i] at units[i] as settle_booking does, all of them by one deadline (a remote backend
+// sends them together instead of one round trip, and one timeout, after another): each result,
+// in order.
+template <class B>
+concept BatchSettlingBackend = BookingBackend<B> &&
+    requires(std::span<const typename B::Booking* const> bookings,
+             std::span<const std::uint64_t> units) {
+  { B::settle_bookings(bookings, units) } -> std::same_as<std::vector<absl::StatusOr<Decision>>>;
 };
 
 // Reset. `reset_key(rule, key)` forgets rule `rule`'s state for `key`: its next request is

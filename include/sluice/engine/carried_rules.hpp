@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -80,6 +81,50 @@ struct CarriedRule {
   std::string fingerprint;  // CompiledRule::fingerprint
   std::shared_ptr<const Limit> limit;
   std::vector<CarrySource<Limit>> sources;  // earlier window sets, most recent first
+};
+
+// Every window set one rule identity has had across generations, with its keys' prefix, for the
+// settlements of a remote backend: a charge settled on a booking of one generation also lands on
+// the rule's keys under the others (the in-memory backend's lineage of limiters), so that a reload
+// between a request and its settlement lets no charge escape once the key was carried. Shared by
+// the generations and their bookings; a member lives as long as someone holds its limit.
+// Thread-safety: add and others may be called concurrently.
+template <class Limit>
+class WindowSetLineage {
+ public:
+  struct Member {
+    std::shared_ptr<const Limit> limit;
+    std::string key_prefix;  // rule_key_prefix(fingerprint)
+  };
+
+  void add(const std::shared_ptr<const Limit>& limit, std::string key_prefix) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase_if(members_, [](const Entry& e) { return e.limit.expired(); });
+    members_.push_back({limit, std::move(key_prefix)});
+  }
+
+  // One live member per key prefix other than `own` (the booking's keys).
+  std::vector<Member> others(std::string_view own) const {
+    std::vector<Member> out;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Entry& e : members_) {
+      if (e.key_prefix == own) continue;
+      const bool known = std::any_of(out.begin(), out.end(),
+                                     [&](const Member& m) { return m.key_prefix == e.key_prefix; });
+      if (std::shared_ptr<const Limit> alive = e.limit.lock(); alive != nullptr && !known) {
+        out.push_back({std::move(alive), e.key_prefix});
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Entry {
+    std::weak_ptr<const Limit> limit;
+    std::string key_prefix;
+  };
+  mutable std::mutex mutex_;
+  std::vector<Entry> members_;
 };
 
 // The earlier window sets `rule` carries from at `now` (ns since the Unix epoch), given the

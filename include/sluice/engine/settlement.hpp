@@ -68,8 +68,9 @@ class BasicSettlement {
   }
 
   // Settles every booking at `actual` units (an adaptive rule at the factor it was evaluated
-  // with). FailedPrecondition if not open; the first error of a rule otherwise (the other rules
-  // are still settled).
+  // with), together where the backend settles a request's bookings by one deadline
+  // (BatchSettlingBackend). FailedPrecondition if not open; the first error of a rule otherwise
+  // (the other rules are still settled).
   absl::Status settle(std::uint64_t actual) requires BookingBackend<Backend> {
     if (actual > (std::uint64_t{1} << 32)) {
       return absl::InvalidArgumentError(
@@ -78,21 +79,33 @@ class BasicSettlement {
     if (!open_.take()) {
       return absl::FailedPreconditionError("the settlement was settled already or never admitted");
     }
-    absl::Status first;
+    // Live bookings, then dry-run ones, each with the units its rule is settled at.
+    std::vector<const Booking*> all;
+    std::vector<std::uint64_t> units;
     for (std::size_t i = 0; i < bookings_.size(); ++i) {
-      absl::Status s = settle_one(bookings_[i], factors_[i], actual);
-      if (first.ok()) first = std::move(s);
+      all.push_back(&bookings_[i]);
+      units.push_back(units_of(factors_[i], actual));
     }
     for (std::size_t i = 0; i < dry_bookings_.size(); ++i) {
-      (void)settle_one(dry_bookings_[i], dry_factors_[i], actual);  // a dry run fails nothing
+      all.push_back(&dry_bookings_[i]);
+      units.push_back(units_of(dry_factors_[i], actual));
     }
-    return first;
+    std::vector<absl::StatusOr<Decision>> settled;
+    if constexpr (BatchSettlingBackend<Backend>) {
+      settled = Backend::settle_bookings(all, units);
+    } else {
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        settled.push_back(Backend::settle_booking(*all[i], units[i]));
+      }
+    }
+    for (std::size_t i = 0; i < bookings_.size(); ++i) {  // a dry run fails nothing
+      if (!settled[i].ok()) return settled[i].status();
+    }
+    return absl::OkStatus();
   }
 
-  static absl::Status settle_one(const Booking& booking, std::uint32_t factor,
-                                 std::uint64_t actual) requires BookingBackend<Backend> {
-    const std::uint64_t units = factor == 0 ? actual : adaptive_units(actual, factor);
-    return Backend::settle_booking(booking, units).status();
+  static std::uint64_t units_of(std::uint32_t factor, std::uint64_t actual) {
+    return factor == 0 ? actual : adaptive_units(actual, factor);
   }
 
   std::vector<Booking> bookings_;       // the live rules'

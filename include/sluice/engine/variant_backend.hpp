@@ -21,6 +21,7 @@
 #ifndef SLUICE_ENGINE_VARIANT_BACKEND_HPP_
 #define SLUICE_ENGINE_VARIANT_BACKEND_HPP_
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -150,6 +151,14 @@ class VariantBackend {
     return settle_held<0>(booking, units);
   }
 
+  // A request's bookings are its one alternative's: settled together where that alternative
+  // settles by one deadline (BatchSettlingBackend), else one by one.
+  static std::vector<absl::StatusOr<Decision>> settle_bookings(
+      std::span<const Booking* const> bookings, std::span<const std::uint64_t> units) {
+    if (bookings.empty()) return {};
+    return settle_all_held<0>(bookings, units);
+  }
+
   // Where every alternative reports a denied request's keys as they stand (StandingBackend):
   // the held one's.
   absl::Status check_rules_as_they_stand(
@@ -230,6 +239,31 @@ class VariantBackend {
       absl::StatusOr<B> created = B::create(rules, kept, std::get<I>(*options.backend));
       if (!created.ok()) return created.status();
       return VariantBackend(std::variant<Backends...>(std::in_place_index<I>, *std::move(created)));
+    }
+  }
+
+  template <std::size_t I>
+  static std::vector<absl::StatusOr<Decision>> settle_all_held(
+      std::span<const Booking* const> bookings, std::span<const std::uint64_t> units) {
+    if constexpr (I == sizeof...(Backends)) {
+      std::vector<absl::StatusOr<Decision>> out;
+      for (std::size_t i = 0; i < bookings.size(); ++i) {
+        out.push_back(settle_booking(*bookings[i], units[i]));
+      }
+      return out;
+    } else {
+      using B = std::variant_alternative_t<I, std::variant<Backends...>>;
+      const bool all_held = std::all_of(bookings.begin(), bookings.end(),
+                                        [](const Booking* b) { return b->index() == I; });
+      if constexpr (BatchSettlingBackend<B>) {
+        if (all_held) {
+          std::vector<const typename B::Booking*> held;
+          for (const Booking* b : bookings) held.push_back(&std::get<I>(*b));
+          return B::settle_bookings(held, units);
+        }
+      }
+      (void)all_held;
+      return settle_all_held<I + 1>(bookings, units);
     }
   }
 

@@ -209,18 +209,23 @@ class Client {
   // its key count: loads the script after a NOSCRIPT and closes a connection whose reply says it
   // is the wrong server. A server error reply becomes its status. For RedisGcraLimiter.
   absl::StatusOr<detail::ReplyPtr> run_booking(std::span<const std::string> args) {
-    Call call{.slot = transport_.slot_of(args[0]), .script = booking_script_, .sha = booking_sha_};
-    call.command.add("EVALSHA");
-    call.command.add(booking_sha_);
-    call.command.add("2");
-    for (const std::string& arg : args) call.command.add(arg);
+    Call call = booking_call(args);
     transport_.call(std::span(&call, 1), deadline());
-    if (!call.reply.ok()) return call.reply.status();
-    const redisReply& reply = **call.reply;
-    if (reply.type == REDIS_REPLY_ERROR) {
-      return detail::server_error_status(std::string_view(reply.str, reply.len));
-    }
-    return std::move(call.reply);
+    return booking_reply(call);
+  }
+  // run_booking for every element of `each`, sent together (pipelined, the nodes of a Cluster in
+  // parallel) and all answered by `deadline`: each reply or its error, in order. For the bookings
+  // of one settlement, which one deadline bounds.
+  std::vector<absl::StatusOr<detail::ReplyPtr>> run_bookings(
+      std::span<const std::vector<std::string>> each, detail::Deadline deadline) {
+    std::vector<Call> calls;
+    calls.reserve(each.size());
+    for (const std::vector<std::string>& args : each) calls.push_back(booking_call(args));
+    transport_.call(std::span(calls), deadline);
+    std::vector<absl::StatusOr<detail::ReplyPtr>> replies;
+    replies.reserve(calls.size());
+    for (Call& call : calls) replies.push_back(booking_reply(call));
+    return replies;
   }
 
   // The time the scripts decide at: nullopt for the server's TIME, else the reading of
@@ -512,6 +517,25 @@ class Client {
 
   detail::Deadline deadline() const {
     return std::chrono::steady_clock::now() + options_.connection.command_timeout;
+  }
+
+  // A call of the booking script with `args` after its key count (run_booking).
+  Call booking_call(std::span<const std::string> args) const {
+    Call call{.slot = transport_.slot_of(args[0]), .script = booking_script_, .sha = booking_sha_};
+    call.command.add("EVALSHA");
+    call.command.add(booking_sha_);
+    call.command.add("2");
+    for (const std::string& arg : args) call.command.add(arg);
+    return call;
+  }
+  // A booking call's reply, a server error reply as its status.
+  static absl::StatusOr<detail::ReplyPtr> booking_reply(Call& call) {
+    if (!call.reply.ok()) return call.reply.status();
+    const redisReply& reply = **call.reply;
+    if (reply.type == REDIS_REPLY_ERROR) {
+      return detail::server_error_status(std::string_view(reply.str, reply.len));
+    }
+    return std::move(call.reply);
   }
 
   // --- Redis Cluster ---------------------------------------------------------------------------

@@ -66,6 +66,8 @@ namespace sluice::redis {
 
 class RedisEngineBackend {
  public:
+  using Lineage = sluice::detail::WindowSetLineage<Limit>;
+
   struct Options {
     // Required; shared by every generation of the engine. Its ClientOptions::time_source, when
     // set, is the engine's time too.
@@ -96,6 +98,8 @@ class RedisEngineBackend {
       }
       backend.limits_.push_back(std::make_shared<const Limit>(*std::move(limit)));
       backend.labels_.push_back(rule.label);
+      backend.lineages_.push_back(lineage_of(rule, previous));
+      backend.lineages_.back()->add(backend.limits_.back(), rule_key_prefix(rule.fingerprint));
       backend.carried_.push_back(
           {.identity = rule.identity,
            .fingerprint = rule.fingerprint,
@@ -186,12 +190,17 @@ class RedisEngineBackend {
   }
 
   // One live rule's admission of a request, kept to settle its cost later
-  // (BasicRateLimitEngine::settle). It holds the client and the rule's limit, so it outlives
-  // reloads.
+  // (BasicRateLimitEngine::settle). It holds the client, the rule's limit and its lineage, so it
+  // outlives reloads.
   struct Booking {
     std::shared_ptr<Client> client{};
     std::shared_ptr<const Limit> limit{};
     detail::Receipt receipt{};  // the Redis key, the TATs booked, the reset count, the cost
+    std::shared_ptr<const Lineage> lineage{};
+    // The engine key (rule prefix, then the request's key parts): the key under the rule's other
+    // window sets, for a charge. Held until settled, never sent or logged.
+    std::string key{};
+    std::size_t prefix_size = 0;  // of `key`: rule_key_prefix(fingerprint).size()
   };
 
   // `check_rules` that also records each key's booking when every key was admitted (else
@@ -236,15 +245,53 @@ class RedisEngineBackend {
                           .receipt = {.key = options_.client->redis_key(keys[i].key, *limit),
                                       .tats = std::move(booked[i].tats),
                                       .serial = booked[i].serial,
-                                      .estimate = keys[i].cost}});
+                                      .estimate = keys[i].cost},
+                          .lineage = lineages_[keys[i].rule],
+                          .key = std::string(keys[i].key),
+                          .prefix_size = prefix_size(keys[i].rule)});
     }
     return absl::OkStatus();
   }
 
   // Settles one booking at `units` (RedisGcraLimiter::settle's rules, one round trip): the key's
-  // state after it.
+  // state after it. As settle_bookings for one booking.
   static absl::StatusOr<Decision> settle_booking(const Booking& b, std::uint64_t units) {
-    return detail::settle_receipt(*b.client, *b.limit, b.receipt, units);
+    const Booking* one = &b;
+    return std::move(settle_bookings(std::span(&one, 1), std::span(&units, 1))[0]);
+  }
+
+  // Settles *bookings[i] at units[i], all by one deadline (the client's command timeout from now):
+  // one pipelined round trip for every booking, the nodes of a Cluster in parallel; each key's
+  // state after it, in order. A charge also lands on the key under every other window set its rule
+  // has had (a reload changed its windows) where that key holds state, in a second round trip by
+  // the same deadline, as in memory: a key carried into a new generation before the settlement owes
+  // the charge there. A key not carried yet is not written: its first check carries the charged
+  // state. Charging first the booked key, then the others, a charge never escapes; a check that
+  // carries the key between the two charges it twice. A refund stays on the booked key; a booking
+  // whose own call failed (a stalled server) charges no other key.
+  static std::vector<absl::StatusOr<Decision>> settle_bookings(
+      std::span<const Booking* const> bookings, std::span<const std::uint64_t> units) {
+    std::vector<absl::StatusOr<Decision>> settled;
+    if (bookings.empty()) return settled;
+    Client& client = *bookings[0]->client;  // every generation of an engine shares its client
+    const detail::Deadline deadline =
+        std::chrono::steady_clock::now() + client.options().connection.command_timeout;
+    std::vector<std::vector<std::string>> calls;
+    for (std::size_t i = 0; i < bookings.size(); ++i) {
+      calls.push_back(
+          detail::settle_args(client, *bookings[i]->limit, bookings[i]->receipt, units[i]));
+    }
+    std::vector<absl::StatusOr<detail::ReplyPtr>> replies = client.run_bookings(calls, deadline);
+    calls.clear();
+    for (std::size_t i = 0; i < bookings.size(); ++i) {
+      const Booking& b = *bookings[i];
+      settled.push_back(detail::settled_state(*b.limit, detail::booking_ints(replies[i])));
+      if (settled.back().ok() && units[i] > b.receipt.estimate) {
+        charge_other_window_sets(b, units[i] - b.receipt.estimate, calls);
+      }
+    }
+    if (!calls.empty()) (void)client.run_bookings(calls, deadline);
+    return settled;
   }
 
   // Zeros: the keys live in Redis (see the class comment).
@@ -280,6 +327,31 @@ class RedisEngineBackend {
   }
 
   using CarriedKeys = sluice::detail::CarriedKeys<Limit, CarriedFrom>;
+
+  // Adds to `calls` a charge of `extra` units on `b`'s key under each other GCRA window set of its
+  // rule that holds state there ('k').
+  static void charge_other_window_sets(const Booking& b, std::uint64_t extra,
+                                       std::vector<std::vector<std::string>>& calls) {
+    if (b.lineage == nullptr) return;
+    const std::string_view own = std::string_view(b.key).substr(0, b.prefix_size);
+    for (const Lineage::Member& other : b.lineage->others(own)) {
+      if (other.limit->algorithm() != sluice::Algorithm::kGcra) continue;  // never carried
+      const std::string key = absl::StrCat(other.key_prefix, b.key.substr(b.prefix_size));
+      calls.push_back(detail::booking_args(*b.client, b.client->redis_key(key, *other.limit), "k",
+                                           detail::booking_params(*other.limit, extra), ""));
+    }
+  }
+
+  // The lineage of `rule`'s identity: the previous generation's, or a new one.
+  static std::shared_ptr<Lineage> lineage_of(const CompiledRule& rule,
+                                             const RedisEngineBackend* previous) {
+    if (previous != nullptr) {
+      for (std::size_t i = 0; i < previous->carried_.size(); ++i) {
+        if (previous->carried_[i].identity == rule.identity) return previous->lineages_[i];
+      }
+    }
+    return std::make_shared<Lineage>();
+  }
 
   std::size_t prefix_size(std::size_t rule) const {
     return rule_key_prefix(carried_[rule].fingerprint).size();
@@ -319,10 +391,12 @@ class RedisEngineBackend {
   std::vector<std::shared_ptr<const Limit>> limits_;  // per compiled rule; bookings share them
   std::vector<std::string> labels_;                   // per compiled rule, for errors
   std::vector<sluice::detail::CarriedRule<Limit>> carried_;  // per compiled rule
+  std::vector<std::shared_ptr<Lineage>> lineages_;           // per compiled rule
 };
 
 static_assert(sluice::EngineBackend<RedisEngineBackend> &&
-              sluice::StandingBackend<RedisEngineBackend>);
+              sluice::StandingBackend<RedisEngineBackend> &&
+              sluice::BatchSettlingBackend<RedisEngineBackend>);
 
 // The policy engine with every rule's state in Redis (fleet-wide limits).
 using RedisRateLimitEngine = sluice::BasicRateLimitEngine<RedisEngineBackend>;

@@ -39,10 +39,10 @@
 
 namespace sluice::redis::detail {
 
-// One booking-script call of `op` on `redis_key`; its reply as non-negative integers.
-inline absl::StatusOr<BookingInts> call_booking(Client& client, const std::string& redis_key,
-                                                std::string_view op, std::string params,
-                                                std::string extra) {
+// The arguments of one booking-script call of `op` on `redis_key` (Client::run_booking).
+inline std::vector<std::string> booking_args(const Client& client, const std::string& redis_key,
+                                             std::string_view op, std::string params,
+                                             std::string extra) {
   std::vector<std::string> args = {redis_key,
                                    absl::StrCat(redis_key, ":reset"),
                                    std::string(op),
@@ -51,7 +51,11 @@ inline absl::StatusOr<BookingInts> call_booking(Client& client, const std::strin
                                    std::move(params),
                                    std::move(extra)};
   if (const auto time = client.now()) Client::set_time_args(*time, args[3], args[4]);
-  absl::StatusOr<ReplyPtr> reply = client.run_booking(args);
+  return args;
+}
+
+// A booking-script reply as non-negative integers.
+inline absl::StatusOr<BookingInts> booking_ints(const absl::StatusOr<ReplyPtr>& reply) {
   if (!reply.ok()) return reply.status();
   const redisReply& r = **reply;
   if (r.type != REDIS_REPLY_ARRAY) return malformed_booking_reply();
@@ -62,6 +66,14 @@ inline absl::StatusOr<BookingInts> call_booking(Client& client, const std::strin
     out.push_back(static_cast<std::uint64_t>(e.integer));
   }
   return out;
+}
+
+// One booking-script call of `op` on `redis_key`; its reply as non-negative integers.
+inline absl::StatusOr<BookingInts> call_booking(Client& client, const std::string& redis_key,
+                                                std::string_view op, std::string params,
+                                                std::string extra) {
+  return booking_ints(
+      client.run_booking(booking_args(client, redis_key, op, std::move(params), std::move(extra))));
 }
 
 // The key's state after a give-back or charge ({0 or 4, t_s, t_ns, per window debt (ns, frac)}),
@@ -80,18 +92,29 @@ inline absl::StatusOr<Decision> state_after(const Limit& limit, const BookingInt
                         : denied_decision(limit.windows(), scaled);
 }
 
+// The booking-script call that settles `r` at `actual` units (settle_receipt).
+inline std::vector<std::string> settle_args(const Client& client, const Limit& limit,
+                                            const Receipt& r, std::uint64_t actual) {
+  return actual > r.estimate
+             ? booking_args(client, r.key, "c", booking_params(limit, actual - r.estimate), "")
+             : booking_args(client, r.key, "g", booking_params(limit, r.estimate - actual),
+                            give_back_extra(limit, r.serial, kNeverPasses, r.tats));
+}
+
+// The key's state after a settling call answered `reply`.
+inline absl::StatusOr<Decision> settled_state(const Limit& limit,
+                                              const absl::StatusOr<BookingInts>& reply) {
+  if (!reply.ok()) return reply.status();
+  return state_after(limit, *reply);
+}
+
 // Settles `r` at `actual` units: charges actual − estimate (into debt, saturating at 2^52 ns), or
 // gives back estimate − actual, bounded by what the booking still holds ahead of now, and nothing
 // if the key was reset since. Returns the key's state after it. One round trip.
 inline absl::StatusOr<Decision> settle_receipt(Client& client, const Limit& limit, const Receipt& r,
                                                std::uint64_t actual) {
-  absl::StatusOr<BookingInts> reply =
-      actual > r.estimate
-          ? call_booking(client, r.key, "c", booking_params(limit, actual - r.estimate), "")
-          : call_booking(client, r.key, "g", booking_params(limit, r.estimate - actual),
-                         give_back_extra(limit, r.serial, kNeverPasses, r.tats));
-  if (!reply.ok()) return reply.status();
-  return state_after(limit, *reply);
+  return settled_state(limit,
+                       booking_ints(client.run_booking(settle_args(client, limit, r, actual))));
 }
 
 }  // namespace sluice::redis::detail

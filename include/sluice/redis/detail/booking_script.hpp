@@ -7,11 +7,11 @@
 //
 // Call:  EVALSHA <sha1> 2 <state key> <reset marker key> <op> <time_s> <time_ns> <params> <extra>
 //   op        'r' reserve, 'e' estimated check, 'g' give back (cancel, refund), 'c' charge,
-//             'x' reset.
+//             'k' charge a key only if it holds state, 'x' reset.
 //   time_*    "" "": the server's TIME; otherwise a test-only time, as for the check script.
 //   params    per window 5 doubles, as the check script's: an amount·T as (ns, frac), burst·T as
 //             (ns, frac), requests r. The amount is the reservation's cost ('r'), the estimate
-//             ('e'), the surplus to give back ('g') or the extra to charge ('c').
+//             ('e'), the surplus to give back ('g') or the extra to charge ('c', 'k').
 //   extra     'r': the longest wait allowed, ns (a decimal string).
 //             'g': 3 doubles, the reset count the booking saw and the instant after which it
 //             may no longer be given back (s, ns); then per window the TAT it booked (s, ns,
@@ -24,8 +24,10 @@
 //        {2}: a window's debt would pass 2^52 ns, nothing booked.
 //   'e'  {0 admitted (booked) or 5 denied (nothing written), t_s, t_ns, reset count, per
 //        window: debt before (ns, frac)}.
-//   'g', 'c'  {0, t_s, t_ns, per window: debt after (ns, frac)}; {3}: the instant has passed;
-//        {4, t_s, t_ns, debts}: the key was reset after the booking (nothing given back).
+//   'g', 'c', 'k'  {0, t_s, t_ns, per window: debt after (ns, frac)}; {3}: the instant has
+//        passed; {4, t_s, t_ns, debts}: the key was reset after the booking (nothing given back);
+//        {6}: 'k' on a key without state (nothing written: a check carries it from its earlier
+//        keys).
 //   'x'  {0}. The state is deleted; if it or the marker still lives, the marker's count is
 //        raised and kept for as long as the longer of the two: past the TAT of every booking
 //        that saw the previous count, since a give-back that shortens the state's life first
@@ -68,6 +70,7 @@ local p = ARGV[4]
 local n = #p / 40
 if n < 1 or n % 1 ~= 0 then return redis.error_reply('sluice: malformed parameters') end
 local s = redis.call('GET', key)
+if op == 'k' and not s then return {6} end
 local ts, tns, e = now_s, now_ns, 0
 if s then
   if #s ~= 16 + 16 * n then return redis.error_reply('sluice: state of unexpected size') end
@@ -158,7 +161,7 @@ elseif op == 'e' then
     out[1] = 5
     return out
   end
-elseif op == 'c' then
+elseif op == 'c' or op == 'k' then
   for w = 1, n do
     local d, f = dn[w] + an[w], df[w] + af[w]
     if f >= rq[w] then d, f = d + 1, f - rq[w] end
