@@ -194,8 +194,8 @@ class Client {
   absl::Status reset(std::string_view key, const Limit& limit) {
     const std::string name = redis_key(key, limit);
     std::vector<std::string> args = {name, absl::StrCat(name, ":reset"), "x", "", "", "", ""};
-    if (const auto time = now()) set_time_args(*time, args[4], args[5]);
-    absl::StatusOr<detail::ReplyPtr> reply = run_booking(args);
+    if (const auto time = now()) set_time_args(*time, args[3], args[4]);
+    absl::StatusOr<detail::ReplyPtr> reply = run_booking(std::move(args));
     if (!reply.ok()) {
       return reply.status();
     }
@@ -208,10 +208,8 @@ class Client {
   // One call of the booking script (sluice/redis/detail/booking_script.hpp) with `args` after
   // its key count: loads the script after a NOSCRIPT and closes a connection whose reply says it
   // is the wrong server. A server error reply becomes its status. For RedisGcraLimiter.
-  absl::StatusOr<detail::ReplyPtr> run_booking(std::span<const std::string> args) {
-    Call call = booking_call(args);
-    transport_.call(std::span(&call, 1), deadline());
-    return booking_reply(call);
+  absl::StatusOr<detail::ReplyPtr> run_booking(std::vector<std::string> args) {
+    return std::move(run_bookings(std::span(&args, 1), deadline())[0]);
   }
   // run_booking for every element of `each`, sent together (pipelined, the nodes of a Cluster in
   // parallel) and all answered by `deadline`: each reply or its error, in order. For the bookings
@@ -220,11 +218,22 @@ class Client {
       std::span<const std::vector<std::string>> each, detail::Deadline deadline) {
     std::vector<Call> calls;
     calls.reserve(each.size());
-    for (const std::vector<std::string>& args : each) calls.push_back(booking_call(args));
+    for (const std::vector<std::string>& args : each) {
+      Call& call = calls.emplace_back(Call{
+          .slot = transport_.slot_of(args[0]), .script = booking_script_, .sha = booking_sha_});
+      call.command.add("EVALSHA");
+      call.command.add(booking_sha_);
+      call.command.add("2");
+      for (const std::string& arg : args) call.command.add(arg);
+    }
     transport_.call(std::span(calls), deadline);
     std::vector<absl::StatusOr<detail::ReplyPtr>> replies;
-    replies.reserve(calls.size());
-    for (Call& call : calls) replies.push_back(booking_reply(call));
+    for (Call& call : calls) {  // a server error reply as its status
+      const redisReply* r = call.reply.ok() ? call.reply->get() : nullptr;
+      replies.push_back(r != nullptr && r->type == REDIS_REPLY_ERROR
+                            ? detail::server_error_status(std::string_view(r->str, r->len))
+                            : std::move(call.reply));
+    }
     return replies;
   }
 
@@ -517,25 +526,6 @@ class Client {
 
   detail::Deadline deadline() const {
     return std::chrono::steady_clock::now() + options_.connection.command_timeout;
-  }
-
-  // A call of the booking script with `args` after its key count (run_booking).
-  Call booking_call(std::span<const std::string> args) const {
-    Call call{.slot = transport_.slot_of(args[0]), .script = booking_script_, .sha = booking_sha_};
-    call.command.add("EVALSHA");
-    call.command.add(booking_sha_);
-    call.command.add("2");
-    for (const std::string& arg : args) call.command.add(arg);
-    return call;
-  }
-  // A booking call's reply, a server error reply as its status.
-  static absl::StatusOr<detail::ReplyPtr> booking_reply(Call& call) {
-    if (!call.reply.ok()) return call.reply.status();
-    const redisReply& reply = **call.reply;
-    if (reply.type == REDIS_REPLY_ERROR) {
-      return detail::server_error_status(std::string_view(reply.str, reply.len));
-    }
-    return std::move(call.reply);
   }
 
   // --- Redis Cluster ---------------------------------------------------------------------------
