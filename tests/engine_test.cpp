@@ -444,15 +444,17 @@ TEST_CASE("routes and consumers resolve from the config") {
 }
 
 namespace {
-// A backend whose every call fails, to show the failure modes.
+// A backend whose every call fails, to show the failure modes; `calls` counts them.
 struct FailingBackend {
   struct Options {};
+  static inline std::atomic<int> calls{0};
   static absl::StatusOr<FailingBackend> create(std::span<const sluice::CompiledRule>,
                                                const FailingBackend*, const Options&) {
     return FailingBackend{};
   }
   absl::Status check_rules(std::span<const sluice::RuleKey>, sluice::ConsumptionMode,
                            std::span<sluice::Decision>) {
+    ++calls;
     return absl::UnavailableError("backend down");
   }
   sluice::StoreStats rule_store_stats(std::size_t) const { return {}; }
@@ -472,6 +474,30 @@ TEST_CASE("a backend failure follows the fail-open or fail-closed setting and is
   auto closed = sluice::BasicRateLimitEngine<FailingBackend>::create(config);
   REQUIRE(closed.ok());
   CHECK_FALSE(closed->evaluate(on_route("10.0.0.1", "public")).allowed);
+}
+
+// [attack] A request with live and dry-run rules asked a failing backend twice, one group after
+// the other: against a stalled Redis it waited two command timeouts (601 ms at 300 ms).
+TEST_CASE("a backend that fails the live rules is not asked again for the dry-run rules") {
+  const sluice::PolicyConfig config{
+      .policies = {{.name = "live", .rate_limits = {rule("live", {Selector::kIp}, {.minute = 10})}},
+                   {.name = "trial",
+                    .rate_limits = {rule("trial", {Selector::kIp}, {.minute = 1})},
+                    .dry_run = true}},
+      .routes = {{.name = "api", .policies = {"live", "trial"}}}};
+  for (const sluice::FailureMode mode :
+       {sluice::FailureMode::kFailOpen, sluice::FailureMode::kFailClosed}) {
+    sluice::PolicyConfig c = config;
+    c.engine.on_backend_error = mode;
+    auto engine = sluice::BasicRateLimitEngine<FailingBackend>::create(c);
+    REQUIRE(engine.ok());
+    FailingBackend::calls = 0;
+    const sluice::Evaluation e = engine->evaluate(on_route("10.0.0.1", "api"));
+    CHECK(e.allowed == (mode == sluice::FailureMode::kFailOpen));
+    CHECK(e.backend_error.code() == absl::StatusCode::kUnavailable);
+    CHECK_FALSE(e.dry_denied.has_value());
+    CHECK(FailingBackend::calls == 1);
+  }
 }
 
 TEST_CASE("threads evaluating overlapping rules all-or-nothing admit exactly the tighter budget") {
