@@ -283,10 +283,12 @@ class BasicRateLimitEngine {
     // enforced beside them; in either mode, nor would a request they refused undecided (a cost
     // beyond a burst, fail_closed). It is not charged to the dry-run rules either, so the dry run
     // measures what enforcing would do and a flood of denied requests cannot drain its buckets.
-    const bool live_denied =
-        !e.allowed && (mode_ == ConsumptionMode::kAllOrNothing || !e.backend_error.ok());
+    // A backend that failed the live rules is not asked again for the dry-run ones (fail_open
+    // too): against a stalled backend that would be a second timeout for a request whose answer
+    // the failure has already decided.
+    const bool live_denied = !e.allowed && mode_ == ConsumptionMode::kAllOrNothing;
     const bool dry_decided =
-        !request.dry.empty() && !live_denied &&
+        !request.dry.empty() && !live_denied && e.backend_error.ok() &&
         decide_dry_group(e, request, keys, decisions, settlement, live_outcome, dry_outcome);
     count(e, request, live_outcome, dry_outcome, dry_decided);
     if (settlement != nullptr && !live_outcome.degraded && e.allowed && e.backend_error.ok()) {
