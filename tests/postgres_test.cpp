@@ -1394,15 +1394,11 @@ TEST_CASE("a check that waits out its deadline for a connection is never sent an
   CHECK(limiter.check("k", 0).value().remaining == 4);  // nothing was consumed
 }
 
-// Known hole, not fixed: the statement that coalesced checks share takes the shard locks of all
-// its keys first (ascending, so that it cannot deadlock with check_v2), while a lone check of a
-// key that has a row takes no shard lock. So one shard held by another session (a large batch, a
-// cleanup) fails every check that shares a statement with a key of that shard. Hidden ([.]):
-// it fails today and is not run with the suite; run it by name or with
-// `postgres_test "[known-hole]"`, and unhide it once the statement decides keys that have rows
-// without their shard locks.
+// One shard held by another session (a large batch, a cleanup) must not fail the checks that
+// share a statement with a key of that shard: a lone check of a key that has a row takes no
+// shard lock, so neither may the shared statement wait for one.
 TEST_CASE("checks of keys with rows sharing a statement with a key of a held shard still pass",
-          "[.][attack][known-hole]") {
+          "[attack]") {
   client();  // the schema is installed
   auto c =
       Client::create({.connection = connection(300ms), .key_seed = 42, .max_coalesced_calls = 1});

@@ -291,39 +291,65 @@ class Client {
   }
 
   // Coalesced checks of distinct `keys` under one limit and cost, by `deadline`: one statement,
-  // one result per key. Never resent.
+  // one result per key. A key the statement left alone (another session held its shard) is sent
+  // again on its own, by the same deadline; nothing that may have run is sent again.
   void check_set(std::span<const KeyDigest> keys, const SetGroup& group, detail::Deadline deadline,
                  std::span<absl::StatusOr<Decision>> results) {
-    const bool alone = keys.size() == 1;
-    std::optional<std::vector<Param>> params =
-        alone ? detail::check_interval_params(keys[0], *group.limit, group.cost, group.time)
-              : detail::check_set_params(keys, *group.limit, group.cost, group.time);
+    if (keys.size() == 1) {
+      results[0] = check_alone(keys[0], group, deadline);
+      return;
+    }
     const auto fill = [&](const absl::Status& status) {
       std::fill(results.begin(), results.end(), status);
     };
+    std::optional<std::vector<Param>> params =
+        detail::check_set_params(keys, *group.limit, group.cost, group.time);
     if (!params) {  // not reached: the group's first check had these parameters
       return fill(absl::InternalError("sluice::postgres: no statement for a coalesced check"));
     }
-    absl::StatusOr<detail::ResultPtr> r =
-        alone ? run(detail::kCheckIntervalStatement, detail::kCheckIntervalSql, *params,
-                    detail::Effect::kWrites, deadline)
-              : run(detail::kCheckSetStatement, detail::kCheckSetSql, *params,
-                    detail::Effect::kWrites, deadline);
+    absl::StatusOr<detail::ResultPtr> r = run(detail::kCheckSetStatement, detail::kCheckSetSql,
+                                              *params, detail::Effect::kWrites, deadline);
     if (!r.ok()) return fill(r.status());
     if (PQntuples(r->get()) != static_cast<int>(keys.size()) || PQnfields(r->get()) != 1) {
       return fill(absl::InternalError("sluice::postgres: malformed reply to coalesced checks"));
     }
-    const Limit* const limit = group.limit;
+    std::vector<std::size_t> left;  // keys of shards another session held
     for (std::size_t i = 0; i < keys.size(); ++i) {
       const int row = static_cast<int>(i);
       if (PQgetisnull(r->get(), row, 0)) {
-        results[i] = absl::InternalError("sluice::postgres: malformed reply to coalesced checks");
-        continue;
+        left.push_back(i);
+      } else {
+        results[i] = decoded(PQgetvalue(r->get(), row, 0), *group.limit);
       }
-      absl::StatusOr<std::vector<Decision>> d =
-          detail::decode_check_reply(PQgetvalue(r->get(), row, 0), std::span(&limit, 1));
-      results[i] = d.ok() ? absl::StatusOr<Decision>((*d)[0]) : d.status();
     }
+    for (const std::size_t i : left) results[i] = check_alone(keys[i], group, deadline);
+  }
+
+  // One check of `key` in `group`, alone: the one-key statement (no shard lock for a key that
+  // has a row), by `deadline`.
+  absl::StatusOr<Decision> check_alone(const KeyDigest& key, const SetGroup& group,
+                                       detail::Deadline deadline) {
+    std::optional<std::vector<Param>> params =
+        detail::check_interval_params(key, *group.limit, group.cost, group.time);
+    if (!params) {  // not reached: the group's first check had these parameters
+      return absl::InternalError("sluice::postgres: no statement for a coalesced check");
+    }
+    absl::StatusOr<detail::ResultPtr> r =
+        run(detail::kCheckIntervalStatement, detail::kCheckIntervalSql, *params,
+            detail::Effect::kWrites, deadline);
+    if (!r.ok()) return r.status();
+    if (PQntuples(r->get()) != 1 || PQnfields(r->get()) != 1 || PQgetisnull(r->get(), 0, 0)) {
+      return absl::InternalError("sluice::postgres: malformed reply to coalesced checks");
+    }
+    return decoded(PQgetvalue(r->get(), 0, 0), *group.limit);
+  }
+
+  // One check's reply under the one-window `limit`.
+  static absl::StatusOr<Decision> decoded(const char* reply, const Limit& limit) {
+    const Limit* const limits[] = {&limit};
+    absl::StatusOr<std::vector<Decision>> d = detail::decode_check_reply(reply, limits);
+    if (!d.ok()) return d.status();
+    return (*d)[0];
   }
 
   // The time source's reading, or nullopt for the database clock.

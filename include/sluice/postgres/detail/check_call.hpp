@@ -86,23 +86,28 @@ inline constexpr const char* kCheckIntervalSql =
 
 // kCheckIntervalSql for several distinct keys under one limit and cost, in one statement (what
 // concurrent checks coalesce into): $1 the keys' digests, 16 bytes each; $2-$10 as
-// kCheckIntervalSql. It takes the shard locks of its keys in ascending order first, as
-// sluice.check_v2 does, so that it holds row locks of several keys without risking a deadlock
-// with check_v2, cleanup or another batch; then one UPDATE decides every key that has a row, and
-// sluice.check_one_v1 decides the others (a denial, a new key) in the same statement. One row per
-// key, in order, each check_v2's reply for one item. The keys must be distinct: a key repeated
-// would be stored once. scripts/postgres_instructions (callgrind, PostgreSQL 15, generic plan):
-// 94k server instructions per admitted check for 8 keys, 72k for 16, against 250k for
-// kCheckIntervalSql and 123k for a prepared upsert of one integer, each with its own commit.
+// kCheckIntervalSql. It takes the shard locks of its keys that are free at once
+// (pg_try_advisory_xact_lock: it never waits for one), so that it holds row locks of several keys
+// only in shards it holds: no check_v2, cleanup, reset or other batch can then hold a lock it
+// waits for while waiting for one of its rows, and no deadlock is possible. Then one UPDATE
+// decides every key of those shards that has a row, and sluice.check_one_v1 decides their other
+// keys (a denial, a new key) in the same statement. One row per key, in order: check_v2's reply
+// for one item, or NULL for a key whose shard another session held, which the statement did not
+// touch (the client sends it again alone, by the same deadline). The keys must be distinct: a
+// key repeated would be stored once. scripts/postgres_instructions (callgrind, PostgreSQL 15,
+// generic plan): 98k server instructions per admitted check for 8 keys, 75k for 16, against 250k
+// for kCheckIntervalSql and 123k for a prepared upsert of one integer, each with its own commit.
 inline constexpr const char* kCheckSetStatement = "sluice_check_set_v1";
 inline constexpr const char* kCheckSetSql =
     "WITH k AS (SELECT pg_catalog.substr($1::bytea, 16 * i - 15, 16) AS digest, i FROM "
     "pg_catalog.generate_series(1, pg_catalog.length($1::bytea) / 16) AS i), "
-    "g AS (SELECT pg_catalog.count(pg_catalog.pg_advisory_xact_lock(1936483173, x.s)) AS n FROM "
-    "(SELECT DISTINCT pg_catalog.get_byte(k.digest, 0) AS s FROM k ORDER BY 1) AS x), "
+    "g AS (SELECT pg_catalog.array_agg(x.s) AS held FROM "
+    "(SELECT DISTINCT pg_catalog.get_byte(k.digest, 0) AS s FROM k ORDER BY 1) AS x "
+    "WHERE pg_catalog.pg_try_advisory_xact_lock(1936483173, x.s)), "
     "t AS (SELECT coalesce($6::bigint, (EXTRACT(EPOCH FROM "
-    "pg_catalog.clock_timestamp()) * 1000000)::bigint * 1000) AS now_ns, "
-    "(SELECT pg_catalog.array_agg(k.digest) FROM k) AS a FROM g), "
+    "pg_catalog.clock_timestamp()) * 1000000)::bigint * 1000) AS now_ns, g.held, "
+    "(SELECT pg_catalog.array_agg(k.digest) FROM k "
+    "WHERE pg_catalog.get_byte(k.digest, 0) = ANY (g.held)) AS a FROM g), "
     "u AS (UPDATE sluice.limit_state AS l SET "
     "state = ARRAY[greatest(l.state[1], t.now_ns) + $7::bigint, 0]::bigint[], "
     "idle_at = greatest(l.state[1], t.now_ns) + $7::bigint "
@@ -111,8 +116,10 @@ inline constexpr const char* kCheckSetSql =
     "AND greatest(l.state[1], t.now_ns) - t.now_ns <= $8::bigint "
     "RETURNING l.digest, ARRAY[t.now_ns, 0, $4::bigint, ($9::bigint - (l.idle_at - t.now_ns)) / "
     "$10::bigint, 0, l.idle_at - t.now_ns, 0]::bigint[] AS r) "
-    "SELECT coalesce(u.r, sluice.check_one_v1(k.digest, $2::bigint, $3::bigint, $4::bigint, "
-    "$5::bigint, $6::bigint)) FROM k LEFT JOIN u ON u.digest = k.digest ORDER BY k.i";
+    "SELECT CASE WHEN pg_catalog.get_byte(k.digest, 0) = ANY (t.held) THEN "
+    "coalesce(u.r, sluice.check_one_v1(k.digest, $2::bigint, $3::bigint, $4::bigint, "
+    "$5::bigint, $6::bigint)) END FROM k CROSS JOIN t LEFT JOIN u ON u.digest = k.digest "
+    "ORDER BY k.i";
 
 // One earlier state of an item: the item (0-based), the digest and the limit it had there.
 struct CarrySourceParam {
