@@ -197,6 +197,31 @@ TEST_CASE("an evaluation that asks for no fields allocates nothing and writes th
   }
 }
 
+TEST_CASE("a request admitted on an estimate and settled, into reused objects, allocates nothing") {
+  sluice::ManualClock clock;
+  const Engine engine = make(clock);
+  const std::vector<std::string> ips = client_ips(8);
+  sluice::Evaluation e;
+  Engine::Settlement settlement;
+  // Each request estimates 2 units and settles at 3 (a charge) or 1 (a refund).
+  const auto run = [&](int i) {
+    sluice::RequestContext r = request(ips, i);
+    r.cost = 2;
+    engine.evaluate(r, e, settlement);
+    const bool open = settlement.open();
+    if (open) REQUIRE(engine.settle(settlement, i % 2 == 0 ? 3 : 1).ok());
+    clock.advance(1ms);
+    return open;
+  };
+  for (int i = 0; i < 400; ++i) run(i);  // warm-up: every client's keys are stored
+  int settled = 0;
+  const std::size_t before = allocations.load();
+  for (int i = 0; i < 4000; ++i) settled += run(i) ? 1 : 0;
+  CHECK(allocations.load() - before == 0);
+  CHECK(settled > 0);     // admitted requests opened settlements
+  CHECK(settled < 4000);  // and denied ones did not
+}
+
 TEST_CASE("a cached credential takes as much memory whatever its length", "[attack]") {
   // Bytes allocated to cache 256 made-up keys of `size` bytes (each distinct, none owned).
   const auto bytes_to_cache = [](std::size_t size) {
