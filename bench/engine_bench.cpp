@@ -201,6 +201,40 @@ void BM_Engine_DocumentedExample_OneRequest_NoFields(benchmark::State& state) {
 }
 BENCHMARK(BM_Engine_DocumentedExample_OneRequest_NoFields);
 
+// A request admitted on an estimate (2 units) and settled at 3 or 1 (a charge, a refund), into
+// one reused Evaluation and Settlement; beside it, the same requests without a settlement.
+void BM_Engine_DocumentedExample_EstimateThenSettle(benchmark::State& state) {
+  static Engine engine = must(Engine::create(documented_example(), {.store = {.seed = 1}}));
+  const auto& addresses = client_addresses();
+  std::size_t i = 0;
+  std::uint64_t settled = 0;
+  sluice::Evaluation e;
+  Engine::Settlement settlement;
+  sluice::RequestContext request = documented_request(addresses[0]);
+  request.cost = 2;
+  for (auto _ : state) {
+    bench::tick += kStep;
+    request.client = addresses[i];
+    engine.evaluate(request, e, settlement);
+    if (settlement.open()) {
+      benchmark::DoNotOptimize(engine.settle(settlement, (i & 1) != 0 ? 3 : 1));
+      ++settled;
+    }
+    if (++i == addresses.size()) i = 0;
+  }
+  state.counters["settled_fraction"] =
+      static_cast<double>(settled) / static_cast<double>(state.iterations());
+}
+BENCHMARK(BM_Engine_DocumentedExample_EstimateThenSettle);
+
+void BM_Engine_DocumentedExample_Estimate(benchmark::State& state) {
+  static Engine engine = must(Engine::create(documented_example(), {.store = {.seed = 1}}));
+  sluice::RequestContext request = documented_request(client_addresses()[0]);
+  request.cost = 2;
+  run_engine_one_request(state, engine, request);
+}
+BENCHMARK(BM_Engine_DocumentedExample_Estimate);
+
 // The two rows above with the backend chosen at run time (in memory): the cost of the choice.
 void BM_RuntimeEngine_DocumentedExample_ReusedEvaluation(benchmark::State& state) {
   static RuntimeEngine engine = must(RuntimeEngine::create(documented_example(), in_memory()));

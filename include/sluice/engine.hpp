@@ -180,7 +180,7 @@ class BasicRateLimitEngine {
   // the request was admitted with a cost ≥ 1, no backend error, and the backend books (else it
   // is decided as by `evaluate` and the settlement stays closed).
   void evaluate(const RequestContext& raw, Evaluation& e, Settlement& settlement) const {
-    settlement = Settlement{};
+    settlement.clear();  // its storage is reused: a steady state allocates nothing
     evaluate_into(raw, e, &settlement);
   }
 

@@ -7,6 +7,8 @@
 // rules: a charge may put a key in debt, a refund gives back only what is still booked ahead).
 // Backends with bookings (BookingBackend): in memory and Redis.
 //
+// Memory: evaluating into a settlement reuses its storage, so a caller that keeps one per thread
+// allocates nothing for an estimate and its settlement on an in-memory engine.
 // Thread-safety: a settlement is settled at most once; `open()` may be read from any thread.
 #ifndef SLUICE_ENGINE_SETTLEMENT_HPP_
 #define SLUICE_ENGINE_SETTLEMENT_HPP_
@@ -79,6 +81,24 @@ class BasicSettlement {
     if (!open_.take()) {
       return absl::FailedPreconditionError("the settlement was settled already or never admitted");
     }
+    if constexpr (BatchSettlingBackend<Backend>) {
+      return settle_together(actual);
+    } else {
+      absl::Status first;  // the first live rule's error
+      for (std::size_t i = 0; i < bookings_.size(); ++i) {
+        absl::StatusOr<Decision> d =
+            Backend::settle_booking(bookings_[i], units_of(factors_[i], actual));
+        if (!d.ok() && first.ok()) first = d.status();
+      }
+      for (std::size_t i = 0; i < dry_bookings_.size(); ++i) {  // a dry run fails nothing
+        (void)Backend::settle_booking(dry_bookings_[i], units_of(dry_factors_[i], actual));
+      }
+      return first;
+    }
+  }
+
+  // settle's body for a backend that settles a request's bookings together.
+  absl::Status settle_together(std::uint64_t actual) {
     // Live bookings, then dry-run ones, each with the units its rule is settled at.
     std::vector<const Booking*> all;
     std::vector<std::uint64_t> units;
@@ -90,18 +110,21 @@ class BasicSettlement {
       all.push_back(&dry_bookings_[i]);
       units.push_back(units_of(dry_factors_[i], actual));
     }
-    std::vector<absl::StatusOr<Decision>> settled;
-    if constexpr (BatchSettlingBackend<Backend>) {
-      settled = Backend::settle_bookings(all, units);
-    } else {
-      for (std::size_t i = 0; i < all.size(); ++i) {
-        settled.push_back(Backend::settle_booking(*all[i], units[i]));
-      }
-    }
+    const std::vector<absl::StatusOr<Decision>> settled = Backend::settle_bookings(all, units);
     for (std::size_t i = 0; i < bookings_.size(); ++i) {  // a dry run fails nothing
       if (!settled[i].ok()) return settled[i].status();
     }
     return absl::OkStatus();
+  }
+
+  // Closes it and forgets its bookings, keeping their storage for the next request.
+  void clear() noexcept {
+    open_.take();
+    bookings_.clear();
+    factors_.clear();
+    dry_bookings_.clear();
+    dry_factors_.clear();
+    estimate_ = 0;
   }
 
   static std::uint64_t units_of(std::uint32_t factor, std::uint64_t actual) {
