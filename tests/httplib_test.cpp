@@ -1029,6 +1029,28 @@ TEST_CASE("an Authorization header sent twice, or Bearer and a tab, is an unknow
   CHECK(server.get("/v1/items", {{"Authorization", "Basic dXNlcg=="}}).status == 200);  // none
 }
 
+TEST_CASE(
+    "a known API key sent without its scheme cannot pass its own limit as an anonymous "
+    "request",
+    "[attack]") {
+  sluice::ManualClock clock;
+  const auto resolver = key_resolver(clock);
+  Limiter::Options options = options_with();  // the credential: Authorization: Bearer <token>
+  options.consumer_of = resolver;
+  options.unknown_consumer = "unknown";
+  const TestServer server(Limiter(make_engine(api_key_config(100), clock), std::move(options)));
+  const httplib::Headers bearer = {{"Authorization", "Bearer key-1"}};
+  CHECK(server.get("/v1/items", bearer).status == 200);
+  CHECK(server.get("/v1/items", bearer).status == 200);
+  CHECK(server.get("/v1/items", bearer).status == 429);  // the key's 2 per minute
+  // A service that strips "Bearer " only where it is present reads key-1 from a bare token: it
+  // must not be served as an anonymous request, by address, past the key's limit.
+  CHECK(server.get("/v1/items", {{"Authorization", "key-1"}}).status == 401);
+  CHECK(server.get("/v1/items", {{"Authorization", " key-1 "}}).status == 401);
+  // Another scheme with its parameters is no credential of this service's: an anonymous request.
+  CHECK(server.get("/v1/items", {{"Authorization", "Basic dXNlcg=="}}).status == 200);
+}
+
 TEST_CASE("a known API key sent twice cannot pass its own limit as the unknown consumer's request",
           "[attack]") {
   sluice::ManualClock clock;
