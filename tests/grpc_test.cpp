@@ -398,6 +398,10 @@ TEST_CASE("every spelling of a known bearer token is that token's call or refuse
   // by the address (not spent by the calls above) and refused.
   CHECK(server.call({{"authorization", "Bearer alice-token bob-token"}}).code ==
         grpc::StatusCode::UNAUTHENTICATED);
+  // A handler that strips "Bearer " only where it is present reads alice's token from a bare
+  // one: refused as well, never an anonymous call by address.
+  clock.advance(1s);
+  CHECK(server.call({{"authorization", "alice-token"}}).code == grpc::StatusCode::UNAUTHENTICATED);
   CHECK(server.service().handled() == 1);
 }
 

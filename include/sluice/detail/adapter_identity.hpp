@@ -127,9 +127,11 @@ inline std::optional<std::string_view> after_prefix(std::string_view value,
 //   header) as "key", and such a key must not escape its limits;
 // - `prefix` "" takes the whole value; none when it is empty;
 // - `prefix` a scheme and a space ("Bearer "): the scheme in any case, one or more spaces (RFC
-//   6750), then the token; none for another scheme or no token. Other whitespace after the
-//   scheme, or inside the token ("Bearer\tk", "Bearer k1 k2"), is kAmbiguousCredential: a
-//   service that splits on whitespace reads a key there, which must not escape its limits;
+//   6750), then the token; none for another scheme with its parameters ("Basic dXNlcg==").
+//   Other whitespace after the scheme, or inside the token ("Bearer\tk", "Bearer k1 k2"), is
+//   kAmbiguousCredential: a service that splits on whitespace reads a key there, which must not
+//   escape its limits. So is a value without whitespace ("k", "Bearer"): a service that strips
+//   the scheme only where it is present reads it as the token;
 // - any other `prefix` is compared ignoring case, and the rest is the credential.
 // O(value size); no allocation.
 inline std::optional<std::string_view> credential_in(std::string_view value,
@@ -146,6 +148,9 @@ inline std::optional<std::string_view> credential_in(std::string_view value,
   std::optional<std::string_view> rest =
       after_prefix(value, prefix.substr(0, prefix.find_last_not_of(' ') + 1));
   const auto space = [](char c) { return absl::ascii_isspace(static_cast<unsigned char>(c)); };
+  if (!value.empty() && std::none_of(value.begin(), value.end(), space)) {
+    return kAmbiguousCredential;  // a bare token, or the scheme alone
+  }
   if (!rest || !space(rest->front())) return std::nullopt;  // another scheme ("Bearerish k")
   rest->remove_prefix(rest->find_first_not_of(' '));        // value ends in no space
   if (std::any_of(rest->begin(), rest->end(), space)) return kAmbiguousCredential;
