@@ -50,11 +50,7 @@ using HostLookup = std::function<absl::StatusOr<HostAddresses>(const std::string
 // 255 bytes of it (a DNS name has at most 253). A host comes from a config file or from a Redis
 // Cluster node's reply, and these messages reach logs through backend error events: a line feed
 // or a terminal escape in a host must neither forge nor hide a log line.
-inline std::string shown_host(std::string_view host) {
-  constexpr std::size_t kMaxShown = 255;
-  if (host.size() <= kMaxShown) return quoted(host);
-  return absl::StrCat(quoted(host.substr(0, kMaxShown)), "...");
-}
+inline std::string shown_host(std::string_view host) { return quoted_prefix(host, 255); }
 
 // True iff `host` is a numeric IPv4 or IPv6 address: nothing to look up.
 inline bool is_numeric_address(const std::string& host) {

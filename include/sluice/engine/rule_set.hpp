@@ -276,8 +276,9 @@ class RuleSet {
   absl::StatusOr<RuleKeyFor> key_for(std::string_view label, const RequestContext& raw) const {
     const std::optional<std::size_t> r = find_label(label);
     if (!r) {
-      return absl::NotFoundError(absl::StrCat("no rule is labelled \"",
-                                              absl::string_view(label.data(), label.size()), "\""));
+      // The label comes from an operator's request: escaped, and no longer than a real one.
+      return absl::NotFoundError(absl::StrCat("no rule is labelled ",
+                                              detail::quoted_prefix(label, 2 * kMaxNameBytes + 1)));
     }
     Scratch scratch;
     ScopedRequest request(raw);
