@@ -1261,6 +1261,26 @@ TEST_CASE("envoy: a load error shows a configuration's control bytes escaped", "
                                   "(expected one of domain, descriptors, limits_nothing)"));
 }
 
+TEST_CASE("envoy: a configuration directory that cannot be listed is named escaped",
+          "[envoy][attack]") {
+  // The service logs every refused reload: a directory whose name holds a line feed or a terminal
+  // escape (a mount point named by a volume's label) must not forge or hide a line there.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    absl::StrCat("sluice_envoy_gone_", getpid(),
+                                                 "\n2026-12-07 sluice_envoy_rls: reloaded\x1b[2J");
+  std::filesystem::remove_all(dir);
+  const absl::StatusOr<sluice::envoy::ServiceConfig> loaded =
+      sluice::envoy::load_config_directory(dir.string());
+  REQUIRE_FALSE(loaded.ok());
+  CHECK(loaded.status().code() == absl::StatusCode::kNotFound);
+  const std::string message(loaded.status().message());
+  CHECK(std::none_of(message.begin(), message.end(),
+                     [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }));
+  CHECK(message.starts_with(
+      absl::StrCat("\"", (std::filesystem::temp_directory_path() / "sluice_envoy_gone_").string(),
+                   getpid(), "\\x0a2026-12-07 sluice_envoy_rls: reloaded\\x1b[2J\": ")));
+}
+
 TEST_CASE("envoy: a domain file that cannot be read fails the load and is named",
           "[envoy][attack]") {
   // A symlink whose target is gone (a volume not mounted yet) or is no file: skipping it would
