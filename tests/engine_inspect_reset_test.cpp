@@ -155,3 +155,30 @@ TEST_CASE("an unknown rule label reaches the NotFound message escaped and bounde
   const std::string huge(1 << 20, 'x');
   CHECK(engine->inspect(huge, client).status().message().size() < 1024);
 }
+
+TEST_CASE("a route or service name a caller passes reaches an error message bounded", "[attack]") {
+  // An operator endpoint passes the route from its own request; an integration may pass a
+  // service taken from a request. A megabyte of either must not become a megabyte of log.
+  sluice::ManualClock clock;
+  sluice::PolicyConfig routed{
+      .policies = {{.name = "api",
+                    .rate_limits = {{.name = "per-route",
+                                     .selector = {Selector::kRoute},
+                                     .requests_per = {.minute = 3}}}}},
+      .routes = {{.name = "api", .service = "svc", .path_prefix = "/api", .policies = {"api"}}},
+      .services = {{.name = "svc"}}};
+  auto engine = Engine::create(routed, {.store = {.seed = 1}, .clock = clock});
+  REQUIRE(engine.ok());
+  const std::string huge(1 << 20, 'r');
+  const sluice::RequestContext unknown_route{
+      .client_ip = "203.0.113.7", .route = huge, .path = "/api/x"};
+  const absl::Status inspected = engine->inspect("api/per-route", unknown_route).status();
+  CHECK(inspected.code() == absl::StatusCode::kNotFound);
+  CHECK(inspected.message().size() < 1024);
+
+  const sluice::RequestContext other_service{
+      .client_ip = "203.0.113.7", .route = "api", .service = huge, .path = "/api/x"};
+  const sluice::Evaluation e = engine->evaluate(other_service);
+  CHECK(e.backend_error.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(e.backend_error.message().size() < 1024);
+}
