@@ -164,9 +164,11 @@ class RuleSet {
       if (!out.service) {
         out.service = route->service;
       } else if (*out.service != route->service) {
+        // The service is the caller's: escaped, and no longer than a config's names can be.
         return absl::InvalidArgumentError(absl::StrCat(
-            "the request names service ", detail::quoted(*out.service), " but route ",
-            detail::quoted(*out.route), " belongs to service ", detail::quoted(route->service)));
+            "the request names service ", detail::quoted_prefix(*out.service, kMaxNameBytes),
+            " but route ", detail::quoted(*out.route), " belongs to service ",
+            detail::quoted(route->service)));
       }
     }
     const RuleList* consumer = out.consumer ? find(consumer_rules_, *out.consumer) : nullptr;
@@ -300,7 +302,7 @@ class RuleSet {
     };
     if (raw.route && !raw.route->empty() && !request.route && keys(Selector::kRoute)) {
       return absl::NotFoundError(
-          absl::StrCat("no route is named ", detail::quoted(*raw.route),
+          absl::StrCat("no route is named ", detail::quoted_prefix(*raw.route, kMaxNameBytes),
                        "; name no route for the key unrouted requests share"));
     }
     const bool keys_address =
