@@ -1,5 +1,6 @@
 // The engine's operator calls: inspect(rule label, request) and reset(rule label, request), in
 // memory and (SLUICE_TEST_REDIS) over a real redis-server the test starts.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -127,3 +128,57 @@ TEST_CASE(
   expect_operator_calls(*engine);
 }
 #endif
+
+TEST_CASE("an unknown rule label reaches the NotFound message escaped and bounded", "[attack]") {
+  // An operator endpoint passes a label from its own request (`/admin/reset?rule=...`) and logs
+  // the error: a line feed or a terminal escape in the label must not forge or hide log lines,
+  // and a megabyte of label must not become a megabyte of log.
+  sluice::ManualClock clock;
+  auto engine = Engine::create(config(), {.store = {.seed = 1}, .clock = clock});
+  REQUIRE(engine.ok());
+  const sluice::RequestContext client = from("203.0.113.7");
+  const std::string forged = "api/nope\n2026-12-07T00:00:00Z admin: all keys reset\x1b[2J";
+  const auto has_control_byte = [](const std::string& text) {
+    return std::any_of(text.begin(), text.end(), [](char c) {
+      const auto byte = static_cast<unsigned char>(c);
+      return byte < 0x20 || byte == 0x7f;
+    });
+  };
+  const absl::Status inspected = engine->inspect(forged, client).status();
+  const absl::Status reset = engine->reset(forged, client);
+  for (const absl::Status& s : {inspected, reset}) {
+    CHECK(s.code() == absl::StatusCode::kNotFound);
+    const std::string message(s.message());
+    CHECK_FALSE(has_control_byte(message));
+    CHECK(message.find("api/nope\\x0a2026") != std::string::npos);
+  }
+  const std::string huge(1 << 20, 'x');
+  CHECK(engine->inspect(huge, client).status().message().size() < 1024);
+}
+
+TEST_CASE("a route or service name a caller passes reaches an error message bounded", "[attack]") {
+  // An operator endpoint passes the route from its own request; an integration may pass a
+  // service taken from a request. A megabyte of either must not become a megabyte of log.
+  sluice::ManualClock clock;
+  sluice::PolicyConfig routed{
+      .policies = {{.name = "api",
+                    .rate_limits = {{.name = "per-route",
+                                     .selector = {Selector::kRoute},
+                                     .requests_per = {.minute = 3}}}}},
+      .routes = {{.name = "api", .service = "svc", .path_prefix = "/api", .policies = {"api"}}},
+      .services = {{.name = "svc"}}};
+  auto engine = Engine::create(routed, {.store = {.seed = 1}, .clock = clock});
+  REQUIRE(engine.ok());
+  const std::string huge(1 << 20, 'r');
+  const sluice::RequestContext unknown_route{
+      .client_ip = "203.0.113.7", .route = huge, .path = "/api/x"};
+  const absl::Status inspected = engine->inspect("api/per-route", unknown_route).status();
+  CHECK(inspected.code() == absl::StatusCode::kNotFound);
+  CHECK(inspected.message().size() < 1024);
+
+  const sluice::RequestContext other_service{
+      .client_ip = "203.0.113.7", .route = "api", .service = huge, .path = "/api/x"};
+  const sluice::Evaluation e = engine->evaluate(other_service);
+  CHECK(e.backend_error.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(e.backend_error.message().size() < 1024);
+}

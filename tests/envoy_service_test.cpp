@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch.hpp"
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
@@ -569,6 +570,45 @@ TEST_CASE("envoy: requests beyond the bounds answer INVALID_ARGUMENT", "[envoy]"
   // Nothing was counted by the refused requests.
   CHECK(server.ok(request("messaging", {{{"to_number", "1"}}})).statuses(0).limit_remaining() ==
         99);
+}
+
+TEST_CASE("envoy: a domain or key no request may carry is refused when the limits are loaded",
+          "[envoy][attack]") {
+  // A call whose domain or key is past RequestBounds is answered INVALID_ARGUMENT, which a proxy
+  // that fails open (Envoy's default) admits: a limit on such a domain or key would limit
+  // nothing, so it is refused where it is configured instead.
+  const std::string limit = "    rate_limit: {unit: second, requests_per_unit: 0}\n";
+  const std::string long_domain(257, 'd');
+  auto domain = sluice::envoy::load_domain_config(
+      absl::StrCat("domain: ", long_domain, "\ndescriptors:\n  - key: k\n", limit), "d.yaml");
+  REQUIRE(domain.ok());
+  auto limiter = sluice::envoy::Limiter::create({.domains = {*domain}});
+  CHECK(limiter.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(limiter.status().message(), "max_domain_bytes"));
+
+  const std::string long_key(257, 'k');
+  auto keyed = sluice::envoy::load_domain_config(
+      absl::StrCat("domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: ", long_key,
+                   "\n", "    ", limit),
+      "d.yaml");
+  REQUIRE(keyed.ok());
+  auto key_limiter = sluice::envoy::Limiter::create({.domains = {*keyed}});
+  CHECK(key_limiter.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(key_limiter.status().message(), "max_key_bytes"));
+
+  // Within the bounds, the same limits load, and wider bounds admit the longer ones.
+  auto wide = sluice::envoy::Limiter::create(
+      {.domains = {*domain, *keyed}}, {.bounds = {.max_domain_bytes = 257, .max_key_bytes = 257}});
+  CHECK(wide.ok());
+  if (wide.ok()) {
+    const sluice::envoy::Entry entries[] = {{"k", "v"}};
+    const sluice::envoy::Descriptor descriptors[] = {{.entries = entries}};
+    sluice::envoy::Response response;
+    REQUIRE((*wide)
+                ->should_rate_limit({.domain = long_domain, .descriptors = descriptors}, response)
+                .ok());
+    CHECK(response.overall_code == sluice::envoy::Code::kOverLimit);
+  }
 }
 
 TEST_CASE("envoy: a request beyond the bounds is refused before anything is allocated for it",
@@ -1259,6 +1299,26 @@ TEST_CASE("envoy: a load error shows a configuration's control bytes escaped", "
   CHECK(message() == absl::StrCat("\"", dir.string(),
                                   "/\\x1b[2J\\x0aforged.yaml\":2:1: (root): unknown key \"limit\" "
                                   "(expected one of domain, descriptors, limits_nothing)"));
+}
+
+TEST_CASE("envoy: a configuration directory that cannot be listed is named escaped",
+          "[envoy][attack]") {
+  // The service logs every refused reload: a directory whose name holds a line feed or a terminal
+  // escape (a mount point named by a volume's label) must not forge or hide a line there.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    absl::StrCat("sluice_envoy_gone_", getpid(),
+                                                 "\n2026-12-07 sluice_envoy_rls: reloaded\x1b[2J");
+  std::filesystem::remove_all(dir);
+  const absl::StatusOr<sluice::envoy::ServiceConfig> loaded =
+      sluice::envoy::load_config_directory(dir.string());
+  REQUIRE_FALSE(loaded.ok());
+  CHECK(loaded.status().code() == absl::StatusCode::kNotFound);
+  const std::string message(loaded.status().message());
+  CHECK(std::none_of(message.begin(), message.end(),
+                     [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }));
+  CHECK(message.starts_with(
+      absl::StrCat("\"", (std::filesystem::temp_directory_path() / "sluice_envoy_gone_").string(),
+                   getpid(), "\\x0a2026-12-07 sluice_envoy_rls: reloaded\\x1b[2J\": ")));
 }
 
 TEST_CASE("envoy: a domain file that cannot be read fails the load and is named",

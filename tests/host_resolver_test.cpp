@@ -9,6 +9,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "catch.hpp"
 #include "sluice/detail/host_resolver.hpp"
@@ -114,4 +115,36 @@ TEST_CASE("the system resolver answers localhost with a loopback address") {
   REQUIRE(addresses.ok());
   CHECK(std::any_of(addresses->begin(), addresses->end(),
                     [](const std::string& a) { return a == "127.0.0.1" || a == "::1"; }));
+}
+
+TEST_CASE("a host name's control bytes reach a resolver's message escaped", "[attack]") {
+  // The host comes from a config file (backend.address) or from a Redis Cluster node's
+  // CLUSTER SLOTS reply; its message becomes a backend error event that services log. A line
+  // feed or a terminal escape there would forge or hide log lines.
+  const std::string host = "cache\n2026-12-07T00:00:00Z sluice: all clear\x1b[2J";
+  const auto has_control_byte = [](const std::string& text) {
+    return std::any_of(text.begin(), text.end(), [](char c) {
+      const auto byte = static_cast<unsigned char>(c);
+      return byte < 0x20 || byte == 0x7f;
+    });
+  };
+  const std::string shown = "\"cache\\x0a2026-12-07T00:00:00Z sluice: all clear\\x1b[2J\"";
+
+  std::promise<void> never;
+  HostResolver stalled(host, BlockedLookup{.go = never.get_future().share()});
+  const absl::Status late = stalled.resolve(steady_clock::now()).status();
+  CHECK(late.code() == absl::StatusCode::kDeadlineExceeded);
+  const std::string late_message(late.message());
+  CHECK_FALSE(has_control_byte(late_message));
+  CHECK(late_message.find(shown) != std::string::npos);
+
+  // The system resolver finds no such host (or does not answer in time): either message.
+  HostResolver system(host);
+  const absl::Status failed =
+      system.resolve(steady_clock::now() + std::chrono::seconds(5)).status();
+  CHECK_FALSE(failed.ok());
+  const std::string failed_message(failed.message());
+  CHECK_FALSE(has_control_byte(failed_message));
+  CHECK(failed_message.find(shown) != std::string::npos);
+  never.set_value();
 }

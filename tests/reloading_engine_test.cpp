@@ -32,6 +32,7 @@
 #include "sluice/clock.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/runtime_engine.hpp"
+#include "sluice/yaml/load_config.hpp"
 
 using Engine = sluice::BasicRateLimitEngine<sluice::InMemoryBackend<sluice::ManualClock>>;
 using Holder = sluice::yaml::ReloadingEngine<Engine, sluice::ManualClock>;
@@ -939,4 +940,39 @@ TEST_CASE("a requirement binds only while its handle or a copy of it is held") {
   CHECK(holder->reload().code() == absl::StatusCode::kFailedPrecondition);
   copy.reset();
   CHECK(holder->reload().ok());
+}
+
+TEST_CASE("a config file's name reaches every reload error quoted and escaped", "[attack]") {
+  // Whoever may name the file (a directory others write to, a ConfigMap key) may put a line feed
+  // or a terminal escape in its name; the holder's errors are logged from its reload events.
+  TempDir dir;
+  const std::string path =
+      dir.file("gateway\n2026-12-07T00:00:00Z sluice_gateway: config reloaded\x1b[2J.yaml");
+  write(path, config_text(2));
+  Clocks clocks;
+  ReloadLog log;
+  auto holder = make(path, clocks, log);
+  const auto has_control_byte = [](const std::string& text) {
+    return std::any_of(text.begin(), text.end(), [](char c) {
+      const auto byte = static_cast<unsigned char>(c);
+      return byte < 0x20 || byte == 0x7f;
+    });
+  };
+
+  std::string broken = config_text(2);
+  broken.replace(broken.find("s: 2"), 4, "s: 0");
+  write(path, broken);
+  const std::string invalid = poll(*holder, clocks);
+  const absl::StatusOr<sluice::PolicyConfig> loaded = sluice::yaml::load_config_file(path);
+  REQUIRE_FALSE(loaded.ok());
+  CHECK(invalid == loaded.status().ToString());  // as load_config_file names the file
+
+  write(path, "listeners:\n  - name: public\n");
+  const std::string no_rule = poll(*holder, clocks);
+  CHECK(no_rule.starts_with("FAILED_PRECONDITION: \"" + dir.file("gateway\\x0a2026")));
+
+  for (const std::string& line : log.take()) {
+    INFO(line);
+    CHECK_FALSE(has_control_byte(line));
+  }
 }

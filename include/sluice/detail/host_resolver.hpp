@@ -28,6 +28,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -36,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/detail/text.hpp"
 
 namespace sluice::detail {
 
@@ -43,6 +45,12 @@ namespace sluice::detail {
 using HostAddresses = std::vector<std::string>;
 // Looks a host name up, blocking as long as it must (the system's: getaddrinfo).
 using HostLookup = std::function<absl::StatusOr<HostAddresses>(const std::string& host)>;
+
+// `host` as the messages here show it: quoted, every byte outside printable ASCII as \xNN, at most
+// 255 bytes of it (a DNS name has at most 253). A host comes from a config file or from a Redis
+// Cluster node's reply, and these messages reach logs through backend error events: a line feed
+// or a terminal escape in a host must neither forge nor hide a log line.
+inline std::string shown_host(std::string_view host) { return quoted_prefix(host, 255); }
 
 // True iff `host` is a numeric IPv4 or IPv6 address: nothing to look up.
 inline bool is_numeric_address(const std::string& host) {
@@ -59,7 +67,7 @@ inline absl::StatusOr<HostAddresses> system_host_lookup(const std::string& host)
   addrinfo* found = nullptr;
   if (const int error = getaddrinfo(host.c_str(), nullptr, &hints, &found); error != 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot resolve host '", host, "': ", gai_strerror(error)));
+        absl::StrCat("cannot resolve host ", shown_host(host), ": ", gai_strerror(error)));
   }
   const std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> owned(found, &freeaddrinfo);
   HostAddresses out;
@@ -73,7 +81,8 @@ inline absl::StatusOr<HostAddresses> system_host_lookup(const std::string& host)
     if (std::find(out.begin(), out.end(), address) == out.end()) out.push_back(std::move(address));
   }
   if (out.empty()) {
-    return absl::UnavailableError(absl::StrCat("host '", host, "' has no IPv4 or IPv6 address"));
+    return absl::UnavailableError(
+        absl::StrCat("host ", shown_host(host), " has no IPv4 or IPv6 address"));
   }
   return out;
 }
@@ -94,7 +103,7 @@ class HostResolver {
     std::unique_lock lock(f.mu);
     if (!f.done.wait_until(lock, deadline, [&] { return f.answer.has_value(); })) {
       return absl::DeadlineExceededError(
-          absl::StrCat("host '", host_, "' was not resolved within the timeout"));
+          absl::StrCat("host ", shown_host(host_), " was not resolved within the timeout"));
     }
     return *f.answer;
   }
@@ -133,7 +142,7 @@ class HostResolver {
       }).detach();
     } catch (const std::system_error& e) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("cannot start a lookup of host '", host_, "': ", e.what()));
+          absl::StrCat("cannot start a lookup of host ", shown_host(host_), ": ", e.what()));
     }
     flight_ = flight;
     return flight;

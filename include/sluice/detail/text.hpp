@@ -100,6 +100,14 @@ inline std::string utf8_escaped(std::string_view text) {
 // `escaped(text)` in double quotes: how a value from untrusted input appears in a message.
 inline std::string quoted(std::string_view text) { return '"' + escaped(text) + '"'; }
 
+// quoted() of at most the first `max_bytes` bytes of `text`, then "..." if it was longer: how a
+// value of unbounded length from untrusted input (a request's, a server reply's) appears in a
+// message, so that a megabyte of it is not a megabyte of log.
+inline std::string quoted_prefix(std::string_view text, std::size_t max_bytes) {
+  if (text.size() <= max_bytes) return quoted(text);
+  return quoted(text.substr(0, max_bytes)) + "...";
+}
+
 // True iff every byte of `text` is printable ASCII (0x20-0x7E).
 inline bool printable(std::string_view text) {
   for (char c : text) {

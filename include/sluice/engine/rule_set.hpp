@@ -164,9 +164,11 @@ class RuleSet {
       if (!out.service) {
         out.service = route->service;
       } else if (*out.service != route->service) {
+        // The service is the caller's: escaped, and no longer than a config's names can be.
         return absl::InvalidArgumentError(absl::StrCat(
-            "the request names service ", detail::quoted(*out.service), " but route ",
-            detail::quoted(*out.route), " belongs to service ", detail::quoted(route->service)));
+            "the request names service ", detail::quoted_prefix(*out.service, kMaxNameBytes),
+            " but route ", detail::quoted(*out.route), " belongs to service ",
+            detail::quoted(route->service)));
       }
     }
     const RuleList* consumer = out.consumer ? find(consumer_rules_, *out.consumer) : nullptr;
@@ -276,8 +278,9 @@ class RuleSet {
   absl::StatusOr<RuleKeyFor> key_for(std::string_view label, const RequestContext& raw) const {
     const std::optional<std::size_t> r = find_label(label);
     if (!r) {
-      return absl::NotFoundError(absl::StrCat("no rule is labelled \"",
-                                              absl::string_view(label.data(), label.size()), "\""));
+      // The label comes from an operator's request: escaped, and no longer than a real one.
+      return absl::NotFoundError(absl::StrCat("no rule is labelled ",
+                                              detail::quoted_prefix(label, 2 * kMaxNameBytes + 1)));
     }
     Scratch scratch;
     ScopedRequest request(raw);
@@ -299,7 +302,7 @@ class RuleSet {
     };
     if (raw.route && !raw.route->empty() && !request.route && keys(Selector::kRoute)) {
       return absl::NotFoundError(
-          absl::StrCat("no route is named ", detail::quoted(*raw.route),
+          absl::StrCat("no route is named ", detail::quoted_prefix(*raw.route, kMaxNameBytes),
                        "; name no route for the key unrouted requests share"));
     }
     const bool keys_address =

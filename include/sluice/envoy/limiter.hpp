@@ -100,7 +100,9 @@ namespace sluice::envoy {
 // before anything is looked up or allocated for it. They bound what the proxy's configuration
 // decides (the domain, how many descriptors and entries, the keys), never what a client sends:
 // entry values (a path, a header) may be as long as the gRPC message allows, so that no client
-// can turn its whole request into an error, which a proxy that fails open admits.
+// can turn its whole request into an error, which a proxy that fails open admits. `create` and
+// `reload` refuse (InvalidArgument) a configuration with a domain or key longer, or a descriptor
+// nested deeper than max_entries, since no call could match it.
 struct RequestBounds {
   std::size_t max_domain_bytes = 256;
   std::size_t max_descriptors = 64;
@@ -202,6 +204,7 @@ class BasicLimiter {
   // removed): it is freed here if no call holds it, else by a later reload() or
   // collect_replaced() once its calls have let go (see the file comment).
   absl::Status reload(const ServiceConfig& config) {
+    if (absl::Status s = check_within_bounds(config, options_.bounds); !s.ok()) return s;
     absl::StatusOr<detail::CompiledLimits> compiled = detail::CompiledLimits::compile(config);
     if (!compiled.ok()) return compiled.status();
     absl::StatusOr<std::shared_ptr<const Generation>> replaced =
@@ -403,6 +406,56 @@ class BasicLimiter {
   }
 
   static absl::Status invalid(const std::string& what) { return absl::InvalidArgumentError(what); }
+
+  // A domain or key longer than a call may carry, or a descriptor nested deeper than a call's
+  // entries reach, matches no call: validate() refuses every call that names it, and a proxy that
+  // fails open (Envoy's default) admits those calls, so its limits would limit nothing. Refused
+  // where it is configured instead. O(descriptors).
+  static absl::Status check_within_bounds(const ServiceConfig& config, const RequestBounds& b) {
+    for (const DomainConfig& d : config.domains) {
+      const std::string source =
+          d.source.empty() ? "" : absl::StrCat(sluice::detail::plain_or_quoted(d.source), ": ");
+      if (d.domain.size() > b.max_domain_bytes) {
+        return invalid(absl::StrCat(
+            source, "domain ", sluice::detail::quoted_prefix(d.domain, 64), " is ", d.domain.size(),
+            " bytes, more than a call's domain may have (max_domain_bytes ", b.max_domain_bytes,
+            "), so no call can match it; shorten it or raise the bound"));
+      }
+      if (absl::Status s = check_descriptors_within(d.descriptors, source, "descriptors", 1, b);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // check_within_bounds for the descriptors at `depth` (1: a domain's own) under `path`.
+  static absl::Status check_descriptors_within(const std::vector<DescriptorConfig>& descriptors,
+                                               const std::string& source, const std::string& path,
+                                               std::size_t depth, const RequestBounds& b) {
+    for (std::size_t i = 0; i < descriptors.size(); ++i) {
+      const DescriptorConfig& c = descriptors[i];
+      const std::string at = absl::StrCat(path, "[", i, "]");
+      if (c.key.size() > b.max_key_bytes) {
+        return invalid(absl::StrCat(
+            source, at, ".key: ", c.key.size(), " bytes, more than a call's entry key may have ",
+            "(max_key_bytes ", b.max_key_bytes, "), so no call can match it; shorten it or raise ",
+            "the bound"));
+      }
+      if (depth > b.max_entries) {
+        return invalid(absl::StrCat(source, at, ": nested ", depth,
+                                    " deep, deeper than a call's descriptor has entries "
+                                    "(max_entries ",
+                                    b.max_entries, "), so no call can reach it"));
+      }
+      if (absl::Status s = check_descriptors_within(c.descriptors, source,
+                                                    absl::StrCat(at, ".descriptors"), depth + 1, b);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
 
   // The current generation, after publishing one with every override of `request` it lacks (or,
   // for one the backend refuses, one that remembers the refusal: decided as absent from then on,

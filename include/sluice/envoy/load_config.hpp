@@ -30,9 +30,9 @@
 //
 // Errors: InvalidArgument "<file>:<line>:<column>: <where>: <what>"; NotFound etc. when a file or
 // the directory cannot be read. A value from a file, and a file's path unless it is printable
-// ASCII, appear quoted and escaped (\xNN), so that no file can forge or break a log line. Files are
-// bounded like sluice's other YAML (sluice/yaml/limits.hpp). Thread-safety: reentrant. Complexity:
-// linear in the files.
+// ASCII (the directory's too), appear quoted and escaped (\xNN), so that no file can forge or
+// break a log line. Files are bounded like sluice's other YAML (sluice/yaml/limits.hpp).
+// Thread-safety: reentrant. Complexity: linear in the files.
 #ifndef SLUICE_ENVOY_LOAD_CONFIG_HPP_
 #define SLUICE_ENVOY_LOAD_CONFIG_HPP_
 
@@ -312,7 +312,8 @@ inline absl::StatusOr<ServiceConfig> load_config_directory(const std::string& di
     }
   }
   if (error) {
-    return absl::NotFoundError(absl::StrCat(directory, ": ", error.message()));
+    return absl::NotFoundError(
+        absl::StrCat(sluice::detail::plain_or_quoted(directory), ": ", error.message()));
   }
   std::sort(paths.begin(), paths.end());
   ServiceConfig config;

@@ -66,6 +66,8 @@
 // nothing, or only a dry-run bundle. `reload()` loads the file as it is now, without the settle
 // interval, unless it changed while it was read (Unavailable: a writer is at work). Paths through
 // symlinks are followed on every read, so a Kubernetes ConfigMap's `..data` swap is picked up.
+// Every error names the file first, as load_config_file does: quoted, with each byte outside
+// printable ASCII as \xNN, when its path is not printable ASCII.
 //
 // What adapters need: an adapter created over the holder (`HttplibLimiter<>::create(holder, ...)`,
 // `GrpcRateLimiter::create(options, holder)`) registers the listener and unknown consumer it was
@@ -110,6 +112,7 @@
 #include "sluice/detail/mutex.hpp"
 #include "sluice/detail/retirement.hpp"
 #include "sluice/detail/spin_lock.hpp"
+#include "sluice/detail/text.hpp"
 #include "sluice/detail/xxhash.hpp"
 #include "sluice/engine.hpp"
 #include "sluice/engine_events.hpp"
@@ -143,14 +146,15 @@ class ReloadingEngine {
                                                                  Options options = {}) {
     absl::StatusOr<std::string> text = detail::read_config_file(path);
     if (!text.ok()) return text.status();
-    absl::StatusOr<PolicyConfig> config = load(path, *text);
+    const std::string shown = sluice::detail::plain_or_quoted(path);
+    absl::StatusOr<PolicyConfig> config = load(shown, *text);
     if (!config.ok()) return config.status();
-    if (absl::Status s = check_attaches_a_rule(path, *config, std::nullopt); !s.ok()) return s;
+    if (absl::Status s = check_attaches_a_rule(shown, *config, std::nullopt); !s.ok()) return s;
     auto engine =
         Engine::create(*config, std::move(options.backend), options.observer, options.on_event);
     if (!engine.ok()) {  // e.g. a backend section naming a backend this build does not include
       return absl::Status(engine.status().code(),
-                          absl::StrCat(path, ": ", engine.status().message()));
+                          absl::StrCat(shown, ": ", engine.status().message()));
     }
     absl::StatusOr<detail::WakePipe> wake = detail::WakePipe::create();
     if (!wake.ok()) return wake.status();
@@ -195,7 +199,7 @@ class ReloadingEngine {
     if (!file.ok()) return fail(file.status());
     if (!file->steady) {
       return fail(absl::UnavailableError(
-          absl::StrCat(path_,
+          absl::StrCat(shown_path_,
                        ": the file changed while it was read, so it is still being written; "
                        "reload again once it is complete, or replace it atomically (write a "
                        "temporary file, then rename it over this one)")));
@@ -277,6 +281,7 @@ class ReloadingEngine {
                   std::size_t enforced, std::chrono::nanoseconds settle, SettleClock clock,
                   detail::WakePipe wake)
       : path_(std::move(path)),
+        shown_path_(sluice::detail::plain_or_quoted(path_)),
         settle_(settle),
         clock_(std::move(clock)),
         current_(std::move(first)),
@@ -322,11 +327,12 @@ class ReloadingEngine {
     return {.size = text.size(), .hash_low = hash.low64, .hash_high = hash.high64};
   }
 
-  // load_config with the file name in front of its positions, as load_config_file writes them.
-  static absl::StatusOr<PolicyConfig> load(const std::string& path, const std::string& text) {
+  // load_config with the file name (`shown_path`: plain_or_quoted) in front of its positions, as
+  // load_config_file writes them.
+  static absl::StatusOr<PolicyConfig> load(const std::string& shown_path, const std::string& text) {
     absl::StatusOr<PolicyConfig> config = load_config(text);
     if (!config.ok() && config.status().code() == absl::StatusCode::kInvalidArgument) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ":", config.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(shown_path, ":", config.status().message()));
     }
     return config;
   }
@@ -348,9 +354,9 @@ class ReloadingEngine {
 
   absl::Status reload_from(const std::string& text) ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mutex_) {
     seen_ = version_of(text);
-    absl::StatusOr<PolicyConfig> config = load(path_, text);
+    absl::StatusOr<PolicyConfig> config = load(shown_path_, text);
     if (!config.ok()) return fail(config.status());
-    if (absl::Status s = check_attaches_a_rule(path_, *config, enforced_); !s.ok()) {
+    if (absl::Status s = check_attaches_a_rule(shown_path_, *config, enforced_); !s.ok()) {
       return fail(s);
     }
     if (absl::Status s = check_requirements(*config); !s.ok()) return fail(s);
@@ -389,12 +395,13 @@ class ReloadingEngine {
   // A config that enforces no rule is what a file read while being written often is (a prefix
   // that ends before the first attachment, or after only a dry-run one, is valid YAML): refused
   // unless it says so.
-  static absl::Status check_attaches_a_rule(const std::string& path, const PolicyConfig& config,
+  static absl::Status check_attaches_a_rule(const std::string& shown_path,
+                                            const PolicyConfig& config,
                                             std::optional<std::size_t> running) {
     if (config.limits_nothing || enforced_rule_count(config) > 0) return absl::OkStatus();
     const std::size_t dry_run = attached_rule_count(config);
     return absl::FailedPreconditionError(absl::StrCat(
-        path, ": this config attaches no rule",
+        shown_path, ": this config attaches no rule",
         dry_run > 0 ? absl::StrCat(" that is enforced (only ", dry_run, " dry-run)") : "",
         running ? absl::StrCat(", where the running one enforces ", *running) : "",
         ", so it would limit nothing; if the file is still being written, replace it atomically "
@@ -409,7 +416,7 @@ class ReloadingEngine {
       const RequirementHandle requirement = registered.lock();
       if (!requirement) continue;  // its adapter is gone
       if (absl::Status s = check_requirement(config, *requirement); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(path_, ": ", s.message()));
+        return absl::Status(s.code(), absl::StrCat(shown_path_, ": ", s.message()));
       }
     }
     return absl::OkStatus();
@@ -421,6 +428,9 @@ class ReloadingEngine {
   }
 
   const std::string path_;
+  // path_ as messages show it: quoted and escaped unless it is printable ASCII, so that a file
+  // name with a line feed or a terminal escape can neither forge nor hide a log line.
+  const std::string shown_path_;
   const std::chrono::nanoseconds settle_;
   const SettleClock clock_;
   mutable sluice::detail::SpinLock current_lock_;
