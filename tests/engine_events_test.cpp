@@ -133,6 +133,24 @@ TEST_CASE("a dry-run denial reports the rule's label and would-be decision, neve
   CHECK(lines[0].find("203.0.113") == std::string::npos);
 }
 
+TEST_CASE("one client cannot make a dry-run rule raise an event per request", "[attack]") {
+  // The live rule admits 100 a second per ip, the dry run 1: every request of a client after its
+  // first in a second would be denied by the dry run. A hook that logs each event would write
+  // one line per such request, so the client would set the service's log volume.
+  const sluice::PolicyConfig config{
+      .policies = {{.name = "api", .rate_limits = {rule("per-ip", {Selector::kIp}, {.s = 100})}},
+                   {.name = "shadow",
+                    .rate_limits = {rule("strict", {Selector::kIp}, {.s = 1})},
+                    .dry_run = true}},
+      .gateway = {.global_policies = {"api", "shadow"}}};
+  sluice::ManualClock clock;
+  Recorder events;
+  Engine engine = make(config, clock, events);
+  for (int i = 0; i < 50; ++i) CHECK(engine.evaluate(on_route("203.0.113.7", "r")).allowed);
+  CHECK(events.take().size() == 1);           // at most one event a second for the rule
+  CHECK(engine.stats()[1].dry_denied == 49);  // the counter counts every would-be denial
+}
+
 TEST_CASE("a failing backend reports a backend error and counts it") {
   sluice::ManualClock clock;
   Recorder events;
