@@ -35,7 +35,8 @@ struct Recorder {
             using E = std::decay_t<decltype(e)>;
             if constexpr (std::is_same_v<E, sluice::DryRunDenialEvent>) {
               return absl::StrCat("dry-run ", std::string(e.rule_label), " rule=", e.rule,
-                                  " retry_after_ms=", e.decision.retry_after / 1ms);
+                                  " retry_after_ms=", e.decision.retry_after / 1ms,
+                                  " suppressed=", e.suppressed);
             } else if constexpr (std::is_same_v<E, sluice::BackendErrorEvent>) {
               return absl::StrCat("backend-error ", e.status.ToString(),
                                   " suppressed=", e.suppressed);
@@ -129,7 +130,8 @@ TEST_CASE("a dry-run denial reports the rule's label and would-be decision, neve
   CHECK(events.take().empty());
   CHECK(engine.evaluate(on_route("203.0.113.7", "r")).allowed);  // the dry-run rule would deny
   const std::vector<std::string> lines = events.take();
-  CHECK(lines == std::vector<std::string>{"dry-run shadow/strict rule=1 retry_after_ms=1000"});
+  CHECK(lines ==
+        std::vector<std::string>{"dry-run shadow/strict rule=1 retry_after_ms=1000 suppressed=0"});
   CHECK(lines[0].find("203.0.113") == std::string::npos);
 }
 
@@ -147,8 +149,18 @@ TEST_CASE("one client cannot make a dry-run rule raise an event per request", "[
   Recorder events;
   Engine engine = make(config, clock, events);
   for (int i = 0; i < 50; ++i) CHECK(engine.evaluate(on_route("203.0.113.7", "r")).allowed);
-  CHECK(events.take().size() == 1);           // at most one event a second for the rule
+  CHECK(events.take() ==
+        std::vector<std::string>{"dry-run shadow/strict rule=1 retry_after_ms=1000 suppressed=0"});
   CHECK(engine.stats()[1].dry_denied == 49);  // the counter counts every would-be denial
+
+  clock.advance(999ms);
+  CHECK(engine.evaluate(on_route("203.0.113.7", "r")).allowed);
+  CHECK(events.take().empty());
+  clock.advance(1ms);  // t = 1 s: the next event carries the 48 + 1 held back
+  for (int i = 0; i < 3; ++i) CHECK(engine.evaluate(on_route("203.0.113.7", "r")).allowed);
+  CHECK(events.take() ==
+        std::vector<std::string>{"dry-run shadow/strict rule=1 retry_after_ms=1000 suppressed=49"});
+  CHECK(engine.stats()[1].dry_denied == 52);
 }
 
 TEST_CASE("a failing backend reports a backend error and counts it") {
@@ -326,7 +338,7 @@ TEST_CASE("a reloaded generation keeps the event hook") {
   next->evaluate(on_route("203.0.113.7", "r"));
   next->evaluate(on_route("203.0.113.7", "r"));
   CHECK(events.take() ==
-        std::vector<std::string>{"dry-run shadow/strict rule=1 retry_after_ms=1000"});
+        std::vector<std::string>{"dry-run shadow/strict rule=1 retry_after_ms=1000 suppressed=0"});
 }
 
 TEST_CASE("an engine without a hook counts but reports nothing") {
@@ -367,5 +379,5 @@ TEST_CASE("a dry-run rule's peek at a key in debt answers the would-be denial an
 
   CHECK(engine.evaluate(on_route("10.0.0.1", "r")).allowed);  // a request of cost 1 is one
   CHECK(events.take() ==
-        std::vector<std::string>{"dry-run trial/tokens rule=1 retry_after_ms=1600"});
+        std::vector<std::string>{"dry-run trial/tokens rule=1 retry_after_ms=1600 suppressed=0"});
 }

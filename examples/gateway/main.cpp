@@ -88,6 +88,7 @@
 #include "absl/strings/string_view.h"
 #include "bounded_server.hpp"
 #include "sluice/engine.hpp"
+#include "sluice/gcra.hpp"
 #include "sluice/http_fields.hpp"
 #include "sluice/httplib.hpp"
 #include "sluice/prometheus.hpp"
@@ -209,18 +210,20 @@ class Gateway {
   explicit Gateway(std::optional<gateway::UpstreamAddress> upstream)
       : upstream_(std::move(upstream)) {}
 
-  // Logs a dry-run rule's would-be denial (with the rule's label, never a credential) and a
-  // request that the limiter refused as invalid. Backend failures, which repeat on every request
-  // while they last, are logged from the engine's rate-limited events instead (on_event).
+  // Logs a dry-run rule's would-be denial (with the rule's label, never a credential), at most
+  // one line per rule a second, and a request that the limiter refused as invalid. Backend
+  // failures, which repeat on every request while they last, are logged from the engine's
+  // rate-limited events instead (on_event).
   static void log(const httplib::Request& request, const LimitedRequest& limited) {
     const sluice::Evaluation& e = limited.evaluation;
-    if (e.dry_denied) {
-      const std::string& label = limited.engine->rule(e.dry_denied->rule).compiled.label;
+    const std::string* label =
+        e.dry_denied ? &limited.engine->rule(e.dry_denied->rule).compiled.label : nullptr;
+    if (label != nullptr && dry_run_line_allowed(*label)) {
       std::fprintf(
           stderr,
           "sluice_gateway: dry-run denial: rule \"%s\" would deny %s %s from %s "
           "(retry after %lld s)\n",
-          label.c_str(), loggable(request.method).c_str(), loggable(request.path).c_str(),
+          label->c_str(), loggable(request.method).c_str(), loggable(request.path).c_str(),
           loggable(limited.client.to_string()).c_str(),
           static_cast<long long>(sluice::retry_after_seconds(e.dry_denied->decision.retry_after)));
     }
@@ -228,6 +231,16 @@ class Gateway {
       std::fprintf(stderr, "sluice_gateway: request refused by the limiter: %s\n",
                    loggable(std::string(e.backend_error.message())).c_str());
     }
+  }
+
+  // Whether a dry-run line of rule `label` may be written now: one per rule a second, so that a
+  // client that repeats would-be denials cannot set the log's volume (every one is counted in
+  // /metrics, sluice_rule_dry_denied_total). The labels come from the config: bounded.
+  static bool dry_run_line_allowed(const std::string& label) {
+    static sluice::GcraLimiter<> lines =
+        *sluice::GcraLimiter<>::create({{.requests = 1, .period = std::chrono::seconds(1)}});
+    const absl::StatusOr<sluice::Decision> d = lines.check(label);
+    return d.ok() && d->allowed();
   }
 
   // Logs a reload's outcome and backend failures (the engine's event hook: at most one backend

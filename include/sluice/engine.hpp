@@ -408,7 +408,8 @@ class BasicRateLimitEngine {
   // The dry-run rules, after the live ones (unless those denied all or nothing): decided (and
   // consuming) as their own group; they never deny and never add fields. True if they were decided.
   // A would-be denial is answered in `e.dry_denied`; it is counted and raises a DryRunDenialEvent
-  // only for a request of cost ≥ 1 (a peek at a key in debt is denied, yet is no request).
+  // (at most one per rule a second) only for a request of cost ≥ 1 (a peek at a key in debt is
+  // denied, yet is no request).
   // A backend failure is reported once per evaluation: here only if the live rules reported none.
   bool decide_dry_group(Evaluation& e, const ScopedRequest& request, const RequestKeys& keys,
                         std::span<Decision> decisions, Settlement* settlement,
@@ -432,8 +433,8 @@ class BasicRateLimitEngine {
       if (peek) continue;
       counters_[r]->add(&detail::RuleCounters::Stripe::dry_denied);
       if (on_event_) {
-        on_event_(
-            DryRunDenialEvent{.rule_label = rule(r).compiled.label, .rule = r, .decision = out[i]});
+        detail::report_dry_denial(*counters_[r], r, rule(r).compiled.label, out[i], on_event_,
+                                  now().count());
       }
     }
     return true;

@@ -2,13 +2,14 @@
 // errors, evictions and reloads.
 //
 // A `BasicRateLimitEngine` (sluice/engine.hpp) takes an `EngineEventHook` at creation and keeps it
-// across reloads. The hook receives one `EngineEvent`, a variant of the four event types. Backend
-// errors and evictions, which a fault repeats on every request, are rate-limited (at most one
-// event per kind per second, with a count of what was held back), so a hook may log every event:
+// across reloads. The hook receives one `EngineEvent`, a variant of the four event types. Dry-run
+// denials, backend errors and evictions, which a client or a fault can repeat on every request,
+// are rate-limited (at most one event per rule or kind per second, with a count of what was held
+// back), so a hook may log every event:
 //
 //   sluice::EngineEventHook hook = [](const sluice::EngineEvent& event) {
 //     if (const auto* d = std::get_if<sluice::DryRunDenialEvent>(&event)) {
-//       log("dry-run rule ", d->rule_label, " would deny");
+//       log("dry-run rule ", d->rule_label, " would deny (", d->suppressed, " more held back)");
 //     } else if (const auto* b = std::get_if<sluice::BackendErrorEvent>(&event)) {
 //       log("limiter backend failed: ", b->status, " (", b->suppressed, " more held back)");
 //     } else if (const auto* r = std::get_if<sluice::ReloadEvent>(&event)) {
@@ -42,18 +43,24 @@
 
 namespace sluice {
 
-// A dry-run rule would have denied a request of cost ≥ 1 (one event per denying dry-run rule).
-// A peek (cost 0) raises none, even at a key in debt: its would-be denial is answered in
-// Evaluation::dry_denied and, like every peek, counts nowhere.
+// A dry-run rule would have denied a request of cost ≥ 1. Rate-limited per rule, since one client
+// can repeat it on every request: at most one event per rule per kEngineEventInterval; the
+// would-be denials in between raise no event and are counted in the rule's next event
+// (`suppressed`). RuleStats::dry_denied counts every one, reported or not. A peek (cost 0) raises
+// none, even at a key in debt: its would-be denial is answered in Evaluation::dry_denied and, like
+// every peek, counts nowhere.
 struct DryRunDenialEvent {
   std::string_view rule_label{};  // the rule's label ("<bundle>/<rule>")
   std::size_t rule = 0;           // index into the engine's rules
   Decision decision{};            // what the rule would have answered (retry_after, limit, ...)
+  // Would-be denials of this rule since its previous event that raised no event.
+  std::uint64_t suppressed = 0;
 };
 
-// Events that a fault can repeat on every request are rate-limited: at most one per kind per
-// kEngineEventInterval of the engine's time (the backend's clock when it has one, such as the
-// in-memory backend's; else the steady clock), each counting what was held back before it.
+// Events that a client or a fault can repeat on every request are rate-limited: at most one per
+// rule or kind per kEngineEventInterval of the engine's time (the backend's clock when it has
+// one, such as the in-memory backend's; else the steady clock), each counting what was held back
+// before it.
 inline constexpr std::chrono::seconds kEngineEventInterval{1};
 
 // The backend failed to decide a request's rules (Unavailable, DeadlineExceeded, a server

@@ -3,9 +3,10 @@
 // Internal to BasicRateLimitEngine (sluice/engine.hpp), which reads them out as RuleStats and
 // EngineStats. Counters live in shared blocks: every generation reloaded from an engine shares
 // its engine-wide block, and an unchanged rule's block, so counts run over the engine's life.
-// Events (sluice/engine_events.hpp) that could come once per request — backend errors, evictions
-// — are raised at most once per kEngineEventInterval of engine time, and count what they held
-// back, so a failing backend cannot flood the hook.
+// Events (sluice/engine_events.hpp) that could come once per request — dry-run denials, backend
+// errors, evictions — are raised at most once per kEngineEventInterval of engine time (per rule,
+// per status code), and count what they held back, so neither a client nor a failing backend can
+// flood the hook.
 //
 // Thread-safety: lock-free; relaxed atomics (counts, not synchronization). Memory: 1 KiB of
 // striped counters per rule.
@@ -84,6 +85,10 @@ struct RuleCounters {
   // and the counter's value at the last event.
   std::atomic<std::int64_t> eviction_check_due{std::numeric_limits<std::int64_t>::min()};
   std::atomic<std::uint64_t> evictions_reported{0};
+  // Dry-run denial events: the engine time (ns) from which the next one may be raised, and the
+  // would-be denials held back since the last one.
+  std::atomic<std::int64_t> dry_denial_due{std::numeric_limits<std::int64_t>::min()};
+  std::atomic<std::uint64_t> dry_denials_held{0};
 
   // Adds 1 to `member` in the calling thread's stripe (`stripe`: counter_stripe()).
   template <class Member>
@@ -158,6 +163,23 @@ class EngineCounters {
   static constexpr std::size_t kStatusCodes = 17;
   std::array<Gate, kStatusCodes> gates_{};
 };
+
+// Reports a dry-run rule's would-be denial `decision` to `hook`, at most once per
+// kEngineEventInterval of engine time `now` for rule `rule`: one that raises no event is counted
+// in the rule's next event.
+inline void report_dry_denial(RuleCounters& counters, std::size_t rule, std::string_view label,
+                              const Decision& decision, const EngineEventHook& hook,
+                              std::int64_t now) {
+  if (!claim_event(counters.dry_denial_due, now)) {
+    counters.dry_denials_held.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  hook(DryRunDenialEvent{
+      .rule_label = label,
+      .rule = rule,
+      .decision = decision,
+      .suppressed = counters.dry_denials_held.exchange(0, std::memory_order_relaxed)});
+}
 
 // Reports new evictions of rule `rule` (label `label`) to `hook`, looking at its store's
 // eviction count (`evicted()`, called only then) at most once per kEngineEventInterval of
