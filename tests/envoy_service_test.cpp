@@ -572,6 +572,31 @@ TEST_CASE("envoy: requests beyond the bounds answer INVALID_ARGUMENT", "[envoy]"
         99);
 }
 
+TEST_CASE("envoy: a limit name that every answer would repeat is bounded at load",
+          "[envoy][attack]") {
+  // A limit's name goes into every status and RateLimit field that names the limit: a call of 64
+  // descriptors under a 70 KB name makes an answer past gRPC's 4 MiB message limit, the call
+  // fails, and a proxy that fails open admits it. A control byte in it breaks the fields.
+  const auto with_name = [](const std::string& name) {
+    return sluice::envoy::load_domain_config(
+        absl::StrCat("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {name: \"", name,
+                     "\", unit: second, requests_per_unit: 1}\n"),
+        "d.yaml");
+  };
+  auto long_name = with_name(std::string(70'000, 'n'));
+  REQUIRE(long_name.ok());
+  auto limiter = sluice::envoy::Limiter::create({.domains = {*long_name}});
+  CHECK(limiter.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(limiter.status().message(), "name"));
+  auto control = with_name("a\\x1b[2Jb");  // YAML's escape: the ESC byte itself
+  REQUIRE(control.ok());
+  CHECK(sluice::envoy::Limiter::create({.domains = {*control}}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  auto fine = with_name(std::string(256, 'n'));
+  REQUIRE(fine.ok());
+  CHECK(sluice::envoy::Limiter::create({.domains = {*fine}}).ok());
+}
+
 TEST_CASE("envoy: a domain or key no request may carry is refused when the limits are loaded",
           "[envoy][attack]") {
   // A call whose domain or key is past RequestBounds is answered INVALID_ARGUMENT, which a proxy
