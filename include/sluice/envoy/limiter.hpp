@@ -69,6 +69,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -95,6 +96,10 @@
 #include "sluice/policy.hpp"
 
 namespace sluice::envoy {
+
+// The longest name a configured limit may have (Limit::name), in bytes; `create` and `reload`
+// refuse a longer one, or one with a control byte (InvalidArgument).
+inline constexpr std::size_t kMaxLimitNameBytes = 256;
 
 // Bounds on what one request may carry; a request beyond them is refused with InvalidArgument
 // before anything is looked up or allocated for it. They bound what the proxy's configuration
@@ -429,6 +434,24 @@ class BasicLimiter {
     return absl::OkStatus();
   }
 
+  // A limit's name is repeated in every status and RateLimit field that names it: at most
+  // kMaxLimitNameBytes, so that 64 of them cannot make an answer past gRPC's message limit (a
+  // failed call, which a proxy that fails open admits), and no control byte, which would break
+  // those fields.
+  static absl::Status check_limit_name(std::string_view name, const std::string& source,
+                                       const std::string& at) {
+    const bool control = std::any_of(name.begin(), name.end(), [](char c) {
+      const auto byte = static_cast<unsigned char>(c);
+      return byte < 0x20 || byte == 0x7f;
+    });
+    if (name.size() <= kMaxLimitNameBytes && !control) return absl::OkStatus();
+    return invalid(
+        absl::StrCat(source, at, ".rate_limit.name ", sluice::detail::quoted_prefix(name, 64), ": ",
+                     control ? "holds a control byte"
+                             : absl::StrCat(name.size(), " bytes, more than ", kMaxLimitNameBytes),
+                     "; every answer that names the limit repeats it"));
+  }
+
   // check_within_bounds for the descriptors at `depth` (1: a domain's own) under `path`.
   static absl::Status check_descriptors_within(const std::vector<DescriptorConfig>& descriptors,
                                                const std::string& source, const std::string& path,
@@ -441,6 +464,9 @@ class BasicLimiter {
             source, at, ".key: ", c.key.size(), " bytes, more than a call's entry key may have ",
             "(max_key_bytes ", b.max_key_bytes, "), so no call can match it; shorten it or raise ",
             "the bound"));
+      }
+      if (c.rate_limit) {
+        if (absl::Status s = check_limit_name(c.rate_limit->name, source, at); !s.ok()) return s;
       }
       if (depth > b.max_entries) {
         return invalid(absl::StrCat(source, at, ": nested ", depth,
