@@ -7,6 +7,8 @@
 // sleeping.
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -83,6 +85,33 @@ class CarryPeer : public sluice_test::FakePeer {
   const milliseconds delay_;
   std::size_t answered_ = 0;
 };
+
+// A peer that answers the n-th command it reads with replies[n] (the last one again after the
+// list), as a server whose scripts were replaced would.
+class ScriptedPeer : public sluice_test::FakePeer {
+ public:
+  explicit ScriptedPeer(std::vector<std::string> replies) : replies_(std::move(replies)) {}
+  ~ScriptedPeer() override { stop(); }
+
+ private:
+  void serve(int fd) override {
+    char command[4096];
+    while (wait(fd, POLLIN, 5'000) && read(fd, command, sizeof command) > 0) {
+      const std::string& reply = replies_[std::min(answered_++, replies_.size() - 1)];
+      if (send(fd, reply.data(), reply.size(), MSG_NOSIGNAL) <= 0) return;
+    }
+  }
+
+  const std::vector<std::string> replies_;
+  std::size_t answered_ = 0;
+};
+
+// A RESP array of integers.
+std::string integers_reply(std::initializer_list<std::string_view> values) {
+  std::string out = "*" + std::to_string(values.size()) + "\r\n";
+  for (std::string_view v : values) out += ":" + std::string(v) + "\r\n";
+  return out;
+}
 
 }  // namespace
 
@@ -304,4 +333,25 @@ TEST_CASE("a check whose key is carried from an earlier limit ends by its one de
   INFO(d.status());
   CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(elapsed < milliseconds(300 + 100));
+}
+
+TEST_CASE("a reservation whose reply waits longer than the caller allows is refused, never slept",
+          "[attack]") {
+  // {admitted, t_s, t_ns, wait: one hour, reset count, booked debt and added amount}: the script
+  // answers {1, wait} for a wait past the longest allowed, so this reply is not its.
+  ScriptedPeer peer({integers_reply(
+      {"0", "1700000000", "0", "3600000000000", "0", "3600000000000", "0", "360000000000", "0"})});
+  REQUIRE(peer.start().empty());
+  auto limiter = make_limiter(peer_options(peer.port(), milliseconds(1000)));
+
+  std::vector<nanoseconds> slept;
+  const absl::Status waited =
+      limiter.wait("k", 1, milliseconds(10), [&](nanoseconds d) { slept.push_back(d); });
+  absl::StatusOr<sluice::redis::RedisGcraLimiter::Reservation> reserved =
+      limiter.reserve("k", 1, milliseconds(10));
+
+  INFO(waited << ", slept " << (slept.empty() ? 0 : slept.front().count()) << " ns");
+  CHECK(waited.code() == absl::StatusCode::kInternal);
+  CHECK(slept.empty());
+  CHECK(reserved.status().code() == absl::StatusCode::kInternal);
 }
