@@ -355,3 +355,30 @@ TEST_CASE("a reservation whose reply waits longer than the caller allows is refu
   CHECK(slept.empty());
   CHECK(reserved.status().code() == absl::StatusCode::kInternal);
 }
+
+TEST_CASE("a booking reply with a debt beyond the script's range is refused, never a decision",
+          "[attack]") {
+  constexpr std::string_view kMost = "9223372036854775807";  // 2^63 - 1 ns: past 2^52
+  // check_estimated: denied, with that debt; then admitted with none, and its settlement
+  // reporting that debt after it.
+  ScriptedPeer peer({integers_reply({"5", "1700000000", "0", "0", kMost, kMost}),
+                     integers_reply({"0", "1700000000", "0", "0", "0", "0"}),
+                     integers_reply({"0", "1700000000", "0", kMost, kMost})});
+  REQUIRE(peer.start().empty());
+  auto limiter = make_limiter(peer_options(peer.port(), milliseconds(1000)));
+
+  auto denied = limiter.check_estimated("k", 1);
+  auto admitted = limiter.check_estimated("k", 1);
+  INFO(admitted.status());
+  REQUIRE(admitted.ok());
+  absl::StatusOr<Decision> settled = limiter.settle(admitted->receipt, 2);
+
+  const auto shown = [](const Decision& d) {
+    return "retry_after " + std::to_string(d.retry_after.count()) + " ns, reset_after " +
+           std::to_string(d.reset_after.count()) + " ns";
+  };
+  INFO(denied.status() << " " << (denied.ok() ? shown(denied->decision) : ""));
+  CHECK(denied.status().code() == absl::StatusCode::kInternal);
+  INFO(settled.status() << " " << (settled.ok() ? shown(*settled) : ""));
+  CHECK(settled.status().code() == absl::StatusCode::kInternal);
+}
