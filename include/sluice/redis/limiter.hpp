@@ -183,7 +183,8 @@ class RedisGcraLimiter {
     // The script books only within max_wait, and never past the 2^52 ns debt bound: a wait
     // beyond either is not its reply, and would be slept on by `wait`.
     if (v.size() != 5 + 4 * n || v[0] != 0 || v[3] > detail::kMaxAmountNs ||
-        static_cast<std::int64_t>(v[3]) > max_wait.count()) {
+        static_cast<std::int64_t>(v[3]) > max_wait.count() ||
+        !detail::booking_serial_in_range(v[4]) || !detail::booking_in_range(limit_, v, 5, 2)) {
       return malformed();
     }
     const absl::uint128 at = decision_time(v[1], v[2]);
@@ -249,7 +250,10 @@ class RedisGcraLimiter {
     if (!reply.ok()) return reply.status();
     const Ints& v = *reply;
     const std::size_t n = limit_.windows().size();
-    if (v.size() != 4 + 2 * n || (v[0] != 0 && v[0] != 5)) return malformed();
+    if (v.size() != 4 + 2 * n || (v[0] != 0 && v[0] != 5) ||
+        !detail::booking_serial_in_range(v[3]) || !detail::booking_in_range(limit_, v, 4, 1)) {
+      return malformed();
+    }
     const absl::uint128 at = decision_time(v[1], v[2]);
     std::vector<detail::ScaledWindow> scaled(n);
     for (std::size_t i = 0; i < n; ++i) {
