@@ -382,3 +382,29 @@ TEST_CASE("a booking reply with a debt beyond the script's range is refused, nev
   INFO(settled.status() << " " << (settled.ok() ? shown(*settled) : ""));
   CHECK(settled.status().code() == absl::StatusCode::kInternal);
 }
+
+TEST_CASE("a fixed-window reply with more time left than its window has is refused", "[attack]") {
+  // {all admitted, now (s, ns)}, then the item's state: written at now, its one window with
+  // 2^52 ns (52 days) left and nothing counted; the window is one minute long.
+  std::string state;
+  for (std::uint64_t v : {std::uint64_t{1}, std::uint64_t{1'700'000'000}, std::uint64_t{0}}) {
+    sluice::redis::detail::append_double(state, v);
+  }
+  state += '1';
+  for (std::uint64_t v :
+       {std::uint64_t{1'700'000'000}, std::uint64_t{0}, std::uint64_t{1} << 52, std::uint64_t{0}}) {
+    sluice::redis::detail::append_double(state, v);
+  }
+  ScriptedPeer peer({"$" + std::to_string(state.size()) + "\r\n" + state + "\r\n"});
+  REQUIRE(peer.start().empty());
+  auto client = sluice::redis::Client::create(peer_options(peer.port(), milliseconds(1000)));
+  REQUIRE(client.ok());
+  auto limit = sluice::redis::Limit::fixed_window({{.limit = 5, .window = seconds(60)}});
+  REQUIRE(limit.ok());
+
+  absl::StatusOr<Decision> d = (*client)->check({.key = "k", .limit = &*limit, .cost = 1});
+
+  INFO(d.status() << (d.ok() ? ", reset_after " + std::to_string(d->reset_after.count()) + " ns"
+                             : std::string()));
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+}
