@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <initializer_list>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -87,16 +88,25 @@ class CarryPeer : public sluice_test::FakePeer {
 };
 
 // A peer that answers the n-th command it reads with replies[n] (the last one again after the
-// list), as a server whose scripts were replaced would.
+// list), as a server whose scripts were replaced would; it keeps the commands it read.
 class ScriptedPeer : public sluice_test::FakePeer {
  public:
   explicit ScriptedPeer(std::vector<std::string> replies) : replies_(std::move(replies)) {}
   ~ScriptedPeer() override { stop(); }
 
+  std::vector<std::string> commands() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return commands_;
+  }
+
  private:
   void serve(int fd) override {
     char command[4096];
-    while (wait(fd, POLLIN, 5'000) && read(fd, command, sizeof command) > 0) {
+    for (ssize_t n = 0; wait(fd, POLLIN, 5'000) && (n = read(fd, command, sizeof command)) > 0;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        commands_.emplace_back(command, static_cast<std::size_t>(n));
+      }
       const std::string& reply = replies_[std::min(answered_++, replies_.size() - 1)];
       if (send(fd, reply.data(), reply.size(), MSG_NOSIGNAL) <= 0) return;
     }
@@ -104,7 +114,21 @@ class ScriptedPeer : public sluice_test::FakePeer {
 
   const std::vector<std::string> replies_;
   std::size_t answered_ = 0;
+  mutable std::mutex mu_;
+  std::vector<std::string> commands_;
 };
+
+// RESP bulk string.
+std::string bulk_reply(std::string_view bytes) {
+  return "$" + std::to_string(bytes.size()) + "\r\n" + std::string(bytes) + "\r\n";
+}
+
+// Doubles as the scripts pack them.
+std::string doubles(std::initializer_list<std::uint64_t> values) {
+  std::string out;
+  for (std::uint64_t v : values) sluice::redis::detail::append_double(out, v);
+  return out;
+}
 
 // A RESP array of integers.
 std::string integers_reply(std::initializer_list<std::string_view> values) {
@@ -386,16 +410,9 @@ TEST_CASE("a booking reply with a debt beyond the script's range is refused, nev
 TEST_CASE("a fixed-window reply with more time left than its window has is refused", "[attack]") {
   // {all admitted, now (s, ns)}, then the item's state: written at now, its one window with
   // 2^52 ns (52 days) left and nothing counted; the window is one minute long.
-  std::string state;
-  for (std::uint64_t v : {std::uint64_t{1}, std::uint64_t{1'700'000'000}, std::uint64_t{0}}) {
-    sluice::redis::detail::append_double(state, v);
-  }
-  state += '1';
-  for (std::uint64_t v :
-       {std::uint64_t{1'700'000'000}, std::uint64_t{0}, std::uint64_t{1} << 52, std::uint64_t{0}}) {
-    sluice::redis::detail::append_double(state, v);
-  }
-  ScriptedPeer peer({"$" + std::to_string(state.size()) + "\r\n" + state + "\r\n"});
+  const std::string state =
+      doubles({1, 1'700'000'000, 0}) + "1" + doubles({1'700'000'000, 0, std::uint64_t{1} << 52, 0});
+  ScriptedPeer peer({bulk_reply(state)});
   REQUIRE(peer.start().empty());
   auto client = sluice::redis::Client::create(peer_options(peer.port(), milliseconds(1000)));
   REQUIRE(client.ok());
@@ -407,4 +424,37 @@ TEST_CASE("a fixed-window reply with more time left than its window has is refus
   INFO(d.status() << (d.ok() ? ", reset_after " + std::to_string(d->reset_after.count()) + " ns"
                              : std::string()));
   CHECK(d.status().code() == absl::StatusCode::kInternal);
+}
+
+TEST_CASE("a carry read whose server time is out of range is refused, never carried", "[attack]") {
+  // The check asks for a carry; the read of the earlier key answers a time of 18446744074 s
+  // (× 10^9 wraps a uint64 to 0.29 s) with a fully spent state; then the write and the check.
+  const std::string spent = doubles({1'700'000'000, 0, 3'600'000'000'000, 0});  // 20/h, all
+  ScriptedPeer peer({"+CARRY\r\n",
+                     "*3\r\n" + bulk_reply("18446744074") + bulk_reply("0") + bulk_reply(spent),
+                     "+OK\r\n", bulk_reply(doubles({1, 1'700'000'000, 0}) + "0")});
+  REQUIRE(peer.start().empty());
+  auto client = sluice::redis::Client::create(peer_options(peer.port(), milliseconds(1000)));
+  REQUIRE(client.ok());
+  auto now = sluice::redis::Limit::create({{.requests = 10, .period = seconds(3600)}});
+  auto before = sluice::redis::Limit::create({{.requests = 20, .period = seconds(3600)}});
+  REQUIRE((now.ok() && before.ok()));
+  const sluice::redis::CarriedFrom from[] = {{.key = "k", .limit = &*before}};
+
+  absl::StatusOr<Decision> d =
+      (*client)->check({.key = "k", .limit = &*now, .cost = 1, .carried_from = from});
+
+  // What the client wrote as the carried state: its write time, in seconds.
+  std::string written;
+  for (const std::string& command : peer.commands()) {
+    if (command.find("$3\r\nSET\r\n") == std::string::npos) continue;
+    const std::size_t at = command.find("$32\r\n");
+    std::size_t pos = at + 5;
+    if (at != std::string::npos) {
+      written = std::to_string(sluice::redis::detail::read_double(command, pos, ~0ULL).value_or(0));
+    }
+  }
+  INFO(d.status() << ", carried state written at " << written << " s");
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(written.empty());
 }
