@@ -458,3 +458,21 @@ TEST_CASE("a carry read whose server time is out of range is refused, never carr
   CHECK(d.status().code() == absl::StatusCode::kInternal);
   CHECK(written.empty());
 }
+
+TEST_CASE("a slot map naming a host with control bytes is refused, never resolved or echoed",
+          "[attack]") {
+  // CLUSTER SLOTS: every slot on a node whose host is a line of its own for whoever logs the
+  // error (a MOVED naming it is refused already).
+  const std::string host = "bad\n[error] forged log line";
+  ScriptedPeer peer({"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n" + bulk_reply(host) + ":6379\r\n"});
+  REQUIRE(peer.start().empty());
+  sluice::redis::ClientOptions options = peer_options(peer.port(), milliseconds(1000));
+  options.cluster = true;
+  auto limiter = make_limiter(options);
+
+  absl::StatusOr<Decision> d = limiter.check("k");
+
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(d.status().message().find('\n') == std::string_view::npos);
+}
