@@ -2044,3 +2044,24 @@ TEST_CASE("a batch whose function replies an item out of its limit's range is In
                              : std::string()));
   CHECK(d.status().code() == absl::StatusCode::kInternal);
 }
+
+TEST_CASE("a database error's text reaches a status escaped, never as raw control bytes",
+          "[attack]") {
+  auto c = client_of_new_database("tampered_error");
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, c, "3/s"));
+  const std::string error = execute_in(
+      "tampered_error",
+      "CREATE OR REPLACE FUNCTION sluice.check_one_v1(p_digest bytea, p_r bigint, p_p bigint, "
+      "p_b bigint, p_cost bigint, p_now bigint) RETURNS bigint[] LANGUAGE plpgsql AS $fn$ BEGIN "
+      "RAISE EXCEPTION E'x\\r\\x1b[2K[error] forged line'; END $fn$");
+  INFO(error);
+  REQUIRE(error.empty());
+
+  absl::StatusOr<Decision> d = checked(limiter, "k", 1, kT0);
+
+  const std::string message(d.status().message());
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(std::none_of(message.begin(), message.end(),
+                     [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }));
+}

@@ -476,3 +476,18 @@ TEST_CASE("a slot map naming a host with control bytes is refused, never resolve
   CHECK(d.status().code() == absl::StatusCode::kInternal);
   CHECK(d.status().message().find('\n') == std::string_view::npos);
 }
+
+TEST_CASE("a server error's text reaches a status escaped, never as raw lines or escapes",
+          "[attack]") {
+  ScriptedPeer peer({"-ERR x\n[error] forged line \x1b[2K\r\n"});
+  REQUIRE(peer.start().empty());
+  auto limiter = make_limiter(peer_options(peer.port(), milliseconds(1000)));
+
+  absl::StatusOr<Decision> d = limiter.check("k");
+
+  const std::string message(d.status().message());
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(std::none_of(message.begin(), message.end(),
+                     [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }));
+}
