@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "sluice/detail/mutex.hpp"
+#include "sluice/detail/text.hpp"
 #include "sluice/redis/detail/command.hpp"
 #include "sluice/redis/detail/connection_pool.hpp"
 #include "sluice/redis/detail/io.hpp"
@@ -354,7 +355,8 @@ class ClusterRouter {
     };
     if (r.type == REDIS_REPLY_ERROR) {
       return absl::UnavailableError(
-          absl::StrCat("sluice::redis: CLUSTER SLOTS: ", absl::string_view(r.str, r.len)));
+          absl::StrCat("sluice::redis: CLUSTER SLOTS: ",
+                       sluice::detail::escaped(std::string_view(r.str, r.len).substr(0, 200))));
     }
     if (r.type != REDIS_REPLY_ARRAY || r.elements > kClusterSlots) return malformed();
     std::vector<std::pair<std::size_t, std::pair<std::string, int>>> out;
