@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <memory>
@@ -1980,11 +1981,13 @@ void replace_function(const std::string& db, const std::string& function,
 }
 
 // A migrated client of database `db` (created here), on the_time.
-std::shared_ptr<Client> client_of_new_database(const std::string& db) {
+std::shared_ptr<Client> client_of_new_database(const std::string& db,
+                                               milliseconds timeout = 1000ms) {
   query("CREATE DATABASE " + db);
-  auto c = Client::create({.connection = {.conninfo = server().conninfo() + " dbname=" + db},
-                           .key_seed = 1,
-                           .time_source = [] { return the_time.now(); }});
+  sluice::postgres::ConnectionOptions options = connection(timeout);
+  options.conninfo += " dbname=" + db;
+  auto c = Client::create(
+      {.connection = options, .key_seed = 1, .time_source = [] { return the_time.now(); }});
   REQUIRE(c.ok());
   auto version = sluice::postgres::migrate((*c)->pool());
   INFO(version.status());
@@ -2064,4 +2067,49 @@ TEST_CASE("a database error's text reaches a status escaped, never as raw contro
   CHECK(d.status().code() == absl::StatusCode::kInternal);
   CHECK(std::none_of(message.begin(), message.end(),
                      [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }));
+}
+
+namespace {
+
+// The process's peak resident memory since the last reset_peak_memory(), in KiB (Linux).
+void reset_peak_memory() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  REQUIRE(f != nullptr);
+  std::fputs("5", f);
+  std::fclose(f);
+}
+long peak_memory_kib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  REQUIRE(f != nullptr);
+  char line[256];
+  long kib = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib;
+}
+
+}  // namespace
+
+TEST_CASE("a reply far longer than its items call for is refused before it is parsed", "[attack]") {
+  auto c = client_of_new_database("tampered_long", 10'000ms);
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, c, "3/s"));
+  // 20 million elements, 40 MB of text, where a check's reply holds 7.
+  const std::string error = execute_in(
+      "tampered_long",
+      "CREATE OR REPLACE FUNCTION sluice.check_one_v1(p_digest bytea, p_r bigint, p_p bigint, "
+      "p_b bigint, p_cost bigint, p_now bigint) RETURNS bigint[] LANGUAGE sql AS "
+      "$fn$ SELECT pg_catalog.array_fill(0::bigint, ARRAY[20000000]) $fn$");
+  INFO(error);
+  REQUIRE(error.empty());
+  reset_peak_memory();
+  const long base = peak_memory_kib();  // the resident memory now
+
+  absl::StatusOr<Decision> d = checked(limiter, "k", 1, kT0);
+
+  const long grown = peak_memory_kib() - base;
+  INFO(d.status() << ", peak memory " << grown << " KiB above where it was");
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(grown < 100 * 1024);  // libpq holds the 40 MB text; nothing more may grow with it
 }
