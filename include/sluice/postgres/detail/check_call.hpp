@@ -256,9 +256,16 @@ inline void append_carry_params(std::span<const CarrySourceParam> sources, std::
   p[first + 5].value = c + "}";
 }
 
-// The integers of a bigint[] in text form ("{1,-2,3}").
-inline std::optional<std::vector<std::int64_t>> parse_bigint_array(std::string_view text) {
-  if (text.size() < 2 || text.front() != '{' || text.back() != '}') return std::nullopt;
+// The integers of a bigint[] in text form ("{1,-2,3}") of at most `max_count` elements: a longer
+// text is refused before anything is parsed, so what a reply grows here is bounded by what its
+// call asked for, however long the text.
+inline std::optional<std::vector<std::int64_t>> parse_bigint_array(std::string_view text,
+                                                                   std::size_t max_count) {
+  constexpr std::size_t kMostChars = 21;  // "-9223372036854775808," per element
+  if (text.size() < 2 || text.size() - 2 > max_count * kMostChars || text.front() != '{' ||
+      text.back() != '}') {
+    return std::nullopt;
+  }
   std::vector<std::int64_t> out;
   const char* p = text.data() + 1;
   const char* end = text.data() + text.size() - 1;
@@ -305,7 +312,7 @@ inline absl::StatusOr<std::vector<Decision>> decode_check_reply(
   const auto malformed = [] {
     return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v2");
   };
-  std::optional<std::vector<std::int64_t>> v = parse_bigint_array(text);
+  std::optional<std::vector<std::int64_t>> v = parse_bigint_array(text, 1 + 6 * limits.size());
   if (!v || v->size() != 1 + 6 * limits.size()) return malformed();
   std::vector<Decision> out;
   for (std::size_t i = 0; i < limits.size(); ++i) {
