@@ -491,3 +491,18 @@ TEST_CASE("a server error's text reaches a status escaped, never as raw lines or
   CHECK(std::none_of(message.begin(), message.end(),
                      [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }));
 }
+
+TEST_CASE("a server that asks for a carry again after it is done gets Internal, never a loop",
+          "[attack]") {
+  // The check names no earlier limit: the script has nothing to ask, and once carried it never
+  // asks again. This peer answers CARRY to everything.
+  ScriptedPeer peer({"+CARRY\r\n"});
+  REQUIRE(peer.start().empty());
+  auto limiter = make_limiter(peer_options(peer.port(), milliseconds(1000)));
+
+  absl::StatusOr<Decision> d = limiter.check("k");
+
+  INFO(d.status() << ", commands " << peer.commands().size());
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(peer.commands().size() <= 2);  // the check and, after the (empty) carry, once again
+}
