@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <memory>
@@ -1942,4 +1943,169 @@ TEST_CASE("a key repeated in one request over PostgreSQL is decided as in memory
       CHECK(got.decisions[r] == expected.decisions[r]);
     }
   }
+}
+
+// --- replies of replaced functions ------------------------------------------------------------
+
+namespace {
+
+// Runs `sql` in database `db` of the server; "" on success, else the error.
+std::string execute_in(const std::string& db, const std::string& sql) {
+  PGconn* c = PQconnectdb((server().conninfo() + " dbname=" + db).c_str());
+  std::string error;
+  if (PQstatus(c) != CONNECTION_OK) {
+    error = PQerrorMessage(c);
+  } else {
+    PGresult* r = PQexec(c, sql.c_str());
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) error = PQresultErrorMessage(r);
+    PQclear(r);
+  }
+  PQfinish(c);
+  return error;
+}
+
+// Makes `function` (its signature) in database `db` return `reply` whatever it is asked, as a
+// database whose sluice functions were replaced would.
+void replace_function(const std::string& db, const std::string& function,
+                      const std::string& reply) {
+  const std::string error =
+      execute_in(db, "CREATE OR REPLACE FUNCTION sluice." + function +
+                         " RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $fn$ BEGIN RETURN '" +
+                         reply + "'::bigint[]; END $fn$");
+  INFO(error);
+  REQUIRE(error.empty());
+}
+
+// A migrated client of database `db` (created here), on the_time.
+std::shared_ptr<Client> client_of_new_database(const std::string& db,
+                                               milliseconds timeout = 1000ms) {
+  query("CREATE DATABASE " + db);
+  sluice::postgres::ConnectionOptions options = connection(timeout);
+  options.conninfo += " dbname=" + db;
+  auto c = Client::create(
+      {.connection = options, .key_seed = 1, .time_source = [] { return the_time.now(); }});
+  REQUIRE(c.ok());
+  auto version = sluice::postgres::migrate((*c)->pool());
+  INFO(version.status());
+  REQUIRE(version.ok());
+  return *c;
+}
+
+}  // namespace
+
+TEST_CASE("a check whose function replies numbers its limit cannot have is Internal", "[attack]") {
+  auto c = client_of_new_database("tampered_one");
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, c, "3/s"));
+  const std::string one =
+      "check_one_v1(p_digest bytea, p_r bigint, p_p bigint, p_b bigint, p_cost bigint, "
+      "p_now bigint)";
+  // now, then reason, limit, remaining, retry_after, reset_after, binding window. A new key's
+  // first check: what the function answers is the decision.
+  replace_function("tampered_one", one, "{0,0,3,2,0,333333334,0}");  // as the real one would
+  CHECK(at(limiter, "fresh", kT0) ==
+        Decision{.limit = 3, .remaining = 2, .reset_after = 333'333'334ns});
+  for (const std::string reply : {
+           "{0,0,9223372036854775807,9223372036854775807,0,9223372036854775807,0}",
+           "{0,0,3,4,0,333333334,0}",            // more remaining than the burst
+           "{0,0,1000,2,0,333333334,0}",         // a limit that is not the window's burst
+           "{0,0,3,2,0,9223372036854775807,0}",  // admitted, full again only in 292 years
+           "{0,1,3,0,0,1000000000,0}",           // denied, with no wait
+       }) {
+    replace_function("tampered_one", one, reply);
+    absl::StatusOr<Decision> d = checked(limiter, "k", 1, kT0);
+    INFO(reply << ": " << d.status());
+    if (d.ok()) {
+      INFO("admitted " << d->allowed() << " limit " << d->limit << " remaining " << d->remaining
+                       << " retry_after " << d->retry_after.count() << " reset_after "
+                       << d->reset_after.count());
+      CHECK(d.status().code() == absl::StatusCode::kInternal);
+    } else {
+      CHECK(d.status().code() == absl::StatusCode::kInternal);
+    }
+  }
+}
+
+TEST_CASE("a batch whose function replies an item out of its limit's range is Internal",
+          "[attack]") {
+  auto c = client_of_new_database("tampered_batch");
+  auto limit = sluice::postgres::Limit::fixed_window({{.limit = 5, .window = 60s}}, "5/min");
+  REQUIRE(limit.ok());
+  replace_function("tampered_batch",
+                   "check_v2(p_kind integer, p_digests bytea, p_windows integer[], p_a bigint[], "
+                   "p_b bigint[], p_c bigint[], p_costs bigint[], p_all_or_nothing boolean, "
+                   "p_now bigint)",
+                   "{0,0,5,4,0,60000000000,0,0,5,9223372036854775807,0,60000000000,0}");
+  const sluice::postgres::CheckItem items[] = {{"a", &*limit}, {"b", &*limit}};
+  the_time.set(kT0);
+  absl::StatusOr<std::vector<Decision>> d = c->check_all(items);
+  INFO(d.status() << (d.ok() ? ", second item's remaining " + std::to_string((*d)[1].remaining) +
+                                   " of " + std::to_string((*d)[1].limit)
+                             : std::string()));
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+}
+
+TEST_CASE("a database error's text reaches a status escaped, never as raw control bytes",
+          "[attack]") {
+  auto c = client_of_new_database("tampered_error");
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, c, "3/s"));
+  const std::string error = execute_in(
+      "tampered_error",
+      "CREATE OR REPLACE FUNCTION sluice.check_one_v1(p_digest bytea, p_r bigint, p_p bigint, "
+      "p_b bigint, p_cost bigint, p_now bigint) RETURNS bigint[] LANGUAGE plpgsql AS $fn$ BEGIN "
+      "RAISE EXCEPTION E'x\\r\\x1b[2K[error] forged line'; END $fn$");
+  INFO(error);
+  REQUIRE(error.empty());
+
+  absl::StatusOr<Decision> d = checked(limiter, "k", 1, kT0);
+
+  const std::string message(d.status().message());
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(std::none_of(message.begin(), message.end(),
+                     [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }));
+}
+
+namespace {
+
+// The process's peak resident memory since the last reset_peak_memory(), in KiB (Linux).
+void reset_peak_memory() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  REQUIRE(f != nullptr);
+  std::fputs("5", f);
+  std::fclose(f);
+}
+long peak_memory_kib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  REQUIRE(f != nullptr);
+  char line[256];
+  long kib = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib;
+}
+
+}  // namespace
+
+TEST_CASE("a reply far longer than its items call for is refused before it is parsed", "[attack]") {
+  auto c = client_of_new_database("tampered_long", 10'000ms);
+  auto limiter = make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, c, "3/s"));
+  // 20 million elements, 40 MB of text, where a check's reply holds 7.
+  const std::string error = execute_in(
+      "tampered_long",
+      "CREATE OR REPLACE FUNCTION sluice.check_one_v1(p_digest bytea, p_r bigint, p_p bigint, "
+      "p_b bigint, p_cost bigint, p_now bigint) RETURNS bigint[] LANGUAGE sql AS "
+      "$fn$ SELECT pg_catalog.array_fill(0::bigint, ARRAY[20000000]) $fn$");
+  INFO(error);
+  REQUIRE(error.empty());
+  reset_peak_memory();
+  const long base = peak_memory_kib();  // the resident memory now
+
+  absl::StatusOr<Decision> d = checked(limiter, "k", 1, kT0);
+
+  const long grown = peak_memory_kib() - base;
+  INFO(d.status() << ", peak memory " << grown << " KiB above where it was");
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(grown < 100 * 1024);  // libpq holds the 40 MB text; nothing more may grow with it
 }

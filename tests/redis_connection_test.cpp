@@ -7,6 +7,9 @@
 // sleeping.
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <initializer_list>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -83,6 +86,56 @@ class CarryPeer : public sluice_test::FakePeer {
   const milliseconds delay_;
   std::size_t answered_ = 0;
 };
+
+// A peer that answers the n-th command it reads with replies[n] (the last one again after the
+// list), as a server whose scripts were replaced would; it keeps the commands it read.
+class ScriptedPeer : public sluice_test::FakePeer {
+ public:
+  explicit ScriptedPeer(std::vector<std::string> replies) : replies_(std::move(replies)) {}
+  ~ScriptedPeer() override { stop(); }
+
+  std::vector<std::string> commands() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return commands_;
+  }
+
+ private:
+  void serve(int fd) override {
+    char command[4096];
+    for (ssize_t n = 0; wait(fd, POLLIN, 5'000) && (n = read(fd, command, sizeof command)) > 0;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        commands_.emplace_back(command, static_cast<std::size_t>(n));
+      }
+      const std::string& reply = replies_[std::min(answered_++, replies_.size() - 1)];
+      if (send(fd, reply.data(), reply.size(), MSG_NOSIGNAL) <= 0) return;
+    }
+  }
+
+  const std::vector<std::string> replies_;
+  std::size_t answered_ = 0;
+  mutable std::mutex mu_;
+  std::vector<std::string> commands_;
+};
+
+// RESP bulk string.
+std::string bulk_reply(std::string_view bytes) {
+  return "$" + std::to_string(bytes.size()) + "\r\n" + std::string(bytes) + "\r\n";
+}
+
+// Doubles as the scripts pack them.
+std::string doubles(std::initializer_list<std::uint64_t> values) {
+  std::string out;
+  for (std::uint64_t v : values) sluice::redis::detail::append_double(out, v);
+  return out;
+}
+
+// A RESP array of integers.
+std::string integers_reply(std::initializer_list<std::string_view> values) {
+  std::string out = "*" + std::to_string(values.size()) + "\r\n";
+  for (std::string_view v : values) out += ":" + std::string(v) + "\r\n";
+  return out;
+}
 
 }  // namespace
 
@@ -304,4 +357,152 @@ TEST_CASE("a check whose key is carried from an earlier limit ends by its one de
   INFO(d.status());
   CHECK(d.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(elapsed < milliseconds(300 + 100));
+}
+
+TEST_CASE("a reservation whose reply waits longer than the caller allows is refused, never slept",
+          "[attack]") {
+  // {admitted, t_s, t_ns, wait: one hour, reset count, booked debt and added amount}: the script
+  // answers {1, wait} for a wait past the longest allowed, so this reply is not its.
+  ScriptedPeer peer({integers_reply(
+      {"0", "1700000000", "0", "3600000000000", "0", "3600000000000", "0", "360000000000", "0"})});
+  REQUIRE(peer.start().empty());
+  auto limiter = make_limiter(peer_options(peer.port(), milliseconds(1000)));
+
+  std::vector<nanoseconds> slept;
+  const absl::Status waited =
+      limiter.wait("k", 1, milliseconds(10), [&](nanoseconds d) { slept.push_back(d); });
+  absl::StatusOr<sluice::redis::RedisGcraLimiter::Reservation> reserved =
+      limiter.reserve("k", 1, milliseconds(10));
+
+  INFO(waited << ", slept " << (slept.empty() ? 0 : slept.front().count()) << " ns");
+  CHECK(waited.code() == absl::StatusCode::kInternal);
+  CHECK(slept.empty());
+  CHECK(reserved.status().code() == absl::StatusCode::kInternal);
+}
+
+TEST_CASE("a booking reply with a debt beyond the script's range is refused, never a decision",
+          "[attack]") {
+  constexpr std::string_view kMost = "9223372036854775807";  // 2^63 - 1 ns: past 2^52
+  // check_estimated: denied, with that debt; then admitted with none, and its settlement
+  // reporting that debt after it.
+  ScriptedPeer peer({integers_reply({"5", "1700000000", "0", "0", kMost, kMost}),
+                     integers_reply({"0", "1700000000", "0", "0", "0", "0"}),
+                     integers_reply({"0", "1700000000", "0", kMost, kMost})});
+  REQUIRE(peer.start().empty());
+  auto limiter = make_limiter(peer_options(peer.port(), milliseconds(1000)));
+
+  auto denied = limiter.check_estimated("k", 1);
+  auto admitted = limiter.check_estimated("k", 1);
+  INFO(admitted.status());
+  REQUIRE(admitted.ok());
+  absl::StatusOr<Decision> settled = limiter.settle(admitted->receipt, 2);
+
+  const auto shown = [](const Decision& d) {
+    return "retry_after " + std::to_string(d.retry_after.count()) + " ns, reset_after " +
+           std::to_string(d.reset_after.count()) + " ns";
+  };
+  INFO(denied.status() << " " << (denied.ok() ? shown(denied->decision) : ""));
+  CHECK(denied.status().code() == absl::StatusCode::kInternal);
+  INFO(settled.status() << " " << (settled.ok() ? shown(*settled) : ""));
+  CHECK(settled.status().code() == absl::StatusCode::kInternal);
+}
+
+TEST_CASE("a fixed-window reply with more time left than its window has is refused", "[attack]") {
+  // {all admitted, now (s, ns)}, then the item's state: written at now, its one window with
+  // 2^52 ns (52 days) left and nothing counted; the window is one minute long.
+  const std::string state =
+      doubles({1, 1'700'000'000, 0}) + "1" + doubles({1'700'000'000, 0, std::uint64_t{1} << 52, 0});
+  ScriptedPeer peer({bulk_reply(state)});
+  REQUIRE(peer.start().empty());
+  auto client = sluice::redis::Client::create(peer_options(peer.port(), milliseconds(1000)));
+  REQUIRE(client.ok());
+  auto limit = sluice::redis::Limit::fixed_window({{.limit = 5, .window = seconds(60)}});
+  REQUIRE(limit.ok());
+
+  absl::StatusOr<Decision> d = (*client)->check({.key = "k", .limit = &*limit, .cost = 1});
+
+  INFO(d.status() << (d.ok() ? ", reset_after " + std::to_string(d->reset_after.count()) + " ns"
+                             : std::string()));
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+}
+
+TEST_CASE("a carry read whose server time is out of range is refused, never carried", "[attack]") {
+  // The check asks for a carry; the read of the earlier key answers a time of 18446744074 s
+  // (× 10^9 wraps a uint64 to 0.29 s) with a fully spent state; then the write and the check.
+  const std::string spent = doubles({1'700'000'000, 0, 3'600'000'000'000, 0});  // 20/h, all
+  ScriptedPeer peer({"+CARRY\r\n",
+                     "*3\r\n" + bulk_reply("18446744074") + bulk_reply("0") + bulk_reply(spent),
+                     "+OK\r\n", bulk_reply(doubles({1, 1'700'000'000, 0}) + "0")});
+  REQUIRE(peer.start().empty());
+  auto client = sluice::redis::Client::create(peer_options(peer.port(), milliseconds(1000)));
+  REQUIRE(client.ok());
+  auto now = sluice::redis::Limit::create({{.requests = 10, .period = seconds(3600)}});
+  auto before = sluice::redis::Limit::create({{.requests = 20, .period = seconds(3600)}});
+  REQUIRE((now.ok() && before.ok()));
+  const sluice::redis::CarriedFrom from[] = {{.key = "k", .limit = &*before}};
+
+  absl::StatusOr<Decision> d =
+      (*client)->check({.key = "k", .limit = &*now, .cost = 1, .carried_from = from});
+
+  // What the client wrote as the carried state: its write time, in seconds.
+  std::string written;
+  for (const std::string& command : peer.commands()) {
+    if (command.find("$3\r\nSET\r\n") == std::string::npos) continue;
+    const std::size_t at = command.find("$32\r\n");
+    std::size_t pos = at + 5;
+    if (at != std::string::npos) {
+      written = std::to_string(sluice::redis::detail::read_double(command, pos, ~0ULL).value_or(0));
+    }
+  }
+  INFO(d.status() << ", carried state written at " << written << " s");
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(written.empty());
+}
+
+TEST_CASE("a slot map naming a host with control bytes is refused, never resolved or echoed",
+          "[attack]") {
+  // CLUSTER SLOTS: every slot on a node whose host is a line of its own for whoever logs the
+  // error (a MOVED naming it is refused already).
+  const std::string host = "bad\n[error] forged log line";
+  ScriptedPeer peer({"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n" + bulk_reply(host) + ":6379\r\n"});
+  REQUIRE(peer.start().empty());
+  sluice::redis::ClientOptions options = peer_options(peer.port(), milliseconds(1000));
+  options.cluster = true;
+  auto limiter = make_limiter(options);
+
+  absl::StatusOr<Decision> d = limiter.check("k");
+
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(d.status().message().find('\n') == std::string_view::npos);
+}
+
+TEST_CASE("a server error's text reaches a status escaped, never as raw lines or escapes",
+          "[attack]") {
+  ScriptedPeer peer({"-ERR x\n[error] forged line \x1b[2K\r\n"});
+  REQUIRE(peer.start().empty());
+  auto limiter = make_limiter(peer_options(peer.port(), milliseconds(1000)));
+
+  absl::StatusOr<Decision> d = limiter.check("k");
+
+  const std::string message(d.status().message());
+  INFO(d.status());
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(std::none_of(message.begin(), message.end(),
+                     [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }));
+}
+
+TEST_CASE("a server that asks for a carry again after it is done gets Internal, never a loop",
+          "[attack]") {
+  // The check names no earlier limit: the script has nothing to ask, and once carried it never
+  // asks again. This peer answers CARRY to everything.
+  ScriptedPeer peer({"+CARRY\r\n"});
+  REQUIRE(peer.start().empty());
+  auto limiter = make_limiter(peer_options(peer.port(), milliseconds(1000)));
+
+  absl::StatusOr<Decision> d = limiter.check("k");
+
+  INFO(d.status() << ", commands " << peer.commands().size());
+  CHECK(d.status().code() == absl::StatusCode::kInternal);
+  CHECK(peer.commands().size() <= 2);  // the check and, after the (empty) carry, once again
 }

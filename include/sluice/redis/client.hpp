@@ -355,7 +355,7 @@ class Client {
     absl::StatusOr<std::vector<Decision>> d = run_once(items, time, extras, /*flag=*/true, by);
     if (d.ok() || !detail::is_carry_needed(d.status())) return d;
     if (absl::Status carried = carry(items, time, by); !carried.ok()) return carried;
-    return run_once(items, time, extras, /*flag=*/false, by);
+    return detail::carried_once(run_once(items, time, extras, /*flag=*/false, by));
   }
 
   // Carries the state of every item with `carried_from` whose key holds none (detail/carry.hpp):
@@ -476,7 +476,7 @@ class Client {
         carried.ok() ? run_pipelined_once(again, time, bookings ? &booked : nullptr, false, by)
                      : std::vector<absl::StatusOr<Decision>>(again.size(), carried);
     for (std::size_t k = 0; k < where.size(); ++k) {
-      results[where[k]] = std::move(retried[k]);
+      results[where[k]] = detail::carried_once(std::move(retried[k]));
       if (bookings != nullptr) (*bookings)[where[k]] = std::move(booked[k]);
     }
     return results;

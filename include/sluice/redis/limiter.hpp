@@ -158,8 +158,9 @@ class RedisGcraLimiter {
 
   // Books `cost` at the earliest instant at which it fits in every window (GcraLimiter::reserve).
   // InvalidArgument if cost is 0 or above the smallest burst; DeadlineExceeded if the instant
-  // is more than `max_wait` away; ResourceExhausted past the 2^52 ns debt bound. Nothing is
-  // booked on any error.
+  // is more than `max_wait` away; ResourceExhausted past the 2^52 ns debt bound; Internal for
+  // a reply the script cannot give (a wait past `max_wait`, a value out of range), so that no
+  // reply makes `wait` sleep past its timeout. Nothing is booked on any other error.
   absl::StatusOr<Reservation> reserve(std::string_view key, std::uint64_t cost = 1,
                                       std::chrono::nanoseconds max_wait = kNoMaxWait) {
     if (cost == 0) return absl::InvalidArgumentError("a reservation's cost must be at least 1");
@@ -179,7 +180,13 @@ class RedisGcraLimiter {
       return absl::ResourceExhaustedError(
           "the reservation would put a window's debt past 2^52 ns, the Redis state's range");
     }
-    if (v.size() != 5 + 4 * n || v[0] != 0) return malformed();
+    // The script books only within max_wait, and never past the 2^52 ns debt bound: a wait
+    // beyond either is not its reply, and would be slept on by `wait`.
+    if (v.size() != 5 + 4 * n || v[0] != 0 || v[3] > detail::kMaxAmountNs ||
+        static_cast<std::int64_t>(v[3]) > max_wait.count() ||
+        !detail::booking_serial_in_range(v[4]) || !detail::booking_in_range(limit_, v, 5, 2)) {
+      return malformed();
+    }
     const absl::uint128 at = decision_time(v[1], v[2]);
     out.wait_ = std::chrono::nanoseconds{v[3]};
     out.instant_ = to_ns(at + v[3]);
@@ -243,7 +250,10 @@ class RedisGcraLimiter {
     if (!reply.ok()) return reply.status();
     const Ints& v = *reply;
     const std::size_t n = limit_.windows().size();
-    if (v.size() != 4 + 2 * n || (v[0] != 0 && v[0] != 5)) return malformed();
+    if (v.size() != 4 + 2 * n || (v[0] != 0 && v[0] != 5) ||
+        !detail::booking_serial_in_range(v[3]) || !detail::booking_in_range(limit_, v, 4, 1)) {
+      return malformed();
+    }
     const absl::uint128 at = decision_time(v[1], v[2]);
     std::vector<detail::ScaledWindow> scaled(n);
     for (std::size_t i = 0; i < n; ++i) {

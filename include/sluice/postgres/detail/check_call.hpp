@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -262,9 +263,16 @@ inline void append_carry_params(std::span<const CarrySourceParam> sources, std::
   p[first + 5].value = c + "}";
 }
 
-// The integers of a bigint[] in text form ("{1,-2,3}").
-inline std::optional<std::vector<std::int64_t>> parse_bigint_array(std::string_view text) {
-  if (text.size() < 2 || text.front() != '{' || text.back() != '}') return std::nullopt;
+// The integers of a bigint[] in text form ("{1,-2,3}") of at most `max_count` elements: a longer
+// text is refused before anything is parsed, so what a reply grows here is bounded by what its
+// call asked for, however long the text.
+inline std::optional<std::vector<std::int64_t>> parse_bigint_array(std::string_view text,
+                                                                   std::size_t max_count) {
+  constexpr std::size_t kMostChars = 21;  // "-9223372036854775808," per element
+  if (text.size() < 2 || text.size() - 2 > max_count * kMostChars || text.front() != '{' ||
+      text.back() != '}') {
+    return std::nullopt;
+  }
   std::vector<std::int64_t> out;
   const char* p = text.data() + 1;
   const char* end = text.data() + text.size() - 1;
@@ -279,23 +287,44 @@ inline std::optional<std::vector<std::int64_t>> parse_bigint_array(std::string_v
   return out;
 }
 
+// Whether one item's six integers (reason, limit, remaining, retry_after, reset_after, binding
+// window) are a decision `limit` can take: a known reason, a binding window it has, that
+// window's burst (fixed window: its limit) as the limit, no more remaining than that, no wait
+// when admitted and a wait of at least 1 ns when denied for quota; admitted under GCRA, full
+// again within burst × period / requests (the cost is never above the burst). Times may stand
+// further ahead only for a denial (a database clock that went back), never negative.
+inline bool decision_fits(const std::int64_t* f, const Limit& limit) {
+  const auto& windows = limit.parameters();
+  if (f[0] < 0 || f[0] > 2 || f[2] < 0 || f[3] < 0 || f[4] < 0 || f[5] < 0 ||
+      f[5] >= static_cast<std::int64_t>(windows.size())) {
+    return false;
+  }
+  const auto& w = windows[static_cast<std::size_t>(f[5])];  // (requests, period, burst) or
+  const bool gcra = limit.algorithm() == Algorithm::kGcra;  // (limit, window, 0)
+  const std::int64_t capacity = gcra ? w[2] : w[0];
+  if (f[1] != capacity || f[2] > capacity || (f[0] == 0 && f[3] != 0) || (f[0] == 1 && f[3] == 0)) {
+    return false;
+  }
+  if (f[0] == 0 && gcra) {  // burst · period ≤ 2^87: exact in 128 bits
+    const absl::int128 refill = (absl::int128(w[2]) * w[1] + w[0] - 1) / w[0];
+    if (absl::int128(f[4]) > refill) return false;
+  }
+  return true;
+}
+
 // Decodes the reply: now, then six integers per item (reason, limit, remaining, retry_after,
-// reset_after, binding window).
+// reset_after, binding window), each checked by decision_fits.
 inline absl::StatusOr<std::vector<Decision>> decode_check_reply(
     std::string_view text, std::span<const Limit* const> limits) {
   const auto malformed = [] {
     return absl::InternalError("sluice::postgres: malformed reply from sluice.check_v2");
   };
-  std::optional<std::vector<std::int64_t>> v = parse_bigint_array(text);
+  std::optional<std::vector<std::int64_t>> v = parse_bigint_array(text, 1 + 6 * limits.size());
   if (!v || v->size() != 1 + 6 * limits.size()) return malformed();
   std::vector<Decision> out;
   for (std::size_t i = 0; i < limits.size(); ++i) {
     const std::int64_t* f = v->data() + 1 + 6 * i;
-    const std::int64_t windows = static_cast<std::int64_t>(limits[i]->parameters().size());
-    if (f[0] < 0 || f[0] > 2 || f[1] < 1 || f[2] < 0 || f[3] < 0 || f[4] < 0 || f[5] < 0 ||
-        f[5] >= windows || (f[0] == 0 && f[3] != 0)) {
-      return malformed();
-    }
+    if (!decision_fits(f, *limits[i])) return malformed();
     out.push_back(Decision{.reason = f[0] == 0   ? Reason::kAllowed
                                      : f[0] == 1 ? Reason::kQuotaExceeded
                                                  : Reason::kStoreFull,

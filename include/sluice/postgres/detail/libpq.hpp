@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "sluice/detail/text.hpp"
 
 namespace sluice::postgres::detail {
 
@@ -62,15 +63,17 @@ inline Flush flush(PGconn* conn, Deadline deadline) {
 inline std::string connection_message(const PGconn* conn) {
   std::string_view text = conn != nullptr ? PQerrorMessage(conn) : "out of memory";
   text = text.substr(0, text.find('\n'));
-  return std::string(text.substr(0, 300));
+  return sluice::detail::escaped(text.substr(0, 300));  // may hold the server's text
 }
 
 // The status for an error the server reported with `sqlstate` (it ended the statement: its
 // transaction did not commit).
 inline absl::Status server_error_status(std::string_view sqlstate, std::string_view message) {
-  const std::string text =
-      absl::StrCat("sluice::postgres: server error ", std::string(sqlstate), ": ",
-                   std::string(message.substr(0, message.find('\n')).substr(0, 300)));
+  // Escaped: a function of the database (or whatever answers for it) chooses the text, and a
+  // carriage return or a terminal escape in it would forge the log the status ends up in.
+  const std::string text = absl::StrCat(
+      "sluice::postgres: server error ", sluice::detail::escaped(sqlstate.substr(0, 5)), ": ",
+      sluice::detail::escaped(message.substr(0, message.find('\n')).substr(0, 300)));
   if (sqlstate == "57014" || sqlstate == "55P03") {  // statement or lock timeout
     return absl::DeadlineExceededError(text);
   }

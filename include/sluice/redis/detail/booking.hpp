@@ -68,6 +68,29 @@ inline absl::StatusOr<BookingInts> booking_ints(const absl::StatusOr<ReplyPtr>& 
   return out;
 }
 
+// Whether a booking reply of checked length holds only values the script can write: the
+// decision time (s, ns) at v[1] and v[2], within the range read_time accepts, and from v[first]
+// on, per window of `limit`, `pairs` (ns, frac) amounts each within the 2^52 ns debt bound with a
+// fraction below the window's requests. Anything else would become a decision's waits (beyond
+// 2^63 ns: negative) or a booking's instant.
+inline bool booking_in_range(const Limit& limit, const BookingInts& v, std::size_t first,
+                             std::size_t pairs) {
+  if (v[1] > 10'000'000'000 || v[2] >= kNanosPerSecond) return false;
+  const std::vector<GcraWindow>& windows = limit.windows();
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    for (std::size_t k = 0; k < pairs; ++k) {
+      const std::size_t at = first + 2 * (pairs * i + k);
+      if (v[at] > kMaxAmountNs || v[at + 1] >= windows[i].requests) return false;
+    }
+  }
+  return true;
+}
+
+// A reset count as the script writes it (an exact double).
+inline bool booking_serial_in_range(std::uint64_t serial) {
+  return serial < (std::uint64_t{1} << 53);
+}
+
 // One booking-script call of `op` on `redis_key`; its reply as non-negative integers.
 inline absl::StatusOr<BookingInts> call_booking(Client& client, const std::string& redis_key,
                                                 std::string_view op, std::string params,
@@ -80,7 +103,9 @@ inline absl::StatusOr<BookingInts> call_booking(Client& client, const std::strin
 // as `inspect` reports it.
 inline absl::StatusOr<Decision> state_after(const Limit& limit, const BookingInts& v) {
   const std::size_t n = limit.windows().size();
-  if (v.size() != 3 + 2 * n || (v[0] != 0 && v[0] != 4)) return malformed_booking_reply();
+  if (v.size() != 3 + 2 * n || (v[0] != 0 && v[0] != 4) || !booking_in_range(limit, v, 3, 1)) {
+    return malformed_booking_reply();
+  }
   std::vector<ScaledWindow> scaled(n);
   for (std::size_t i = 0; i < n; ++i) {
     const GcraWindow& w = limit.windows()[i];

@@ -85,7 +85,10 @@ inline absl::StatusOr<CarryRead> parse_carry_read(const redisReply& reply, const
   const std::optional<std::uint64_t> s = number(reply.element[0]);
   const std::optional<std::uint64_t> us = number(reply.element[1]);
   const redisReply& value = *reply.element[2];
-  if (!s || !us || (value.type != REDIS_REPLY_NIL && value.type != REDIS_REPLY_STRING)) {
+  // TIME's seconds within the range the scripts read (read_time), microseconds within one: a
+  // larger value would wrap the product below and date the carried state decades back.
+  if (!s || !us || *s > 10'000'000'000 || *us >= 1'000'000 ||
+      (value.type != REDIS_REPLY_NIL && value.type != REDIS_REPLY_STRING)) {
     return absl::InternalError("sluice::redis: carry read reply of unexpected shape");
   }
   CarryRead read{.limit = &limit, .now = *s * kNanosPerSecond + *us * 1000, .value = {}};

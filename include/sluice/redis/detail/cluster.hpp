@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "sluice/detail/mutex.hpp"
+#include "sluice/detail/text.hpp"
 #include "sluice/redis/detail/command.hpp"
 #include "sluice/redis/detail/connection_pool.hpp"
 #include "sluice/redis/detail/io.hpp"
@@ -108,6 +109,14 @@ inline bool is_redirect(const redisReply& reply) {
   return code == "MOVED" || code == "ASK";
 }
 
+// Whether a host a node names (in a redirection or the slot map) can be connected to and shown
+// in an error: not empty, not "?" (a node told to announce a hostname it lacks), no longer than
+// a DNS name, without spaces or control bytes.
+inline bool usable_host(std::string_view host) {
+  return !host.empty() && host != "?" && host.size() <= 255 &&
+         std::all_of(host.begin(), host.end(), [](char c) { return c > ' ' && c < 0x7f; });
+}
+
 // The redirection a MOVED or ASK reply names. An empty host (Redis 7's unknown endpoint,
 // cluster-preferred-endpoint-type unknown-endpoint: "MOVED 3999 :6381") means the host of the
 // node that answered, `answered_by`. Internal for one that names no usable address — a slot
@@ -139,9 +148,8 @@ inline absl::StatusOr<Redirect> parse_redirect(const redisReply& reply,
   if (colon == std::string_view::npos) return malformed();
   const std::string_view host = colon == 0 ? answered_by : address.substr(0, colon);
   if (!number(slot, r.slot) || r.slot >= kClusterSlots ||
-      !number(address.substr(colon + 1), r.port) || r.port <= 0 || r.port > 65535 || host.empty() ||
-      host == "?" || host.size() > 255 ||
-      !std::all_of(host.begin(), host.end(), [](char c) { return c > ' ' && c < 0x7f; })) {
+      !number(address.substr(colon + 1), r.port) || r.port <= 0 || r.port > 65535 ||
+      !usable_host(host)) {
     return malformed();
   }
   r.host = std::string(host);
@@ -329,6 +337,8 @@ class ClusterRouter {
   }
 
   // CLUSTER SLOTS of one node: per range, (first << 16 | last) and its primary's address.
+  // Internal for a host no redirection could name either (usable_host): never resolved, never
+  // shown.
   static absl::StatusOr<std::vector<std::pair<std::size_t, std::pair<std::string, int>>>> ask_slots(
       ConnectionPool& pool, Deadline deadline) {
     absl::StatusOr<ConnectionPool::Lease> lease = pool.acquire(deadline);
@@ -345,7 +355,8 @@ class ClusterRouter {
     };
     if (r.type == REDIS_REPLY_ERROR) {
       return absl::UnavailableError(
-          absl::StrCat("sluice::redis: CLUSTER SLOTS: ", absl::string_view(r.str, r.len)));
+          absl::StrCat("sluice::redis: CLUSTER SLOTS: ",
+                       sluice::detail::escaped(std::string_view(r.str, r.len).substr(0, 200))));
     }
     if (r.type != REDIS_REPLY_ARRAY || r.elements > kClusterSlots) return malformed();
     std::vector<std::pair<std::size_t, std::pair<std::string, int>>> out;
@@ -371,6 +382,7 @@ class ClusterRouter {
                              ? std::string()
                              : std::string(primary.element[0]->str, primary.element[0]->len);
       if (host.empty() || host == "?") host = pool.options().host;
+      if (!usable_host(host)) return malformed();  // as a redirection naming it would be
       out.push_back(
           {static_cast<std::size_t>(first.integer) << 16 | static_cast<std::size_t>(last.integer),
            {std::move(host), static_cast<int>(primary.element[1]->integer)}});

@@ -55,7 +55,9 @@ inline std::optional<std::vector<FixedCount>> read_fixed_windows(std::string_vie
     c.limit = windows[i].requests;
     c.length = static_cast<std::uint64_t>(windows[i].period.count());
     if (present) {
-      const auto left = read_double(in, pos, std::uint64_t{1} << 52);
+      // A window never has more time left than its length (the script opens each at its full
+      // length and only drains it).
+      const auto left = read_double(in, pos, c.length);
       const auto count = read_double(in, pos, c.limit);
       if (!left || !count) return std::nullopt;
       if (absl::uint128(*left) > elapsed) {

@@ -15,12 +15,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "sluice/detail/text.hpp"
 #include "sluice/redis/options.hpp"
 
 namespace sluice::redis::detail {
@@ -62,7 +64,7 @@ inline absl::Status memory_settings_status(std::uint64_t maxmemory, std::string_
   if (policy == "volatile-ttl" || (unbounded_allowed && policy == "noeviction")) {
     return absl::OkStatus();
   }
-  const absl::string_view shown(policy.data(), std::min<std::size_t>(policy.size(), 64));
+  const std::string shown = sluice::detail::escaped(policy.substr(0, 64));  // the server's text
   const std::string_view effect = eviction_effect(policy);
   const bool refuses_writes = policy == "noeviction";
   return absl::FailedPreconditionError(absl::StrCat(
@@ -83,7 +85,7 @@ inline absl::StatusOr<std::string_view> config_value(const redisReply& reply) {
   if (reply.type == REDIS_REPLY_ERROR) {
     return absl::FailedPreconditionError(absl::StrCat(
         "sluice::redis: cannot read the server's memory settings (",
-        absl::string_view(reply.str, reply.len).substr(0, 200),
+        sluice::detail::escaped(std::string_view(reply.str, reply.len).substr(0, 200)),
         "); where CONFIG is renamed or denied, check maxmemory and maxmemory-policy yourself and "
         "set memory_check = MemoryCheck::kSkip"));
   }

@@ -309,6 +309,15 @@ inline absl::StatusOr<Decision> decode_one(const CheckItem& item, const redisRep
   return (*d)[0];
 }
 
+// The result of a call that flagged no key for carrying (a call after the carry, a coalesced
+// one): the script asks for a carry only of a flagged key, so CARRY then is not its reply
+// (Internal), never the client's own "carry needed" status, nor a second round of carrying.
+template <class Result>
+Result carried_once(Result result) {
+  if (!result.ok() && is_carry_needed(result.status())) return malformed_reply();
+  return result;
+}
+
 // One result per item of a call of independent single-key checks: for one item, a lone check's
 // reply; for several, the independent-items reply (sluice/redis/script.hpp), an array of each
 // item's own reply or error, each decoded and cross-checked as a lone check's. An error reply
@@ -316,7 +325,7 @@ inline absl::StatusOr<Decision> decode_one(const CheckItem& item, const redisRep
 inline void decode_independent_replies(std::span<const CheckItem> items, const redisReply& reply,
                                        std::span<absl::StatusOr<Decision>> results) {
   if (items.size() == 1) {
-    results[0] = decode_one(items[0], reply);
+    results[0] = carried_once(decode_one(items[0], reply));
     return;
   }
   absl::Status whole;
@@ -326,7 +335,7 @@ inline void decode_independent_replies(std::span<const CheckItem> items, const r
     whole = malformed_reply();
   }
   for (std::size_t i = 0; i < items.size(); ++i) {
-    results[i] = whole.ok() ? decode_one(items[i], *reply.element[i]) : whole;
+    results[i] = whole.ok() ? carried_once(decode_one(items[i], *reply.element[i])) : whole;
   }
 }
 

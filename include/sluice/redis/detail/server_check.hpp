@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <system_error>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "sluice/detail/text.hpp"
 #include "sluice/redis/detail/io.hpp"
 #include "sluice/redis/detail/memory_check.hpp"
 #include "sluice/redis/options.hpp"
@@ -55,7 +57,7 @@ inline absl::Status server_version_status(std::string_view version) {
   int major = 0;
   const char* const end = version.data() + version.size();
   const auto [parsed_to, error] = std::from_chars(version.data(), end, major);
-  const absl::string_view shown(version.data(), std::min<std::size_t>(version.size(), 32));
+  const std::string shown = sluice::detail::escaped(version.substr(0, 32));  // the server's text
   if (error != std::errc() || parsed_to == end || *parsed_to != '.') {
     return absl::FailedPreconditionError(absl::StrCat(
         "sluice::redis: cannot tell the server's version (INFO redis_version \"", shown,
@@ -105,7 +107,7 @@ inline absl::StatusOr<std::string_view> info_text(const redisReply& reply) {
   if (reply.type == REDIS_REPLY_ERROR) {
     return absl::FailedPreconditionError(absl::StrCat(
         "sluice::redis: cannot read the server's INFO (",
-        absl::string_view(reply.str, reply.len).substr(0, 200),
+        sluice::detail::escaped(std::string_view(reply.str, reply.len).substr(0, 200)),
         "); where INFO or CONFIG is renamed or denied, check the server's version (5.0 or "
         "later), Cluster mode and memory settings yourself and set memory_check = "
         "MemoryCheck::kSkip"));
@@ -127,7 +129,7 @@ inline absl::Status scripting_status(const redisReply& load, const redisReply& r
     if (reply->type == REDIS_REPLY_ERROR) {
       return absl::FailedPreconditionError(absl::StrCat(
           "sluice::redis: the server refuses to run scripts (",
-          absl::string_view(reply->str, reply->len).substr(0, 200),
+          sluice::detail::escaped(std::string_view(reply->str, reply->len).substr(0, 200)),
           "), so every check would fail; allow SCRIPT and EVALSHA (ACL: +@scripting) for this "
           "client"));
     }

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "sluice/detail/text.hpp"
 
 namespace sluice::redis::detail {
 
@@ -61,9 +62,10 @@ inline absl::Status server_error_status(std::string_view error) {
       "BUSY", "LOADING", "READONLY",  "MASTERDOWN", "OOM",     "TRYAGAIN",   "CLUSTERDOWN", "MOVED",
       "ASK",  "NOAUTH",  "WRONGPASS", "NOPERM",     "MISCONF", "NOREPLICAS", "UNBLOCKED"};
   const std::string_view code = error.substr(0, error.find(' '));
-  const std::string_view shown = error.substr(0, 200);
+  // Escaped: the text is the server's (or whatever answers for it), and a newline or a terminal
+  // escape in it would forge lines of the log the status ends up in.
   const std::string message = absl::StrCat("sluice::redis: server replied: ",
-                                           absl::string_view(shown.data(), shown.size()));
+                                           sluice::detail::escaped(error.substr(0, 200)));
   for (std::string_view known : kUnavailable) {
     if (code == known) {
       return absl::UnavailableError(message);
