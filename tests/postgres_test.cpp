@@ -1993,6 +1993,20 @@ std::shared_ptr<Client> client_of_new_database(const std::string& db,
 
 }  // namespace
 
+TEST_CASE("a cleanup whose function reports more rows than it may delete is Internal", "[attack]") {
+  auto c = client_of_new_database("tampered_cleanup");
+  const std::string error = execute_in(
+      "tampered_cleanup",
+      "CREATE OR REPLACE FUNCTION sluice.cleanup_v1(p_max_rows integer, p_now bigint) RETURNS "
+      "bigint LANGUAGE sql AS $fn$ SELECT 4611686018427387904::bigint $fn$");
+  INFO(error);
+  REQUIRE(error.empty());
+  const absl::StatusOr<std::uint64_t> deleted =
+      sluice::postgres::cleanup_expired(c->pool(), 10, c->time_source());
+  INFO(deleted.status());
+  CHECK(deleted.status().code() == absl::StatusCode::kInternal);
+}
+
 TEST_CASE("a check whose function replies numbers its limit cannot have is Internal", "[attack]") {
   auto c = client_of_new_database("tampered_one");
   auto limiter = make(PostgresGcraLimiter::create({{.requests = 3, .period = 1s}}, c, "3/s"));
