@@ -50,14 +50,17 @@ inline constexpr int kShards = 256;
 
 namespace detail {
 
-// The integer that starts the value of a result of one row, or nothing (no row, or no number).
+// The integer that is the whole value of a result of one row and one field, or nothing (another
+// shape, or a value that is not exactly one integer of the type: "7abc" is nothing).
 template <class Integer>
 std::optional<Integer> single_integer(const PGresult* result) {
-  const std::string_view value(PQntuples(result) == 1 ? PQgetvalue(result, 0, 0) : "");
-  Integer n = 0;
-  if (std::from_chars(value.data(), value.data() + value.size(), n).ec != std::errc{}) {
+  if (PQntuples(result) != 1 || PQnfields(result) != 1 || PQgetisnull(result, 0, 0)) {
     return std::nullopt;
   }
+  const std::string_view value(PQgetvalue(result, 0, 0));
+  Integer n = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc{} || end != value.data() + value.size()) return std::nullopt;
   return n;
 }
 
@@ -184,7 +187,9 @@ inline absl::StatusOr<std::uint64_t> cleanup_expired(ConnectionPool& pool, std::
                  detail::Effect::kWrites);
   if (!r.ok()) return r.status();
   const std::optional<std::uint64_t> deleted = detail::single_integer<std::uint64_t>(r->get());
-  if (!deleted) return absl::InternalError("sluice::postgres: cleanup: malformed reply");
+  if (!deleted || *deleted > max_rows) {  // it deletes at most max_rows
+    return absl::InternalError("sluice::postgres: cleanup: malformed reply");
+  }
   return *deleted;
 }
 
