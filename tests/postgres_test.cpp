@@ -2121,5 +2121,11 @@ TEST_CASE("a reply far longer than its items call for is refused before it is pa
   const long grown = peak_memory_kib() - base;
   INFO(d.status() << ", peak memory " << grown << " KiB above where it was");
   CHECK(d.status().code() == absl::StatusCode::kInternal);
+#if defined(ABSL_HAVE_THREAD_SANITIZER)
+  // ThreadSanitizer shadows every byte libpq reallocates while the text arrives (410 MB here):
+  // the other builds hold the bound.
+  (void)grown;
+#else
   CHECK(grown < 100 * 1024);  // libpq holds the 40 MB text; nothing more may grow with it
+#endif
 }
